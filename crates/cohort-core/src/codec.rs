@@ -1,0 +1,281 @@
+//! The safetensors payload codec: [`ParamTree`] ⇄ bytes.
+//!
+//! One tensor per leaf, named by its tree path (`conv1.weight`, `layers[2].bias`),
+//! so any safetensors reader sees ordinary named tensors. The tree's shape
+//! (container kinds, keys, `None`s, empty containers) travels as JSON in the
+//! header metadata under [`SKELETON_KEY`], so decoding rebuilds the exact tree.
+//! A file without that key (written by another tool) decodes into a map tree
+//! built from the dotted tensor names.
+//!
+//! Decoding treats its input as untrusted: size and tensor-count limits are
+//! checked before anything is allocated, the safetensors crate validates the
+//! header and offsets, and every mismatch between metadata and tensors is an
+//! error. bfloat16 is refused at this boundary in both directions: nothing is
+//! ever cast silently.
+
+use std::collections::{BTreeMap, HashMap};
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use crate::tree::{Array, ArrayData, DType, FlatTree, ParamTree, Skeleton};
+
+/// Header metadata key holding the tree skeleton.
+pub const SKELETON_KEY: &str = "cohort.skeleton";
+/// Header metadata key holding the format version.
+pub const FORMAT_KEY: &str = "cohort.format";
+const FORMAT_VERSION: &str = "1";
+
+/// Bounds on what [`decode`] accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeLimits {
+    pub max_bytes: usize,
+    pub max_tensors: usize,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 1 << 30,
+            max_tensors: 100_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CodecError {
+    #[error("payload of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
+    #[error("payload has {count} tensors, more than the limit of {limit}")]
+    TooManyTensors { count: usize, limit: usize },
+    #[error("malformed safetensors payload: {0}")]
+    Malformed(String),
+    #[error(
+        "tensor `{0}` is bfloat16, which the host transport refuses; send float32 or float16 \
+         (nothing is cast silently)"
+    )]
+    BFloat16(String),
+    #[error("tensor `{name}` has dtype {dtype}, which cohort does not carry")]
+    UnsupportedDType { name: String, dtype: String },
+    #[error("payload metadata does not match its tensors: {0}")]
+    MetadataMismatch(String),
+    #[error("two leaves share the tensor name `{0}`; rename a key so paths stay unique")]
+    DuplicateName(String),
+}
+
+fn to_safetensors_dtype(dtype: DType) -> Dtype {
+    match dtype {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::I64 => Dtype::I64,
+        DType::I32 => Dtype::I32,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+fn from_safetensors_dtype(name: &str, dtype: Dtype) -> Result<DType, CodecError> {
+    Ok(match dtype {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => return Err(CodecError::BFloat16(name.to_owned())),
+        Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::U8 => DType::U8,
+        Dtype::BOOL => DType::Bool,
+        other => {
+            return Err(CodecError::UnsupportedDType {
+                name: name.to_owned(),
+                dtype: format!("{other:?}"),
+            });
+        }
+    })
+}
+
+/// Encodes a tree as safetensors bytes.
+pub fn encode(tree: &ParamTree) -> Result<Vec<u8>, CodecError> {
+    let skeleton = tree.skeleton();
+    let leaves = tree.leaves();
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(leaves.len());
+    let mut seen = std::collections::HashSet::new();
+    for (path, array) in &leaves {
+        let name = path.to_string();
+        if array.dtype() == DType::BF16 {
+            return Err(CodecError::BFloat16(name));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(CodecError::DuplicateName(name));
+        }
+        owned.push((
+            name,
+            to_safetensors_dtype(array.dtype()),
+            array.shape().to_vec(),
+            array.data().to_le_bytes(),
+        ));
+    }
+    let views = owned
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            TensorView::new(*dtype, shape.clone(), bytes)
+                .map(|view| (name.clone(), view))
+                .map_err(|e| CodecError::Malformed(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let metadata = HashMap::from([
+        (
+            SKELETON_KEY.to_owned(),
+            serde_json::to_string(&skeleton).expect("skeletons serialize"),
+        ),
+        (FORMAT_KEY.to_owned(), FORMAT_VERSION.to_owned()),
+    ]);
+    safetensors::serialize(views, Some(metadata)).map_err(|e| CodecError::Malformed(e.to_string()))
+}
+
+/// Decodes safetensors bytes into a tree, within `limits`.
+pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<ParamTree, CodecError> {
+    if bytes.len() > limits.max_bytes {
+        return Err(CodecError::TooLarge {
+            size: bytes.len(),
+            limit: limits.max_bytes,
+        });
+    }
+    let (_, metadata) =
+        SafeTensors::read_metadata(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    let count = metadata.tensors().len();
+    if count > limits.max_tensors {
+        return Err(CodecError::TooManyTensors {
+            count,
+            limit: limits.max_tensors,
+        });
+    }
+    let header = metadata.metadata().clone().unwrap_or_default();
+    let tensors = SafeTensors::deserialize(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    let read_leaf = |name: &str, view: &TensorView<'_>| -> Result<Array, CodecError> {
+        let dtype = from_safetensors_dtype(name, view.dtype())?;
+        let data = ArrayData::from_le_bytes(dtype, view.data()).ok_or_else(|| {
+            CodecError::Malformed(format!("tensor `{name}`: bytes are not valid {dtype}"))
+        })?;
+        Array::new(view.shape().to_vec(), data)
+            .map_err(|e| CodecError::Malformed(format!("tensor `{name}`: {e}")))
+    };
+
+    let Some(skeleton_json) = header.get(SKELETON_KEY) else {
+        let mut pairs = Vec::with_capacity(count);
+        for (name, view) in tensors.iter() {
+            pairs.push((name.to_owned(), read_leaf(name, &view)?));
+        }
+        return Ok(ParamTree::from_dotted(pairs));
+    };
+    let skeleton: Skeleton = serde_json::from_str(skeleton_json)
+        .map_err(|e| CodecError::MetadataMismatch(format!("skeleton is not valid: {e}")))?;
+    let paths = skeleton.leaf_paths();
+    if paths.len() != count {
+        return Err(CodecError::MetadataMismatch(format!(
+            "skeleton has {} leaves, payload has {count} tensors",
+            paths.len()
+        )));
+    }
+    let mut leaves = Vec::with_capacity(paths.len());
+    let mut names = BTreeMap::new();
+    for path in paths {
+        let name = path.to_string();
+        if names.insert(name.clone(), ()).is_some() {
+            return Err(CodecError::DuplicateName(name));
+        }
+        let view = tensors
+            .tensor(&name)
+            .map_err(|_| CodecError::MetadataMismatch(format!("no tensor named `{name}`")))?;
+        leaves.push((path, read_leaf(&name, &view)?));
+    }
+    FlatTree { skeleton, leaves }
+        .unflatten()
+        .map_err(|e| CodecError::MetadataMismatch(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::strategies::tree;
+    use proptest::prelude::*;
+
+    fn sample() -> ParamTree {
+        ParamTree::from_dotted([
+            ("conv1.weight".to_owned(), Array::f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap()),
+            ("conv1.bias".to_owned(), Array::f32(vec![2], vec![0.5, -0.5]).unwrap()),
+        ])
+    }
+
+    #[test]
+    fn tensors_are_named_by_path() {
+        let bytes = encode(&sample()).unwrap();
+        let tensors = SafeTensors::deserialize(&bytes).unwrap();
+        let mut names = tensors.names();
+        names.sort_unstable();
+        assert_eq!(names, ["conv1.bias", "conv1.weight"]);
+    }
+
+    #[test]
+    fn file_without_skeleton_decodes_from_dotted_names() {
+        let data = [1.0f32, 2.0];
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let view = TensorView::new(Dtype::F32, vec![2], &bytes).unwrap();
+        let file = safetensors::serialize([("fc.bias", view)], None).unwrap();
+        let tree = decode(&file, &DecodeLimits::default()).unwrap();
+        assert_eq!(tree.leaves()[0].0.to_string(), "fc.bias");
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let bytes = encode(&sample()).unwrap();
+        let small = DecodeLimits { max_bytes: 10, max_tensors: 10 };
+        assert!(matches!(decode(&bytes, &small), Err(CodecError::TooLarge { .. })));
+        let few = DecodeLimits { max_bytes: 1 << 20, max_tensors: 1 };
+        assert!(matches!(decode(&bytes, &few), Err(CodecError::TooManyTensors { count: 2, limit: 1 })));
+    }
+
+    #[test]
+    fn bfloat16_is_refused_both_ways() {
+        let tree = ParamTree::from_dotted([(
+            "w".to_owned(),
+            Array::new(vec![1], ArrayData::BF16(vec![half::bf16::ONE])).unwrap(),
+        )]);
+        assert!(matches!(encode(&tree), Err(CodecError::BFloat16(name)) if name == "w"));
+        let bytes = [0u8, 0];
+        let view = TensorView::new(Dtype::BF16, vec![1], &bytes).unwrap();
+        let file = safetensors::serialize([("w", view)], None).unwrap();
+        assert!(matches!(decode(&file, &DecodeLimits::default()), Err(CodecError::BFloat16(_))));
+    }
+
+    #[test]
+    fn truncated_and_garbage_input_are_errors() {
+        let bytes = encode(&sample()).unwrap();
+        for cut in [0, 4, 8, 20, bytes.len() - 1] {
+            assert!(decode(&bytes[..cut], &DecodeLimits::default()).is_err(), "cut at {cut}");
+        }
+        let mut huge_header = bytes.clone();
+        huge_header[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode(&huge_header, &DecodeLimits::default()).is_err());
+    }
+
+    #[test]
+    fn skeleton_that_disagrees_with_tensors_is_an_error() {
+        let data = [0u8; 4];
+        let view = TensorView::new(Dtype::F32, vec![1], &data).unwrap();
+        let metadata = HashMap::from([(SKELETON_KEY.to_owned(), r#"{"kind":"map","items":{"other":{"kind":"leaf"}}}"#.to_owned())]);
+        let file = safetensors::serialize([("w", view)], Some(metadata)).unwrap();
+        let error = decode(&file, &DecodeLimits::default()).unwrap_err();
+        assert_eq!(error, CodecError::MetadataMismatch("no tensor named `other`".to_owned()));
+    }
+
+    proptest! {
+        #[test]
+        fn encode_decode_round_trips_bit_for_bit(tree in tree()) {
+            // Keys of generated maps never contain '.', '[' or ']', so names are unique.
+            let bytes = encode(&tree).unwrap();
+            let back = decode(&bytes, &DecodeLimits::default()).unwrap();
+            prop_assert_eq!(back.skeleton(), tree.skeleton());
+            let bits = |t: &ParamTree| t.leaves().iter().map(|(p, a)| (p.to_string(), a.dtype(), a.shape().to_vec(), a.data().to_le_bytes())).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&back), bits(&tree));
+        }
+    }
+}

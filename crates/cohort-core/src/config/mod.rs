@@ -1,0 +1,400 @@
+//! Loading and validating the run configuration.
+//!
+//! A config is one TOML file with the sections of [`Config`]. Inside any
+//! section, `include = "other.toml"` (or a list of files) merges that file's
+//! keys into the section; keys written in the section itself win. Paths are
+//! relative to the file that names them.
+//!
+//! Every problem is a [`ConfigError`] that names the file, the key and what was
+//! expected: TOML syntax, unknown sections and keys (with a did-you-mean), wrong
+//! types, and impossible values such as `per_round > total_clients`.
+
+mod introspect;
+mod schema;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+pub use schema::*;
+
+use crate::optim::OptimizerSpec;
+use crate::suggest::did_you_mean;
+
+/// A configuration problem, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// Dotted key such as `clients.per_round`; `None` for file-level problems.
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.key {
+            Some(key) => write!(f, "{}: `{key}`: {}", self.file.display(), self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A validated config with where each key came from.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub config: Config,
+    pub optimizer: OptimizerSpec,
+    /// The top-level file.
+    pub path: PathBuf,
+    /// The fully merged table, as the run saw it.
+    pub merged: toml::Table,
+    origins: BTreeMap<String, PathBuf>,
+}
+
+impl LoadedConfig {
+    /// The file that set `key` (dotted), or the top-level file.
+    pub fn origin_of(&self, key: &str) -> &Path {
+        self.origins.get(key).unwrap_or(&self.path)
+    }
+
+    /// SHA-256 over the merged config, keys sorted: equal for configs that mean
+    /// the same, whatever their layout or includes.
+    pub fn hash(&self) -> String {
+        let canonical = serde_json::to_string(&self.merged).expect("TOML tables serialize to JSON");
+        format!("{:x}", Sha256::digest(canonical.as_bytes()))
+    }
+}
+
+/// Reads, merges, type-checks and validates the config at `path`.
+pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let table = read_table(path)?;
+    from_table(table, path)
+}
+
+/// Like [`load`], for config text that claims to come from `path` (includes
+/// resolve relative to it).
+pub fn from_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let table = parse_table(text, path)?;
+    from_table(table, path)
+}
+
+fn file_error(file: &Path, key: Option<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        file: file.to_path_buf(),
+        key,
+        message: message.into(),
+    }
+}
+
+fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| file_error(path, None, format!("cannot read config file: {e}")))?;
+    parse_table(&text, path)
+}
+
+fn parse_table(text: &str, path: &Path) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>()
+        .map_err(|e| file_error(path, None, format!("invalid TOML: {}", e.to_string().trim_end())))
+}
+
+/// Section names and, for `parameters`, its subsections.
+const SECTIONS: &[&str] = &[
+    "general",
+    "clients",
+    "server",
+    "data",
+    "trainer",
+    "algorithm",
+    "parameters",
+    "results",
+];
+
+fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigError> {
+    let mut origins = BTreeMap::new();
+    let mut merged = toml::Table::new();
+    for (section, value) in table {
+        if !SECTIONS.contains(&section.as_str()) {
+            return Err(file_error(
+                path,
+                Some(section.clone()),
+                format!(
+                    "unknown section `[{section}]`{}; sections are: {}",
+                    did_you_mean(&section, SECTIONS.iter().copied()),
+                    SECTIONS.join(", ")
+                ),
+            ));
+        }
+        let toml::Value::Table(body) = value else {
+            return Err(file_error(
+                path,
+                Some(section.clone()),
+                format!("expected a section `[{section}]`, found a {}", value.type_str()),
+            ));
+        };
+        let body = if section == "parameters" {
+            let mut parameters = toml::Table::new();
+            for (sub, sub_value) in body {
+                let key = format!("parameters.{sub}");
+                let toml::Value::Table(sub_body) = sub_value else {
+                    return Err(file_error(
+                        path,
+                        Some(key),
+                        format!("expected a section `[parameters.{sub}]`, found a {}", sub_value.type_str()),
+                    ));
+                };
+                let resolved = resolve_includes(sub_body, path, &key, &mut origins, &mut Vec::new())?;
+                parameters.insert(sub, toml::Value::Table(resolved));
+            }
+            parameters
+        } else {
+            resolve_includes(body, path, &section, &mut origins, &mut Vec::new())?
+        };
+        merged.insert(section, toml::Value::Table(body));
+    }
+
+    check_unknown_keys(&merged, path, &origins)?;
+
+    let config: Config = serde_path_to_error::deserialize(toml::Value::Table(merged.clone()))
+        .map_err(|error| {
+            let key = error.path().to_string();
+            let file = origins.get(&key).cloned().unwrap_or_else(|| path.to_path_buf());
+            file_error(&file, Some(key), error.into_inner().to_string())
+        })?;
+
+    let loaded_origins = origins;
+    let optimizer = OptimizerSpec::from_config(&config.trainer.optimizer, &config.parameters.optimizer)
+        .map_err(|e| {
+            let file = loaded_origins.get(&e.key).cloned().unwrap_or_else(|| path.to_path_buf());
+            file_error(&file, Some(e.key), e.message)
+        })?;
+    let loaded = LoadedConfig {
+        config,
+        optimizer,
+        path: path.to_path_buf(),
+        merged,
+        origins: loaded_origins,
+    };
+    validate(&loaded)?;
+    Ok(loaded)
+}
+
+/// Merges `include` files into a section body, recursively; the body's own keys
+/// win over included ones. Records the origin file of every key.
+fn resolve_includes(
+    mut body: toml::Table,
+    file: &Path,
+    section: &str,
+    origins: &mut BTreeMap<String, PathBuf>,
+    chain: &mut Vec<PathBuf>,
+) -> Result<toml::Table, ConfigError> {
+    let include_key = format!("{section}.include");
+    let includes = match body.remove("include") {
+        None => Vec::new(),
+        Some(toml::Value::String(one)) => vec![one],
+        Some(toml::Value::Array(many)) => many
+            .into_iter()
+            .map(|v| match v {
+                toml::Value::String(s) => Ok(s),
+                other => Err(file_error(
+                    file,
+                    Some(include_key.clone()),
+                    format!("expected file names, found {} `{other}`", other.type_str()),
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(file_error(
+                file,
+                Some(include_key),
+                format!("expected a file name or a list of file names, found {} `{other}`", other.type_str()),
+            ));
+        }
+    };
+    let mut merged = toml::Table::new();
+    for include in includes {
+        let target = file.parent().unwrap_or(Path::new(".")).join(&include);
+        let canonical = target.canonicalize().map_err(|e| {
+            file_error(file, Some(include_key.clone()), format!("cannot read included file `{}`: {e}", target.display()))
+        })?;
+        if chain.contains(&canonical) {
+            return Err(file_error(
+                file,
+                Some(include_key.clone()),
+                format!("`{}` includes itself (through {} files)", target.display(), chain.len()),
+            ));
+        }
+        let included = read_table(&target)?;
+        chain.push(canonical);
+        let resolved = resolve_includes(included, &target, section, origins, chain)?;
+        chain.pop();
+        merged.extend(resolved);
+    }
+    for key in body.keys() {
+        origins.insert(format!("{section}.{key}"), file.to_path_buf());
+    }
+    merged.extend(body);
+    Ok(merged)
+}
+
+fn check_unknown_keys(
+    merged: &toml::Table,
+    path: &Path,
+    origins: &BTreeMap<String, PathBuf>,
+) -> Result<(), ConfigError> {
+    let known: BTreeMap<&str, &'static [&'static str]> = BTreeMap::from([
+        ("general", introspect::fields_of::<General>()),
+        ("clients", introspect::fields_of::<Clients>()),
+        ("server", introspect::fields_of::<Server>()),
+        ("data", introspect::fields_of::<Data>()),
+        ("trainer", introspect::fields_of::<Trainer>()),
+        ("algorithm", introspect::fields_of::<Algorithm>()),
+        ("parameters", introspect::fields_of::<Parameters>()),
+        ("parameters.model", introspect::fields_of::<ModelParameters>()),
+        ("results", introspect::fields_of::<Results>()),
+    ]);
+    let check = |section: &str, body: &toml::Table| -> Result<(), ConfigError> {
+        let fields = known[section];
+        for key in body.keys() {
+            if !fields.contains(&key.as_str()) {
+                let dotted = format!("{section}.{key}");
+                let file = origins.get(&dotted).cloned().unwrap_or_else(|| path.to_path_buf());
+                let mut sorted: Vec<&str> = fields.to_vec();
+                sorted.sort_unstable();
+                return Err(file_error(
+                    &file,
+                    Some(dotted),
+                    format!(
+                        "unknown key `{key}` in [{section}]{}; valid keys: {}",
+                        did_you_mean(key, fields.iter().copied()),
+                        sorted.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    };
+    for (section, body) in merged {
+        let toml::Value::Table(body) = body else { continue };
+        check(section, body)?;
+        if section == "parameters"
+            && let Some(toml::Value::Table(model)) = body.get("model")
+        {
+            check("parameters.model", model)?;
+        }
+    }
+    Ok(())
+}
+
+/// Names accepted in `data.datasource`.
+pub const DATASOURCES: &[&str] = &["MNIST", "FashionMNIST"];
+/// Names accepted in `trainer.model_name`.
+pub const MODEL_NAMES: &[&str] = &["lenet5", "lenet5_compact"];
+
+fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
+    let config = &loaded.config;
+    let fail = |key: &str, message: String| -> Result<(), ConfigError> {
+        Err(file_error(loaded.origin_of(key), Some(key.to_owned()), message))
+    };
+    let one_of = |key: &str, value: &str, allowed: &[&str]| -> Result<(), ConfigError> {
+        if allowed.contains(&value) {
+            return Ok(());
+        }
+        fail(
+            key,
+            format!(
+                "unknown value `{value}`{}; expected one of: {}",
+                did_you_mean(value, allowed.iter().copied()),
+                allowed.join(", ")
+            ),
+        )
+    };
+    let clients = &config.clients;
+    if clients.total_clients == 0 {
+        fail("clients.total_clients", "must be at least 1".to_owned())?;
+    }
+    if clients.per_round == 0 {
+        fail("clients.per_round", "must be at least 1".to_owned())?;
+    }
+    if clients.per_round > clients.total_clients {
+        fail(
+            "clients.per_round",
+            format!(
+                "{} clients per round cannot be selected from total_clients = {}",
+                clients.per_round, clients.total_clients
+            ),
+        )?;
+    }
+    one_of("clients.type", &clients.kind, &["simple"])?;
+    if !clients.comm_simulation {
+        fail(
+            "clients.comm_simulation",
+            "network mode (comm_simulation = false) is not available in this build yet; use true".to_owned(),
+        )?;
+    }
+    one_of("server.type", &config.server.kind, &["fedavg"])?;
+    one_of("algorithm.type", &config.algorithm.kind, &["fedavg"])?;
+    one_of("trainer.type", &config.trainer.kind, &["basic"])?;
+    one_of("data.datasource", &config.data.datasource, DATASOURCES)?;
+    one_of("data.sampler", &config.data.sampler, &["iid"])?;
+    if config.data.partition_size == Some(0) {
+        fail("data.partition_size", "must be at least 1 when set".to_owned())?;
+    }
+    if let Some(mirrors) = &config.data.mirrors
+        && mirrors.is_empty()
+    {
+        fail("data.mirrors", "must list at least one URL when set".to_owned())?;
+    }
+    let trainer = &config.trainer;
+    one_of("trainer.model_name", &trainer.model_name, MODEL_NAMES)?;
+    if trainer.rounds == 0 {
+        fail("trainer.rounds", "must be at least 1".to_owned())?;
+    }
+    if trainer.epochs == 0 {
+        fail("trainer.epochs", "must be at least 1".to_owned())?;
+    }
+    if trainer.batch_size == 0 {
+        fail("trainer.batch_size", "must be at least 1".to_owned())?;
+    }
+    if trainer.eval_batch_size == 0 {
+        fail("trainer.eval_batch_size", "must be at least 1".to_owned())?;
+    }
+    if trainer.max_concurrency == 0 {
+        fail("trainer.max_concurrency", "must be at least 1 physical worker".to_owned())?;
+    }
+    if trainer.threads_per_worker == 0 {
+        fail("trainer.threads_per_worker", "must be at least 1".to_owned())?;
+    }
+    if let Some(target) = trainer.target_accuracy
+        && !(target.is_finite() && (0.0..=1.0).contains(&target))
+    {
+        fail(
+            "trainer.target_accuracy",
+            format!("must be a fraction in [0, 1] (e.g. 0.97), got {target}"),
+        )?;
+    }
+    if let Some(norm) = trainer.clip_grad_norm
+        && !(norm.is_finite() && norm >= 0.0)
+    {
+        fail(
+            "trainer.clip_grad_norm",
+            format!("must be a finite number >= 0, got {norm}"),
+        )?;
+    }
+    if config.parameters.model.num_classes != 10 {
+        fail(
+            "parameters.model.num_classes",
+            format!(
+                "{} classes requested, but {} has 10",
+                config.parameters.model.num_classes, config.data.datasource
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

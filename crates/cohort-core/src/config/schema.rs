@@ -1,0 +1,203 @@
+//! The typed configuration: one struct per TOML section.
+//!
+//! Every field has a default documented in `docs/CONFIG.md`; keep the two in
+//! step. Unknown keys are rejected by the loader (with a did-you-mean), so the
+//! structs themselves accept only what they declare.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub general: General,
+    pub clients: Clients,
+    pub server: Server,
+    pub data: Data,
+    pub trainer: Trainer,
+    pub algorithm: Algorithm,
+    pub parameters: Parameters,
+    pub results: Results,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct General {
+    /// Folder under which run folders are created.
+    pub base_path: PathBuf,
+    /// Name of the run folder; default: the config file's stem and a timestamp.
+    pub run_name: Option<String>,
+}
+
+impl Default for General {
+    fn default() -> Self {
+        Self {
+            base_path: PathBuf::from("runs"),
+            run_name: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Clients {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub total_clients: u32,
+    pub per_round: u32,
+    pub do_test: bool,
+    pub comm_simulation: bool,
+}
+
+impl Default for Clients {
+    fn default() -> Self {
+        Self {
+            kind: "simple".to_owned(),
+            total_clients: 10,
+            per_round: 2,
+            do_test: false,
+            comm_simulation: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Server {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub address: String,
+    pub port: u16,
+    /// Seed of the client-selection RNG.
+    pub random_seed: u64,
+    pub simulate_wall_time: bool,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            kind: "fedavg".to_owned(),
+            address: "127.0.0.1".to_owned(),
+            port: 8000,
+            random_seed: 1,
+            simulate_wall_time: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Data {
+    pub datasource: String,
+    pub data_path: PathBuf,
+    pub sampler: String,
+    /// Samples per client; default: the training set divided evenly.
+    pub partition_size: Option<usize>,
+    /// Seed of the partitioning shuffle.
+    pub random_seed: u64,
+    /// Fetch missing files from the public mirrors.
+    pub download: bool,
+    /// Mirror base URLs tried in order; default: the dataset's standard mirrors.
+    pub mirrors: Option<Vec<String>>,
+}
+
+impl Default for Data {
+    fn default() -> Self {
+        Self {
+            datasource: "MNIST".to_owned(),
+            data_path: PathBuf::from("data"),
+            sampler: "iid".to_owned(),
+            partition_size: None,
+            random_seed: 1,
+            download: true,
+            mirrors: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Trainer {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub rounds: u32,
+    pub max_concurrency: u32,
+    pub target_accuracy: Option<f64>,
+    pub epochs: u32,
+    pub batch_size: usize,
+    pub optimizer: String,
+    pub model_name: String,
+    pub model_seed: Option<u64>,
+    pub training_seed: Option<u64>,
+    pub clip_grad_norm: Option<f64>,
+    /// Compute threads per physical worker.
+    pub threads_per_worker: u32,
+    /// Batch size of the server's test-set evaluation.
+    pub eval_batch_size: usize,
+}
+
+impl Default for Trainer {
+    fn default() -> Self {
+        Self {
+            kind: "basic".to_owned(),
+            rounds: 5,
+            max_concurrency: 1,
+            target_accuracy: None,
+            epochs: 5,
+            batch_size: 32,
+            optimizer: "adam".to_owned(),
+            model_name: "lenet5".to_owned(),
+            model_seed: None,
+            training_seed: None,
+            clip_grad_norm: None,
+            threads_per_worker: 1,
+            eval_batch_size: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Algorithm {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+impl Default for Algorithm {
+    fn default() -> Self {
+        Self {
+            kind: "fedavg".to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Parameters {
+    pub model: ModelParameters,
+    /// `learning_rate` and the options of `trainer.optimizer`, checked by
+    /// [`crate::optim::OptimizerSpec::from_config`].
+    pub optimizer: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelParameters {
+    pub num_classes: usize,
+}
+
+impl Default for ModelParameters {
+    fn default() -> Self {
+        Self { num_classes: 10 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Results {
+    /// Where run folders go; overrides `general.base_path` when set.
+    pub result_path: Option<PathBuf>,
+}
+

@@ -1,0 +1,184 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+[clients]
+total_clients = 10
+per_round = 2
+
+[trainer]
+optimizer = "sgd"
+
+[parameters.optimizer]
+learning_rate = 0.01
+momentum = 0.9
+"#;
+
+fn load_text(text: &str) -> Result<LoadedConfig, ConfigError> {
+    from_str(text, Path::new("run.toml"))
+}
+
+fn error_of(text: &str) -> ConfigError {
+    load_text(text).expect_err("config should be rejected")
+}
+
+#[test]
+fn minimal_config_loads_with_defaults() {
+    let loaded = load_text(MINIMAL).unwrap();
+    assert_eq!(loaded.config.trainer.batch_size, 32);
+    assert_eq!(loaded.config.server.random_seed, 1);
+    assert!(matches!(loaded.optimizer, OptimizerSpec::Sgd { momentum, .. } if momentum == 0.9));
+}
+
+#[test]
+fn unknown_key_names_file_key_and_suggestion() {
+    let error = error_of(&MINIMAL.replace("per_round = 2", "per_rond = 2"));
+    assert_eq!(error.file, Path::new("run.toml"));
+    assert_eq!(error.key.as_deref(), Some("clients.per_rond"));
+    assert!(error.message.contains("did you mean `per_round`?"), "{error}");
+    assert!(error.message.contains("valid keys:"), "{error}");
+}
+
+#[test]
+fn unknown_section_is_refused_with_suggestion() {
+    let error = error_of(&format!("{MINIMAL}\n[trainr]\nepochs = 1\n"));
+    assert_eq!(error.key.as_deref(), Some("trainr"));
+    assert!(error.message.contains("did you mean `trainer`?"), "{error}");
+}
+
+#[test]
+fn wrong_type_names_the_key_and_the_expected_type() {
+    let error = error_of(&MINIMAL.replace("per_round = 2", "per_round = \"two\""));
+    assert_eq!(error.key.as_deref(), Some("clients.per_round"));
+    assert!(error.message.contains("invalid type: string \"two\""), "{error}");
+    assert!(error.message.contains("u32"), "{error}");
+}
+
+#[test]
+fn negative_count_is_a_type_error_not_a_wraparound() {
+    let error = error_of(&MINIMAL.replace("total_clients = 10", "total_clients = -3"));
+    assert_eq!(error.key.as_deref(), Some("clients.total_clients"));
+}
+
+#[test]
+fn per_round_above_total_clients_is_impossible() {
+    let error = error_of(&MINIMAL.replace("per_round = 2", "per_round = 11"));
+    assert_eq!(error.key.as_deref(), Some("clients.per_round"));
+    assert!(error.message.contains("total_clients = 10"), "{error}");
+}
+
+#[test]
+fn zero_batch_size_is_impossible() {
+    let error = error_of(&format!("{MINIMAL}").replace("optimizer = \"sgd\"", "optimizer = \"sgd\"\nbatch_size = 0"));
+    assert_eq!(error.key.as_deref(), Some("trainer.batch_size"));
+}
+
+#[test]
+fn out_of_range_values_are_refused() {
+    for (line, key) in [
+        ("target_accuracy = 97.0", "trainer.target_accuracy"),
+        ("clip_grad_norm = -1.0", "trainer.clip_grad_norm"),
+        ("clip_grad_norm = nan", "trainer.clip_grad_norm"),
+        ("max_concurrency = 0", "trainer.max_concurrency"),
+        ("epochs = 0", "trainer.epochs"),
+        ("rounds = 0", "trainer.rounds"),
+        ("model_name = \"lenet\"", "trainer.model_name"),
+    ] {
+        let error = error_of(&MINIMAL.replace("optimizer = \"sgd\"", &format!("optimizer = \"sgd\"\n{line}")));
+        assert_eq!(error.key.as_deref(), Some(key), "{line}: {error}");
+    }
+}
+
+#[test]
+fn zero_clip_norm_is_valid() {
+    load_text(&MINIMAL.replace("optimizer = \"sgd\"", "optimizer = \"sgd\"\nclip_grad_norm = 0.0")).unwrap();
+}
+
+#[test]
+fn misspelled_datasource_gets_a_suggestion() {
+    let error = error_of(&format!("{MINIMAL}\n[data]\ndatasource = \"FashionMnist\"\n"));
+    assert_eq!(error.key.as_deref(), Some("data.datasource"));
+    assert!(error.message.contains("did you mean `FashionMNIST`?"), "{error}");
+}
+
+#[test]
+fn invalid_toml_names_the_file_and_line() {
+    let error = error_of("[clients\ntotal_clients = 1");
+    assert_eq!(error.key, None);
+    assert!(error.message.contains("invalid TOML"), "{error}");
+    assert!(error.message.contains("line 1"), "{error}");
+}
+
+#[test]
+fn optimizer_option_errors_carry_the_dotted_key() {
+    let error = error_of(&MINIMAL.replace("learning_rate = 0.01", "lr = 0.01"));
+    assert_eq!(error.key.as_deref(), Some("parameters.optimizer.lr"));
+}
+
+#[test]
+fn include_merges_keys_and_section_keys_win() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("common.toml"),
+        "total_clients = 100\nper_round = 10\n",
+    )
+    .unwrap();
+    let main = dir.path().join("main.toml");
+    std::fs::write(
+        &main,
+        "[clients]\ninclude = \"common.toml\"\nper_round = 5\n\n[parameters.optimizer]\nlearning_rate = 0.1\n",
+    )
+    .unwrap();
+    let loaded = load(&main).unwrap();
+    assert_eq!(loaded.config.clients.total_clients, 100);
+    assert_eq!(loaded.config.clients.per_round, 5);
+    assert_eq!(loaded.origin_of("clients.total_clients"), dir.path().join("common.toml"));
+}
+
+#[test]
+fn error_in_included_file_names_that_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("common.toml"), "total_clientz = 100\n").unwrap();
+    let main = dir.path().join("main.toml");
+    std::fs::write(&main, "[clients]\ninclude = \"common.toml\"\n").unwrap();
+    let error = load(&main).unwrap_err();
+    assert_eq!(error.file, dir.path().join("common.toml"));
+    assert_eq!(error.key.as_deref(), Some("clients.total_clientz"));
+}
+
+#[test]
+fn missing_and_cyclic_includes_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("main.toml");
+    std::fs::write(&main, "[clients]\ninclude = \"nope.toml\"\n").unwrap();
+    let error = load(&main).unwrap_err();
+    assert_eq!(error.key.as_deref(), Some("clients.include"));
+    assert!(error.message.contains("nope.toml"), "{error}");
+
+    std::fs::write(dir.path().join("a.toml"), "include = \"b.toml\"\n").unwrap();
+    std::fs::write(dir.path().join("b.toml"), "include = \"a.toml\"\n").unwrap();
+    std::fs::write(&main, "[clients]\ninclude = \"a.toml\"\n").unwrap();
+    let error = load(&main).unwrap_err();
+    assert!(error.message.contains("includes itself"), "{error}");
+}
+
+#[test]
+fn hash_ignores_layout_but_not_values() {
+    let a = load_text(MINIMAL).unwrap().hash();
+    let reordered = load_text(&format!(
+        "[parameters.optimizer]\nmomentum = 0.9\nlearning_rate = 0.01\n[trainer]\noptimizer = \"sgd\"\n[clients]\nper_round = 2\ntotal_clients = 10\n"
+    ))
+    .unwrap()
+    .hash();
+    assert_eq!(a, reordered);
+    let changed = load_text(&MINIMAL.replace("per_round = 2", "per_round = 3")).unwrap().hash();
+    assert_ne!(a, changed);
+}
+
+#[test]
+fn reference_configs_load() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+    for name in ["mnist/fedavg_lenet5.toml", "fashion_mnist/fedavg_lenet5_r1.toml"] {
+        let loaded = load(&root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(loaded.config.clients.total_clients, 10, "{name}");
+    }
+}

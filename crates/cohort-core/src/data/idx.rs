@@ -1,0 +1,149 @@
+//! Reader for the IDX format of MNIST and Fashion-MNIST, gzip-compressed.
+//!
+//! An IDX file is a big-endian header (two zero bytes, a type code, the number
+//! of dimensions, one u32 per dimension) followed by the elements. Every field
+//! is checked against what the caller expects, and a short or corrupt file is an
+//! [`IdxError`], never a panic.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use flate2::read::GzDecoder;
+
+/// Type code of unsigned bytes, the only element type the datasets use.
+const UBYTE: u8 = 0x08;
+/// More than any IDX dataset of this family needs; protects against a header
+/// that claims terabytes.
+const MAX_ELEMENTS: u64 = 1 << 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdxError {
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a valid IDX file: {reason}")]
+    Format { path: PathBuf, reason: String },
+}
+
+/// A decoded IDX array of unsigned bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdxArray {
+    pub dims: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+/// Reads a gzip-compressed IDX file and checks it has `expected_rank`
+/// dimensions.
+pub fn read_idx_gz(path: &Path, expected_rank: usize) -> Result<IdxArray, IdxError> {
+    let file = std::fs::File::open(path).map_err(|source| IdxError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut raw = Vec::new();
+    GzDecoder::new(std::io::BufReader::new(file))
+        .read_to_end(&mut raw)
+        .map_err(|e| IdxError::Format {
+            path: path.to_path_buf(),
+            reason: format!("gzip stream is corrupt or truncated ({e})"),
+        })?;
+    parse_idx(&raw, expected_rank).map_err(|reason| IdxError::Format {
+        path: path.to_path_buf(),
+        reason,
+    })
+}
+
+/// Parses uncompressed IDX bytes.
+pub fn parse_idx(raw: &[u8], expected_rank: usize) -> Result<IdxArray, String> {
+    let header = raw
+        .get(..4)
+        .ok_or_else(|| format!("file is {} bytes, shorter than the 4-byte magic number", raw.len()))?;
+    if header[0] != 0 || header[1] != 0 {
+        return Err(format!(
+            "magic number starts with {:#04x} {:#04x}, expected two zero bytes",
+            header[0], header[1]
+        ));
+    }
+    if header[2] != UBYTE {
+        return Err(format!("element type code {:#04x}, expected {UBYTE:#04x} (unsigned byte)", header[2]));
+    }
+    let rank = header[3] as usize;
+    if rank != expected_rank {
+        return Err(format!("{rank} dimensions, expected {expected_rank}"));
+    }
+    let dims_end = 4 + 4 * rank;
+    let dims_bytes = raw
+        .get(4..dims_end)
+        .ok_or_else(|| format!("header truncated: {} bytes, need {dims_end}", raw.len()))?;
+    let dims: Vec<usize> = dims_bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes(c.try_into().expect("chunks of 4")) as usize)
+        .collect();
+    let count = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64)).unwrap_or(u64::MAX);
+    if count > MAX_ELEMENTS {
+        return Err(format!("dimensions {dims:?} claim {count} elements, more than any dataset of this kind"));
+    }
+    let body = &raw[dims_end..];
+    if body.len() as u64 != count {
+        return Err(format!(
+            "dimensions {dims:?} need {count} data bytes, file has {} ({})",
+            body.len(),
+            if (body.len() as u64) < count { "truncated" } else { "trailing bytes" }
+        ));
+    }
+    Ok(IdxArray {
+        dims,
+        data: body.to_vec(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idx(dims: &[u32], body: &[u8]) -> Vec<u8> {
+        let mut raw = vec![0, 0, UBYTE, dims.len() as u8];
+        for d in dims {
+            raw.extend(d.to_be_bytes());
+        }
+        raw.extend(body);
+        raw
+    }
+
+    #[test]
+    fn parses_a_valid_file() {
+        let array = parse_idx(&idx(&[2, 2], &[1, 2, 3, 4]), 2).unwrap();
+        assert_eq!(array.dims, [2, 2]);
+        assert_eq!(array.data, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn rejects_truncation_corruption_and_wrong_shape() {
+        let cases: Vec<(Vec<u8>, usize, &str)> = vec![
+            (vec![], 1, "shorter than the 4-byte magic"),
+            (vec![0, 0, UBYTE, 1, 0, 0], 1, "header truncated"),
+            (idx(&[4], &[1, 2, 3]), 1, "truncated"),
+            (idx(&[2], &[1, 2, 3]), 1, "trailing bytes"),
+            (idx(&[2], &[1, 2]), 3, "1 dimensions, expected 3"),
+            (vec![1, 0, UBYTE, 1, 0, 0, 0, 0], 1, "expected two zero bytes"),
+            (vec![0, 0, 0x0D, 1, 0, 0, 0, 0], 1, "element type code"),
+            (idx(&[u32::MAX, u32::MAX], &[]), 2, "more than any dataset"),
+        ];
+        for (raw, rank, needle) in cases {
+            let error = parse_idx(&raw, rank).unwrap_err();
+            assert!(error.contains(needle), "{needle}: {error}");
+        }
+    }
+
+    #[test]
+    fn corrupt_gzip_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.gz");
+        std::fs::write(&path, b"\x1f\x8b\x08\x00garbage").unwrap();
+        let error = read_idx_gz(&path, 1).unwrap_err();
+        assert!(error.to_string().contains("bad.gz"), "{error}");
+        assert!(error.to_string().contains("corrupt or truncated"), "{error}");
+    }
+}

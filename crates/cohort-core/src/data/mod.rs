@@ -1,0 +1,224 @@
+//! Datasets: the IDX reader, the dataset catalogue, and downloads.
+
+pub mod download;
+pub mod idx;
+
+use std::path::{Path, PathBuf};
+
+pub use download::{DownloadError, Fetch};
+
+use idx::{IdxError, read_idx_gz};
+
+/// A dataset of the MNIST family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataSource {
+    Mnist,
+    FashionMnist,
+}
+
+/// One file of a dataset with its SHA-256.
+#[derive(Debug, Clone, Copy)]
+pub struct DataFile {
+    pub name: &'static str,
+    pub sha256: &'static str,
+}
+
+impl DataSource {
+    /// From `data.datasource` (validated by the config loader).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "MNIST" => Some(DataSource::Mnist),
+            "FashionMNIST" => Some(DataSource::FashionMnist),
+            _ => None,
+        }
+    }
+
+    /// Subfolder of `data_path` holding the files.
+    pub fn folder(self) -> &'static str {
+        match self {
+            DataSource::Mnist => "mnist",
+            DataSource::FashionMnist => "fashion-mnist",
+        }
+    }
+
+    /// Standard public mirrors, tried in order.
+    pub fn mirrors(self) -> &'static [&'static str] {
+        match self {
+            DataSource::Mnist => &[
+                "https://ossci-datasets.s3.amazonaws.com/mnist/",
+                "https://storage.googleapis.com/cvdf-datasets/mnist/",
+            ],
+            DataSource::FashionMnist => &[
+                "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+            ],
+        }
+    }
+
+    /// Train images, train labels, test images, test labels.
+    pub fn files(self) -> [DataFile; 4] {
+        let f = |name, sha256| DataFile { name, sha256 };
+        match self {
+            DataSource::Mnist => [
+                f("train-images-idx3-ubyte.gz", "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609"),
+                f("train-labels-idx1-ubyte.gz", "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c"),
+                f("t10k-images-idx3-ubyte.gz", "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6"),
+                f("t10k-labels-idx1-ubyte.gz", "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6"),
+            ],
+            DataSource::FashionMnist => [
+                f("train-images-idx3-ubyte.gz", "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7"),
+                f("train-labels-idx1-ubyte.gz", "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056"),
+                f("t10k-images-idx3-ubyte.gz", "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa"),
+                f("t10k-labels-idx1-ubyte.gz", "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05"),
+            ],
+        }
+    }
+
+    /// Mean and standard deviation of the pixel intensities in [0, 1].
+    ///
+    /// Both use MNIST's statistics (0.1307, 0.3081), as Plato does for both
+    /// datasets, so results compare one to one with Plato and with
+    /// `torch_r1.py`. (Fashion-MNIST's own are about 0.2860 and 0.3530.)
+    pub fn normalization(self) -> (f32, f32) {
+        (0.1307, 0.3081)
+    }
+}
+
+/// Images normalized to float32, `[count, 1, rows, cols]` row-major, with labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dataset {
+    pub images: Vec<f32>,
+    pub labels: Vec<u8>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    pub fn pixels_per_image(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// Copies the images and labels at `indices` into `images` and `labels`
+    /// (cleared first), ready to become a batch tensor.
+    pub fn gather(&self, indices: &[u32], images: &mut Vec<f32>, labels: &mut Vec<i64>) {
+        let pixels = self.pixels_per_image();
+        images.clear();
+        labels.clear();
+        images.reserve(indices.len() * pixels);
+        for &index in indices {
+            let start = index as usize * pixels;
+            images.extend_from_slice(&self.images[start..start + pixels]);
+            labels.push(self.labels[index as usize] as i64);
+        }
+    }
+}
+
+/// Train and test splits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Splits {
+    pub train: Dataset,
+    pub test: Dataset,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error(transparent)]
+    Idx(#[from] IdxError),
+    #[error("{images}: {image_count} images but {labels} has {label_count} labels")]
+    CountMismatch {
+        images: PathBuf,
+        image_count: usize,
+        labels: PathBuf,
+        label_count: usize,
+    },
+    #[error("{path}: label {label} at index {index} is outside 0..10")]
+    BadLabel { path: PathBuf, index: usize, label: u8 },
+    #[error("{0}")]
+    Missing(String),
+    #[error(transparent)]
+    Download(#[from] DownloadError),
+}
+
+/// Loads both splits from `root/<folder>/`, fetching missing files when
+/// `fetch` allows.
+pub fn load(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Splits, DataError> {
+    let folder = root.join(source.folder());
+    let files = source.files();
+    let missing: Vec<DataFile> = files.iter().copied().filter(|f| !folder.join(f.name).is_file()).collect();
+    if !missing.is_empty() {
+        match fetch {
+            Fetch::Never => return Err(DataError::Missing(missing_message(source, &folder, &missing, None))),
+            Fetch::FromMirrors(mirrors) => {
+                let mirrors: Vec<String> = if mirrors.is_empty() {
+                    source.mirrors().iter().map(|m| m.to_string()).collect()
+                } else {
+                    mirrors.clone()
+                };
+                for file in &missing {
+                    if let Err(error) = download::fetch_verified(&mirrors, file, &folder) {
+                        return Err(DataError::Missing(missing_message(source, &folder, &missing, Some(&error))));
+                    }
+                }
+            }
+        }
+    }
+    let (mean, std) = source.normalization();
+    let read = |images: &DataFile, labels: &DataFile| -> Result<Dataset, DataError> {
+        let images_path = folder.join(images.name);
+        let labels_path = folder.join(labels.name);
+        let image_array = read_idx_gz(&images_path, 3)?;
+        let label_array = read_idx_gz(&labels_path, 1)?;
+        if image_array.dims[0] != label_array.dims[0] {
+            return Err(DataError::CountMismatch {
+                images: images_path,
+                image_count: image_array.dims[0],
+                labels: labels_path,
+                label_count: label_array.dims[0],
+            });
+        }
+        if let Some((index, &label)) = label_array.data.iter().enumerate().find(|(_, l)| **l >= 10) {
+            return Err(DataError::BadLabel { path: labels_path, index, label });
+        }
+        let scale = 1.0 / (255.0 * std);
+        let shift = mean / std;
+        Ok(Dataset {
+            images: image_array.data.iter().map(|&p| p as f32 * scale - shift).collect(),
+            labels: label_array.data,
+            rows: image_array.dims[1],
+            cols: image_array.dims[2],
+        })
+    };
+    Ok(Splits {
+        train: read(&files[0], &files[1])?,
+        test: read(&files[2], &files[3])?,
+    })
+}
+
+fn missing_message(source: DataSource, folder: &Path, missing: &[DataFile], error: Option<&DownloadError>) -> String {
+    let mut message = format!(
+        "{source:?} data files are missing from {}:\n",
+        folder.display()
+    );
+    for file in missing {
+        message.push_str(&format!("  {}  (sha256 {})\n", file.name, file.sha256));
+    }
+    match error {
+        Some(error) => message.push_str(&format!("Downloading them failed: {error}\n")),
+        None => message.push_str("Downloading is off (data.download = false).\n"),
+    }
+    message.push_str(&format!(
+        "Put these files in {} (from {}), or point data.data_path or COHORT_DATA_DIR at a folder \
+         that has a `{}/` subfolder with them.",
+        folder.display(),
+        source.mirrors().join(" or "),
+        source.folder()
+    ));
+    message
+}

@@ -1,0 +1,57 @@
+//! Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Writes `bytes` to `path` through a temporary file in the same folder,
+/// fsyncs it, renames it over `path` and fsyncs the folder, so a crash at any
+/// point leaves either the previous content or the new one.
+pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let temporary = temporary_sibling(path);
+    let result = (|| {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&temporary, path)?;
+        // The rename is durable only once the folder entry is on disk.
+        if let Ok(folder) = std::fs::File::open(parent) {
+            let _ = folder.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    result
+}
+
+/// `name.tmp-<pid>` beside `path`: unique per process, same filesystem.
+pub fn temporary_sibling(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".tmp-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_content_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.csv");
+        atomic_write(&path, b"one").unwrap();
+        atomic_write(&path, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn failure_keeps_the_previous_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing-folder").join("out.csv");
+        assert!(atomic_write(&path, b"x").is_err());
+    }
+}

@@ -1,0 +1,26 @@
+//! The backend-free core of cohort.
+//!
+//! Everything here is plain Rust on host memory, with no tensor library: the
+//! configuration, parameter trees, aggregation, the payload codec, data files,
+//! partitioning, client selection and result files. Decisions are pure
+//! functions; the few side effects (reading data, writing files) sit at the
+//! edges in [`data`] and [`results`].
+//!
+//! Where to look:
+//! * FedAvg: [`aggregate::fedavg`]
+//! * parameter trees: [`tree::ParamTree`]
+//! * config schema and loader: [`config`]
+//! * safetensors payloads: [`codec`]
+//! * iid partitions: [`partition`]; client selection: [`selection`]
+
+pub mod aggregate;
+pub mod codec;
+pub mod config;
+pub mod data;
+pub mod fsutil;
+pub mod optim;
+pub mod partition;
+pub mod results;
+pub mod selection;
+pub mod suggest;
+pub mod tree;

@@ -1,0 +1,811 @@
+//! Parameter trees: the host-side, backend-free form of a model's state.
+//!
+//! A [`ParamTree`] is what travels between server and clients and what every
+//! aggregation algorithm works on. It mirrors the structures users put into
+//! Python state dicts: nested maps with string keys, lists, tuples, array leaves
+//! and `None`. Leaves are owned host arrays, so a tree extracted from a model is a
+//! snapshot that later training cannot change.
+//!
+//! Trees flatten into a [`Skeleton`] (the containers, with placeholders where
+//! leaves were) plus the leaves in depth-first order, and rebuild from the two
+//! losslessly: container kinds and empty containers survive the round trip.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+/// Element type of an [`Array`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I64,
+    I32,
+    U8,
+    Bool,
+}
+
+impl DType {
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I64 => 8,
+            DType::U8 | DType::Bool => 1,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::I64 => "int64",
+            DType::I32 => "int32",
+            DType::U8 => "uint8",
+            DType::Bool => "bool",
+        };
+        f.write_str(name)
+    }
+}
+
+/// Typed element storage of an [`Array`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArrayData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+    U8(Vec<u8>),
+    Bool(Vec<bool>),
+}
+
+impl ArrayData {
+    pub fn dtype(&self) -> DType {
+        match self {
+            ArrayData::F32(_) => DType::F32,
+            ArrayData::F16(_) => DType::F16,
+            ArrayData::BF16(_) => DType::BF16,
+            ArrayData::I64(_) => DType::I64,
+            ArrayData::I32(_) => DType::I32,
+            ArrayData::U8(_) => DType::U8,
+            ArrayData::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            ArrayData::F32(v) => v.len(),
+            ArrayData::F16(v) => v.len(),
+            ArrayData::BF16(v) => v.len(),
+            ArrayData::I64(v) => v.len(),
+            ArrayData::I32(v) => v.len(),
+            ArrayData::U8(v) => v.len(),
+            ArrayData::Bool(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Little-endian bytes of the elements, as safetensors stores them.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        fn le<T: Copy, const N: usize>(values: &[T], to: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+            values.iter().flat_map(|&v| to(v)).collect()
+        }
+        match self {
+            ArrayData::F32(v) => le(v, f32::to_le_bytes),
+            ArrayData::F16(v) => le(v, f16::to_le_bytes),
+            ArrayData::BF16(v) => le(v, bf16::to_le_bytes),
+            ArrayData::I64(v) => le(v, i64::to_le_bytes),
+            ArrayData::I32(v) => le(v, i32::to_le_bytes),
+            ArrayData::U8(v) => v.clone(),
+            ArrayData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+        }
+    }
+
+    /// Parses little-endian bytes; `None` when the byte count is not a multiple
+    /// of the element size or a boolean byte is neither 0 nor 1.
+    pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Option<ArrayData> {
+        fn parse<T, const N: usize>(bytes: &[u8], from: impl Fn([u8; N]) -> T) -> Option<Vec<T>> {
+            if bytes.len() % N != 0 {
+                return None;
+            }
+            Some(
+                bytes
+                    .chunks_exact(N)
+                    .map(|c| from(c.try_into().expect("chunks_exact yields N bytes")))
+                    .collect(),
+            )
+        }
+        Some(match dtype {
+            DType::F32 => ArrayData::F32(parse(bytes, f32::from_le_bytes)?),
+            DType::F16 => ArrayData::F16(parse(bytes, f16::from_le_bytes)?),
+            DType::BF16 => ArrayData::BF16(parse(bytes, bf16::from_le_bytes)?),
+            DType::I64 => ArrayData::I64(parse(bytes, i64::from_le_bytes)?),
+            DType::I32 => ArrayData::I32(parse(bytes, i32::from_le_bytes)?),
+            DType::U8 => ArrayData::U8(bytes.to_vec()),
+            DType::Bool => ArrayData::Bool(
+                bytes
+                    .iter()
+                    .map(|&b| match b {
+                        0 => Some(false),
+                        1 => Some(true),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<bool>>>()?,
+            ),
+        })
+    }
+}
+
+/// An owned n-dimensional host array. The element count always equals the
+/// product of the shape (checked by [`Array::new`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Array {
+    shape: Vec<usize>,
+    data: ArrayData,
+}
+
+/// The element count does not match the shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("array of shape {shape:?} needs {expected} elements, got {actual}")]
+pub struct ShapeError {
+    pub shape: Vec<usize>,
+    pub expected: usize,
+    pub actual: usize,
+}
+
+impl Array {
+    pub fn new(shape: Vec<usize>, data: ArrayData) -> Result<Self, ShapeError> {
+        let expected = shape.iter().product::<usize>();
+        if expected != data.len() {
+            return Err(ShapeError {
+                shape,
+                expected,
+                actual: data.len(),
+            });
+        }
+        Ok(Self { shape, data })
+    }
+
+    pub fn f32(shape: Vec<usize>, values: Vec<f32>) -> Result<Self, ShapeError> {
+        Self::new(shape, ArrayData::F32(values))
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    pub fn data(&self) -> &ArrayData {
+        &self.data
+    }
+
+    pub fn data_mut(&mut self) -> &mut ArrayData {
+        &mut self.data
+    }
+
+    pub fn into_data(self) -> ArrayData {
+        self.data
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    pub fn size_in_bytes(&self) -> usize {
+        self.len() * self.dtype().size_in_bytes()
+    }
+
+    /// The elements as `f32` when the array is float32.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            ArrayData::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// One step of a path into a tree.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PathSegment {
+    Key(String),
+    Index(usize),
+}
+
+/// Location of a node in a tree, printed as `conv1.weight` or `layers[2].bias`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TreePath(pub Vec<PathSegment>);
+
+impl TreePath {
+    pub fn root() -> Self {
+        Self(Vec::new())
+    }
+
+    pub fn child_key(&self, key: &str) -> Self {
+        let mut segments = self.0.clone();
+        segments.push(PathSegment::Key(key.to_owned()));
+        Self(segments)
+    }
+
+    pub fn child_index(&self, index: usize) -> Self {
+        let mut segments = self.0.clone();
+        segments.push(PathSegment::Index(index));
+        Self(segments)
+    }
+}
+
+impl fmt::Display for TreePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("<root>");
+        }
+        for (position, segment) in self.0.iter().enumerate() {
+            match segment {
+                PathSegment::Key(key) if position == 0 => write!(f, "{key}")?,
+                PathSegment::Key(key) => write!(f, ".{key}")?,
+                PathSegment::Index(index) => write!(f, "[{index}]")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A tree of model parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParamTree {
+    Map(BTreeMap<String, ParamTree>),
+    List(Vec<ParamTree>),
+    Tuple(Vec<ParamTree>),
+    Leaf(Array),
+    None,
+}
+
+/// The containers of a tree with its leaves taken out; serializable, so it can
+/// travel as metadata beside the leaf bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "items", rename_all = "lowercase")]
+pub enum Skeleton {
+    Map(BTreeMap<String, Skeleton>),
+    List(Vec<Skeleton>),
+    Tuple(Vec<Skeleton>),
+    Leaf,
+    None,
+}
+
+/// A tree split into its skeleton and its leaves in depth-first order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlatTree {
+    pub skeleton: Skeleton,
+    pub leaves: Vec<(TreePath, Array)>,
+}
+
+/// Rebuilding a tree from a skeleton and leaves failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnflattenError {
+    #[error("the skeleton has {expected} leaves but {actual} arrays were given")]
+    LeafCount { expected: usize, actual: usize },
+}
+
+impl ParamTree {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ParamTree::Map(_) => "map",
+            ParamTree::List(_) => "list",
+            ParamTree::Tuple(_) => "tuple",
+            ParamTree::Leaf(_) => "array",
+            ParamTree::None => "None",
+        }
+    }
+
+    /// Depth-first visit of every leaf with its path.
+    pub fn for_each_leaf<'a>(&'a self, visit: &mut impl FnMut(&TreePath, &'a Array)) {
+        fn walk<'a>(
+            node: &'a ParamTree,
+            path: &TreePath,
+            visit: &mut impl FnMut(&TreePath, &'a Array),
+        ) {
+            match node {
+                ParamTree::Map(map) => {
+                    for (key, child) in map {
+                        walk(child, &path.child_key(key), visit);
+                    }
+                }
+                ParamTree::List(items) | ParamTree::Tuple(items) => {
+                    for (index, child) in items.iter().enumerate() {
+                        walk(child, &path.child_index(index), visit);
+                    }
+                }
+                ParamTree::Leaf(array) => visit(path, array),
+                ParamTree::None => {}
+            }
+        }
+        walk(self, &TreePath::root(), visit);
+    }
+
+    /// Leaves in depth-first order, borrowed.
+    pub fn leaves(&self) -> Vec<(TreePath, &Array)> {
+        let mut leaves = Vec::new();
+        self.for_each_leaf(&mut |path, array| leaves.push((path.clone(), array)));
+        leaves
+    }
+
+    /// Mutable leaves in the same depth-first order as [`ParamTree::leaves`].
+    pub fn leaves_mut(&mut self) -> Vec<&mut Array> {
+        fn walk<'a>(node: &'a mut ParamTree, out: &mut Vec<&'a mut Array>) {
+            match node {
+                ParamTree::Map(map) => map.values_mut().for_each(|child| walk(child, out)),
+                ParamTree::List(items) | ParamTree::Tuple(items) => {
+                    items.iter_mut().for_each(|child| walk(child, out))
+                }
+                ParamTree::Leaf(array) => out.push(array),
+                ParamTree::None => {}
+            }
+        }
+        let mut out = Vec::new();
+        walk(self, &mut out);
+        out
+    }
+
+    pub fn num_elements(&self) -> usize {
+        let mut total = 0;
+        self.for_each_leaf(&mut |_, array| total += array.len());
+        total
+    }
+
+    pub fn size_in_bytes(&self) -> usize {
+        let mut total = 0;
+        self.for_each_leaf(&mut |_, array| total += array.size_in_bytes());
+        total
+    }
+
+    pub fn skeleton(&self) -> Skeleton {
+        match self {
+            ParamTree::Map(map) => Skeleton::Map(
+                map.iter()
+                    .map(|(key, child)| (key.clone(), child.skeleton()))
+                    .collect(),
+            ),
+            ParamTree::List(items) => Skeleton::List(items.iter().map(Self::skeleton).collect()),
+            ParamTree::Tuple(items) => Skeleton::Tuple(items.iter().map(Self::skeleton).collect()),
+            ParamTree::Leaf(_) => Skeleton::Leaf,
+            ParamTree::None => Skeleton::None,
+        }
+    }
+
+    pub fn flatten(self) -> FlatTree {
+        let skeleton = self.skeleton();
+        let mut leaves = Vec::new();
+        fn take(node: ParamTree, path: TreePath, out: &mut Vec<(TreePath, Array)>) {
+            match node {
+                ParamTree::Map(map) => {
+                    for (key, child) in map {
+                        let child_path = path.child_key(&key);
+                        take(child, child_path, out);
+                    }
+                }
+                ParamTree::List(items) | ParamTree::Tuple(items) => {
+                    for (index, child) in items.into_iter().enumerate() {
+                        take(child, path.child_index(index), out);
+                    }
+                }
+                ParamTree::Leaf(array) => out.push((path, array)),
+                ParamTree::None => {}
+            }
+        }
+        take(self, TreePath::root(), &mut leaves);
+        FlatTree { skeleton, leaves }
+    }
+
+    /// Builds a map tree from `(dotted path, array)` pairs, as a module visitor
+    /// produces them: `conv1.weight` becomes `{"conv1": {"weight": ...}}`.
+    pub fn from_dotted(pairs: impl IntoIterator<Item = (String, Array)>) -> Self {
+        let mut root = BTreeMap::new();
+        for (path, array) in pairs {
+            let mut node = &mut root;
+            let mut segments = path.split('.').peekable();
+            while let Some(segment) = segments.next() {
+                if segments.peek().is_none() {
+                    node.insert(segment.to_owned(), ParamTree::Leaf(array));
+                    break;
+                }
+                let child = node
+                    .entry(segment.to_owned())
+                    .or_insert_with(|| ParamTree::Map(BTreeMap::new()));
+                node = match child {
+                    ParamTree::Map(map) => map,
+                    // A dotted path cannot descend into a leaf; module visitors never
+                    // produce one, so the later entry replaces the earlier.
+                    other => {
+                        *other = ParamTree::Map(BTreeMap::new());
+                        match other {
+                            ParamTree::Map(map) => map,
+                            _ => unreachable!("just assigned a map"),
+                        }
+                    }
+                };
+            }
+        }
+        ParamTree::Map(root)
+    }
+}
+
+impl Skeleton {
+    pub fn leaf_count(&self) -> usize {
+        match self {
+            Skeleton::Map(map) => map.values().map(Self::leaf_count).sum(),
+            Skeleton::List(items) | Skeleton::Tuple(items) => items.iter().map(Self::leaf_count).sum(),
+            Skeleton::Leaf => 1,
+            Skeleton::None => 0,
+        }
+    }
+
+    /// Depth-first leaf paths, in the order [`ParamTree::flatten`] emits leaves.
+    pub fn leaf_paths(&self) -> Vec<TreePath> {
+        fn walk(node: &Skeleton, path: TreePath, out: &mut Vec<TreePath>) {
+            match node {
+                Skeleton::Map(map) => {
+                    for (key, child) in map {
+                        walk(child, path.child_key(key), out);
+                    }
+                }
+                Skeleton::List(items) | Skeleton::Tuple(items) => {
+                    for (index, child) in items.iter().enumerate() {
+                        walk(child, path.child_index(index), out);
+                    }
+                }
+                Skeleton::Leaf => out.push(path),
+                Skeleton::None => {}
+            }
+        }
+        let mut out = Vec::new();
+        walk(self, TreePath::root(), &mut out);
+        out
+    }
+}
+
+impl FlatTree {
+    pub fn unflatten(self) -> Result<ParamTree, UnflattenError> {
+        let expected = self.skeleton.leaf_count();
+        if expected != self.leaves.len() {
+            return Err(UnflattenError::LeafCount {
+                expected,
+                actual: self.leaves.len(),
+            });
+        }
+        let mut leaves = self.leaves.into_iter().map(|(_, array)| array);
+        fn build(node: Skeleton, leaves: &mut impl Iterator<Item = Array>) -> ParamTree {
+            match node {
+                Skeleton::Map(map) => ParamTree::Map(
+                    map.into_iter()
+                        .map(|(key, child)| (key, build(child, leaves)))
+                        .collect(),
+                ),
+                Skeleton::List(items) => {
+                    ParamTree::List(items.into_iter().map(|c| build(c, leaves)).collect())
+                }
+                Skeleton::Tuple(items) => {
+                    ParamTree::Tuple(items.into_iter().map(|c| build(c, leaves)).collect())
+                }
+                Skeleton::Leaf => ParamTree::Leaf(leaves.next().expect("leaf count checked")),
+                Skeleton::None => ParamTree::None,
+            }
+        }
+        Ok(build(self.skeleton, &mut leaves))
+    }
+}
+
+/// How a tree differs in structure from a reference tree.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaMismatch {
+    #[error("at `{path}`: expected a {expected}, found a {found}")]
+    Kind {
+        path: TreePath,
+        expected: &'static str,
+        found: &'static str,
+    },
+    #[error("at `{path}`: key `{key}` is missing")]
+    MissingKey { path: TreePath, key: String },
+    #[error("at `{path}`: unexpected key `{key}`")]
+    ExtraKey { path: TreePath, key: String },
+    #[error("at `{path}`: expected {expected} items, found {found}")]
+    Length {
+        path: TreePath,
+        expected: usize,
+        found: usize,
+    },
+    #[error("at `{path}`: expected shape {expected:?}, found {found:?}")]
+    Shape {
+        path: TreePath,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error("at `{path}`: expected dtype {expected}, found {found}")]
+    DType {
+        path: TreePath,
+        expected: DType,
+        found: DType,
+    },
+}
+
+/// Which leaf dtypes count as matching the reference during a schema check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DTypeRule {
+    /// Leaves must have the reference dtype.
+    Exact,
+    /// A float leaf may be any float dtype the aggregation accepts (float16 or
+    /// float32); non-float leaves must match exactly.
+    AnyFloat,
+}
+
+/// Checks that `candidate` has the structure of `reference`: container kinds,
+/// keys, sequence lengths, leaf shapes and dtypes (per `rule`). Reports the
+/// first difference in depth-first order.
+pub fn check_schema(
+    reference: &ParamTree,
+    candidate: &ParamTree,
+    rule: DTypeRule,
+) -> Result<(), SchemaMismatch> {
+    fn walk(
+        reference: &ParamTree,
+        candidate: &ParamTree,
+        path: &TreePath,
+        rule: DTypeRule,
+    ) -> Result<(), SchemaMismatch> {
+        match (reference, candidate) {
+            (ParamTree::Map(expected), ParamTree::Map(found)) => {
+                if let Some(key) = expected.keys().find(|key| !found.contains_key(*key)) {
+                    return Err(SchemaMismatch::MissingKey {
+                        path: path.clone(),
+                        key: key.clone(),
+                    });
+                }
+                if let Some(key) = found.keys().find(|key| !expected.contains_key(*key)) {
+                    return Err(SchemaMismatch::ExtraKey {
+                        path: path.clone(),
+                        key: key.clone(),
+                    });
+                }
+                for (key, child) in expected {
+                    walk(child, &found[key], &path.child_key(key), rule)?;
+                }
+                Ok(())
+            }
+            (ParamTree::List(expected), ParamTree::List(found))
+            | (ParamTree::Tuple(expected), ParamTree::Tuple(found)) => {
+                if expected.len() != found.len() {
+                    return Err(SchemaMismatch::Length {
+                        path: path.clone(),
+                        expected: expected.len(),
+                        found: found.len(),
+                    });
+                }
+                for (index, (e, f)) in expected.iter().zip(found).enumerate() {
+                    walk(e, f, &path.child_index(index), rule)?;
+                }
+                Ok(())
+            }
+            (ParamTree::Leaf(expected), ParamTree::Leaf(found)) => {
+                if expected.shape() != found.shape() {
+                    return Err(SchemaMismatch::Shape {
+                        path: path.clone(),
+                        expected: expected.shape().to_vec(),
+                        found: found.shape().to_vec(),
+                    });
+                }
+                let dtype_ok = match rule {
+                    DTypeRule::Exact => expected.dtype() == found.dtype(),
+                    DTypeRule::AnyFloat => {
+                        expected.dtype() == found.dtype()
+                            || (expected.dtype().is_float() && found.dtype().is_float())
+                    }
+                };
+                if !dtype_ok {
+                    return Err(SchemaMismatch::DType {
+                        path: path.clone(),
+                        expected: expected.dtype(),
+                        found: found.dtype(),
+                    });
+                }
+                Ok(())
+            }
+            (ParamTree::None, ParamTree::None) => Ok(()),
+            (expected, found) => Err(SchemaMismatch::Kind {
+                path: path.clone(),
+                expected: expected.kind(),
+                found: found.kind(),
+            }),
+        }
+    }
+    walk(reference, candidate, &TreePath::root(), rule)
+}
+
+#[cfg(test)]
+pub(crate) mod strategies {
+    //! proptest generators for trees, shared by the tree, codec and aggregation tests.
+    use super::*;
+    use proptest::prelude::*;
+
+    pub fn array_data(len: usize) -> impl Strategy<Value = ArrayData> {
+        prop_oneof![
+            proptest::collection::vec(any::<f32>(), len).prop_map(ArrayData::F32),
+            proptest::collection::vec(any::<u16>(), len)
+                .prop_map(|v| ArrayData::F16(v.into_iter().map(f16::from_bits).collect())),
+            proptest::collection::vec(any::<i64>(), len).prop_map(ArrayData::I64),
+            proptest::collection::vec(any::<i32>(), len).prop_map(ArrayData::I32),
+            proptest::collection::vec(any::<u8>(), len).prop_map(ArrayData::U8),
+            proptest::collection::vec(any::<bool>(), len).prop_map(ArrayData::Bool),
+        ]
+    }
+
+    pub fn array() -> impl Strategy<Value = Array> {
+        proptest::collection::vec(0usize..4, 0..3).prop_flat_map(|shape| {
+            let len = shape.iter().product::<usize>();
+            array_data(len).prop_map(move |data| Array::new(shape.clone(), data).unwrap())
+        })
+    }
+
+    pub fn tree() -> impl Strategy<Value = ParamTree> {
+        let leaf = prop_oneof![
+            4 => array().prop_map(ParamTree::Leaf),
+            1 => Just(ParamTree::None),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::btree_map("[a-z_]{1,6}", inner.clone(), 0..4)
+                    .prop_map(ParamTree::Map),
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(ParamTree::List),
+                proptest::collection::vec(inner, 0..4).prop_map(ParamTree::Tuple),
+            ]
+        })
+    }
+
+    /// Float32 trees of one fixed random schema, `count` of them.
+    pub fn same_schema_f32_trees(count: usize) -> impl Strategy<Value = Vec<ParamTree>> {
+        let shapes = proptest::collection::btree_map(
+            "[a-z]{1,4}",
+            proptest::collection::vec(1usize..4, 0..3),
+            1..4,
+        );
+        shapes.prop_flat_map(move |shapes| {
+            let one = shapes
+                .iter()
+                .map(|(key, shape)| {
+                    let key = key.clone();
+                    let shape = shape.clone();
+                    let len = shape.iter().product::<usize>();
+                    proptest::collection::vec(-100.0f32..100.0, len).prop_map(move |values| {
+                        (key.clone(), Array::f32(shape.clone(), values).unwrap())
+                    })
+                })
+                .collect::<Vec<_>>();
+            proptest::collection::vec(
+                one.prop_map(|pairs| {
+                    ParamTree::Map(
+                        pairs
+                            .into_iter()
+                            .map(|(k, a)| (k, ParamTree::Leaf(a)))
+                            .collect(),
+                    )
+                }),
+                count,
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strategies::*;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn leaf(values: &[f32]) -> ParamTree {
+        ParamTree::Leaf(Array::f32(vec![values.len()], values.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn array_rejects_element_count_that_does_not_match_shape() {
+        let error = Array::f32(vec![2, 3], vec![0.0; 5]).unwrap_err();
+        assert_eq!(error.expected, 6);
+        assert_eq!(error.actual, 5);
+    }
+
+    #[test]
+    fn dotted_paths_nest_into_maps() {
+        let tree = ParamTree::from_dotted([
+            ("conv1.weight".to_owned(), Array::f32(vec![1], vec![1.0]).unwrap()),
+            ("conv1.bias".to_owned(), Array::f32(vec![1], vec![2.0]).unwrap()),
+            ("fc.weight".to_owned(), Array::f32(vec![1], vec![3.0]).unwrap()),
+        ]);
+        let paths: Vec<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
+        assert_eq!(paths, ["conv1.bias", "conv1.weight", "fc.weight"]);
+    }
+
+    #[test]
+    fn path_display_marks_indices() {
+        let path = TreePath::root().child_key("layers").child_index(2).child_key("bias");
+        assert_eq!(path.to_string(), "layers[2].bias");
+    }
+
+    #[test]
+    fn empty_containers_and_none_survive_flattening() {
+        let tree = ParamTree::Map(BTreeMap::from([
+            ("empty_list".to_owned(), ParamTree::List(vec![])),
+            ("empty_tuple".to_owned(), ParamTree::Tuple(vec![])),
+            ("empty_map".to_owned(), ParamTree::Map(BTreeMap::new())),
+            ("nothing".to_owned(), ParamTree::None),
+            ("pair".to_owned(), ParamTree::Tuple(vec![leaf(&[1.0]), ParamTree::None])),
+        ]));
+        assert_eq!(tree.clone().flatten().unflatten().unwrap(), tree);
+    }
+
+    #[test]
+    fn schema_check_names_each_kind_of_difference() {
+        let reference = ParamTree::Map(BTreeMap::from([
+            ("a".to_owned(), leaf(&[1.0, 2.0])),
+            ("b".to_owned(), ParamTree::List(vec![leaf(&[1.0])])),
+        ]));
+        let mut missing = reference.clone();
+        if let ParamTree::Map(map) = &mut missing {
+            map.remove("a");
+        }
+        assert!(matches!(
+            check_schema(&reference, &missing, DTypeRule::Exact),
+            Err(SchemaMismatch::MissingKey { key, .. }) if key == "a"
+        ));
+        let mut tuple_for_list = reference.clone();
+        if let ParamTree::Map(map) = &mut tuple_for_list {
+            map.insert("b".to_owned(), ParamTree::Tuple(vec![leaf(&[1.0])]));
+        }
+        let error = check_schema(&reference, &tuple_for_list, DTypeRule::Exact).unwrap_err();
+        assert_eq!(error.to_string(), "at `b`: expected a list, found a tuple");
+    }
+
+    proptest! {
+        #[test]
+        fn flatten_then_unflatten_is_identity(tree in tree()) {
+            let flat = tree.clone().flatten();
+            prop_assert_eq!(flat.leaves.len(), flat.skeleton.leaf_count());
+            let paths: Vec<TreePath> = flat.leaves.iter().map(|(p, _)| p.clone()).collect();
+            prop_assert_eq!(paths, flat.skeleton.leaf_paths());
+            let rebuilt = flat.unflatten().unwrap();
+            // Compare bitwise: NaN payloads must survive too.
+            prop_assert_eq!(format!("{:?}", rebuilt.skeleton()), format!("{:?}", tree.skeleton()));
+            let bits = |t: &ParamTree| t.leaves().iter().map(|(p, a)| (p.clone(), a.shape().to_vec(), a.data().to_le_bytes())).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&rebuilt), bits(&tree));
+        }
+
+        #[test]
+        fn every_tree_matches_its_own_schema(tree in tree()) {
+            prop_assert!(check_schema(&tree, &tree.clone(), DTypeRule::Exact).is_ok());
+        }
+
+        #[test]
+        fn le_bytes_round_trip(array in array()) {
+            let bytes = array.data().to_le_bytes();
+            let back = ArrayData::from_le_bytes(array.dtype(), &bytes).unwrap();
+            prop_assert_eq!(back.to_le_bytes(), bytes);
+        }
+    }
+}
