@@ -28,7 +28,9 @@
 
 use rayon::prelude::*;
 
-use crate::tree::{Array, ArrayData, DType, DTypeRule, ParamTree, SchemaMismatch, TreePath, check_schema};
+use crate::tree::{
+    Array, ArrayData, DType, DTypeRule, ParamTree, SchemaMismatch, TreePath, check_schema,
+};
 
 /// Leaves at least this large are split across threads.
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
@@ -125,10 +127,17 @@ pub fn fedavg(
 
     let mut out = global.clone();
     let reference_paths: Vec<TreePath> = global.leaves().into_iter().map(|(p, _)| p).collect();
-    for (leaf_index, (target, path)) in out.leaves_mut().into_iter().zip(reference_paths).enumerate() {
+    for (leaf_index, (target, path)) in out
+        .leaves_mut()
+        .into_iter()
+        .zip(reference_paths)
+        .enumerate()
+    {
         let inputs: Vec<(u32, f64, &Array)> = active
             .iter()
-            .map(|(client_id, coefficient, leaves)| (*client_id, *coefficient, leaves[leaf_index].1))
+            .map(|(client_id, coefficient, leaves)| {
+                (*client_id, *coefficient, leaves[leaf_index].1)
+            })
             .collect();
         average_leaf(target, &path, &inputs)?;
     }
@@ -136,7 +145,10 @@ pub fn fedavg(
 }
 
 /// Runs every check of [`fedavg`] without computing anything.
-pub fn validate(global: &ParamTree, contributions: &[Contribution<'_>]) -> Result<(), AggregationError> {
+pub fn validate(
+    global: &ParamTree,
+    contributions: &[Contribution<'_>],
+) -> Result<(), AggregationError> {
     for contribution in contributions {
         if !contribution.weight.is_finite() || contribution.weight < 0.0 {
             return Err(AggregationError::InvalidWeight {
@@ -186,9 +198,15 @@ fn average_leaf(
             let mut accumulator = vec![0.0f64; target.len()];
             for (_, coefficient, array) in inputs {
                 match array.data() {
-                    ArrayData::I64(v) => axpy_f64(&mut accumulator, *coefficient, v.iter().map(|&x| x as f64)),
-                    ArrayData::I32(v) => axpy_f64(&mut accumulator, *coefficient, v.iter().map(|&x| x as f64)),
-                    ArrayData::U8(v) => axpy_f64(&mut accumulator, *coefficient, v.iter().map(|&x| x as f64)),
+                    ArrayData::I64(v) => {
+                        axpy_f64(&mut accumulator, *coefficient, v.iter().map(|&x| x as f64))
+                    }
+                    ArrayData::I32(v) => {
+                        axpy_f64(&mut accumulator, *coefficient, v.iter().map(|&x| x as f64))
+                    }
+                    ArrayData::U8(v) => {
+                        axpy_f64(&mut accumulator, *coefficient, v.iter().map(|&x| x as f64))
+                    }
                     _ => unreachable!("schema check guarantees the reference dtype"),
                 }
             }
@@ -308,7 +326,13 @@ mod tests {
     fn count_mismatch_is_refused() {
         let trees = [tree(&[1.0])];
         let error = pair_contributions(&[(1, 1.0), (2, 1.0)], &trees).unwrap_err();
-        assert_eq!(error, AggregationError::CountMismatch { reports: 2, payloads: 1 });
+        assert_eq!(
+            error,
+            AggregationError::CountMismatch {
+                reports: 2,
+                payloads: 1
+            }
+        );
     }
 
     #[test]
@@ -317,7 +341,10 @@ mod tests {
         let trees = [tree(&[1.0]), tree(&[2.0])];
         for bad in [f64::NAN, f64::INFINITY, -1.0] {
             let error = fedavg(&global, &contributions(&trees, &[1.0, bad])).unwrap_err();
-            assert!(matches!(error, AggregationError::InvalidWeight { client_id: 2, .. }), "{error}");
+            assert!(
+                matches!(error, AggregationError::InvalidWeight { client_id: 2, .. }),
+                "{error}"
+            );
         }
     }
 
@@ -348,10 +375,15 @@ mod tests {
         let global = tree(&[0.0]);
         let f16_tree = ParamTree::Map(BTreeMap::from([(
             "w".to_owned(),
-            ParamTree::Leaf(Array::new(vec![1], ArrayData::F16(vec![half::f16::from_f32(3.0)])).unwrap()),
+            ParamTree::Leaf(
+                Array::new(vec![1], ArrayData::F16(vec![half::f16::from_f32(3.0)])).unwrap(),
+            ),
         )]));
         let trees = [f16_tree, tree(&[1.0])];
-        assert_eq!(values(fedavg(&global, &contributions(&trees, &[1.0, 1.0])).unwrap()), [2.0]);
+        assert_eq!(
+            values(fedavg(&global, &contributions(&trees, &[1.0, 1.0])).unwrap()),
+            [2.0]
+        );
     }
 
     #[test]
@@ -364,7 +396,9 @@ mod tests {
         };
         let global = counter(0);
         let trees = [counter(10), counter(13)];
-        let FedAvgOutcome::Updated(out) = fedavg(&global, &contributions(&trees, &[1.0, 1.0])).unwrap() else {
+        let FedAvgOutcome::Updated(out) =
+            fedavg(&global, &contributions(&trees, &[1.0, 1.0])).unwrap()
+        else {
             panic!("expected update")
         };
         // (10 + 13) / 2 = 11.5, ties to even: 12.
@@ -402,7 +436,8 @@ mod tests {
         let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let b: Vec<f32> = (0..n).map(|i| -(i as f32) * 0.5).collect();
         let trees = [tree(&a), tree(&b)];
-        let out = values(fedavg(&tree(&vec![0.0; n]), &contributions(&trees, &[3.0, 1.0])).unwrap());
+        let out =
+            values(fedavg(&tree(&vec![0.0; n]), &contributions(&trees, &[3.0, 1.0])).unwrap());
         for i in [0, 1, BLOCK_ELEMENTS, n - 1] {
             let expected = 0.75f32 * a[i] + 0.25f32 * b[i];
             assert_eq!(out[i], expected, "element {i}");
@@ -456,7 +491,10 @@ mod tests {
     }
 
     fn flat(tree: &ParamTree) -> Vec<f32> {
-        tree.leaves().iter().flat_map(|(_, a)| a.as_f32().unwrap().to_vec()).collect()
+        tree.leaves()
+            .iter()
+            .flat_map(|(_, a)| a.as_f32().unwrap().to_vec())
+            .collect()
     }
 
     fn values_of(outcome: FedAvgOutcome) -> Vec<f32> {

@@ -149,7 +149,8 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<ParamTree, CodecErr
         });
     }
     let header = metadata.metadata().clone().unwrap_or_default();
-    let tensors = SafeTensors::deserialize(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    let tensors =
+        SafeTensors::deserialize(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
     let read_leaf = |name: &str, view: &TensorView<'_>| -> Result<Array, CodecError> {
         let dtype = from_safetensors_dtype(name, view.dtype())?;
         let data = ArrayData::from_le_bytes(dtype, view.data()).ok_or_else(|| {
@@ -200,8 +201,14 @@ mod tests {
 
     fn sample() -> ParamTree {
         ParamTree::from_dotted([
-            ("conv1.weight".to_owned(), Array::f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap()),
-            ("conv1.bias".to_owned(), Array::f32(vec![2], vec![0.5, -0.5]).unwrap()),
+            (
+                "conv1.weight".to_owned(),
+                Array::f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap(),
+            ),
+            (
+                "conv1.bias".to_owned(),
+                Array::f32(vec![2], vec![0.5, -0.5]).unwrap(),
+            ),
         ])
     }
 
@@ -227,10 +234,22 @@ mod tests {
     #[test]
     fn limits_are_checked() {
         let bytes = encode(&sample()).unwrap();
-        let small = DecodeLimits { max_bytes: 10, max_tensors: 10 };
-        assert!(matches!(decode(&bytes, &small), Err(CodecError::TooLarge { .. })));
-        let few = DecodeLimits { max_bytes: 1 << 20, max_tensors: 1 };
-        assert!(matches!(decode(&bytes, &few), Err(CodecError::TooManyTensors { count: 2, limit: 1 })));
+        let small = DecodeLimits {
+            max_bytes: 10,
+            max_tensors: 10,
+        };
+        assert!(matches!(
+            decode(&bytes, &small),
+            Err(CodecError::TooLarge { .. })
+        ));
+        let few = DecodeLimits {
+            max_bytes: 1 << 20,
+            max_tensors: 1,
+        };
+        assert!(matches!(
+            decode(&bytes, &few),
+            Err(CodecError::TooManyTensors { count: 2, limit: 1 })
+        ));
     }
 
     #[test]
@@ -243,14 +262,20 @@ mod tests {
         let bytes = [0u8, 0];
         let view = TensorView::new(Dtype::BF16, vec![1], &bytes).unwrap();
         let file = safetensors::serialize([("w", view)], None).unwrap();
-        assert!(matches!(decode(&file, &DecodeLimits::default()), Err(CodecError::BFloat16(_))));
+        assert!(matches!(
+            decode(&file, &DecodeLimits::default()),
+            Err(CodecError::BFloat16(_))
+        ));
     }
 
     #[test]
     fn truncated_and_garbage_input_are_errors() {
         let bytes = encode(&sample()).unwrap();
         for cut in [0, 4, 8, 20, bytes.len() - 1] {
-            assert!(decode(&bytes[..cut], &DecodeLimits::default()).is_err(), "cut at {cut}");
+            assert!(
+                decode(&bytes[..cut], &DecodeLimits::default()).is_err(),
+                "cut at {cut}"
+            );
         }
         let mut huge_header = bytes.clone();
         huge_header[..8].copy_from_slice(&u64::MAX.to_le_bytes());
@@ -261,10 +286,16 @@ mod tests {
     fn skeleton_that_disagrees_with_tensors_is_an_error() {
         let data = [0u8; 4];
         let view = TensorView::new(Dtype::F32, vec![1], &data).unwrap();
-        let metadata = HashMap::from([(SKELETON_KEY.to_owned(), r#"{"kind":"map","items":{"other":{"kind":"leaf"}}}"#.to_owned())]);
+        let metadata = HashMap::from([(
+            SKELETON_KEY.to_owned(),
+            r#"{"kind":"map","items":{"other":{"kind":"leaf"}}}"#.to_owned(),
+        )]);
         let file = safetensors::serialize([("w", view)], Some(metadata)).unwrap();
         let error = decode(&file, &DecodeLimits::default()).unwrap_err();
-        assert_eq!(error, CodecError::MetadataMismatch("no tensor named `other`".to_owned()));
+        assert_eq!(
+            error,
+            CodecError::MetadataMismatch("no tensor named `other`".to_owned())
+        );
     }
 
     proptest! {

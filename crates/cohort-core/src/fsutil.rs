@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 /// fsyncs it, renames it over `path` and fsyncs the folder, so a crash at any
 /// point leaves either the previous content or the new one.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let temporary = temporary_sibling(path);
     let result = (|| {
         let mut file = std::fs::File::create(&temporary)?;
@@ -29,7 +32,10 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// `name.tmp-<pid>` beside `path`: unique per process, same filesystem.
 pub fn temporary_sibling(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
     name.push(format!(".tmp-{}", std::process::id()));
     path.with_file_name(name)
 }

@@ -21,6 +21,7 @@ pub mod fsutil;
 pub mod optim;
 pub mod partition;
 pub mod results;
+pub mod seeds;
 pub mod selection;
 pub mod suggest;
 pub mod tree;

@@ -68,8 +68,20 @@ impl std::error::Error for OptimizerError {}
 fn options_of(name: &str) -> &'static [&'static str] {
     match name {
         "adam" => &["learning_rate", "betas", "eps", "bias_correction"],
-        "adamw" => &["learning_rate", "betas", "eps", "weight_decay", "bias_correction"],
-        "sgd" | "momentum" => &["learning_rate", "momentum", "weight_decay", "dampening", "nesterov"],
+        "adamw" => &[
+            "learning_rate",
+            "betas",
+            "eps",
+            "weight_decay",
+            "bias_correction",
+        ],
+        "sgd" | "momentum" => &[
+            "learning_rate",
+            "momentum",
+            "weight_decay",
+            "dampening",
+            "nesterov",
+        ],
         "rmsprop" => &["learning_rate", "alpha", "eps"],
         "lion" => &["learning_rate", "betas", "weight_decay"],
         _ => &[],
@@ -119,7 +131,10 @@ impl Options<'_> {
             Some(toml::Value::Boolean(b)) => Ok(*b),
             Some(other) => Err(Self::error(
                 key,
-                format!("expected true or false, found {} `{other}`", other.type_str()),
+                format!(
+                    "expected true or false, found {} `{other}`",
+                    other.type_str()
+                ),
             )),
         }
     }
@@ -128,7 +143,12 @@ impl Options<'_> {
         let Some(value) = self.values.get("betas") else {
             return Ok(default);
         };
-        let expected = || Self::error("betas", format!("expected two numbers in [0, 1), like [0.9, 0.999], found `{value}`"));
+        let expected = || {
+            Self::error(
+                "betas",
+                format!("expected two numbers in [0, 1), like [0.9, 0.999], found `{value}`"),
+            )
+        };
         let toml::Value::Array(items) = value else {
             return Err(expected());
         };
@@ -152,7 +172,10 @@ fn positive(key: &str, value: f64) -> Result<f64, OptimizerError> {
     if value.is_finite() && value > 0.0 {
         Ok(value)
     } else {
-        Err(Options::error(key, format!("must be a finite number > 0, got {value}")))
+        Err(Options::error(
+            key,
+            format!("must be a finite number > 0, got {value}"),
+        ))
     }
 }
 
@@ -160,7 +183,10 @@ fn non_negative(key: &str, value: f64) -> Result<f64, OptimizerError> {
     if value.is_finite() && value >= 0.0 {
         Ok(value)
     } else {
-        Err(Options::error(key, format!("must be a finite number >= 0, got {value}")))
+        Err(Options::error(
+            key,
+            format!("must be a finite number >= 0, got {value}"),
+        ))
     }
 }
 
@@ -203,9 +229,14 @@ impl OptimizerSpec {
             values,
         };
         let learning_rate = positive("learning_rate", options.float("learning_rate", None)?)?;
-        let eps = |default| -> Result<f64, OptimizerError> { positive("eps", options.float("eps", Some(default))?) };
+        let eps = |default| -> Result<f64, OptimizerError> {
+            positive("eps", options.float("eps", Some(default))?)
+        };
         let weight_decay = |default| -> Result<f64, OptimizerError> {
-            non_negative("weight_decay", options.float("weight_decay", Some(default))?)
+            non_negative(
+                "weight_decay",
+                options.float("weight_decay", Some(default))?,
+            )
         };
         Ok(match lowered.as_str() {
             "adam" => OptimizerSpec::Adam {
@@ -222,8 +253,13 @@ impl OptimizerSpec {
                 bias_correction: options.bool("bias_correction", false)?,
             },
             "sgd" | "momentum" => {
-                let momentum_default = if lowered == "momentum" { None } else { Some(0.0) };
-                let momentum = non_negative("momentum", options.float("momentum", momentum_default)?)?;
+                let momentum_default = if lowered == "momentum" {
+                    None
+                } else {
+                    Some(0.0)
+                };
+                let momentum =
+                    non_negative("momentum", options.float("momentum", momentum_default)?)?;
                 let dampening = non_negative("dampening", options.float("dampening", Some(0.0))?)?;
                 let nesterov = options.bool("nesterov", false)?;
                 if nesterov && (momentum <= 0.0 || dampening != 0.0) {
@@ -245,7 +281,10 @@ impl OptimizerSpec {
             "rmsprop" => {
                 let alpha = options.float("alpha", Some(0.99))?;
                 if !(0.0..=1.0).contains(&alpha) {
-                    return Err(Options::error("alpha", format!("must be in [0, 1], got {alpha}")));
+                    return Err(Options::error(
+                        "alpha",
+                        format!("must be in [0, 1], got {alpha}"),
+                    ));
                 }
                 OptimizerSpec::RmsProp {
                     learning_rate,
@@ -299,21 +338,39 @@ mod tests {
     fn pytorch_option_name_is_refused_with_the_mlx_name() {
         let error = OptimizerSpec::from_config("sgd", &options("lr = 0.1")).unwrap_err();
         assert_eq!(error.key, "parameters.optimizer.lr");
-        assert!(error.message.contains("did you mean `learning_rate`"), "{error}");
-        assert!(error.message.contains("valid options: learning_rate, momentum"), "{error}");
+        assert!(
+            error.message.contains("did you mean `learning_rate`"),
+            "{error}"
+        );
+        assert!(
+            error
+                .message
+                .contains("valid options: learning_rate, momentum"),
+            "{error}"
+        );
     }
 
     #[test]
     fn option_of_another_optimizer_is_refused() {
-        let error = OptimizerSpec::from_config("rmsprop", &options("learning_rate = 0.1\nmomentum = 0.9")).unwrap_err();
-        assert!(error.message.contains("`rmsprop` takes no option `momentum`"), "{error}");
+        let error =
+            OptimizerSpec::from_config("rmsprop", &options("learning_rate = 0.1\nmomentum = 0.9"))
+                .unwrap_err();
+        assert!(
+            error
+                .message
+                .contains("`rmsprop` takes no option `momentum`"),
+            "{error}"
+        );
     }
 
     #[test]
     fn momentum_requires_its_momentum() {
-        let error = OptimizerSpec::from_config("momentum", &options("learning_rate = 0.1")).unwrap_err();
+        let error =
+            OptimizerSpec::from_config("momentum", &options("learning_rate = 0.1")).unwrap_err();
         assert_eq!(error.key, "parameters.optimizer.momentum");
-        let spec = OptimizerSpec::from_config("momentum", &options("learning_rate = 0.1\nmomentum = 0.9")).unwrap();
+        let spec =
+            OptimizerSpec::from_config("momentum", &options("learning_rate = 0.1\nmomentum = 0.9"))
+                .unwrap();
         assert!(matches!(spec, OptimizerSpec::Sgd { momentum, .. } if momentum == 0.9));
     }
 
@@ -325,13 +382,20 @@ mod tests {
 
     #[test]
     fn unknown_optimizer_suggests_a_name() {
-        let error = OptimizerSpec::from_config("adma", &options("learning_rate = 0.1")).unwrap_err();
+        let error =
+            OptimizerSpec::from_config("adma", &options("learning_rate = 0.1")).unwrap_err();
         assert!(error.message.contains("did you mean `adam`"), "{error}");
     }
 
     #[test]
     fn bad_betas_and_nesterov_without_momentum_are_refused() {
-        assert!(OptimizerSpec::from_config("adam", &options("learning_rate = 0.1\nbetas = [0.9]")).is_err());
-        assert!(OptimizerSpec::from_config("sgd", &options("learning_rate = 0.1\nnesterov = true")).is_err());
+        assert!(
+            OptimizerSpec::from_config("adam", &options("learning_rate = 0.1\nbetas = [0.9]"))
+                .is_err()
+        );
+        assert!(
+            OptimizerSpec::from_config("sgd", &options("learning_rate = 0.1\nnesterov = true"))
+                .is_err()
+        );
     }
 }

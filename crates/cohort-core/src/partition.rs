@@ -47,7 +47,11 @@ pub fn iid(
     }
     let mut order: Vec<u32> = (0..num_samples as u32).collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
-    Ok(order.chunks_exact(size).take(clients).map(<[u32]>::to_vec).collect())
+    Ok(order
+        .chunks_exact(size)
+        .take(clients)
+        .map(<[u32]>::to_vec)
+        .collect())
 }
 
 #[cfg(test)]
@@ -58,14 +62,26 @@ mod tests {
 
     #[test]
     fn too_large_partitions_are_refused() {
-        assert!(matches!(iid(100, 10, Some(11), 1), Err(PartitionError::NotEnoughSamples { needed: 110, .. })));
-        assert!(matches!(iid(5, 10, None, 1), Err(PartitionError::EmptyPartition { .. })));
+        assert!(matches!(
+            iid(100, 10, Some(11), 1),
+            Err(PartitionError::NotEnoughSamples { needed: 110, .. })
+        ));
+        assert!(matches!(
+            iid(5, 10, None, 1),
+            Err(PartitionError::EmptyPartition { .. })
+        ));
     }
 
     #[test]
     fn same_seed_same_partitions_other_seed_other_partitions() {
-        assert_eq!(iid(1000, 10, None, 7).unwrap(), iid(1000, 10, None, 7).unwrap());
-        assert_ne!(iid(1000, 10, None, 7).unwrap(), iid(1000, 10, None, 8).unwrap());
+        assert_eq!(
+            iid(1000, 10, None, 7).unwrap(),
+            iid(1000, 10, None, 7).unwrap()
+        );
+        assert_ne!(
+            iid(1000, 10, None, 7).unwrap(),
+            iid(1000, 10, None, 8).unwrap()
+        );
     }
 
     proptest! {

@@ -124,7 +124,14 @@ mod tests {
                 bytes_to_server: 20,
                 train_loss: 0.25,
             };
-            let client = ClientRow { round, client_id: 3, worker: 0, samples: 6, loss: 0.25, training_time: 0.4 };
+            let client = ClientRow {
+                round,
+                client_id: 3,
+                worker: 0,
+                samples: 6,
+                loss: 0.25,
+                training_time: 0.4,
+            };
             writer.record(row, vec![client]).unwrap();
         }
         let csv = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();

@@ -22,7 +22,10 @@ mod tests {
 
     #[test]
     fn suggests_close_names_only() {
-        assert_eq!(did_you_mean("per_rond", ["per_round", "total_clients"]), " (did you mean `per_round`?)");
+        assert_eq!(
+            did_you_mean("per_rond", ["per_round", "total_clients"]),
+            " (did you mean `per_round`?)"
+        );
         assert_eq!(did_you_mean("zzz", ["per_round", "total_clients"]), "");
     }
 }

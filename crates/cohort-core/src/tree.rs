@@ -454,7 +454,9 @@ impl Skeleton {
     pub fn leaf_count(&self) -> usize {
         match self {
             Skeleton::Map(map) => map.values().map(Self::leaf_count).sum(),
-            Skeleton::List(items) | Skeleton::Tuple(items) => items.iter().map(Self::leaf_count).sum(),
+            Skeleton::List(items) | Skeleton::Tuple(items) => {
+                items.iter().map(Self::leaf_count).sum()
+            }
             Skeleton::Leaf => 1,
             Skeleton::None => 0,
         }
@@ -734,9 +736,18 @@ mod tests {
     #[test]
     fn dotted_paths_nest_into_maps() {
         let tree = ParamTree::from_dotted([
-            ("conv1.weight".to_owned(), Array::f32(vec![1], vec![1.0]).unwrap()),
-            ("conv1.bias".to_owned(), Array::f32(vec![1], vec![2.0]).unwrap()),
-            ("fc.weight".to_owned(), Array::f32(vec![1], vec![3.0]).unwrap()),
+            (
+                "conv1.weight".to_owned(),
+                Array::f32(vec![1], vec![1.0]).unwrap(),
+            ),
+            (
+                "conv1.bias".to_owned(),
+                Array::f32(vec![1], vec![2.0]).unwrap(),
+            ),
+            (
+                "fc.weight".to_owned(),
+                Array::f32(vec![1], vec![3.0]).unwrap(),
+            ),
         ]);
         let paths: Vec<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
         assert_eq!(paths, ["conv1.bias", "conv1.weight", "fc.weight"]);
@@ -744,7 +755,10 @@ mod tests {
 
     #[test]
     fn path_display_marks_indices() {
-        let path = TreePath::root().child_key("layers").child_index(2).child_key("bias");
+        let path = TreePath::root()
+            .child_key("layers")
+            .child_index(2)
+            .child_key("bias");
         assert_eq!(path.to_string(), "layers[2].bias");
     }
 
@@ -755,7 +769,10 @@ mod tests {
             ("empty_tuple".to_owned(), ParamTree::Tuple(vec![])),
             ("empty_map".to_owned(), ParamTree::Map(BTreeMap::new())),
             ("nothing".to_owned(), ParamTree::None),
-            ("pair".to_owned(), ParamTree::Tuple(vec![leaf(&[1.0]), ParamTree::None])),
+            (
+                "pair".to_owned(),
+                ParamTree::Tuple(vec![leaf(&[1.0]), ParamTree::None]),
+            ),
         ]));
         assert_eq!(tree.clone().flatten().unflatten().unwrap(), tree);
     }

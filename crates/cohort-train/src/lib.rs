@@ -1,1 +1,14 @@
-pub fn x(){}
+//! Models, local training and evaluation of cohort, on the burn tensor library.
+//!
+//! This crate owns everything that touches tensors: the models ([`model`]),
+//! moving parameters between modules and host trees ([`params`]), the
+//! optimizers with MLX's rules ([`optim`]), the local trainer and the evaluator
+//! ([`trainer`]), and the device choice ([`device`]). Aggregation and all other
+//! decisions stay in `cohort-core`.
+
+pub mod device;
+pub mod init;
+pub mod model;
+pub mod optim;
+pub mod params;
+pub mod trainer;

@@ -97,8 +97,13 @@ fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
 }
 
 fn parse_table(text: &str, path: &Path) -> Result<toml::Table, ConfigError> {
-    text.parse::<toml::Table>()
-        .map_err(|e| file_error(path, None, format!("invalid TOML: {}", e.to_string().trim_end())))
+    text.parse::<toml::Table>().map_err(|e| {
+        file_error(
+            path,
+            None,
+            format!("invalid TOML: {}", e.to_string().trim_end()),
+        )
+    })
 }
 
 /// Section names and, for `parameters`, its subsections.
@@ -132,7 +137,10 @@ fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigErr
             return Err(file_error(
                 path,
                 Some(section.clone()),
-                format!("expected a section `[{section}]`, found a {}", value.type_str()),
+                format!(
+                    "expected a section `[{section}]`, found a {}",
+                    value.type_str()
+                ),
             ));
         };
         let body = if section == "parameters" {
@@ -143,10 +151,14 @@ fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigErr
                     return Err(file_error(
                         path,
                         Some(key),
-                        format!("expected a section `[parameters.{sub}]`, found a {}", sub_value.type_str()),
+                        format!(
+                            "expected a section `[parameters.{sub}]`, found a {}",
+                            sub_value.type_str()
+                        ),
                     ));
                 };
-                let resolved = resolve_includes(sub_body, path, &key, &mut origins, &mut Vec::new())?;
+                let resolved =
+                    resolve_includes(sub_body, path, &key, &mut origins, &mut Vec::new())?;
                 parameters.insert(sub, toml::Value::Table(resolved));
             }
             parameters
@@ -161,16 +173,23 @@ fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigErr
     let config: Config = serde_path_to_error::deserialize(toml::Value::Table(merged.clone()))
         .map_err(|error| {
             let key = error.path().to_string();
-            let file = origins.get(&key).cloned().unwrap_or_else(|| path.to_path_buf());
+            let file = origins
+                .get(&key)
+                .cloned()
+                .unwrap_or_else(|| path.to_path_buf());
             file_error(&file, Some(key), error.into_inner().to_string())
         })?;
 
     let loaded_origins = origins;
-    let optimizer = OptimizerSpec::from_config(&config.trainer.optimizer, &config.parameters.optimizer)
-        .map_err(|e| {
-            let file = loaded_origins.get(&e.key).cloned().unwrap_or_else(|| path.to_path_buf());
-            file_error(&file, Some(e.key), e.message)
-        })?;
+    let optimizer =
+        OptimizerSpec::from_config(&config.trainer.optimizer, &config.parameters.optimizer)
+            .map_err(|e| {
+                let file = loaded_origins
+                    .get(&e.key)
+                    .cloned()
+                    .unwrap_or_else(|| path.to_path_buf());
+                file_error(&file, Some(e.key), e.message)
+            })?;
     let loaded = LoadedConfig {
         config,
         optimizer,
@@ -210,7 +229,10 @@ fn resolve_includes(
             return Err(file_error(
                 file,
                 Some(include_key),
-                format!("expected a file name or a list of file names, found {} `{other}`", other.type_str()),
+                format!(
+                    "expected a file name or a list of file names, found {} `{other}`",
+                    other.type_str()
+                ),
             ));
         }
     };
@@ -218,13 +240,21 @@ fn resolve_includes(
     for include in includes {
         let target = file.parent().unwrap_or(Path::new(".")).join(&include);
         let canonical = target.canonicalize().map_err(|e| {
-            file_error(file, Some(include_key.clone()), format!("cannot read included file `{}`: {e}", target.display()))
+            file_error(
+                file,
+                Some(include_key.clone()),
+                format!("cannot read included file `{}`: {e}", target.display()),
+            )
         })?;
         if chain.contains(&canonical) {
             return Err(file_error(
                 file,
                 Some(include_key.clone()),
-                format!("`{}` includes itself (through {} files)", target.display(), chain.len()),
+                format!(
+                    "`{}` includes itself (through {} files)",
+                    target.display(),
+                    chain.len()
+                ),
             ));
         }
         let included = read_table(&target)?;
@@ -253,7 +283,10 @@ fn check_unknown_keys(
         ("trainer", introspect::fields_of::<Trainer>()),
         ("algorithm", introspect::fields_of::<Algorithm>()),
         ("parameters", introspect::fields_of::<Parameters>()),
-        ("parameters.model", introspect::fields_of::<ModelParameters>()),
+        (
+            "parameters.model",
+            introspect::fields_of::<ModelParameters>(),
+        ),
         ("results", introspect::fields_of::<Results>()),
     ]);
     let check = |section: &str, body: &toml::Table| -> Result<(), ConfigError> {
@@ -261,7 +294,10 @@ fn check_unknown_keys(
         for key in body.keys() {
             if !fields.contains(&key.as_str()) {
                 let dotted = format!("{section}.{key}");
-                let file = origins.get(&dotted).cloned().unwrap_or_else(|| path.to_path_buf());
+                let file = origins
+                    .get(&dotted)
+                    .cloned()
+                    .unwrap_or_else(|| path.to_path_buf());
                 let mut sorted: Vec<&str> = fields.to_vec();
                 sorted.sort_unstable();
                 return Err(file_error(
@@ -278,7 +314,9 @@ fn check_unknown_keys(
         Ok(())
     };
     for (section, body) in merged {
-        let toml::Value::Table(body) = body else { continue };
+        let toml::Value::Table(body) = body else {
+            continue;
+        };
         check(section, body)?;
         if section == "parameters"
             && let Some(toml::Value::Table(model)) = body.get("model")
@@ -297,7 +335,11 @@ pub const MODEL_NAMES: &[&str] = &["lenet5", "lenet5_compact"];
 fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     let config = &loaded.config;
     let fail = |key: &str, message: String| -> Result<(), ConfigError> {
-        Err(file_error(loaded.origin_of(key), Some(key.to_owned()), message))
+        Err(file_error(
+            loaded.origin_of(key),
+            Some(key.to_owned()),
+            message,
+        ))
     };
     let one_of = |key: &str, value: &str, allowed: &[&str]| -> Result<(), ConfigError> {
         if allowed.contains(&value) {
@@ -332,7 +374,8 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     if !clients.comm_simulation {
         fail(
             "clients.comm_simulation",
-            "network mode (comm_simulation = false) is not available in this build yet; use true".to_owned(),
+            "network mode (comm_simulation = false) is not available in this build yet; use true"
+                .to_owned(),
         )?;
     }
     one_of("server.type", &config.server.kind, &["fedavg"])?;
@@ -341,12 +384,18 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     one_of("data.datasource", &config.data.datasource, DATASOURCES)?;
     one_of("data.sampler", &config.data.sampler, &["iid"])?;
     if config.data.partition_size == Some(0) {
-        fail("data.partition_size", "must be at least 1 when set".to_owned())?;
+        fail(
+            "data.partition_size",
+            "must be at least 1 when set".to_owned(),
+        )?;
     }
     if let Some(mirrors) = &config.data.mirrors
         && mirrors.is_empty()
     {
-        fail("data.mirrors", "must list at least one URL when set".to_owned())?;
+        fail(
+            "data.mirrors",
+            "must list at least one URL when set".to_owned(),
+        )?;
     }
     let trainer = &config.trainer;
     one_of("trainer.model_name", &trainer.model_name, MODEL_NAMES)?;
@@ -363,10 +412,16 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         fail("trainer.eval_batch_size", "must be at least 1".to_owned())?;
     }
     if trainer.max_concurrency == 0 {
-        fail("trainer.max_concurrency", "must be at least 1 physical worker".to_owned())?;
+        fail(
+            "trainer.max_concurrency",
+            "must be at least 1 physical worker".to_owned(),
+        )?;
     }
     if trainer.threads_per_worker == 0 {
-        fail("trainer.threads_per_worker", "must be at least 1".to_owned())?;
+        fail(
+            "trainer.threads_per_worker",
+            "must be at least 1".to_owned(),
+        )?;
     }
     if let Some(target) = trainer.target_accuracy
         && !(target.is_finite() && (0.0..=1.0).contains(&target))

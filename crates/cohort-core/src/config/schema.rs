@@ -200,4 +200,3 @@ pub struct Results {
     /// Where run folders go; overrides `general.base_path` when set.
     pub result_path: Option<PathBuf>,
 }
-

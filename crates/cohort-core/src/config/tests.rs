@@ -34,7 +34,10 @@ fn unknown_key_names_file_key_and_suggestion() {
     let error = error_of(&MINIMAL.replace("per_round = 2", "per_rond = 2"));
     assert_eq!(error.file, Path::new("run.toml"));
     assert_eq!(error.key.as_deref(), Some("clients.per_rond"));
-    assert!(error.message.contains("did you mean `per_round`?"), "{error}");
+    assert!(
+        error.message.contains("did you mean `per_round`?"),
+        "{error}"
+    );
     assert!(error.message.contains("valid keys:"), "{error}");
 }
 
@@ -49,7 +52,10 @@ fn unknown_section_is_refused_with_suggestion() {
 fn wrong_type_names_the_key_and_the_expected_type() {
     let error = error_of(&MINIMAL.replace("per_round = 2", "per_round = \"two\""));
     assert_eq!(error.key.as_deref(), Some("clients.per_round"));
-    assert!(error.message.contains("invalid type: string \"two\""), "{error}");
+    assert!(
+        error.message.contains("invalid type: string \"two\""),
+        "{error}"
+    );
     assert!(error.message.contains("u32"), "{error}");
 }
 
@@ -68,7 +74,9 @@ fn per_round_above_total_clients_is_impossible() {
 
 #[test]
 fn zero_batch_size_is_impossible() {
-    let error = error_of(&format!("{MINIMAL}").replace("optimizer = \"sgd\"", "optimizer = \"sgd\"\nbatch_size = 0"));
+    let error = error_of(
+        &format!("{MINIMAL}").replace("optimizer = \"sgd\"", "optimizer = \"sgd\"\nbatch_size = 0"),
+    );
     assert_eq!(error.key.as_deref(), Some("trainer.batch_size"));
 }
 
@@ -83,21 +91,33 @@ fn out_of_range_values_are_refused() {
         ("rounds = 0", "trainer.rounds"),
         ("model_name = \"lenet\"", "trainer.model_name"),
     ] {
-        let error = error_of(&MINIMAL.replace("optimizer = \"sgd\"", &format!("optimizer = \"sgd\"\n{line}")));
+        let error = error_of(&MINIMAL.replace(
+            "optimizer = \"sgd\"",
+            &format!("optimizer = \"sgd\"\n{line}"),
+        ));
         assert_eq!(error.key.as_deref(), Some(key), "{line}: {error}");
     }
 }
 
 #[test]
 fn zero_clip_norm_is_valid() {
-    load_text(&MINIMAL.replace("optimizer = \"sgd\"", "optimizer = \"sgd\"\nclip_grad_norm = 0.0")).unwrap();
+    load_text(&MINIMAL.replace(
+        "optimizer = \"sgd\"",
+        "optimizer = \"sgd\"\nclip_grad_norm = 0.0",
+    ))
+    .unwrap();
 }
 
 #[test]
 fn misspelled_datasource_gets_a_suggestion() {
-    let error = error_of(&format!("{MINIMAL}\n[data]\ndatasource = \"FashionMnist\"\n"));
+    let error = error_of(&format!(
+        "{MINIMAL}\n[data]\ndatasource = \"FashionMnist\"\n"
+    ));
     assert_eq!(error.key.as_deref(), Some("data.datasource"));
-    assert!(error.message.contains("did you mean `FashionMNIST`?"), "{error}");
+    assert!(
+        error.message.contains("did you mean `FashionMNIST`?"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -131,7 +151,10 @@ fn include_merges_keys_and_section_keys_win() {
     let loaded = load(&main).unwrap();
     assert_eq!(loaded.config.clients.total_clients, 100);
     assert_eq!(loaded.config.clients.per_round, 5);
-    assert_eq!(loaded.origin_of("clients.total_clients"), dir.path().join("common.toml"));
+    assert_eq!(
+        loaded.origin_of("clients.total_clients"),
+        dir.path().join("common.toml")
+    );
 }
 
 #[test]
@@ -170,14 +193,19 @@ fn hash_ignores_layout_but_not_values() {
     .unwrap()
     .hash();
     assert_eq!(a, reordered);
-    let changed = load_text(&MINIMAL.replace("per_round = 2", "per_round = 3")).unwrap().hash();
+    let changed = load_text(&MINIMAL.replace("per_round = 2", "per_round = 3"))
+        .unwrap()
+        .hash();
     assert_ne!(a, changed);
 }
 
 #[test]
 fn reference_configs_load() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
-    for name in ["mnist/fedavg_lenet5.toml", "fashion_mnist/fedavg_lenet5_r1.toml"] {
+    for name in [
+        "mnist/fedavg_lenet5.toml",
+        "fashion_mnist/fedavg_lenet5_r1.toml",
+    ] {
         let loaded = load(&root.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(loaded.config.clients.total_clients, 10, "{name}");
     }

@@ -42,7 +42,11 @@ pub enum DownloadError {
 
 /// Downloads `file` from the first mirror that serves it with the right
 /// checksum and stores it atomically in `folder`.
-pub fn fetch_verified(mirrors: &[String], file: &DataFile, folder: &Path) -> Result<(), DownloadError> {
+pub fn fetch_verified(
+    mirrors: &[String],
+    file: &DataFile,
+    folder: &Path,
+) -> Result<(), DownloadError> {
     std::fs::create_dir_all(folder).map_err(|source| DownloadError::Write {
         path: folder.display().to_string(),
         source,

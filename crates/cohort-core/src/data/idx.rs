@@ -57,9 +57,12 @@ pub fn read_idx_gz(path: &Path, expected_rank: usize) -> Result<IdxArray, IdxErr
 
 /// Parses uncompressed IDX bytes.
 pub fn parse_idx(raw: &[u8], expected_rank: usize) -> Result<IdxArray, String> {
-    let header = raw
-        .get(..4)
-        .ok_or_else(|| format!("file is {} bytes, shorter than the 4-byte magic number", raw.len()))?;
+    let header = raw.get(..4).ok_or_else(|| {
+        format!(
+            "file is {} bytes, shorter than the 4-byte magic number",
+            raw.len()
+        )
+    })?;
     if header[0] != 0 || header[1] != 0 {
         return Err(format!(
             "magic number starts with {:#04x} {:#04x}, expected two zero bytes",
@@ -67,7 +70,10 @@ pub fn parse_idx(raw: &[u8], expected_rank: usize) -> Result<IdxArray, String> {
         ));
     }
     if header[2] != UBYTE {
-        return Err(format!("element type code {:#04x}, expected {UBYTE:#04x} (unsigned byte)", header[2]));
+        return Err(format!(
+            "element type code {:#04x}, expected {UBYTE:#04x} (unsigned byte)",
+            header[2]
+        ));
     }
     let rank = header[3] as usize;
     if rank != expected_rank {
@@ -81,16 +87,25 @@ pub fn parse_idx(raw: &[u8], expected_rank: usize) -> Result<IdxArray, String> {
         .chunks_exact(4)
         .map(|c| u32::from_be_bytes(c.try_into().expect("chunks of 4")) as usize)
         .collect();
-    let count = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64)).unwrap_or(u64::MAX);
+    let count = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+        .unwrap_or(u64::MAX);
     if count > MAX_ELEMENTS {
-        return Err(format!("dimensions {dims:?} claim {count} elements, more than any dataset of this kind"));
+        return Err(format!(
+            "dimensions {dims:?} claim {count} elements, more than any dataset of this kind"
+        ));
     }
     let body = &raw[dims_end..];
     if body.len() as u64 != count {
         return Err(format!(
             "dimensions {dims:?} need {count} data bytes, file has {} ({})",
             body.len(),
-            if (body.len() as u64) < count { "truncated" } else { "trailing bytes" }
+            if (body.len() as u64) < count {
+                "truncated"
+            } else {
+                "trailing bytes"
+            }
         ));
     }
     Ok(IdxArray {
@@ -127,7 +142,11 @@ mod tests {
             (idx(&[4], &[1, 2, 3]), 1, "truncated"),
             (idx(&[2], &[1, 2, 3]), 1, "trailing bytes"),
             (idx(&[2], &[1, 2]), 3, "1 dimensions, expected 3"),
-            (vec![1, 0, UBYTE, 1, 0, 0, 0, 0], 1, "expected two zero bytes"),
+            (
+                vec![1, 0, UBYTE, 1, 0, 0, 0, 0],
+                1,
+                "expected two zero bytes",
+            ),
             (vec![0, 0, 0x0D, 1, 0, 0, 0, 0], 1, "element type code"),
             (idx(&[u32::MAX, u32::MAX], &[]), 2, "more than any dataset"),
         ];
@@ -144,6 +163,9 @@ mod tests {
         std::fs::write(&path, b"\x1f\x8b\x08\x00garbage").unwrap();
         let error = read_idx_gz(&path, 1).unwrap_err();
         assert!(error.to_string().contains("bad.gz"), "{error}");
-        assert!(error.to_string().contains("corrupt or truncated"), "{error}");
+        assert!(
+            error.to_string().contains("corrupt or truncated"),
+            "{error}"
+        );
     }
 }

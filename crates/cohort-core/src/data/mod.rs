@@ -48,9 +48,9 @@ impl DataSource {
                 "https://ossci-datasets.s3.amazonaws.com/mnist/",
                 "https://storage.googleapis.com/cvdf-datasets/mnist/",
             ],
-            DataSource::FashionMnist => &[
-                "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-            ],
+            DataSource::FashionMnist => {
+                &["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"]
+            }
         }
     }
 
@@ -59,16 +59,40 @@ impl DataSource {
         let f = |name, sha256| DataFile { name, sha256 };
         match self {
             DataSource::Mnist => [
-                f("train-images-idx3-ubyte.gz", "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609"),
-                f("train-labels-idx1-ubyte.gz", "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c"),
-                f("t10k-images-idx3-ubyte.gz", "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6"),
-                f("t10k-labels-idx1-ubyte.gz", "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6"),
+                f(
+                    "train-images-idx3-ubyte.gz",
+                    "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+                ),
+                f(
+                    "train-labels-idx1-ubyte.gz",
+                    "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+                ),
+                f(
+                    "t10k-images-idx3-ubyte.gz",
+                    "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+                ),
+                f(
+                    "t10k-labels-idx1-ubyte.gz",
+                    "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+                ),
             ],
             DataSource::FashionMnist => [
-                f("train-images-idx3-ubyte.gz", "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7"),
-                f("train-labels-idx1-ubyte.gz", "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056"),
-                f("t10k-images-idx3-ubyte.gz", "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa"),
-                f("t10k-labels-idx1-ubyte.gz", "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05"),
+                f(
+                    "train-images-idx3-ubyte.gz",
+                    "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+                ),
+                f(
+                    "train-labels-idx1-ubyte.gz",
+                    "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+                ),
+                f(
+                    "t10k-images-idx3-ubyte.gz",
+                    "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+                ),
+                f(
+                    "t10k-labels-idx1-ubyte.gz",
+                    "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
+                ),
             ],
         }
     }
@@ -139,7 +163,11 @@ pub enum DataError {
         label_count: usize,
     },
     #[error("{path}: label {label} at index {index} is outside 0..10")]
-    BadLabel { path: PathBuf, index: usize, label: u8 },
+    BadLabel {
+        path: PathBuf,
+        index: usize,
+        label: u8,
+    },
     #[error("{0}")]
     Missing(String),
     #[error(transparent)]
@@ -151,10 +179,18 @@ pub enum DataError {
 pub fn load(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Splits, DataError> {
     let folder = root.join(source.folder());
     let files = source.files();
-    let missing: Vec<DataFile> = files.iter().copied().filter(|f| !folder.join(f.name).is_file()).collect();
+    let missing: Vec<DataFile> = files
+        .iter()
+        .copied()
+        .filter(|f| !folder.join(f.name).is_file())
+        .collect();
     if !missing.is_empty() {
         match fetch {
-            Fetch::Never => return Err(DataError::Missing(missing_message(source, &folder, &missing, None))),
+            Fetch::Never => {
+                return Err(DataError::Missing(missing_message(
+                    source, &folder, &missing, None,
+                )));
+            }
             Fetch::FromMirrors(mirrors) => {
                 let mirrors: Vec<String> = if mirrors.is_empty() {
                     source.mirrors().iter().map(|m| m.to_string()).collect()
@@ -163,7 +199,12 @@ pub fn load(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Splits, Da
                 };
                 for file in &missing {
                     if let Err(error) = download::fetch_verified(&mirrors, file, &folder) {
-                        return Err(DataError::Missing(missing_message(source, &folder, &missing, Some(&error))));
+                        return Err(DataError::Missing(missing_message(
+                            source,
+                            &folder,
+                            &missing,
+                            Some(&error),
+                        )));
                     }
                 }
             }
@@ -183,13 +224,22 @@ pub fn load(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Splits, Da
                 label_count: label_array.dims[0],
             });
         }
-        if let Some((index, &label)) = label_array.data.iter().enumerate().find(|(_, l)| **l >= 10) {
-            return Err(DataError::BadLabel { path: labels_path, index, label });
+        if let Some((index, &label)) = label_array.data.iter().enumerate().find(|(_, l)| **l >= 10)
+        {
+            return Err(DataError::BadLabel {
+                path: labels_path,
+                index,
+                label,
+            });
         }
         let scale = 1.0 / (255.0 * std);
         let shift = mean / std;
         Ok(Dataset {
-            images: image_array.data.iter().map(|&p| p as f32 * scale - shift).collect(),
+            images: image_array
+                .data
+                .iter()
+                .map(|&p| p as f32 * scale - shift)
+                .collect(),
             labels: label_array.data,
             rows: image_array.dims[1],
             cols: image_array.dims[2],
@@ -201,7 +251,12 @@ pub fn load(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Splits, Da
     })
 }
 
-fn missing_message(source: DataSource, folder: &Path, missing: &[DataFile], error: Option<&DownloadError>) -> String {
+fn missing_message(
+    source: DataSource,
+    folder: &Path,
+    missing: &[DataFile],
+    error: Option<&DownloadError>,
+) -> String {
     let mut message = format!(
         "{source:?} data files are missing from {}:\n",
         folder.display()

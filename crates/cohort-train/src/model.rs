@@ -1,0 +1,146 @@
+//! The models cohort trains. Each is a burn module with a `forward` from a batch
+//! of `[batch, 1, 28, 28]` images to `[batch, classes]` logits.
+
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
+use burn::tensor::activation::relu;
+use burn::tensor::{Device, Tensor};
+
+/// Classic LeNet-5, the layout of Plato's PyTorch model (61,706 parameters):
+/// conv 1→6 5×5 pad 2, ReLU, max-pool 2; conv 6→16 5×5, ReLU, max-pool 2;
+/// conv 16→120 5×5, ReLU; linear 120→84, ReLU; linear 84→10.
+#[derive(Module, Debug)]
+pub struct LeNet5 {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    conv3: Conv2d,
+    fc4: Linear,
+    fc5: Linear,
+    pool: MaxPool2d,
+}
+
+impl LeNet5 {
+    pub fn new(num_classes: usize, device: &Device) -> Self {
+        Self {
+            conv1: Conv2dConfig::new([1, 6], [5, 5])
+                .with_padding(PaddingConfig2d::Explicit(2, 2, 2, 2))
+                .init(device),
+            conv2: Conv2dConfig::new([6, 16], [5, 5]).init(device),
+            conv3: Conv2dConfig::new([16, 120], [5, 5]).init(device),
+            fc4: LinearConfig::new(120, 84).init(device),
+            fc5: LinearConfig::new(84, num_classes).init(device),
+            pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),
+        }
+    }
+
+    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = self.pool.forward(relu(self.conv1.forward(images)));
+        let x = self.pool.forward(relu(self.conv2.forward(x)));
+        let x = relu(self.conv3.forward(x)).flatten::<2>(1, 3);
+        self.fc5.forward(relu(self.fc4.forward(x)))
+    }
+}
+
+/// The seed's compact variant without padding (44,426 parameters): two
+/// conv/pool stages to 16·4·4 = 256 features, then 256→120→84→10.
+#[derive(Module, Debug)]
+pub struct LeNet5Compact {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    fc3: Linear,
+    fc4: Linear,
+    fc5: Linear,
+    pool: MaxPool2d,
+}
+
+impl LeNet5Compact {
+    pub fn new(num_classes: usize, device: &Device) -> Self {
+        Self {
+            conv1: Conv2dConfig::new([1, 6], [5, 5]).init(device),
+            conv2: Conv2dConfig::new([6, 16], [5, 5]).init(device),
+            fc3: LinearConfig::new(256, 120).init(device),
+            fc4: LinearConfig::new(120, 84).init(device),
+            fc5: LinearConfig::new(84, num_classes).init(device),
+            pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),
+        }
+    }
+
+    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        let x = self.pool.forward(relu(self.conv1.forward(images)));
+        let x = self
+            .pool
+            .forward(relu(self.conv2.forward(x)))
+            .flatten::<2>(1, 3);
+        let x = relu(self.fc3.forward(x));
+        self.fc5.forward(relu(self.fc4.forward(x)))
+    }
+}
+
+/// Any model cohort can train, chosen by `trainer.model_name`.
+#[derive(Module, Debug)]
+pub enum Net {
+    LeNet5(LeNet5),
+    LeNet5Compact(LeNet5Compact),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown model `{0}`; available: {names}", names = cohort_core::config::MODEL_NAMES.join(", "))]
+pub struct UnknownModel(pub String);
+
+impl Net {
+    pub fn build(name: &str, num_classes: usize, device: &Device) -> Result<Self, UnknownModel> {
+        match name {
+            "lenet5" => Ok(Net::LeNet5(LeNet5::new(num_classes, device))),
+            "lenet5_compact" => Ok(Net::LeNet5Compact(LeNet5Compact::new(num_classes, device))),
+            other => Err(UnknownModel(other.to_owned())),
+        }
+    }
+
+    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+        match self {
+            Net::LeNet5(model) => model.forward(images),
+            Net::LeNet5Compact(model) => model.forward(images),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_counts_match_the_reference_layouts() {
+        let device = crate::device::cpu();
+        assert_eq!(
+            Net::build("lenet5", 10, &device).unwrap().num_params(),
+            61_706
+        );
+        assert_eq!(
+            Net::build("lenet5_compact", 10, &device)
+                .unwrap()
+                .num_params(),
+            44_426
+        );
+    }
+
+    #[test]
+    fn forward_gives_one_logit_row_per_image() {
+        let device = crate::device::cpu();
+        for name in cohort_core::config::MODEL_NAMES {
+            let model = Net::build(name, 10, &device).unwrap();
+            let logits = model.forward(Tensor::zeros([3, 1, 28, 28], &device));
+            assert_eq!(logits.dims(), [3, 10], "{name}");
+        }
+    }
+
+    #[test]
+    fn unknown_model_lists_the_names() {
+        let error = Net::build("resnet", 10, &crate::device::cpu()).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "unknown model `resnet`; available: lenet5, lenet5_compact"
+        );
+    }
+}

@@ -1,0 +1,397 @@
+//! Optimizers with MLX's update rules, as burn [`Optimizer`]s.
+//!
+//! burn's own optimizers differ from MLX in defaults (Adam eps 1e-5, SGD
+//! dampening 0.1) and in rules (burn's Adam always corrects bias; MLX's does
+//! only when asked). The seed specifies MLX, so the rules are written out here,
+//! one per optimizer, each following MLX 0.32's `apply_single`. State starts at
+//! zero as in MLX, and an optimizer is created fresh for every local run.
+
+use burn::optim::{LearningRate, ModuleOptimizer, Optimizer, RecordState, StateSink, StateSource};
+use burn::tensor::{Device, Tensor, TensorData};
+use cohort_core::optim::OptimizerSpec;
+
+/// Builds the optimizer a local training run uses.
+pub fn build(spec: &OptimizerSpec) -> ModuleOptimizer {
+    match *spec {
+        OptimizerSpec::Sgd {
+            momentum,
+            weight_decay,
+            dampening,
+            nesterov,
+            ..
+        } => ModuleOptimizer::from(MlxSgd {
+            momentum: momentum as f32,
+            weight_decay: weight_decay as f32,
+            dampening: dampening as f32,
+            nesterov,
+        }),
+        OptimizerSpec::Adam {
+            betas,
+            eps,
+            bias_correction,
+            ..
+        } => ModuleOptimizer::from(MlxAdam {
+            betas: [betas[0] as f32, betas[1] as f32],
+            eps: eps as f32,
+            weight_decay: 0.0,
+            bias_correction,
+        }),
+        OptimizerSpec::AdamW {
+            betas,
+            eps,
+            weight_decay,
+            bias_correction,
+            ..
+        } => ModuleOptimizer::from(MlxAdam {
+            betas: [betas[0] as f32, betas[1] as f32],
+            eps: eps as f32,
+            weight_decay: weight_decay as f32,
+            bias_correction,
+        }),
+        OptimizerSpec::RmsProp { alpha, eps, .. } => ModuleOptimizer::from(MlxRmsProp {
+            alpha: alpha as f32,
+            eps: eps as f32,
+        }),
+        OptimizerSpec::Lion {
+            betas,
+            weight_decay,
+            ..
+        } => ModuleOptimizer::from(MlxLion {
+            betas: [betas[0] as f32, betas[1] as f32],
+            weight_decay: weight_decay as f32,
+        }),
+    }
+}
+
+/// One moment buffer.
+#[derive(Clone)]
+pub struct MomentState<const D: usize> {
+    pub moment: Tensor<D>,
+}
+
+/// First and second moments with the step count.
+#[derive(Clone)]
+pub struct AdamState<const D: usize> {
+    pub step: usize,
+    pub m: Tensor<D>,
+    pub v: Tensor<D>,
+}
+
+// burn's `RecordState` derive only works inside burn-optim, so the two states
+// spell out their (de)serialization. cohort recreates optimizers for every local
+// run, but a recordable state keeps them usable with burn's checkpointing.
+impl<const D: usize> RecordState for MomentState<D> {
+    fn state_flatten(&self, prefix: &str, out: &mut StateSink) {
+        out.push_tensor(prefix, "moment", self.moment.to_data());
+    }
+
+    fn state_unflatten(prefix: &str, src: &mut StateSource, device: &Device) -> Option<Self> {
+        Some(Self {
+            moment: Tensor::from_data(src.take_tensor(prefix, "moment")?, device),
+        })
+    }
+}
+
+impl<const D: usize> RecordState for AdamState<D> {
+    fn state_flatten(&self, prefix: &str, out: &mut StateSink) {
+        out.push_tensor(prefix, "step", TensorData::new(vec![self.step as i64], [1]));
+        out.push_tensor(prefix, "m", self.m.to_data());
+        out.push_tensor(prefix, "v", self.v.to_data());
+    }
+
+    fn state_unflatten(prefix: &str, src: &mut StateSource, device: &Device) -> Option<Self> {
+        let step = src
+            .take_tensor(prefix, "step")?
+            .try_to_vec::<i64>()
+            .ok()?
+            .first()
+            .copied()?;
+        Some(Self {
+            step: usize::try_from(step).ok()?,
+            m: Tensor::from_data(src.take_tensor(prefix, "m")?, device),
+            v: Tensor::from_data(src.take_tensor(prefix, "v")?, device),
+        })
+    }
+}
+
+/// MLX `SGD`: `g += wd·p`; `v = μ·v + (1 − dampening)·g`; update `g + μ·v`
+/// (Nesterov) or `v`.
+#[derive(Clone, Debug)]
+pub struct MlxSgd {
+    momentum: f32,
+    weight_decay: f32,
+    dampening: f32,
+    nesterov: bool,
+}
+
+impl Optimizer for MlxSgd {
+    type State<const D: usize> = MomentState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        let lr = lr as f32;
+        let grad = if self.weight_decay != 0.0 {
+            grad + tensor.clone().mul_scalar(self.weight_decay)
+        } else {
+            grad
+        };
+        if self.momentum <= 0.0 {
+            return (tensor - grad.mul_scalar(lr), None);
+        }
+        let scaled_grad = if self.dampening > 0.0 {
+            grad.clone().mul_scalar(1.0 - self.dampening)
+        } else {
+            grad.clone()
+        };
+        // MLX starts the velocity at zero, so the first step is the (damped) gradient.
+        let velocity = match state {
+            Some(state) => state.moment.mul_scalar(self.momentum) + scaled_grad,
+            None => scaled_grad,
+        };
+        let update = if self.nesterov {
+            grad + velocity.clone().mul_scalar(self.momentum)
+        } else {
+            velocity.clone()
+        };
+        (
+            tensor - update.mul_scalar(lr),
+            Some(MomentState { moment: velocity }),
+        )
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        MomentState {
+            moment: state.moment.to_device(device),
+        }
+    }
+}
+
+/// MLX `Adam` and `AdamW` (`weight_decay > 0` decays `p ← p·(1 − lr·wd)` first).
+/// Without bias correction (MLX's default): `p −= lr·m / (√v + eps)`.
+#[derive(Clone, Debug)]
+pub struct MlxAdam {
+    betas: [f32; 2],
+    eps: f32,
+    weight_decay: f32,
+    bias_correction: bool,
+}
+
+impl Optimizer for MlxAdam {
+    type State<const D: usize> = AdamState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        let lr = lr as f32;
+        let [b1, b2] = self.betas;
+        let tensor = if self.weight_decay > 0.0 {
+            tensor.mul_scalar(1.0 - lr * self.weight_decay)
+        } else {
+            tensor
+        };
+        let grad_m = grad.clone().mul_scalar(1.0 - b1);
+        let grad_v = grad.square().mul_scalar(1.0 - b2);
+        let (step, m, v) = match state {
+            Some(state) => (
+                state.step + 1,
+                state.m.mul_scalar(b1) + grad_m,
+                state.v.mul_scalar(b2) + grad_v,
+            ),
+            None => (1, grad_m, grad_v),
+        };
+        let updated = if self.bias_correction {
+            let c1 = lr / (1.0 - b1.powi(step as i32));
+            let c2 = 1.0 / (1.0 - b2.powi(step as i32)).sqrt();
+            tensor
+                - m.clone().mul_scalar(c1) / (v.clone().sqrt().mul_scalar(c2).add_scalar(self.eps))
+        } else {
+            tensor - m.clone().mul_scalar(lr) / v.clone().sqrt().add_scalar(self.eps)
+        };
+        (updated, Some(AdamState { step, m, v }))
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        AdamState {
+            step: state.step,
+            m: state.m.to_device(device),
+            v: state.v.to_device(device),
+        }
+    }
+}
+
+/// MLX `RMSprop`: `v = α·v + (1 − α)·g²`; `p −= lr·g / (√v + eps)`.
+#[derive(Clone, Debug)]
+pub struct MlxRmsProp {
+    alpha: f32,
+    eps: f32,
+}
+
+impl Optimizer for MlxRmsProp {
+    type State<const D: usize> = MomentState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        let squared = grad.clone().square().mul_scalar(1.0 - self.alpha);
+        let v = match state {
+            Some(state) => state.moment.mul_scalar(self.alpha) + squared,
+            None => squared,
+        };
+        let updated = tensor - grad.mul_scalar(lr as f32) / v.clone().sqrt().add_scalar(self.eps);
+        (updated, Some(MomentState { moment: v }))
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        MomentState {
+            moment: state.moment.to_device(device),
+        }
+    }
+}
+
+/// MLX `Lion`: `c = β₁·m + (1 − β₁)·g`; `m = β₂·m + (1 − β₂)·g`;
+/// `p ← p·(1 − lr·wd) − lr·sign(c)`.
+#[derive(Clone, Debug)]
+pub struct MlxLion {
+    betas: [f32; 2],
+    weight_decay: f32,
+}
+
+impl Optimizer for MlxLion {
+    type State<const D: usize> = MomentState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        let lr = lr as f32;
+        let [b1, b2] = self.betas;
+        let (c, m) = match state {
+            Some(state) => (
+                state.moment.clone().mul_scalar(b1) + grad.clone().mul_scalar(1.0 - b1),
+                state.moment.mul_scalar(b2) + grad.mul_scalar(1.0 - b2),
+            ),
+            None => (grad.clone().mul_scalar(1.0 - b1), grad.mul_scalar(1.0 - b2)),
+        };
+        let tensor = if self.weight_decay > 0.0 {
+            tensor.mul_scalar(1.0 - lr * self.weight_decay)
+        } else {
+            tensor
+        };
+        (
+            tensor - c.sign().mul_scalar(lr),
+            Some(MomentState { moment: m }),
+        )
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        MomentState {
+            moment: state.moment.to_device(device),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+
+    fn run<O: Optimizer>(optimizer: &O, start: f32, grads: &[f32], lr: f64) -> Vec<f32> {
+        let device = crate::device::cpu();
+        let mut p = Tensor::<1>::from_data(TensorData::new(vec![start], [1]), &device);
+        let mut state = None;
+        let mut trajectory = Vec::new();
+        for &g in grads {
+            let grad = Tensor::<1>::from_data(TensorData::new(vec![g], [1]), &device);
+            let (next, next_state) = optimizer.step(lr, p, grad, state);
+            p = next;
+            state = next_state;
+            trajectory.push(p.to_data().try_to_vec::<f32>().unwrap()[0]);
+        }
+        trajectory
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn sgd_momentum_follows_mlx() {
+        let sgd = MlxSgd {
+            momentum: 0.9,
+            weight_decay: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+        };
+        // v1 = 1, p = 1 - 0.1; v2 = 0.9 + 2 = 2.9, p = 0.9 - 0.29.
+        close(&run(&sgd, 1.0, &[1.0, 2.0], 0.1), &[0.9, 0.61]);
+        let nesterov = MlxSgd {
+            nesterov: true,
+            ..sgd.clone()
+        };
+        // update1 = g + μv = 1 + 0.9 = 1.9.
+        close(&run(&nesterov, 1.0, &[1.0], 0.1), &[0.81]);
+        let damped = MlxSgd {
+            dampening: 0.5,
+            ..sgd
+        };
+        // v1 = 0.5·1; v2 = 0.9·0.5 + 0.5·2 = 1.45.
+        close(&run(&damped, 0.0, &[1.0, 2.0], 1.0), &[-0.5, -1.95]);
+    }
+
+    #[test]
+    fn adam_without_bias_correction_follows_mlx() {
+        let adam = MlxAdam {
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            weight_decay: 0.0,
+            bias_correction: false,
+        };
+        // m = 0.1, v = 0.001: step = 0.1 · 0.1 / √0.001 = 0.316228.
+        close(&run(&adam, 0.0, &[1.0], 0.1), &[-0.316_228]);
+        let corrected = MlxAdam {
+            bias_correction: true,
+            ..adam.clone()
+        };
+        // Bias-corrected first step is lr·sign(g).
+        close(&run(&corrected, 0.0, &[1.0], 0.1), &[-0.1]);
+        let adamw = MlxAdam {
+            weight_decay: 0.5,
+            ..adam
+        };
+        // p = 1·(1 − 0.1·0.5) − 0.316228.
+        close(&run(&adamw, 1.0, &[1.0], 0.1), &[0.95 - 0.316_228]);
+    }
+
+    #[test]
+    fn rmsprop_and_lion_follow_mlx() {
+        let rms = MlxRmsProp {
+            alpha: 0.99,
+            eps: 1e-8,
+        };
+        // v = 0.01·4 = 0.04: step = 0.1 · 2 / 0.2 = 1.
+        close(&run(&rms, 0.0, &[2.0], 0.1), &[-1.0]);
+        let lion = MlxLion {
+            betas: [0.9, 0.99],
+            weight_decay: 0.0,
+        };
+        close(&run(&lion, 0.0, &[3.0, -0.1], 0.1), &[-0.1, -0.2]);
+    }
+}

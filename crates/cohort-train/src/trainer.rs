@@ -1,0 +1,300 @@
+//! Local training of one logical client, and evaluation.
+//!
+//! A [`LocalTrainer`] belongs to one physical worker and owns that worker's
+//! model instance; it trains whichever logical client it is handed, so memory
+//! grows with workers, not with clients. Each run loads the global weights,
+//! creates a fresh optimizer (as the seed does), trains `epochs` over the
+//! client's partition in shuffled mini-batches with cross-entropy, and returns a
+//! host snapshot of the weights.
+
+use std::time::Instant;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use cohort_core::data::Dataset;
+use cohort_core::optim::OptimizerSpec;
+use cohort_core::seeds::training_stream;
+use cohort_core::tree::ParamTree;
+
+use crate::model::{Net, UnknownModel};
+use crate::params::{self, LoadError};
+
+/// What local training needs besides the data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSettings {
+    pub epochs: u32,
+    pub batch_size: usize,
+    pub optimizer: OptimizerSpec,
+    /// Global gradient-norm clipping; `None` is off.
+    pub clip_grad_norm: Option<f64>,
+    /// Base of the shuffling streams; `None` shuffles from OS entropy.
+    pub training_seed: Option<u64>,
+}
+
+/// Which logical client trains in which round; names errors and seeds streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientTask {
+    pub client_id: u32,
+    pub round: u32,
+}
+
+/// The result of one local run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalUpdate {
+    pub tree: ParamTree,
+    pub num_samples: u64,
+    /// Mean cross-entropy over all samples of all epochs.
+    pub loss: f64,
+    pub training_time: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TrainError {
+    #[error("client {client_id}, round {round}: cannot load the global model: {source}")]
+    Load {
+        client_id: u32,
+        round: u32,
+        #[source]
+        source: LoadError,
+    },
+    #[error(
+        "client {client_id}, round {round}, epoch {epoch}, step {step}: gradient norm is {norm}; \
+         the update was not applied"
+    )]
+    NonFiniteGradient {
+        client_id: u32,
+        round: u32,
+        epoch: u32,
+        step: usize,
+        norm: f64,
+    },
+    #[error("client {client_id}, round {round}: the partition is empty")]
+    EmptyPartition { client_id: u32, round: u32 },
+}
+
+/// One physical worker's trainer.
+pub struct LocalTrainer {
+    /// `None` only while a run has taken it.
+    model: Option<Net>,
+    device: Device,
+    settings: TrainSettings,
+    images: Vec<f32>,
+    labels: Vec<i64>,
+}
+
+impl LocalTrainer {
+    /// A trainer with its own model instance on the autodiff version of `device`.
+    pub fn new(
+        model_name: &str,
+        num_classes: usize,
+        device: &Device,
+        settings: TrainSettings,
+    ) -> Result<Self, UnknownModel> {
+        let device = device.clone().autodiff();
+        Ok(Self {
+            model: Some(Net::build(model_name, num_classes, &device)?),
+            device,
+            settings,
+            images: Vec::new(),
+            labels: Vec::new(),
+        })
+    }
+
+    /// Trains the client on `partition` (indices into `data`) from `global`.
+    /// The learning rate is passed in, so schedules can span rounds.
+    pub fn train(
+        &mut self,
+        task: ClientTask,
+        global: &ParamTree,
+        data: &Dataset,
+        partition: &[u32],
+        learning_rate: f64,
+    ) -> Result<LocalUpdate, TrainError> {
+        let ClientTask { client_id, round } = task;
+        if partition.is_empty() {
+            return Err(TrainError::EmptyPartition { client_id, round });
+        }
+        let started = Instant::now();
+        let model = self
+            .model
+            .take()
+            .expect("a trainer runs one client at a time");
+        // Keep the instance if loading fails, so the worker stays usable.
+        let mut model = match params::load(model.clone(), global) {
+            Ok(loaded) => loaded,
+            Err(source) => {
+                self.model = Some(model);
+                return Err(TrainError::Load {
+                    client_id,
+                    round,
+                    source,
+                });
+            }
+        };
+        let mut optimizer = crate::optim::build(&self.settings.optimizer);
+        let loss_fn = CrossEntropyLossConfig::new().init(&self.device);
+        let mut order = partition.to_vec();
+        let mut loss_sum = Tensor::<1>::zeros([1], &self.device);
+        let mut seen = 0usize;
+        let (rows, cols) = (data.rows, data.cols);
+        let mut failure = None;
+        'training: for epoch in 1..=self.settings.epochs {
+            let mut rng = match self.settings.training_seed {
+                Some(seed) => {
+                    ChaCha8Rng::seed_from_u64(training_stream(seed, client_id, round, epoch))
+                }
+                None => ChaCha8Rng::from_os_rng(),
+            };
+            order.shuffle(&mut rng);
+            for (step, batch) in order.chunks(self.settings.batch_size).enumerate() {
+                data.gather(batch, &mut self.images, &mut self.labels);
+                let images = Tensor::<4>::from_data(
+                    TensorData::new(self.images.clone(), [batch.len(), 1, rows, cols]),
+                    &self.device,
+                );
+                let targets = Tensor::<1, Int>::from_data(
+                    TensorData::new(self.labels.clone(), [batch.len()]),
+                    &self.device,
+                );
+                let loss = loss_fn.forward(model.forward(images), targets);
+                loss_sum = loss_sum + loss.clone().detach().mul_scalar(batch.len() as f32);
+                seen += batch.len();
+                let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+                if let Some(max_norm) = self.settings.clip_grad_norm {
+                    let norm = global_norm(&model, &grads);
+                    if !norm.is_finite() {
+                        failure = Some(TrainError::NonFiniteGradient {
+                            client_id,
+                            round,
+                            epoch,
+                            step: step + 1,
+                            norm,
+                        });
+                        break 'training;
+                    }
+                    if norm > max_norm {
+                        // Guard 0/0 when clipping to zero: every gradient becomes 0.
+                        let scale = if norm > 0.0 { max_norm / norm } else { 0.0 };
+                        grads = scale_gradients(&model, grads, scale as f32);
+                    }
+                }
+                model = optimizer.step(learning_rate, model, grads);
+            }
+        }
+        let tree = params::extract(&model);
+        self.model = Some(model);
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        let loss = loss_sum.into_scalar::<f32>() as f64 / seen.max(1) as f64;
+        Ok(LocalUpdate {
+            tree,
+            num_samples: partition.len() as u64,
+            loss,
+            training_time: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+struct SquaredNorm<'a> {
+    grads: &'a GradientsParams,
+    total: f64,
+}
+
+impl ModuleVisitor for SquaredNorm<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(grad) = self.grads.get::<D>(param.id) {
+            self.total += grad.square().sum().into_scalar::<f32>() as f64;
+        }
+    }
+}
+
+/// L2 norm over all gradients together.
+fn global_norm(model: &Net, grads: &GradientsParams) -> f64 {
+    let mut visitor = SquaredNorm { grads, total: 0.0 };
+    model.visit(&mut visitor);
+    visitor.total.sqrt()
+}
+
+struct Scale {
+    grads: GradientsParams,
+    factor: f32,
+}
+
+impl ModuleVisitor for Scale {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(grad) = self.grads.remove::<D>(param.id) {
+            self.grads.register(param.id, grad.mul_scalar(self.factor));
+        }
+    }
+}
+
+fn scale_gradients(model: &Net, grads: GradientsParams, factor: f32) -> GradientsParams {
+    let mut visitor = Scale { grads, factor };
+    model.visit(&mut visitor);
+    visitor.grads
+}
+
+/// Test-set evaluation on a model without autodiff.
+pub struct Evaluator {
+    model: Option<Net>,
+    device: Device,
+    batch_size: usize,
+}
+
+impl Evaluator {
+    pub fn new(
+        model_name: &str,
+        num_classes: usize,
+        device: &Device,
+        batch_size: usize,
+    ) -> Result<Self, UnknownModel> {
+        Ok(Self {
+            model: Some(Net::build(model_name, num_classes, device)?),
+            device: device.clone(),
+            batch_size,
+        })
+    }
+
+    /// The initial parameters of this evaluator's model instance.
+    pub fn parameters(&self) -> ParamTree {
+        params::extract(self.model.as_ref().expect("evaluator holds its model"))
+    }
+
+    /// Classification accuracy of `tree` on `data`.
+    pub fn accuracy(&mut self, tree: &ParamTree, data: &Dataset) -> Result<f64, LoadError> {
+        let model = self.model.take().expect("evaluator holds its model");
+        let model = match params::load(model.clone(), tree) {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                self.model = Some(model);
+                return Err(error);
+            }
+        };
+        let all: Vec<u32> = (0..data.len() as u32).collect();
+        let mut correct = Tensor::<1, Int>::zeros([1], &self.device);
+        let (mut images, mut labels) = (Vec::new(), Vec::new());
+        for batch in all.chunks(self.batch_size) {
+            data.gather(batch, &mut images, &mut labels);
+            let input = Tensor::<4>::from_data(
+                TensorData::new(images.clone(), [batch.len(), 1, data.rows, data.cols]),
+                &self.device,
+            );
+            let targets = Tensor::<1, Int>::from_data(
+                TensorData::new(labels.clone(), [batch.len()]),
+                &self.device,
+            );
+            let predicted = model.forward(input).argmax(1).flatten::<1>(0, 1);
+            correct = correct + predicted.equal(targets).int().sum();
+        }
+        self.model = Some(model);
+        let correct = correct.into_scalar::<i64>();
+        Ok(correct as f64 / data.len().max(1) as f64)
+    }
+}
