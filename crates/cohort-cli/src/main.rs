@@ -1,1 +1,158 @@
-fn main() {}
+//! `cohort`: federated learning from the command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+use cohort_runtime::{RunOptions, new_run_dir};
+use cohort_train::device::DeviceRequest;
+
+/// Environment variable naming the folder that holds the datasets; it
+/// overrides `data.data_path`.
+const DATA_DIR_ENV: &str = "COHORT_DATA_DIR";
+
+#[derive(Parser)]
+#[command(
+    name = "cohort",
+    version,
+    about = "Federated learning: simulate many clients on one machine, or run a server and clients over the network."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a federated training job described by a TOML config.
+    Run(RunArgs),
+    /// Check a config file and print it with every default filled in.
+    Check {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The config file (TOML); see docs/CONFIG.md for every key.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Train and evaluate on the CPU, even when the build has a GPU backend.
+    #[arg(long, conflicts_with = "gpu")]
+    cpu: bool,
+    /// Train and evaluate on the GPU; fail if the build has no GPU backend or no GPU answers.
+    #[arg(long)]
+    gpu: bool,
+    /// Folder under which the run folder is created [default: `general.base_path`, i.e. runs/].
+    #[arg(long)]
+    base: Option<PathBuf>,
+    /// Number of rounds, overriding `trainer.rounds`.
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// No progress bar and only warnings on stderr (for scripts).
+    #[arg(long, short)]
+    quiet: bool,
+    /// More log lines on stderr (info level); the run log always has them.
+    #[arg(long, short, conflicts_with = "quiet")]
+    verbose: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match execute(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn execute(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Check { config } => {
+            let loaded = cohort_core::config::load(&config)?;
+            println!("# {} is valid (hash {})", config.display(), loaded.hash());
+            println!("{}", cohort_core::config::to_toml(&loaded.config)?);
+            Ok(())
+        }
+        Command::Run(args) => run(args),
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let loaded = cohort_core::config::load(&args.config)?;
+    let config = &loaded.config;
+    let base = args
+        .base
+        .clone()
+        .or_else(|| config.results.result_path.clone())
+        .unwrap_or_else(|| config.general.base_path.clone());
+    let run_dir = new_run_dir(&base, &args.config, config.general.run_name.as_deref());
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
+    init_logging(&run_dir, args.quiet, args.verbose)?;
+    tracing::info!(config = %args.config.display(), run_dir = %run_dir.display(), hash = loaded.hash(), "run started");
+    let device = match (args.cpu, args.gpu) {
+        (true, _) => DeviceRequest::Cpu,
+        (_, true) => DeviceRequest::Gpu,
+        _ => DeviceRequest::Auto,
+    };
+    let options = RunOptions {
+        device,
+        run_dir,
+        rounds: args.rounds,
+        data_root: std::env::var_os(DATA_DIR_ENV).map(PathBuf::from),
+        show_progress: !args.quiet,
+    };
+    let summary = cohort_runtime::run(&loaded, &options)?;
+    let last = summary.rounds.last().expect("a run has at least one round");
+    if !args.quiet {
+        println!(
+            "finished {} rounds: accuracy {:.4}{}; results in {}",
+            summary.rounds.len(),
+            last.accuracy,
+            if summary.reached_target {
+                " (target reached)"
+            } else {
+                ""
+            },
+            summary.run_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Full log to `run.log` in the run folder; warnings (or everything with
+/// `--verbose`, or `RUST_LOG`) on stderr.
+fn init_logging(run_dir: &std::path::Path, quiet: bool, verbose: bool) -> anyhow::Result<()> {
+    let log_file =
+        std::fs::File::create(run_dir.join("run.log")).context("cannot create run.log")?;
+    let stderr_level = if verbose { "info" } else { "warn" };
+    let stderr_filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(if quiet { "warn" } else { stderr_level }));
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(Mutex::new(log_file))
+                .with_ansi(false)
+                .with_filter(EnvFilter::new("info")),
+        )
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(stderr_filter),
+        )
+        .try_init()
+        .context("cannot start logging")?;
+    Ok(())
+}

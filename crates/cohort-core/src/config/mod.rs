@@ -69,6 +69,11 @@ impl LoadedConfig {
     }
 }
 
+/// The config with every default filled in, as TOML.
+pub fn to_toml(config: &Config) -> Result<String, toml::ser::Error> {
+    toml::to_string_pretty(config)
+}
+
 /// Reads, merges, type-checks and validates the config at `path`.
 pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
     let table = read_table(path)?;

@@ -1,0 +1,53 @@
+//! Helpers shared by the binary's integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+pub fn fixture_data() -> PathBuf {
+    repo_root().join("tests/fixtures/data")
+}
+
+/// Runs the real `cohort` binary with `args`, datasets from `data_dir`.
+pub fn cohort(args: &[&str], data_dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(args)
+        .env("COHORT_DATA_DIR", data_dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the cohort binary runs")
+}
+
+/// The folder with the real datasets, or `None` when it is absent and not
+/// required. With `COHORT_REQUIRE_DATA=1` a missing folder fails the test.
+pub fn real_data_dir(needed: &[&str]) -> Option<PathBuf> {
+    let required = std::env::var("COHORT_REQUIRE_DATA").is_ok_and(|v| v == "1");
+    let dir = std::env::var_os("COHORT_DATA_DIR").map(PathBuf::from);
+    let present = dir
+        .as_ref()
+        .is_some_and(|d| needed.iter().all(|f| d.join(f).is_file()));
+    if present {
+        return dir;
+    }
+    let message = format!(
+        "real data not found: set COHORT_DATA_DIR to a folder with {needed:?} (got {dir:?})"
+    );
+    if required {
+        panic!("{message}; COHORT_REQUIRE_DATA=1 makes this a failure");
+    }
+    eprintln!("SKIPPED: {message}");
+    None
+}
+
+pub fn write_config(dir: &Path, body: &str) -> PathBuf {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, body).unwrap();
+    path
+}

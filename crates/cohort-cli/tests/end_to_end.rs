@@ -1,0 +1,231 @@
+//! The `cohort` binary end to end on the committed fixture.
+
+mod common;
+
+use cohort_core::codec::{DecodeLimits, decode};
+use common::{cohort, fixture_data, write_config};
+
+const SMALL_JOB: &str = r#"
+[clients]
+total_clients = 4
+per_round = 2
+
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_size = 150
+
+[trainer]
+rounds = 3
+epochs = 1
+batch_size = 16
+max_concurrency = 2
+optimizer = "sgd"
+model_name = "lenet5"
+model_seed = 3
+training_seed = 5
+
+[parameters.optimizer]
+learning_rate = 0.05
+momentum = 0.9
+"#;
+
+/// Runs `config_text` on the fixture; returns the temp folder (keep it alive),
+/// the base folder of the run and the process output.
+fn run_job(config_text: &str) -> (tempfile::TempDir, std::path::PathBuf, std::process::Output) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), config_text);
+    let base = dir.path().join("runs");
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+            "--base",
+            base.to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    (dir, base, output)
+}
+
+fn only_run_dir(base: &std::path::Path) -> std::path::PathBuf {
+    let mut dirs: Vec<_> = std::fs::read_dir(base)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs.pop().unwrap()
+}
+
+#[test]
+fn small_job_writes_results_and_model() {
+    let (_dir, base, output) = run_job(SMALL_JOB);
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let run_dir = only_run_dir(&base);
+
+    let csv = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next().unwrap(), cohort_core::results::RESULTS_HEADER);
+    let rows: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    for (index, row) in rows.iter().enumerate() {
+        assert_eq!(row[0], (index + 1).to_string());
+        let accuracy: f64 = row[1].parse().unwrap();
+        assert!((0.0..=1.0).contains(&accuracy), "{row:?}");
+        let elapsed: f64 = row[2].parse().unwrap();
+        assert!(elapsed > 0.0);
+        // 2 clients × one encoded LeNet-5 each way.
+        let to_clients: u64 = row[6].parse().unwrap();
+        let to_server: u64 = row[7].parse().unwrap();
+        assert!(
+            to_clients > 2 * 61_706 * 4 && to_clients == to_server,
+            "{row:?}"
+        );
+    }
+    // Ten classes at random is 0.1; three rounds on 300 samples learn something.
+    let last: f64 = rows[2][1].parse().unwrap();
+    assert!(last > 0.3, "accuracy after 3 rounds: {last}");
+
+    let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    assert_eq!(clients.lines().count(), 1 + 3 * 2);
+
+    let model = std::fs::read(run_dir.join("model.safetensors")).unwrap();
+    let tree = decode(&model, &DecodeLimits::default()).unwrap();
+    assert_eq!(tree.num_elements(), 61_706);
+    assert!(
+        tree.leaves()
+            .iter()
+            .all(|(_, a)| a.as_f32().unwrap().iter().all(|x| x.is_finite()))
+    );
+    assert!(run_dir.join("run.log").is_file());
+    assert!(run_dir.join("config.toml").is_file());
+}
+
+#[test]
+fn seeded_runs_are_reproducible() {
+    let (_a, base_a, out_a) = run_job(SMALL_JOB);
+    let (_b, base_b, out_b) = run_job(SMALL_JOB);
+    assert!(out_a.status.success() && out_b.status.success());
+    let model = |base: &std::path::Path| {
+        std::fs::read(only_run_dir(base).join("model.safetensors")).unwrap()
+    };
+    assert_eq!(
+        model(&base_a),
+        model(&base_b),
+        "same seeds, same worker count: same model"
+    );
+    assert_eq!(accuracies(&base_a), accuracies(&base_b));
+}
+
+#[test]
+fn physical_worker_count_does_not_change_the_result() {
+    let (_a, base_a, out_a) = run_job(SMALL_JOB);
+    let (_b, base_b, out_b) =
+        run_job(&SMALL_JOB.replace("max_concurrency = 2", "max_concurrency = 1"));
+    assert!(out_a.status.success() && out_b.status.success());
+    let model = |base: &std::path::Path| {
+        std::fs::read(only_run_dir(base).join("model.safetensors")).unwrap()
+    };
+    assert_eq!(model(&base_a), model(&base_b));
+}
+
+fn accuracies(base: &std::path::Path) -> Vec<f64> {
+    std::fs::read_to_string(only_run_dir(base).join("results.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(1).unwrap().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn target_accuracy_stops_the_run_early() {
+    let (_dir, base, output) = run_job(SMALL_JOB);
+    assert!(output.status.success());
+    let first = accuracies(&base)[0];
+    // A target at round 1's accuracy stops after round 1.
+    let (_dir, base, output) = run_job(&SMALL_JOB.replace(
+        "rounds = 3",
+        &format!("rounds = 3\ntarget_accuracy = {first}"),
+    ));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(accuracies(&base), [first]);
+}
+
+#[test]
+fn bad_config_fails_with_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &SMALL_JOB.replace("per_round = 2", "per_rnd = 2"),
+    );
+    let output = cohort(
+        &["run", "--config", config.to_str().unwrap(), "--quiet"],
+        &fixture_data(),
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("job.toml"), "{stderr}");
+    assert!(stderr.contains("`clients.per_rnd`"), "{stderr}");
+    assert!(stderr.contains("did you mean `per_round`?"), "{stderr}");
+}
+
+#[test]
+fn missing_data_without_download_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SMALL_JOB);
+    let empty = dir.path().join("no-data");
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--quiet",
+            "--base",
+            dir.path().join("runs").to_str().unwrap(),
+        ],
+        &empty,
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("train-images-idx3-ubyte.gz"), "{stderr}");
+    assert!(stderr.contains("COHORT_DATA_DIR"), "{stderr}");
+    assert!(stderr.contains("Put these files in"), "{stderr}");
+}
+
+#[test]
+fn gpu_request_on_a_cpu_build_is_a_clear_error() {
+    if cfg!(feature = "wgpu") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SMALL_JOB);
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--gpu",
+            "--quiet",
+            "--base",
+            dir.path().join("runs").to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("built without a GPU backend"), "{stderr}");
+}

@@ -1,0 +1,325 @@
+//! The federated round loop.
+//!
+//! One round, in order:
+//! 1. select `per_round` logical clients ([`ClientSelector`]);
+//! 2. encode the global model once (the payload each selected client receives);
+//! 3. hand each client to the worker pool, which trains it on its partition;
+//! 4. encode and decode each update through the safetensors codec, as a real
+//!    transport would, counting the bytes;
+//! 5. put the updates back in selection order and aggregate them with the one
+//!    validated FedAvg ([`cohort_core::aggregate::fedavg`]);
+//! 6. evaluate the new global model on the test set, write the results row and
+//!    the model, and stop at `rounds` or at `target_accuracy`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use cohort_core::aggregate::{Contribution, FedAvgOutcome, fedavg};
+use cohort_core::codec::{self, DecodeLimits};
+use cohort_core::config::LoadedConfig;
+use cohort_core::data::{self, DataSource, Fetch};
+use cohort_core::fsutil::atomic_write;
+use cohort_core::partition;
+use cohort_core::results::{ClientRow, ResultsWriter, RoundRow};
+use cohort_core::selection::ClientSelector;
+use cohort_core::tree::ParamTree;
+use cohort_train::device::{self, DeviceRequest};
+use cohort_train::init::seeded_parameters;
+use cohort_train::trainer::{ClientTask, Evaluator, LocalTrainer, TrainSettings};
+
+use crate::pool::{Job, WorkerPool};
+
+/// How the command line shaped this run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub device: DeviceRequest,
+    /// The run folder, created if missing.
+    pub run_dir: PathBuf,
+    /// Overrides `trainer.rounds`.
+    pub rounds: Option<u32>,
+    /// Where datasets live; overrides `data.data_path`.
+    pub data_root: Option<PathBuf>,
+    pub show_progress: bool,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub rounds: Vec<RoundRow>,
+    pub run_dir: PathBuf,
+    pub model_path: PathBuf,
+    pub reached_target: bool,
+}
+
+/// Name of the final model file in the run folder.
+pub const MODEL_FILE: &str = "model.safetensors";
+
+/// Runs the configured federated training in this process.
+pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSummary> {
+    let config = &loaded.config;
+    std::fs::create_dir_all(&options.run_dir)
+        .with_context(|| format!("cannot create the run folder {}", options.run_dir.display()))?;
+    atomic_write(
+        &options.run_dir.join("config.toml"),
+        toml_text(&loaded.merged).as_bytes(),
+    )
+    .context("cannot write config.toml into the run folder")?;
+
+    let selected = device::select(options.device)?;
+    tracing::info!(device = selected.name, "compute device");
+
+    let source =
+        DataSource::from_name(&config.data.datasource).expect("validated by the config loader");
+    let data_root = options
+        .data_root
+        .clone()
+        .unwrap_or_else(|| config.data.data_path.clone());
+    let fetch = if config.data.download {
+        Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
+    } else {
+        Fetch::Never
+    };
+    let loading = Instant::now();
+    let splits = data::load(source, &data_root, &fetch)?;
+    tracing::info!(
+        train = splits.train.len(),
+        test = splits.test.len(),
+        seconds = loading.elapsed().as_secs_f64(),
+        "loaded {:?} from {}",
+        source,
+        data_root.display()
+    );
+    let partitions: Vec<Arc<Vec<u32>>> = partition::iid(
+        splits.train.len(),
+        config.clients.total_clients as usize,
+        config.data.partition_size,
+        config.data.random_seed,
+    )
+    .context("config `data.partition_size` / `clients.total_clients` do not fit the training set")?
+    .into_iter()
+    .map(Arc::new)
+    .collect();
+
+    let trainer_config = &config.trainer;
+    let num_classes = config.parameters.model.num_classes;
+    let settings = TrainSettings {
+        epochs: trainer_config.epochs,
+        batch_size: trainer_config.batch_size,
+        optimizer: loaded.optimizer.clone(),
+        clip_grad_norm: trainer_config.clip_grad_norm,
+        training_seed: trainer_config.training_seed,
+    };
+    let mut evaluator = Evaluator::new(
+        &trainer_config.model_name,
+        num_classes,
+        &selected.device,
+        trainer_config.eval_batch_size,
+    )?;
+    let mut global = match trainer_config.model_seed {
+        Some(seed) => seeded_parameters(&evaluator.parameters(), seed),
+        None => evaluator.parameters(),
+    };
+    let workers = (0..trainer_config.max_concurrency)
+        .map(|_| {
+            LocalTrainer::new(
+                &trainer_config.model_name,
+                num_classes,
+                &selected.device,
+                settings.clone(),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let pool = WorkerPool::start(
+        workers,
+        Arc::new(splits.train),
+        trainer_config.threads_per_worker as usize,
+    )?;
+
+    let rounds = options.rounds.unwrap_or(trainer_config.rounds);
+    let per_round = config.clients.per_round;
+    let progress = progress_bar(options.show_progress, rounds as u64 * per_round as u64);
+    let mut selector = ClientSelector::new(config.server.random_seed);
+    let mut results = ResultsWriter::new(&options.run_dir);
+    let model_path = options.run_dir.join(MODEL_FILE);
+    let limits = DecodeLimits::default();
+    let run_started = Instant::now();
+    let mut reached_target = false;
+
+    for round in 1..=rounds {
+        let round_started = Instant::now();
+        let selected_clients = selector.select(config.clients.total_clients, per_round);
+        tracing::info!(round, clients = ?selected_clients, "round started");
+        progress.set_message(format!("round {round}/{rounds}"));
+
+        let global_payload = codec::encode(&global)?;
+        let global_shared = Arc::new(global.clone());
+        for (slot, &client_id) in selected_clients.iter().enumerate() {
+            pool.submit(Job {
+                slot,
+                task: ClientTask { client_id, round },
+                global: Arc::clone(&global_shared),
+                partition: Arc::clone(&partitions[client_id as usize - 1]),
+                learning_rate: loaded.optimizer.learning_rate(),
+            })?;
+        }
+
+        let mut updates: Vec<Option<(ParamTree, u64, f64, f64, usize)>> =
+            vec![None; selected_clients.len()];
+        let mut bytes_to_server = 0u64;
+        for _ in 0..selected_clients.len() {
+            let result = pool.next_result()?;
+            let update = result.outcome?;
+            // The update crosses the (simulated) wire exactly as it would a socket.
+            let payload = codec::encode(&update.tree)?;
+            bytes_to_server += payload.len() as u64;
+            let received = codec::decode(&payload, &limits)
+                .with_context(|| format!("client {}: update payload", result.task.client_id))?;
+            tracing::debug!(
+                client = result.task.client_id,
+                worker = result.worker,
+                loss = update.loss,
+                seconds = update.training_time,
+                "client finished"
+            );
+            updates[result.slot] = Some((
+                received,
+                update.num_samples,
+                update.loss,
+                update.training_time,
+                result.worker,
+            ));
+            progress.inc(1);
+        }
+        let updates: Vec<(ParamTree, u64, f64, f64, usize)> = updates
+            .into_iter()
+            .map(|u| u.expect("every slot gets exactly one result"))
+            .collect();
+
+        let contributions: Vec<Contribution<'_>> = selected_clients
+            .iter()
+            .zip(&updates)
+            .map(|(&client_id, (tree, samples, ..))| Contribution {
+                client_id,
+                weight: *samples as f64,
+                tree,
+            })
+            .collect();
+        match fedavg(&global, &contributions)
+            .with_context(|| format!("round {round}: aggregation refused"))?
+        {
+            FedAvgOutcome::Updated(tree) => global = tree,
+            FedAvgOutcome::Unchanged => {
+                tracing::warn!(round, "total sample weight is zero; global model unchanged")
+            }
+        }
+
+        let evaluation_started = Instant::now();
+        let accuracy = evaluator.accuracy(&global, &splits.test)?;
+        let evaluation_time = evaluation_started.elapsed().as_secs_f64();
+
+        atomic_write(&model_path, &codec::encode(&global)?)
+            .with_context(|| format!("cannot write {}", model_path.display()))?;
+        let total_samples: u64 = updates.iter().map(|u| u.1).sum();
+        let train_loss =
+            updates.iter().map(|u| u.2 * u.1 as f64).sum::<f64>() / total_samples.max(1) as f64;
+        let row = RoundRow {
+            round,
+            accuracy,
+            elapsed_time: run_started.elapsed().as_secs_f64(),
+            round_time: round_started.elapsed().as_secs_f64(),
+            training_time: updates.iter().map(|u| u.3).sum(),
+            evaluation_time,
+            bytes_to_clients: global_payload.len() as u64 * selected_clients.len() as u64,
+            bytes_to_server,
+            train_loss,
+        };
+        let client_rows = selected_clients
+            .iter()
+            .zip(&updates)
+            .map(|(&client_id, u)| ClientRow {
+                round,
+                client_id,
+                worker: u.4,
+                samples: u.1,
+                loss: u.2,
+                training_time: u.3,
+            })
+            .collect();
+        tracing::info!(
+            round,
+            accuracy,
+            round_time = row.round_time,
+            train_loss,
+            "round finished"
+        );
+        progress.println(format!(
+            "round {round:>3}: accuracy {:.4}, loss {:.4}, {:.2}s",
+            accuracy, train_loss, row.round_time
+        ));
+        results
+            .record(row, client_rows)
+            .context("cannot write results.csv")?;
+
+        if let Some(target) = trainer_config.target_accuracy
+            && accuracy >= target
+        {
+            tracing::info!(round, accuracy, target, "target accuracy reached");
+            reached_target = true;
+            break;
+        }
+    }
+    progress.finish_and_clear();
+    if results.rounds().is_empty() {
+        bail!("no round ran");
+    }
+    Ok(RunSummary {
+        rounds: results.rounds().to_vec(),
+        run_dir: options.run_dir.clone(),
+        model_path,
+        reached_target,
+    })
+}
+
+fn progress_bar(show: bool, total: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} clients, {elapsed_precise}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+fn toml_text(table: &toml::Table) -> String {
+    toml::to_string_pretty(table).unwrap_or_else(|_| table.to_string())
+}
+
+/// A fresh run folder name under `base`: `<stem>-<unix seconds>`, with a
+/// counter when that exists already.
+pub fn new_run_dir(base: &Path, config_path: &Path, name: Option<&str>) -> PathBuf {
+    let stem = name.map(str::to_owned).unwrap_or_else(|| {
+        let stem = config_path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "run".into());
+        let seconds = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        format!("{stem}-{seconds}")
+    });
+    let mut candidate = base.join(&stem);
+    let mut counter = 2;
+    while candidate.exists() {
+        candidate = base.join(format!("{stem}-{counter}"));
+        counter += 1;
+    }
+    candidate
+}
