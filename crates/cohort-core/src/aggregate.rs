@@ -119,10 +119,20 @@ pub fn fedavg(
     if total == 0.0 || contributions.is_empty() {
         return Ok(FedAvgOutcome::Unchanged);
     }
-    let active: Vec<(u32, f64, Vec<(TreePath, &Array)>)> = contributions
+    // Clients with zero weight contribute nothing; skipping them saves a pass.
+    let active: Vec<ActiveClient<'_>> = contributions
         .iter()
         .filter(|c| c.weight > 0.0)
-        .map(|c| (c.client_id, c.weight / total, c.tree.leaves()))
+        .map(|c| ActiveClient {
+            client_id: c.client_id,
+            coefficient: c.weight / total,
+            leaves: c
+                .tree
+                .leaves()
+                .into_iter()
+                .map(|(_, array)| array)
+                .collect(),
+        })
         .collect();
 
     let mut out = global.clone();
@@ -135,13 +145,25 @@ pub fn fedavg(
     {
         let inputs: Vec<(u32, f64, &Array)> = active
             .iter()
-            .map(|(client_id, coefficient, leaves)| {
-                (*client_id, *coefficient, leaves[leaf_index].1)
+            .map(|client| {
+                (
+                    client.client_id,
+                    client.coefficient,
+                    client.leaves[leaf_index],
+                )
             })
             .collect();
         average_leaf(target, &path, &inputs)?;
     }
     Ok(FedAvgOutcome::Updated(out))
+}
+
+struct ActiveClient<'a> {
+    client_id: u32,
+    /// `weight / total weight`.
+    coefficient: f64,
+    /// Leaves in depth-first order, as the reference's.
+    leaves: Vec<&'a Array>,
 }
 
 /// Runs every check of [`fedavg`] without computing anything.

@@ -120,7 +120,7 @@ impl ArrayData {
     /// of the element size or a boolean byte is neither 0 nor 1.
     pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Option<ArrayData> {
         fn parse<T, const N: usize>(bytes: &[u8], from: impl Fn([u8; N]) -> T) -> Option<Vec<T>> {
-            if bytes.len() % N != 0 {
+            if !bytes.len().is_multiple_of(N) {
                 return None;
             }
             Some(

@@ -5,6 +5,7 @@
 //! round with one worker means that worker trains both in turn. Memory grows
 //! with workers, not with `total_clients`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -33,6 +34,8 @@ pub struct JobResult {
 
 pub struct WorkerPool {
     jobs: Option<Sender<Job>>,
+    /// Set by [`WorkerPool::cancel`]: workers skip the jobs still queued.
+    cancelled: Arc<AtomicBool>,
     results: Receiver<JobResult>,
     handles: Vec<JoinHandle<()>>,
 }
@@ -50,6 +53,7 @@ impl WorkerPool {
         let job_receiver = Arc::new(Mutex::new(job_receiver));
         let (result_sender, results) = mpsc::channel();
         let mut handles = Vec::new();
+        let cancelled = Arc::new(AtomicBool::new(false));
         for (worker, mut trainer) in trainers.into_iter().enumerate() {
             let compute = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads_per_worker)
@@ -58,6 +62,7 @@ impl WorkerPool {
             let jobs = Arc::clone(&job_receiver);
             let results = result_sender.clone();
             let data = Arc::clone(&data);
+            let cancelled = Arc::clone(&cancelled);
             let handle = std::thread::Builder::new()
                 .name(format!("cohort-worker{worker}"))
                 .spawn(move || {
@@ -65,6 +70,9 @@ impl WorkerPool {
                         // Hold the lock only to take a job, not while training.
                         let next = jobs.lock().map(|receiver| receiver.recv());
                         let Ok(Ok(job)) = next else { break };
+                        if cancelled.load(Ordering::Relaxed) {
+                            break;
+                        }
                         let outcome = compute.install(|| {
                             trainer.train(
                                 job.task,
@@ -89,6 +97,7 @@ impl WorkerPool {
         }
         Ok(Self {
             jobs: Some(job_sender),
+            cancelled,
             results,
             handles,
         })
@@ -100,6 +109,11 @@ impl WorkerPool {
             .expect("jobs sender lives until drop")
             .send(job)
             .map_err(|_| anyhow::anyhow!("all workers have stopped"))
+    }
+
+    /// Drops the jobs not yet started; a job in progress finishes.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
     }
 
     /// Waits for the next finished job.

@@ -55,6 +55,22 @@ pub struct RunSummary {
     pub reached_target: bool,
 }
 
+/// A client update after it crossed the (simulated) wire.
+#[derive(Clone)]
+struct ReceivedUpdate {
+    tree: ParamTree,
+    samples: u64,
+    loss: f64,
+    training_time: f64,
+    worker: usize,
+}
+
+/// A round handed to the pool: who trains, and the size of the global payload.
+struct Dispatched {
+    clients: Vec<u32>,
+    payload_bytes: u64,
+}
+
 /// Name of the final model file in the run folder.
 pub const MODEL_FILE: &str = "model.safetensors";
 
@@ -149,26 +165,42 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
     let run_started = Instant::now();
     let mut reached_target = false;
 
-    for round in 1..=rounds {
-        let round_started = Instant::now();
-        let selected_clients = selector.select(config.clients.total_clients, per_round);
-        tracing::info!(round, clients = ?selected_clients, "round started");
-        progress.set_message(format!("round {round}/{rounds}"));
-
-        let global_payload = codec::encode(&global)?;
-        let global_shared = Arc::new(global.clone());
-        for (slot, &client_id) in selected_clients.iter().enumerate() {
+    // Round r + 1 trains while round r's model is evaluated: the next round
+    // needs only the aggregated model, not its accuracy. Evaluation gets its own
+    // compute threads so it does not oversubscribe the workers' cores.
+    let evaluation_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(trainer_config.threads_per_worker as usize)
+        .thread_name(|i| format!("cohort-eval{i}"))
+        .build()?;
+    let dispatch = |round: u32,
+                    global: &ParamTree,
+                    selector: &mut ClientSelector|
+     -> anyhow::Result<Dispatched> {
+        let clients = selector.select(config.clients.total_clients, per_round);
+        tracing::info!(round, clients = ?clients, "round dispatched");
+        let payload_bytes = codec::encode(global)?.len() as u64;
+        let shared = Arc::new(global.clone());
+        for (slot, &client_id) in clients.iter().enumerate() {
             pool.submit(Job {
                 slot,
                 task: ClientTask { client_id, round },
-                global: Arc::clone(&global_shared),
+                global: Arc::clone(&shared),
                 partition: Arc::clone(&partitions[client_id as usize - 1]),
                 learning_rate: loaded.optimizer.learning_rate(),
             })?;
         }
+        Ok(Dispatched {
+            clients,
+            payload_bytes,
+        })
+    };
+    let mut dispatched = dispatch(1, &global, &mut selector)?;
+    let mut previous_round_end = Instant::now();
 
-        let mut updates: Vec<Option<(ParamTree, u64, f64, f64, usize)>> =
-            vec![None; selected_clients.len()];
+    for round in 1..=rounds {
+        progress.set_message(format!("round {round}/{rounds}"));
+        let selected_clients = std::mem::take(&mut dispatched.clients);
+        let mut updates: Vec<Option<ReceivedUpdate>> = vec![None; selected_clients.len()];
         let mut bytes_to_server = 0u64;
         for _ in 0..selected_clients.len() {
             let result = pool.next_result()?;
@@ -185,16 +217,16 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
                 seconds = update.training_time,
                 "client finished"
             );
-            updates[result.slot] = Some((
-                received,
-                update.num_samples,
-                update.loss,
-                update.training_time,
-                result.worker,
-            ));
+            updates[result.slot] = Some(ReceivedUpdate {
+                tree: received,
+                samples: update.num_samples,
+                loss: update.loss,
+                training_time: update.training_time,
+                worker: result.worker,
+            });
             progress.inc(1);
         }
-        let updates: Vec<(ParamTree, u64, f64, f64, usize)> = updates
+        let updates: Vec<ReceivedUpdate> = updates
             .into_iter()
             .map(|u| u.expect("every slot gets exactly one result"))
             .collect();
@@ -202,10 +234,10 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
         let contributions: Vec<Contribution<'_>> = selected_clients
             .iter()
             .zip(&updates)
-            .map(|(&client_id, (tree, samples, ..))| Contribution {
+            .map(|(&client_id, update)| Contribution {
                 client_id,
-                weight: *samples as f64,
-                tree,
+                weight: update.samples as f64,
+                tree: &update.tree,
             })
             .collect();
         match fedavg(&global, &contributions)
@@ -216,37 +248,45 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
                 tracing::warn!(round, "total sample weight is zero; global model unchanged")
             }
         }
+        let bytes_to_clients = dispatched.payload_bytes * selected_clients.len() as u64;
+        if round < rounds {
+            dispatched = dispatch(round + 1, &global, &mut selector)?;
+        }
 
         let evaluation_started = Instant::now();
-        let accuracy = evaluator.accuracy(&global, &splits.test)?;
+        let accuracy = evaluation_pool.install(|| evaluator.accuracy(&global, &splits.test))?;
         let evaluation_time = evaluation_started.elapsed().as_secs_f64();
 
         atomic_write(&model_path, &codec::encode(&global)?)
             .with_context(|| format!("cannot write {}", model_path.display()))?;
-        let total_samples: u64 = updates.iter().map(|u| u.1).sum();
-        let train_loss =
-            updates.iter().map(|u| u.2 * u.1 as f64).sum::<f64>() / total_samples.max(1) as f64;
+        let total_samples: u64 = updates.iter().map(|u| u.samples).sum();
+        let train_loss = updates
+            .iter()
+            .map(|u| u.loss * u.samples as f64)
+            .sum::<f64>()
+            / total_samples.max(1) as f64;
         let row = RoundRow {
             round,
             accuracy,
             elapsed_time: run_started.elapsed().as_secs_f64(),
-            round_time: round_started.elapsed().as_secs_f64(),
-            training_time: updates.iter().map(|u| u.3).sum(),
+            round_time: previous_round_end.elapsed().as_secs_f64(),
+            training_time: updates.iter().map(|u| u.training_time).sum(),
             evaluation_time,
-            bytes_to_clients: global_payload.len() as u64 * selected_clients.len() as u64,
+            bytes_to_clients,
             bytes_to_server,
             train_loss,
         };
+        previous_round_end = Instant::now();
         let client_rows = selected_clients
             .iter()
             .zip(&updates)
             .map(|(&client_id, u)| ClientRow {
                 round,
                 client_id,
-                worker: u.4,
-                samples: u.1,
-                loss: u.2,
-                training_time: u.3,
+                worker: u.worker,
+                samples: u.samples,
+                loss: u.loss,
+                training_time: u.training_time,
             })
             .collect();
         tracing::info!(
@@ -269,6 +309,8 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
         {
             tracing::info!(round, accuracy, target, "target accuracy reached");
             reached_target = true;
+            // The next round may already be training; its work is dropped.
+            pool.cancel();
             break;
         }
     }

@@ -74,9 +74,8 @@ fn per_round_above_total_clients_is_impossible() {
 
 #[test]
 fn zero_batch_size_is_impossible() {
-    let error = error_of(
-        &format!("{MINIMAL}").replace("optimizer = \"sgd\"", "optimizer = \"sgd\"\nbatch_size = 0"),
-    );
+    let error =
+        error_of(&MINIMAL.replace("optimizer = \"sgd\"", "optimizer = \"sgd\"\nbatch_size = 0"));
     assert_eq!(error.key.as_deref(), Some("trainer.batch_size"));
 }
 
@@ -187,9 +186,9 @@ fn missing_and_cyclic_includes_are_errors() {
 #[test]
 fn hash_ignores_layout_but_not_values() {
     let a = load_text(MINIMAL).unwrap().hash();
-    let reordered = load_text(&format!(
-        "[parameters.optimizer]\nmomentum = 0.9\nlearning_rate = 0.01\n[trainer]\noptimizer = \"sgd\"\n[clients]\nper_round = 2\ntotal_clients = 10\n"
-    ))
+    let reordered = load_text(
+        "[parameters.optimizer]\nmomentum = 0.9\nlearning_rate = 0.01\n[trainer]\noptimizer = \"sgd\"\n[clients]\nper_round = 2\ntotal_clients = 10\n",
+    )
     .unwrap()
     .hash();
     assert_eq!(a, reordered);
