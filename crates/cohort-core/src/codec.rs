@@ -21,9 +21,6 @@ use crate::tree::{Array, ArrayData, DType, FlatTree, ParamTree, Skeleton};
 
 /// Header metadata key holding the tree skeleton.
 pub const SKELETON_KEY: &str = "cohort.skeleton";
-/// Header metadata key holding the format version.
-pub const FORMAT_KEY: &str = "cohort.format";
-const FORMAT_VERSION: &str = "1";
 
 /// Bounds on what [`decode`] accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,13 +118,12 @@ pub fn encode(tree: &ParamTree) -> Result<Vec<u8>, CodecError> {
                 .map_err(|e| CodecError::Malformed(e.to_string()))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let metadata = HashMap::from([
-        (
-            SKELETON_KEY.to_owned(),
-            serde_json::to_string(&skeleton).expect("skeletons serialize"),
-        ),
-        (FORMAT_KEY.to_owned(), FORMAT_VERSION.to_owned()),
-    ]);
+    // One metadata entry only: safetensors writes its metadata map in hash
+    // order, and equal models must give equal bytes.
+    let metadata = HashMap::from([(
+        SKELETON_KEY.to_owned(),
+        serde_json::to_string(&skeleton).expect("skeletons serialize"),
+    )]);
     safetensors::serialize(views, Some(metadata)).map_err(|e| CodecError::Malformed(e.to_string()))
 }
 
@@ -210,6 +206,14 @@ mod tests {
                 Array::f32(vec![2], vec![0.5, -0.5]).unwrap(),
             ),
         ])
+    }
+
+    #[test]
+    fn equal_trees_encode_to_equal_bytes() {
+        assert_eq!(
+            encode(&sample()).unwrap(),
+            encode(&sample().clone()).unwrap()
+        );
     }
 
     #[test]

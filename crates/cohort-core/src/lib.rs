@@ -18,6 +18,7 @@ pub mod codec;
 pub mod config;
 pub mod data;
 pub mod fsutil;
+pub mod hooks;
 pub mod optim;
 pub mod partition;
 pub mod results;

@@ -7,4 +7,4 @@
 pub mod pool;
 pub mod server;
 
-pub use server::{MODEL_FILE, RunOptions, RunSummary, new_run_dir, run};
+pub use server::{MODEL_FILE, RunOptions, RunSummary, new_run_dir, run, run_with_hooks};

@@ -23,6 +23,7 @@ use cohort_core::codec::{self, DecodeLimits};
 use cohort_core::config::LoadedConfig;
 use cohort_core::data::{self, DataSource, Fetch};
 use cohort_core::fsutil::atomic_write;
+use cohort_core::hooks::{ClientReport, NoHooks, RoundPayloads, ServerHooks};
 use cohort_core::partition;
 use cohort_core::results::{ClientRow, ResultsWriter, RoundRow};
 use cohort_core::selection::ClientSelector;
@@ -55,16 +56,6 @@ pub struct RunSummary {
     pub reached_target: bool,
 }
 
-/// A client update after it crossed the (simulated) wire.
-#[derive(Clone)]
-struct ReceivedUpdate {
-    tree: ParamTree,
-    samples: u64,
-    loss: f64,
-    training_time: f64,
-    worker: usize,
-}
-
 /// A round handed to the pool: who trains, and the size of the global payload.
 struct Dispatched {
     clients: Vec<u32>,
@@ -76,6 +67,18 @@ pub const MODEL_FILE: &str = "model.safetensors";
 
 /// Runs the configured federated training in this process.
 pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSummary> {
+    run_with_hooks(loaded, options, &mut NoHooks)
+}
+
+/// [`run`] with server hooks between receipt and aggregation. A hook that
+/// breaks the positional contract stops the run before that round's
+/// aggregation; the global model and the files of earlier rounds stay as they
+/// were.
+pub fn run_with_hooks(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    hooks: &mut dyn ServerHooks,
+) -> anyhow::Result<RunSummary> {
     let config = &loaded.config;
     std::fs::create_dir_all(&options.run_dir)
         .with_context(|| format!("cannot create the run folder {}", options.run_dir.display()))?;
@@ -200,7 +203,7 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
     for round in 1..=rounds {
         progress.set_message(format!("round {round}/{rounds}"));
         let selected_clients = std::mem::take(&mut dispatched.clients);
-        let mut updates: Vec<Option<ReceivedUpdate>> = vec![None; selected_clients.len()];
+        let mut arrived = Vec::with_capacity(selected_clients.len());
         let mut bytes_to_server = 0u64;
         for _ in 0..selected_clients.len() {
             let result = pool.next_result()?;
@@ -217,27 +220,25 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
                 seconds = update.training_time,
                 "client finished"
             );
-            updates[result.slot] = Some(ReceivedUpdate {
-                tree: received,
-                samples: update.num_samples,
+            let report = ClientReport {
+                client_id: result.task.client_id,
+                num_samples: update.num_samples,
                 loss: update.loss,
                 training_time: update.training_time,
                 worker: result.worker,
-            });
+            };
+            arrived.push((result.slot, report, received));
             progress.inc(1);
         }
-        let updates: Vec<ReceivedUpdate> = updates
-            .into_iter()
-            .map(|u| u.expect("every slot gets exactly one result"))
-            .collect();
-
-        let contributions: Vec<Contribution<'_>> = selected_clients
+        let payloads = RoundPayloads::assemble(round, &selected_clients, arrived)?
+            .apply_hooks(hooks, &global)?
+            .into_payloads();
+        let contributions: Vec<Contribution<'_>> = payloads
             .iter()
-            .zip(&updates)
-            .map(|(&client_id, update)| Contribution {
-                client_id,
-                weight: update.samples as f64,
-                tree: &update.tree,
+            .map(|payload| Contribution {
+                client_id: payload.report.client_id,
+                weight: payload.report.num_samples as f64,
+                tree: payload.tree(),
             })
             .collect();
         match fedavg(&global, &contributions)
@@ -248,6 +249,7 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
                 tracing::warn!(round, "total sample weight is zero; global model unchanged")
             }
         }
+        let reports: Vec<ClientReport> = payloads.into_iter().map(|p| p.into_parts().0).collect();
         let bytes_to_clients = dispatched.payload_bytes * selected_clients.len() as u64;
         if round < rounds {
             dispatched = dispatch(round + 1, &global, &mut selector)?;
@@ -259,10 +261,10 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
 
         atomic_write(&model_path, &codec::encode(&global)?)
             .with_context(|| format!("cannot write {}", model_path.display()))?;
-        let total_samples: u64 = updates.iter().map(|u| u.samples).sum();
-        let train_loss = updates
+        let total_samples: u64 = reports.iter().map(|r| r.num_samples).sum();
+        let train_loss = reports
             .iter()
-            .map(|u| u.loss * u.samples as f64)
+            .map(|r| r.loss * r.num_samples as f64)
             .sum::<f64>()
             / total_samples.max(1) as f64;
         let row = RoundRow {
@@ -270,23 +272,22 @@ pub fn run(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<RunSum
             accuracy,
             elapsed_time: run_started.elapsed().as_secs_f64(),
             round_time: previous_round_end.elapsed().as_secs_f64(),
-            training_time: updates.iter().map(|u| u.training_time).sum(),
+            training_time: reports.iter().map(|r| r.training_time).sum(),
             evaluation_time,
             bytes_to_clients,
             bytes_to_server,
             train_loss,
         };
         previous_round_end = Instant::now();
-        let client_rows = selected_clients
+        let client_rows = reports
             .iter()
-            .zip(&updates)
-            .map(|(&client_id, u)| ClientRow {
+            .map(|r| ClientRow {
                 round,
-                client_id,
-                worker: u.worker,
-                samples: u.samples,
-                loss: u.loss,
-                training_time: u.training_time,
+                client_id: r.client_id,
+                worker: r.worker,
+                samples: r.num_samples,
+                loss: r.loss,
+                training_time: r.training_time,
             })
             .collect();
         tracing::info!(
