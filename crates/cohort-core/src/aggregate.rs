@@ -29,7 +29,7 @@
 use rayon::prelude::*;
 
 use crate::tree::{
-    Array, ArrayData, DType, DTypeRule, ParamTree, SchemaMismatch, TreePath, check_schema,
+    Array, ArrayData, DType, DTypeRule, FlatTree, ParamTree, SchemaMismatch, TreePath, check_schema,
 };
 
 /// Leaves at least this large are split across threads.
@@ -135,14 +135,10 @@ pub fn fedavg(
         })
         .collect();
 
-    let mut out = global.clone();
-    let reference_paths: Vec<TreePath> = global.leaves().into_iter().map(|(p, _)| p).collect();
-    for (leaf_index, (target, path)) in out
-        .leaves_mut()
-        .into_iter()
-        .zip(reference_paths)
-        .enumerate()
-    {
+    // The output is built from the skeleton and fresh leaves: the global tree
+    // is only read, never copied.
+    let mut leaves = Vec::new();
+    for (leaf_index, (path, reference)) in global.leaves().into_iter().enumerate() {
         let inputs: Vec<(u32, f64, &Array)> = active
             .iter()
             .map(|client| {
@@ -153,8 +149,15 @@ pub fn fedavg(
                 )
             })
             .collect();
-        average_leaf(target, &path, &inputs)?;
+        let averaged = average_leaf(reference, &path, &inputs)?;
+        leaves.push((path, averaged));
     }
+    let out = FlatTree {
+        skeleton: global.skeleton(),
+        leaves,
+    }
+    .unflatten()
+    .expect("one averaged leaf per reference leaf");
     Ok(FedAvgOutcome::Updated(out))
 }
 
@@ -202,22 +205,23 @@ pub fn validate(
     Ok(())
 }
 
+/// The average of `inputs` as a new array of the reference's shape and dtype.
 fn average_leaf(
-    target: &mut Array,
+    reference: &Array,
     path: &TreePath,
     inputs: &[(u32, f64, &Array)],
-) -> Result<(), AggregationError> {
-    match target.dtype() {
+) -> Result<Array, AggregationError> {
+    let data = match reference.dtype() {
         DType::F32 | DType::F16 => {
-            let mut accumulator = vec![0.0f32; target.len()];
+            let mut accumulator = vec![0.0f32; reference.len()];
             accumulate_floats(&mut accumulator, inputs);
-            *target.data_mut() = match target.dtype() {
+            match reference.dtype() {
                 DType::F32 => ArrayData::F32(accumulator),
                 _ => ArrayData::F16(accumulator.into_iter().map(half::f16::from_f32).collect()),
-            };
+            }
         }
         DType::I64 | DType::I32 | DType::U8 => {
-            let mut accumulator = vec![0.0f64; target.len()];
+            let mut accumulator = vec![0.0f64; reference.len()];
             for (_, coefficient, array) in inputs {
                 match array.data() {
                     ArrayData::I64(v) => {
@@ -233,11 +237,11 @@ fn average_leaf(
                 }
             }
             let rounded = accumulator.into_iter().map(f64::round_ties_even);
-            *target.data_mut() = match target.dtype() {
+            match reference.dtype() {
                 DType::I64 => ArrayData::I64(rounded.map(|x| x as i64).collect()),
                 DType::I32 => ArrayData::I32(rounded.map(|x| x as i32).collect()),
                 _ => ArrayData::U8(rounded.map(|x| x as u8).collect()),
-            };
+            }
         }
         DType::Bool => {
             let (first_client, _, first) = inputs[0];
@@ -250,11 +254,11 @@ fn average_leaf(
                     });
                 }
             }
-            *target.data_mut() = first.data().clone();
+            first.data().clone()
         }
         DType::BF16 => unreachable!("validation rejects bfloat16 leaves"),
-    }
-    Ok(())
+    };
+    Ok(Array::new(reference.shape().to_vec(), data).expect("same element count as the reference"))
 }
 
 fn axpy_f64(accumulator: &mut [f64], coefficient: f64, values: impl Iterator<Item = f64>) {
@@ -270,8 +274,15 @@ fn accumulate_floats(accumulator: &mut [f32], inputs: &[(u32, f64, &Array)]) {
     let sources: Vec<&ArrayData> = inputs.iter().map(|(_, _, a)| a.data()).collect();
     let process_block = |(block_index, block): (usize, &mut [f32])| {
         let start = block_index * BLOCK_ELEMENTS;
-        for (coefficient, source) in coefficients.iter().zip(&sources) {
+        for (position, (coefficient, source)) in coefficients.iter().zip(&sources).enumerate() {
             match source {
+                // The first client stores instead of adding: one pass less over the block.
+                ArrayData::F32(values) if position == 0 => {
+                    let values = &values[start..start + block.len()];
+                    for (acc, &x) in block.iter_mut().zip(values) {
+                        *acc = coefficient * x;
+                    }
+                }
                 ArrayData::F32(values) => {
                     let values = &values[start..start + block.len()];
                     for (acc, &x) in block.iter_mut().zip(values) {

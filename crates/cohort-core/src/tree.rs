@@ -722,6 +722,101 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Whether structural change `kind` applies to `node`: 0 container kind,
+    /// 1 missing key, 2 extra key, 3 length, 4 shape, 5 dtype.
+    fn eligible(kind: usize, node: &ParamTree) -> bool {
+        match (kind, node) {
+            (0, ParamTree::Map(_) | ParamTree::List(_) | ParamTree::Tuple(_)) => true,
+            (1, ParamTree::Map(map)) => !map.is_empty(),
+            (2, ParamTree::Map(_)) => true,
+            (3, ParamTree::List(_) | ParamTree::Tuple(_)) => true,
+            (4 | 5, ParamTree::Leaf(_)) => true,
+            _ => false,
+        }
+    }
+
+    fn count_eligible(kind: usize, node: &ParamTree) -> usize {
+        let own = usize::from(eligible(kind, node));
+        own + match node {
+            ParamTree::Map(map) => map.values().map(|c| count_eligible(kind, c)).sum(),
+            ParamTree::List(items) | ParamTree::Tuple(items) => {
+                items.iter().map(|c| count_eligible(kind, c)).sum()
+            }
+            _ => 0,
+        }
+    }
+
+    fn apply(kind: usize, node: &mut ParamTree) {
+        let changed = match (kind, &*node) {
+            (0, ParamTree::Map(map)) => ParamTree::List(map.values().cloned().collect()),
+            (0, ParamTree::List(items)) => ParamTree::Tuple(items.clone()),
+            (0, ParamTree::Tuple(items)) => ParamTree::List(items.clone()),
+            (1, ParamTree::Map(map)) => {
+                let mut map = map.clone();
+                let first = map
+                    .keys()
+                    .next()
+                    .cloned()
+                    .expect("eligible maps are non-empty");
+                map.remove(&first);
+                ParamTree::Map(map)
+            }
+            (2, ParamTree::Map(map)) => {
+                let mut map = map.clone();
+                map.insert("EXTRA".to_owned(), ParamTree::None);
+                ParamTree::Map(map)
+            }
+            (3, ParamTree::List(items)) => {
+                ParamTree::List([items.clone(), vec![ParamTree::None]].concat())
+            }
+            (3, ParamTree::Tuple(items)) => {
+                ParamTree::Tuple([items.clone(), vec![ParamTree::None]].concat())
+            }
+            (4, ParamTree::Leaf(array)) => {
+                let shape = [array.shape(), &[1]].concat();
+                ParamTree::Leaf(Array::new(shape, array.data().clone()).unwrap())
+            }
+            (5, ParamTree::Leaf(array)) => {
+                let len = array.len();
+                let data = match array.dtype() {
+                    DType::U8 => ArrayData::Bool(vec![false; len]),
+                    _ => ArrayData::U8(vec![0; len]),
+                };
+                ParamTree::Leaf(Array::new(array.shape().to_vec(), data).unwrap())
+            }
+            _ => unreachable!("only eligible nodes are changed"),
+        };
+        *node = changed;
+    }
+
+    /// Applies change `kind` to the `target`-th eligible node, depth first.
+    fn apply_at(kind: usize, node: &mut ParamTree, target: &mut usize) -> bool {
+        if eligible(kind, node) {
+            if *target == 0 {
+                apply(kind, node);
+                return true;
+            }
+            *target -= 1;
+        }
+        match node {
+            ParamTree::Map(map) => map.values_mut().any(|c| apply_at(kind, c, target)),
+            ParamTree::List(items) | ParamTree::Tuple(items) => {
+                items.iter_mut().any(|c| apply_at(kind, c, target))
+            }
+            _ => false,
+        }
+    }
+
+    /// Applies one structural change at a node chosen by `pick`; false when the
+    /// tree has no node where that change applies.
+    fn mutate(tree: &mut ParamTree, kind: usize, pick: proptest::sample::Index) -> bool {
+        let count = count_eligible(kind, tree);
+        if count == 0 {
+            return false;
+        }
+        apply_at(kind, tree, &mut pick.index(count))
+    }
+
     fn leaf(values: &[f32]) -> ParamTree {
         ParamTree::Leaf(Array::f32(vec![values.len()], values.to_vec()).unwrap())
     }
@@ -816,6 +911,18 @@ mod tests {
         #[test]
         fn every_tree_matches_its_own_schema(tree in tree()) {
             prop_assert!(check_schema(&tree, &tree.clone(), DTypeRule::Exact).is_ok());
+        }
+
+        #[test]
+        fn every_kind_of_structural_mismatch_is_detected(
+            tree in tree(),
+            mutation in 0usize..6,
+            pick in any::<proptest::sample::Index>(),
+        ) {
+            let mut mutated = tree.clone();
+            prop_assume!(mutate(&mut mutated, mutation, pick));
+            prop_assert!(check_schema(&tree, &mutated, DTypeRule::Exact).is_err(),
+                "mutation {} went unnoticed", mutation);
         }
 
         #[test]
