@@ -43,9 +43,14 @@ enum Command {
 
 #[derive(Args)]
 struct RunArgs {
-    /// The config file (TOML); see docs/CONFIG.md for every key.
-    #[arg(long, short)]
-    config: PathBuf,
+    /// The config file (TOML); see docs/CONFIG.md for every key. With --resume it
+    /// defaults to the run folder's config.toml.
+    #[arg(long, short, required_unless_present = "resume")]
+    config: Option<PathBuf>,
+    /// Continue the run in RUN_DIR from its newest complete checkpoint; the final
+    /// model and results.csv are those an uninterrupted run would give.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with = "base")]
+    resume: Option<PathBuf>,
     /// Train and evaluate on the CPU, even when the build has a GPU backend.
     #[arg(long, conflicts_with = "gpu")]
     cpu: bool,
@@ -90,18 +95,49 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
-    let loaded = cohort_core::config::load(&args.config)?;
-    let config = &loaded.config;
-    let base = args
-        .base
-        .clone()
-        .or_else(|| config.results.result_path.clone())
-        .unwrap_or_else(|| config.general.base_path.clone());
-    let run_dir = new_run_dir(&base, &args.config, config.general.run_name.as_deref());
+    let (loaded, run_dir) = match &args.resume {
+        Some(run_dir) => {
+            let saved_path = run_dir.join("config.toml");
+            let saved = cohort_core::config::load(&saved_path)
+                .with_context(|| format!("{} is not a resumable run folder", run_dir.display()))?;
+            let loaded = match &args.config {
+                Some(path) => {
+                    let given = cohort_core::config::load(path)?;
+                    let differences = saved.result_differences(&given);
+                    if !differences.is_empty() {
+                        anyhow::bail!(
+                            "{} differs from the config {} was started with in keys that change results:\n  {}",
+                            path.display(),
+                            run_dir.display(),
+                            differences.join("\n  ")
+                        );
+                    }
+                    given
+                }
+                None => saved,
+            };
+            (loaded, run_dir.clone())
+        }
+        None => {
+            let path = args
+                .config
+                .as_ref()
+                .expect("clap requires --config without --resume");
+            let loaded = cohort_core::config::load(path)?;
+            let config = &loaded.config;
+            let base = args
+                .base
+                .clone()
+                .or_else(|| config.results.result_path.clone())
+                .unwrap_or_else(|| config.general.base_path.clone());
+            let run_dir = new_run_dir(&base, path, config.general.run_name.as_deref());
+            (loaded, run_dir)
+        }
+    };
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
-    init_logging(&run_dir, args.quiet, args.verbose)?;
-    tracing::info!(config = %args.config.display(), run_dir = %run_dir.display(), hash = loaded.hash(), "run started");
+    init_logging(&run_dir, args.quiet, args.verbose, args.resume.is_some())?;
+    tracing::info!(config = %loaded.path.display(), run_dir = %run_dir.display(), hash = loaded.result_hash(), "run started");
     let device = match (args.cpu, args.gpu) {
         (true, _) => DeviceRequest::Cpu,
         (_, true) => DeviceRequest::Gpu,
@@ -113,30 +149,44 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         rounds: args.rounds,
         data_root: std::env::var_os(DATA_DIR_ENV).map(PathBuf::from),
         show_progress: !args.quiet,
+        resume: args.resume.is_some(),
     };
     let summary = cohort_runtime::run(&loaded, &options)?;
-    let last = summary.rounds.last().expect("a run has at least one round");
     if !args.quiet {
-        println!(
-            "finished {} rounds: accuracy {:.4}{}; results in {}",
-            summary.rounds.len(),
-            last.accuracy,
-            if summary.reached_target {
-                " (target reached)"
-            } else {
-                ""
-            },
-            summary.run_dir.display()
-        );
+        match summary.rounds.last() {
+            Some(last) => println!(
+                "finished {} rounds: accuracy {:.4}{}; results in {}",
+                summary.rounds.len(),
+                last.accuracy,
+                if summary.reached_target {
+                    " (target reached)"
+                } else {
+                    ""
+                },
+                summary.run_dir.display()
+            ),
+            None => println!("no rounds ran; results in {}", summary.run_dir.display()),
+        }
     }
     Ok(())
 }
 
 /// Full log to `run.log` in the run folder; warnings (or everything with
 /// `--verbose`, or `RUST_LOG`) on stderr.
-fn init_logging(run_dir: &std::path::Path, quiet: bool, verbose: bool) -> anyhow::Result<()> {
-    let log_file =
-        std::fs::File::create(run_dir.join("run.log")).context("cannot create run.log")?;
+fn init_logging(
+    run_dir: &std::path::Path,
+    quiet: bool,
+    verbose: bool,
+    append: bool,
+) -> anyhow::Result<()> {
+    // A resumed run appends to the log of the run it continues.
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(append)
+        .write(!append)
+        .truncate(!append)
+        .open(run_dir.join("run.log"))
+        .context("cannot open run.log")?;
     let stderr_level = if verbose { "info" } else { "warn" };
     let stderr_filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(if quiet { "warn" } else { stderr_level }));

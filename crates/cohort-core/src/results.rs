@@ -5,10 +5,12 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use crate::fsutil::atomic_write;
 
 /// One round's row of `results.csv`. Times are seconds.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoundRow {
     pub round: u32,
     pub accuracy: f64,
@@ -27,7 +29,7 @@ pub struct RoundRow {
 }
 
 /// One client's training in one round.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClientRow {
     pub round: u32,
     pub client_id: u32,
@@ -57,6 +59,19 @@ impl ResultsWriter {
             rounds: Vec::new(),
             clients: Vec::new(),
         }
+    }
+
+    /// A writer that continues from rows restored from a checkpoint.
+    pub fn resume(run_dir: &Path, rounds: Vec<RoundRow>, clients: Vec<ClientRow>) -> Self {
+        Self {
+            rounds,
+            clients,
+            ..Self::new(run_dir)
+        }
+    }
+
+    pub fn clients(&self) -> &[ClientRow] {
+        &self.clients
     }
 
     pub fn rounds(&self) -> &[RoundRow] {

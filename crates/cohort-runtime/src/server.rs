@@ -19,6 +19,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use cohort_core::aggregate::{Contribution, FedAvgOutcome, fedavg};
+use cohort_core::checkpoint::{self, History};
 use cohort_core::codec::{self, DecodeLimits};
 use cohort_core::config::LoadedConfig;
 use cohort_core::data::{self, DataSource, Fetch};
@@ -45,6 +46,8 @@ pub struct RunOptions {
     /// Where datasets live; overrides `data.data_path`.
     pub data_root: Option<PathBuf>,
     pub show_progress: bool,
+    /// Continue from the newest complete checkpoint in `run_dir`.
+    pub resume: bool,
 }
 
 /// What a finished run reports.
@@ -54,6 +57,46 @@ pub struct RunSummary {
     pub run_dir: PathBuf,
     pub model_path: PathBuf,
     pub reached_target: bool,
+}
+
+/// Where a run starts: fresh, or from a checkpoint.
+struct StartPoint {
+    global: ParamTree,
+    selector: ClientSelector,
+    results: ResultsWriter,
+    first_round: u32,
+    /// Wall seconds the run had used before this process.
+    elapsed_before: f64,
+}
+
+/// The newest complete checkpoint of `run_dir`, checked against the config.
+fn resume_point(loaded: &LoadedConfig, run_dir: &Path) -> anyhow::Result<StartPoint> {
+    let restored = checkpoint::latest(run_dir)?;
+    for skipped in &restored.skipped {
+        tracing::warn!("skipping checkpoint {skipped}");
+    }
+    let history = restored.history;
+    if history.config_hash != loaded.result_hash() {
+        bail!(
+            "the config differs from the one {} was started with in a key that changes results \
+             (config hash {} vs checkpoint {}); resume with the run's own config.toml",
+            run_dir.display(),
+            loaded.result_hash(),
+            history.config_hash
+        );
+    }
+    tracing::info!(
+        round = history.round,
+        "resuming after round {}",
+        history.round
+    );
+    Ok(StartPoint {
+        global: restored.model,
+        selector: ClientSelector::from_state(history.selector),
+        elapsed_before: history.rounds.last().map_or(0.0, |r| r.elapsed_time),
+        first_round: history.round + 1,
+        results: ResultsWriter::resume(run_dir, history.rounds, history.clients),
+    })
 }
 
 /// A round handed to the pool: who trains, and the size of the global payload.
@@ -82,11 +125,14 @@ pub fn run_with_hooks(
     let config = &loaded.config;
     std::fs::create_dir_all(&options.run_dir)
         .with_context(|| format!("cannot create the run folder {}", options.run_dir.display()))?;
-    atomic_write(
-        &options.run_dir.join("config.toml"),
-        toml_text(&loaded.merged).as_bytes(),
-    )
-    .context("cannot write config.toml into the run folder")?;
+    // A resumed run keeps the config it started with.
+    if !options.resume {
+        atomic_write(
+            &options.run_dir.join("config.toml"),
+            toml_text(&loaded.merged).as_bytes(),
+        )
+        .context("cannot write config.toml into the run folder")?;
+    }
 
     let selected = device::select(options.device)?;
     tracing::info!(device = selected.name, "compute device");
@@ -138,10 +184,27 @@ pub fn run_with_hooks(
         &selected.device,
         trainer_config.eval_batch_size,
     )?;
-    let mut global = match trainer_config.model_seed {
-        Some(seed) => seeded_parameters(&evaluator.parameters(), seed),
-        None => evaluator.parameters(),
+    let start = if options.resume {
+        resume_point(loaded, &options.run_dir)?
+    } else {
+        StartPoint {
+            global: match trainer_config.model_seed {
+                Some(seed) => seeded_parameters(&evaluator.parameters(), seed),
+                None => evaluator.parameters(),
+            },
+            selector: ClientSelector::new(config.server.random_seed),
+            results: ResultsWriter::new(&options.run_dir),
+            first_round: 1,
+            elapsed_before: 0.0,
+        }
     };
+    let StartPoint {
+        mut global,
+        mut selector,
+        mut results,
+        first_round,
+        elapsed_before,
+    } = start;
     let workers = (0..trainer_config.max_concurrency)
         .map(|_| {
             LocalTrainer::new(
@@ -160,9 +223,10 @@ pub fn run_with_hooks(
 
     let rounds = options.rounds.unwrap_or(trainer_config.rounds);
     let per_round = config.clients.per_round;
-    let progress = progress_bar(options.show_progress, rounds as u64 * per_round as u64);
-    let mut selector = ClientSelector::new(config.server.random_seed);
-    let mut results = ResultsWriter::new(&options.run_dir);
+    let progress = progress_bar(
+        options.show_progress,
+        (rounds + 1).saturating_sub(first_round) as u64 * per_round as u64,
+    );
     let model_path = options.run_dir.join(MODEL_FILE);
     let limits = DecodeLimits::default();
     let run_started = Instant::now();
@@ -197,10 +261,19 @@ pub fn run_with_hooks(
             payload_bytes,
         })
     };
-    let mut dispatched = dispatch(1, &global, &mut selector)?;
+    if first_round > rounds {
+        tracing::info!(rounds, "all rounds are done already");
+        return Ok(RunSummary {
+            rounds: results.rounds().to_vec(),
+            run_dir: options.run_dir.clone(),
+            model_path,
+            reached_target,
+        });
+    }
+    let mut dispatched = dispatch(first_round, &global, &mut selector)?;
     let mut previous_round_end = Instant::now();
 
-    for round in 1..=rounds {
+    for round in first_round..=rounds {
         progress.set_message(format!("round {round}/{rounds}"));
         let selected_clients = std::mem::take(&mut dispatched.clients);
         let mut arrived = Vec::with_capacity(selected_clients.len());
@@ -251,6 +324,9 @@ pub fn run_with_hooks(
         }
         let reports: Vec<ClientReport> = payloads.into_iter().map(|p| p.into_parts().0).collect();
         let bytes_to_clients = dispatched.payload_bytes * selected_clients.len() as u64;
+        // The checkpoint of this round must hold the selector as it was before
+        // the next round's draw, so a resumed run draws the same clients.
+        let selector_after_round = selector.state(config.server.random_seed);
         if round < rounds {
             dispatched = dispatch(round + 1, &global, &mut selector)?;
         }
@@ -259,7 +335,8 @@ pub fn run_with_hooks(
         let accuracy = evaluation_pool.install(|| evaluator.accuracy(&global, &splits.test))?;
         let evaluation_time = evaluation_started.elapsed().as_secs_f64();
 
-        atomic_write(&model_path, &codec::encode(&global)?)
+        let model_bytes = codec::encode(&global)?;
+        atomic_write(&model_path, &model_bytes)
             .with_context(|| format!("cannot write {}", model_path.display()))?;
         let total_samples: u64 = reports.iter().map(|r| r.num_samples).sum();
         let train_loss = reports
@@ -270,7 +347,7 @@ pub fn run_with_hooks(
         let row = RoundRow {
             round,
             accuracy,
-            elapsed_time: run_started.elapsed().as_secs_f64(),
+            elapsed_time: elapsed_before + run_started.elapsed().as_secs_f64(),
             round_time: previous_round_end.elapsed().as_secs_f64(),
             training_time: reports.iter().map(|r| r.training_time).sum(),
             evaluation_time,
@@ -305,8 +382,29 @@ pub fn run_with_hooks(
             .record(row, client_rows)
             .context("cannot write results.csv")?;
 
+        let target_reached = trainer_config
+            .target_accuracy
+            .is_some_and(|target| accuracy >= target);
+        if round % config.server.checkpoint_interval == 0 || round == rounds || target_reached {
+            checkpoint::write(
+                &options.run_dir,
+                &model_bytes,
+                History {
+                    format: checkpoint::FORMAT_VERSION,
+                    round,
+                    config_hash: loaded.result_hash(),
+                    selector: selector_after_round,
+                    algorithm_state: serde_json::Value::Null,
+                    rounds: results.rounds().to_vec(),
+                    clients: results.clients().to_vec(),
+                    model_file: String::new(),
+                    model_sha256: String::new(),
+                },
+            )?;
+        }
+
         if let Some(target) = trainer_config.target_accuracy
-            && accuracy >= target
+            && target_reached
         {
             tracing::info!(round, accuracy, target, "target accuracy reached");
             reached_target = true;

@@ -33,6 +33,7 @@ fn options(run_dir: PathBuf, rounds: u32) -> RunOptions {
         rounds: Some(rounds),
         data_root: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")),
         show_progress: false,
+        resume: false,
     }
 }
 

@@ -74,6 +74,70 @@ pub fn to_toml(config: &Config) -> Result<String, toml::ser::Error> {
     toml::to_string_pretty(config)
 }
 
+/// Keys that do not change what a run computes: where files go, where data
+/// comes from, and how many rounds to run (so a finished run can be extended).
+pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
+    "general.base_path",
+    "general.run_name",
+    "results.result_path",
+    "data.data_path",
+    "data.download",
+    "data.mirrors",
+    "trainer.rounds",
+];
+
+impl LoadedConfig {
+    /// Every result-relevant key with its value, defaults filled in, as
+    /// `section.key = value` lines in sorted order.
+    pub fn result_fields(&self) -> BTreeMap<String, String> {
+        let value = toml::Value::try_from(&self.config).expect("configs serialize");
+        let mut fields = BTreeMap::new();
+        flatten_value("", &value, &mut fields);
+        fields.retain(|key, _| !RESULT_NEUTRAL_KEYS.contains(&key.as_str()));
+        fields
+    }
+
+    /// SHA-256 of [`LoadedConfig::result_fields`]: equal for configs that
+    /// compute the same run.
+    pub fn result_hash(&self) -> String {
+        let canonical = serde_json::to_string(&self.result_fields()).expect("maps serialize");
+        format!("{:x}", Sha256::digest(canonical.as_bytes()))
+    }
+
+    /// Result-relevant keys whose values differ between two configs.
+    pub fn result_differences(&self, other: &LoadedConfig) -> Vec<String> {
+        let (mine, theirs) = (self.result_fields(), other.result_fields());
+        let mut keys: Vec<String> = mine.keys().chain(theirs.keys()).cloned().collect();
+        keys.sort();
+        keys.dedup();
+        keys.into_iter()
+            .filter(|k| mine.get(k) != theirs.get(k))
+            .map(|k| {
+                let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".to_owned());
+                format!("{k}: {} → {}", show(mine.get(&k)), show(theirs.get(&k)))
+            })
+            .collect()
+    }
+}
+
+fn flatten_value(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        toml::Value::Table(table) => {
+            for (key, child) in table {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                flatten_value(&path, child, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_owned(), other.to_string());
+        }
+    }
+}
+
 /// Reads, merges, type-checks and validates the config at `path`.
 pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
     let table = read_table(path)?;
@@ -415,6 +479,12 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     }
     if trainer.eval_batch_size == 0 {
         fail("trainer.eval_batch_size", "must be at least 1".to_owned())?;
+    }
+    if config.server.checkpoint_interval == 0 {
+        fail(
+            "server.checkpoint_interval",
+            "must be at least 1 (rounds between checkpoints)".to_owned(),
+        )?;
     }
     if trainer.max_concurrency == 0 {
         fail(

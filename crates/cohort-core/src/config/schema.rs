@@ -73,6 +73,8 @@ pub struct Server {
     /// Seed of the client-selection RNG.
     pub random_seed: u64,
     pub simulate_wall_time: bool,
+    /// Rounds between checkpoints; the last round is always checkpointed.
+    pub checkpoint_interval: u32,
 }
 
 impl Default for Server {
@@ -83,6 +85,7 @@ impl Default for Server {
             port: 8000,
             random_seed: 1,
             simulate_wall_time: false,
+            checkpoint_interval: 1,
         }
     }
 }

@@ -209,3 +209,24 @@ fn reference_configs_load() {
         assert_eq!(loaded.config.clients.total_clients, 10, "{name}");
     }
 }
+
+#[test]
+fn result_hash_ignores_neutral_keys_and_defaults_written_out() {
+    let base = load_text(MINIMAL).unwrap();
+    let neutral = load_text(&format!(
+        "{MINIMAL}\n[general]\nbase_path = \"elsewhere\"\n"
+    ))
+    .unwrap();
+    let explicit_default =
+        load_text(&MINIMAL.replace("per_round = 2", "per_round = 2\ncomm_simulation = true"))
+            .unwrap();
+    assert_eq!(base.result_hash(), neutral.result_hash());
+    assert_eq!(base.result_hash(), explicit_default.result_hash());
+    let changed =
+        load_text(&MINIMAL.replace("learning_rate = 0.01", "learning_rate = 0.02")).unwrap();
+    assert_ne!(base.result_hash(), changed.result_hash());
+    assert_eq!(
+        base.result_differences(&changed),
+        ["parameters.optimizer.learning_rate: 0.01 → 0.02"]
+    );
+}

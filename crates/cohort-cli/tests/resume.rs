@@ -1,0 +1,250 @@
+//! Exact resume: a run killed with SIGKILL and resumed ends with the same model
+//! and the same results (times aside) as an uninterrupted run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{cohort, fixture_data, write_config};
+
+const JOB: &str = r#"
+[clients]
+total_clients = 4
+per_round = 2
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_size = 150
+[trainer]
+rounds = 8
+epochs = 2
+batch_size = 16
+max_concurrency = 2
+optimizer = "adam"
+model_seed = 11
+training_seed = 12
+[parameters.optimizer]
+learning_rate = 0.002
+"#;
+
+/// Columns of results.csv that do not depend on timing.
+fn results_without_times(run_dir: &Path) -> Vec<String> {
+    let csv = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
+    csv.lines()
+        .map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            // round, accuracy, [elapsed, round_time, training, evaluation], bytes…, loss
+            [fields[0], fields[1], fields[6], fields[7], fields[8]].join(",")
+        })
+        .collect()
+}
+
+/// clients.csv without the training time (and the worker, which depends on timing).
+fn clients_without_times(run_dir: &Path) -> Vec<String> {
+    let csv = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    csv.lines()
+        .map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            [fields[0], fields[1], fields[3], fields[4]].join(",")
+        })
+        .collect()
+}
+
+fn uninterrupted(config: &Path, base: &Path) -> PathBuf {
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+            "--base",
+            base.to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::read_dir(base)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+}
+
+fn resume(run_dir: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "run",
+        "--resume",
+        run_dir.to_str().unwrap(),
+        "--cpu",
+        "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    cohort(&args, &fixture_data())
+}
+
+#[test]
+fn sigkill_then_resume_equals_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), JOB);
+    let reference = uninterrupted(&config, &dir.path().join("reference"));
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args([
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+        ])
+        .env("COHORT_DATA_DIR", fixture_data())
+        .args(["--base", dir.path().join("killed-base").to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = dir.path().join("killed-base");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let killed_run = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint of round 3 appeared"
+        );
+        let found = std::fs::read_dir(&base)
+            .ok()
+            .and_then(|mut entries| entries.next())
+            .and_then(|entry| entry.ok())
+            .map(|entry| entry.path())
+            .filter(|run| run.join("checkpoints/round-0003.json").is_file());
+        if let Some(run) = found {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the run finished before it could be killed"
+            );
+            child.kill().unwrap(); // SIGKILL
+            break run;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the run was killed");
+    let completed = std::fs::read_dir(killed_run.join("checkpoints"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "json")
+        })
+        .count();
+    assert!(
+        completed < 8,
+        "killed before the last round ({completed} checkpoints)"
+    );
+
+    let output = resume(&killed_run, &[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let log = std::fs::read_to_string(killed_run.join("run.log")).unwrap();
+    assert!(log.contains("resuming after round"), "{log}");
+
+    assert_eq!(
+        std::fs::read(killed_run.join("model.safetensors")).unwrap(),
+        std::fs::read(reference.join("model.safetensors")).unwrap(),
+        "final model differs from the uninterrupted run"
+    );
+    assert_eq!(
+        results_without_times(&killed_run),
+        results_without_times(&reference)
+    );
+    assert_eq!(
+        clients_without_times(&killed_run),
+        clients_without_times(&reference)
+    );
+}
+
+#[test]
+fn corrupt_newest_checkpoint_falls_back_and_still_matches() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &JOB.replace("rounds = 8", "rounds = 4"));
+    let reference = uninterrupted(&config, &dir.path().join("reference"));
+    let broken = uninterrupted(&config, &dir.path().join("broken"));
+
+    // Truncate the newest model and mark round 4 as not done: resume must use
+    // round 3 and redo round 4.
+    let newest = broken.join("checkpoints/round-0004.safetensors");
+    let bytes = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, &bytes[..bytes.len() / 3]).unwrap();
+    let output = resume(&broken, &[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let log = std::fs::read_to_string(broken.join("run.log")).unwrap();
+    assert!(log.contains("skipping checkpoint"), "{log}");
+    assert!(log.contains("resuming after round 3"), "{log}");
+    assert_eq!(
+        std::fs::read(broken.join("model.safetensors")).unwrap(),
+        std::fs::read(reference.join("model.safetensors")).unwrap()
+    );
+    assert_eq!(
+        results_without_times(&broken),
+        results_without_times(&reference)
+    );
+}
+
+#[test]
+fn no_usable_checkpoint_stops_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &JOB.replace("rounds = 8", "rounds = 1"));
+    let run = uninterrupted(&config, &dir.path().join("runs"));
+    std::fs::write(run.join("checkpoints/round-0001.json"), b"{ truncated").unwrap();
+    let output = resume(&run, &[]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no complete checkpoint"), "{stderr}");
+}
+
+#[test]
+fn resume_refuses_a_config_that_changes_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &JOB.replace("rounds = 8", "rounds = 1"));
+    let run = uninterrupted(&config, &dir.path().join("runs"));
+    let changed = dir.path().join("changed.toml");
+    std::fs::write(
+        &changed,
+        JOB.replace("learning_rate = 0.002", "learning_rate = 0.01"),
+    )
+    .unwrap();
+    let output = resume(&run, &["--config", changed.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("parameters.optimizer.learning_rate: 0.002 → 0.01"),
+        "{stderr}"
+    );
+
+    // More rounds do not change what was computed: extending the run is allowed.
+    let output = resume(
+        &run,
+        &["--config", config.to_str().unwrap(), "--rounds", "2"],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(results_without_times(&run).len(), 1 + 2);
+}

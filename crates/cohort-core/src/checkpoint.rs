@@ -1,0 +1,249 @@
+//! Checkpoints for exact resume.
+//!
+//! After a round, the run folder gets `checkpoints/round-NNNN.safetensors` (the
+//! global model, a plain safetensors file) and `checkpoints/round-NNNN.json`
+//! (the history sidecar, JSON). The sidecar is written last and records the
+//! SHA-256 of the model file, so a checkpoint is complete exactly when its
+//! sidecar parses and the model matches it. Both files are written atomically
+//! (write, fsync, rename): a crash at any point leaves the previous checkpoint
+//! readable.
+//!
+//! What the sidecar holds is all the state a round leaves behind: local
+//! optimizers are created fresh for every client run and training streams are
+//! derived from seeds, so the model, the selector's RNG position and the result
+//! rows are enough to continue as if nothing happened.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::codec::{self, DecodeLimits};
+use crate::fsutil::atomic_write;
+use crate::results::{ClientRow, RoundRow};
+use crate::selection::SelectorState;
+use crate::tree::ParamTree;
+
+/// Version of the sidecar layout.
+pub const FORMAT_VERSION: u32 = 1;
+/// Folder of the checkpoints inside a run folder.
+pub const FOLDER: &str = "checkpoints";
+
+/// The history sidecar of one checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    pub format: u32,
+    /// The last completed round.
+    pub round: u32,
+    /// Hash of the result-relevant config keys ([`crate::config::LoadedConfig::result_hash`]).
+    pub config_hash: String,
+    /// The client selector after the last completed round's selection.
+    pub selector: SelectorState,
+    /// Server-side algorithm state; FedAvg keeps none.
+    pub algorithm_state: serde_json::Value,
+    pub rounds: Vec<RoundRow>,
+    pub clients: Vec<ClientRow>,
+    /// File name of the model, beside this sidecar.
+    pub model_file: String,
+    pub model_sha256: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot write checkpoint {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the checkpoints in {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "no complete checkpoint in {folder}{}",
+        if .rejected.is_empty() { String::new() } else { format!("; rejected: {}", .rejected.join("; ")) }
+    )]
+    NoneUsable {
+        folder: PathBuf,
+        rejected: Vec<String>,
+    },
+}
+
+fn stem(round: u32) -> String {
+    format!("round-{round:04}")
+}
+
+/// Writes the model, then the sidecar, both atomically.
+pub fn write(
+    run_dir: &Path,
+    model: &[u8],
+    mut history: History,
+) -> Result<PathBuf, CheckpointError> {
+    let folder = run_dir.join(FOLDER);
+    std::fs::create_dir_all(&folder).map_err(|source| CheckpointError::Write {
+        path: folder.clone(),
+        source,
+    })?;
+    let model_file = format!("{}.safetensors", stem(history.round));
+    let model_path = folder.join(&model_file);
+    atomic_write(&model_path, model).map_err(|source| CheckpointError::Write {
+        path: model_path.clone(),
+        source,
+    })?;
+    history.format = FORMAT_VERSION;
+    history.model_file = model_file;
+    history.model_sha256 = format!("{:x}", Sha256::digest(model));
+    let sidecar = folder.join(format!("{}.json", stem(history.round)));
+    let json = serde_json::to_vec_pretty(&history).expect("histories serialize");
+    atomic_write(&sidecar, &json).map_err(|source| CheckpointError::Write {
+        path: sidecar.clone(),
+        source,
+    })?;
+    Ok(sidecar)
+}
+
+/// A checkpoint that passed every check.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    pub history: History,
+    pub model: ParamTree,
+    /// Newer checkpoints that were skipped, with the reason.
+    pub skipped: Vec<String>,
+}
+
+/// The newest complete checkpoint of `run_dir`, falling back to older ones
+/// when the newest is truncated or corrupt. Never returns a broken state.
+pub fn latest(run_dir: &Path) -> Result<Restored, CheckpointError> {
+    let folder = run_dir.join(FOLDER);
+    let entries = std::fs::read_dir(&folder).map_err(|source| CheckpointError::Read {
+        path: folder.clone(),
+        source,
+    })?;
+    let mut sidecars: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("round-"))
+        })
+        .collect();
+    sidecars.sort();
+    let mut skipped = Vec::new();
+    for sidecar in sidecars.iter().rev() {
+        match read_one(sidecar) {
+            Ok((history, model)) => {
+                return Ok(Restored {
+                    history,
+                    model,
+                    skipped,
+                });
+            }
+            Err(reason) => skipped.push(format!("{}: {reason}", sidecar.display())),
+        }
+    }
+    Err(CheckpointError::NoneUsable {
+        folder,
+        rejected: skipped,
+    })
+}
+
+fn read_one(sidecar: &Path) -> Result<(History, ParamTree), String> {
+    let text = std::fs::read(sidecar).map_err(|e| format!("unreadable ({e})"))?;
+    let history: History =
+        serde_json::from_slice(&text).map_err(|e| format!("not a valid sidecar ({e})"))?;
+    if history.format != FORMAT_VERSION {
+        return Err(format!("format {} is not {FORMAT_VERSION}", history.format));
+    }
+    let model_path = sidecar.with_file_name(&history.model_file);
+    let bytes = std::fs::read(&model_path)
+        .map_err(|e| format!("model {} unreadable ({e})", model_path.display()))?;
+    let digest = format!("{:x}", Sha256::digest(&bytes));
+    if digest != history.model_sha256 {
+        return Err(format!(
+            "model {} has SHA-256 {digest}, the sidecar expects {} (truncated or changed)",
+            model_path.display(),
+            history.model_sha256
+        ));
+    }
+    let model = codec::decode(&bytes, &DecodeLimits::default())
+        .map_err(|e| format!("model does not decode ({e})"))?;
+    Ok((history, model))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Array;
+
+    fn history(round: u32) -> History {
+        History {
+            format: FORMAT_VERSION,
+            round,
+            config_hash: "abc".into(),
+            selector: SelectorState {
+                seed: 1,
+                word_pos: 16 * round as u128,
+            },
+            algorithm_state: serde_json::Value::Null,
+            rounds: Vec::new(),
+            clients: Vec::new(),
+            model_file: String::new(),
+            model_sha256: String::new(),
+        }
+    }
+
+    fn model(value: f32) -> Vec<u8> {
+        codec::encode(&ParamTree::from_dotted([(
+            "w".to_owned(),
+            Array::f32(vec![1], vec![value]).unwrap(),
+        )]))
+        .unwrap()
+    }
+
+    #[test]
+    fn newest_complete_checkpoint_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &model(1.0), history(1)).unwrap();
+        write(dir.path(), &model(2.0), history(2)).unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.history.round, 2);
+        assert!(restored.skipped.is_empty());
+    }
+
+    #[test]
+    fn truncated_or_corrupt_newest_falls_back_to_the_previous() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &model(1.0), history(1)).unwrap();
+        write(dir.path(), &model(2.0), history(2)).unwrap();
+        let newest_model = dir.path().join(FOLDER).join("round-0002.safetensors");
+        let bytes = std::fs::read(&newest_model).unwrap();
+        std::fs::write(&newest_model, &bytes[..bytes.len() / 2]).unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.history.round, 1);
+        assert!(
+            restored.skipped[0].contains("truncated or changed"),
+            "{:?}",
+            restored.skipped
+        );
+
+        std::fs::write(
+            dir.path().join(FOLDER).join("round-0002.json"),
+            b"{ not json",
+        )
+        .unwrap();
+        assert_eq!(latest(dir.path()).unwrap().history.round, 1);
+    }
+
+    #[test]
+    fn no_usable_checkpoint_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &model(1.0), history(1)).unwrap();
+        std::fs::write(dir.path().join(FOLDER).join("round-0001.safetensors"), b"").unwrap();
+        let error = latest(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("no complete checkpoint"), "{error}");
+        assert!(error.contains("round-0001.json"), "{error}");
+    }
+}
