@@ -12,6 +12,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use cohort_runtime::{RunOptions, new_run_dir};
+
+mod plot;
 use cohort_train::device::DeviceRequest;
 
 /// Environment variable naming the folder that holds the datasets; it
@@ -33,6 +35,15 @@ struct Cli {
 enum Command {
     /// Run a federated training job described by a TOML config.
     Run(RunArgs),
+    /// Draw accuracy by round and by wall time of one or more run folders into a PNG.
+    Plot {
+        /// Run folders; each becomes one line.
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// The PNG to write [default: accuracy.png in the first run folder].
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
     /// Check a config file and print it with every default filled in.
     Check {
         /// The config file.
@@ -66,6 +77,9 @@ struct RunArgs {
     /// No progress bar and only warnings on stderr (for scripts).
     #[arg(long, short)]
     quiet: bool,
+    /// Draw accuracy.png into the run folder when the run ends.
+    #[arg(long)]
+    plot: bool,
     /// More log lines on stderr (info level); the run log always has them.
     #[arg(long, short, conflicts_with = "quiet")]
     verbose: bool,
@@ -91,6 +105,12 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args),
+        Command::Plot { runs, output } => {
+            let output = output.unwrap_or_else(|| runs[0].join(PLOT_FILE));
+            let written = plot_runs(&runs, &output)?;
+            println!("wrote {}", written.display());
+            Ok(())
+        }
     }
 }
 
@@ -152,6 +172,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         resume: args.resume.is_some(),
     };
     let summary = cohort_runtime::run(&loaded, &options)?;
+    if args.plot && !summary.rounds.is_empty() {
+        let written = plot_runs(
+            std::slice::from_ref(&summary.run_dir),
+            &summary.run_dir.join(PLOT_FILE),
+        )?;
+        tracing::info!(plot = %written.display(), "chart written");
+    }
     if !args.quiet {
         match summary.rounds.last() {
             Some(last) => println!(
@@ -169,6 +196,31 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// File name of the chart `--plot` and `cohort plot` write by default.
+const PLOT_FILE: &str = "accuracy.png";
+
+/// Draws into a temporary PNG beside `output` and renames it, so a reader never
+/// sees half a chart.
+fn plot_runs(runs: &[PathBuf], output: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let series = runs
+        .iter()
+        .map(|run| plot::load_run(run))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let stem = output
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "plot".into());
+    let temporary = output.with_file_name(format!("{stem}.tmp-{}.png", std::process::id()));
+    let drawn = plot::draw(&series, &temporary).and_then(|_| {
+        std::fs::rename(&temporary, output)
+            .with_context(|| format!("cannot write {}", output.display()))
+    });
+    if drawn.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    drawn.map(|()| output.to_path_buf())
 }
 
 /// Full log to `run.log` in the run folder; warnings (or everything with

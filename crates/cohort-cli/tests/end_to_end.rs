@@ -166,6 +166,74 @@ fn target_accuracy_stops_the_run_early() {
 }
 
 #[test]
+fn plot_draws_a_png_for_one_or_several_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &SMALL_JOB.replace("rounds = 3", "rounds = 2"));
+    let base = dir.path().join("runs");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+            "--base",
+            base.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let output = cohort(&args, &fixture_data());
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    run(&["--plot"]);
+    run(&[]);
+    let mut runs: Vec<_> = std::fs::read_dir(&base)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    runs.sort();
+    let with_plot = runs
+        .iter()
+        .find(|r| r.join("accuracy.png").is_file())
+        .expect("--plot wrote accuracy.png");
+    assert_png(&with_plot.join("accuracy.png"));
+
+    let compared = dir.path().join("compare.png");
+    let output = cohort(
+        &[
+            "plot",
+            runs[0].to_str().unwrap(),
+            runs[1].to_str().unwrap(),
+            "--output",
+            compared.to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_png(&compared);
+
+    let output = cohort(&["plot", dir.path().to_str().unwrap()], &fixture_data());
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("results.csv"));
+}
+
+/// A PNG of the chart's size.
+fn assert_png(path: &std::path::Path) {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{path:?} is not a PNG");
+    let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+    assert_eq!((width, height), (1200, 500));
+}
+
+#[test]
 fn bad_config_fails_with_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(

@@ -107,6 +107,74 @@ pub fn render_results(rows: &[RoundRow]) -> String {
     out
 }
 
+/// A `results.csv` that cannot be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: line {line}: {problem}")]
+pub struct ParseError {
+    pub file: String,
+    pub line: usize,
+    pub problem: String,
+}
+
+/// Reads `results.csv` text as written by [`ResultsWriter`]; `file` names it in errors.
+pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError> {
+    let error = |line: usize, problem: String| ParseError {
+        file: file.to_owned(),
+        line,
+        problem,
+    };
+    let mut lines = text.lines().enumerate();
+    match lines.next() {
+        Some((_, header)) if header == RESULTS_HEADER => {}
+        Some((_, header)) => {
+            return Err(error(
+                1,
+                format!("header `{header}` is not `{RESULTS_HEADER}`"),
+            ));
+        }
+        None => return Err(error(1, "the file is empty".to_owned())),
+    }
+    lines
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(index, line)| {
+            let fields: Vec<&str> = line.split(',').collect();
+            if fields.len() != 9 {
+                return Err(error(
+                    index + 1,
+                    format!("{} fields, expected 9", fields.len()),
+                ));
+            }
+            let number = |i: usize| -> Result<f64, ParseError> {
+                fields[i].parse::<f64>().map_err(|_| {
+                    error(
+                        index + 1,
+                        format!("field {} `{}` is not a number", i + 1, fields[i]),
+                    )
+                })
+            };
+            let integer = |i: usize| -> Result<u64, ParseError> {
+                fields[i].parse::<u64>().map_err(|_| {
+                    error(
+                        index + 1,
+                        format!("field {} `{}` is not a whole number", i + 1, fields[i]),
+                    )
+                })
+            };
+            Ok(RoundRow {
+                round: integer(0)? as u32,
+                accuracy: number(1)?,
+                elapsed_time: number(2)?,
+                round_time: number(3)?,
+                training_time: number(4)?,
+                evaluation_time: number(5)?,
+                bytes_to_clients: integer(6)?,
+                bytes_to_server: integer(7)?,
+                train_loss: number(8)?,
+            })
+        })
+        .collect()
+}
+
 pub fn render_clients(rows: &[ClientRow]) -> String {
     let mut out = format!("{CLIENTS_HEADER}\n");
     for r in rows {
@@ -122,6 +190,33 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rendered_results_parse_back() {
+        let row = RoundRow {
+            round: 1,
+            accuracy: 0.75,
+            elapsed_time: 2.5,
+            round_time: 2.5,
+            training_time: 2.0,
+            evaluation_time: 0.5,
+            bytes_to_clients: 10,
+            bytes_to_server: 11,
+            train_loss: 0.125,
+        };
+        assert_eq!(
+            parse_results(&render_results(std::slice::from_ref(&row)), "r.csv").unwrap(),
+            [row]
+        );
+        let error = parse_results("round,accuracy\n", "r.csv").unwrap_err();
+        assert_eq!(error.line, 1);
+        let bad = format!("{RESULTS_HEADER}\n1,x,1,1,1,1,1,1,1\n");
+        let error = parse_results(&bad, "r.csv").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "r.csv: line 2: field 2 `x` is not a number"
+        );
+    }
 
     #[test]
     fn files_hold_every_recorded_row() {

@@ -1,0 +1,121 @@
+//! `cohort plot`: accuracy charts of one or more run folders, as PNG.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use plotters::prelude::*;
+
+use cohort_core::results::{RoundRow, parse_results};
+
+/// DejaVu Sans (see assets/DejaVuSans.LICENSE): bundled so charts have text
+/// on machines without system fonts.
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+/// A run's rows and the label of its line.
+pub struct Series {
+    pub label: String,
+    pub rows: Vec<RoundRow>,
+}
+
+pub fn load_run(run_dir: &Path) -> anyhow::Result<Series> {
+    let path = run_dir.join("results.csv");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read {} (is {} a run folder?)",
+            path.display(),
+            run_dir.display()
+        )
+    })?;
+    let rows = parse_results(&text, &path.display().to_string())?;
+    if rows.is_empty() {
+        bail!("{} has no rounds yet", path.display());
+    }
+    let label = run_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| run_dir.display().to_string());
+    Ok(Series { label, rows })
+}
+
+/// Draws accuracy against round and against wall time, one line per run, into
+/// `output` (a PNG of 1200×500 pixels).
+pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| anyhow::anyhow!("the bundled font could not be loaded"))?;
+    let root = BitMapBackend::new(output, (1200, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(600);
+    let max_round = series
+        .iter()
+        .flat_map(|s| s.rows.iter().map(|r| r.round))
+        .max()
+        .unwrap_or(1);
+    let max_time = series
+        .iter()
+        .flat_map(|s| s.rows.iter().map(|r| r.elapsed_time))
+        .fold(0.0f64, f64::max)
+        .max(1e-3);
+    let min_accuracy = series
+        .iter()
+        .flat_map(|s| s.rows.iter().map(|r| r.accuracy))
+        .fold(1.0f64, f64::min);
+    let floor = (min_accuracy - 0.05).clamp(0.0, 1.0);
+
+    let mut by_round = ChartBuilder::on(&left)
+        .caption("Test accuracy by round", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.5f64..max_round as f64 + 0.5, floor..1.0f64)?;
+    by_round
+        .configure_mesh()
+        .x_labels((max_round as usize + 1).min(20))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_desc("round")
+        .y_desc("accuracy")
+        .draw()?;
+    let mut by_time = ChartBuilder::on(&right)
+        .caption("Test accuracy by wall time", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0f64..max_time * 1.05, floor..1.0f64)?;
+    by_time
+        .configure_mesh()
+        .x_desc("seconds since start")
+        .y_desc("accuracy")
+        .draw()?;
+
+    for (index, run) in series.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        let rounds: Vec<(f64, f64)> = run
+            .rows
+            .iter()
+            .map(|r| (r.round as f64, r.accuracy))
+            .collect();
+        let times: Vec<(f64, f64)> = run
+            .rows
+            .iter()
+            .map(|r| (r.elapsed_time, r.accuracy))
+            .collect();
+        by_round
+            .draw_series(LineSeries::new(rounds.clone(), color.stroke_width(2)))?
+            .label(run.label.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        by_round.draw_series(rounds.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        by_time.draw_series(LineSeries::new(times.clone(), color.stroke_width(2)))?;
+        by_time.draw_series(times.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+    }
+    by_round
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()?;
+    root.present()
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    Ok(output.to_path_buf())
+}
