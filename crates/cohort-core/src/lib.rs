@@ -23,6 +23,7 @@ pub mod hooks;
 pub mod optim;
 pub mod partition;
 pub mod results;
+pub mod schedule;
 pub mod seeds;
 pub mod selection;
 pub mod suggest;

@@ -239,6 +239,7 @@ pub fn run_with_hooks(
         .num_threads(trainer_config.threads_per_worker as usize)
         .thread_name(|i| format!("cohort-eval{i}"))
         .build()?;
+    let schedule = loaded.lr_schedule();
     let dispatch = |round: u32,
                     global: &ParamTree,
                     selector: &mut ClientSelector|
@@ -253,7 +254,7 @@ pub fn run_with_hooks(
                 task: ClientTask { client_id, round },
                 global: Arc::clone(&shared),
                 partition: Arc::clone(&partitions[client_id as usize - 1]),
-                learning_rate: loaded.optimizer.learning_rate(),
+                learning_rate: schedule.rate(loaded.optimizer.learning_rate(), round),
             })?;
         }
         Ok(Dispatched {

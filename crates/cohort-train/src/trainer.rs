@@ -298,3 +298,134 @@ impl Evaluator {
         Ok(correct as f64 / data.len().max(1) as f64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cohort_core::tree::ParamTree;
+
+    /// 64 random-looking 28×28 images with labels, enough for two batches of 32.
+    fn dataset(poison: bool) -> Dataset {
+        let count = 64;
+        let mut images: Vec<f32> = (0..count * 784)
+            .map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5)
+            .collect();
+        if poison {
+            images[5] = f32::NAN;
+        }
+        Dataset {
+            images,
+            labels: (0..count).map(|i| (i % 10) as u8).collect(),
+            rows: 28,
+            cols: 28,
+        }
+    }
+
+    fn sgd(clip: Option<f64>) -> TrainSettings {
+        TrainSettings {
+            epochs: 1,
+            batch_size: 32,
+            optimizer: OptimizerSpec::Sgd {
+                learning_rate: 1.0,
+                momentum: 0.0,
+                weight_decay: 0.0,
+                dampening: 0.0,
+                nesterov: false,
+            },
+            clip_grad_norm: clip,
+            training_seed: Some(1),
+        }
+    }
+
+    fn distance(a: &ParamTree, b: &ParamTree) -> f64 {
+        a.leaves()
+            .iter()
+            .zip(b.leaves())
+            .flat_map(|((_, x), (_, y))| {
+                x.as_f32()
+                    .unwrap()
+                    .iter()
+                    .zip(y.as_f32().unwrap())
+                    .map(|(p, q)| ((p - q) as f64).powi(2))
+                    .collect::<Vec<_>>()
+            })
+            .sum::<f64>()
+            .sqrt()
+    }
+
+    fn one_step(clip: Option<f64>, poison: bool) -> (ParamTree, Result<LocalUpdate, TrainError>) {
+        let device = crate::device::cpu();
+        let mut trainer = LocalTrainer::new("lenet5", 10, &device, sgd(clip)).unwrap();
+        let global =
+            crate::init::seeded_parameters(&params::extract(trainer.model.as_ref().unwrap()), 3);
+        let data = dataset(poison);
+        // One batch of 32: exactly one optimizer step.
+        let partition: Vec<u32> = (0..32).collect();
+        let result = trainer.train(
+            ClientTask {
+                client_id: 7,
+                round: 2,
+            },
+            &global,
+            &data,
+            &partition,
+            1.0,
+        );
+        (global, result)
+    }
+
+    #[test]
+    fn clipping_bounds_the_global_norm_of_the_step() {
+        // With SGD at learning rate 1, the step is the (clipped) gradient itself.
+        let (global, unclipped) = one_step(None, false);
+        let free_norm = distance(&global, &unclipped.unwrap().tree);
+        let max_norm = free_norm / 4.0;
+        let (_, clipped) = one_step(Some(max_norm), false);
+        let clipped_norm = distance(&global, &clipped.unwrap().tree);
+        assert!(
+            (clipped_norm - max_norm).abs() <= 1e-3 * max_norm,
+            "{clipped_norm} vs {max_norm}"
+        );
+        // A bound above the norm leaves the step alone.
+        let (_, loose) = one_step(Some(free_norm * 2.0), false);
+        assert!((distance(&global, &loose.unwrap().tree) - free_norm).abs() <= 1e-4 * free_norm);
+    }
+
+    #[test]
+    fn clipping_to_zero_freezes_the_model() {
+        let (global, result) = one_step(Some(0.0), false);
+        assert_eq!(result.unwrap().tree, global);
+    }
+
+    #[test]
+    fn non_finite_gradient_stops_before_the_update_and_names_where() {
+        let (_, result) = one_step(Some(1.0), true);
+        let error = result.unwrap_err();
+        assert!(
+            matches!(
+                error,
+                TrainError::NonFiniteGradient {
+                    client_id: 7,
+                    round: 2,
+                    epoch: 1,
+                    step: 1,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .starts_with("client 7, round 2, epoch 1, step 1: gradient norm is NaN"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn training_streams_do_not_depend_on_the_trainer_instance() {
+        let (_, a) = one_step(None, false);
+        let (_, b) = one_step(None, false);
+        assert_eq!(a.unwrap().tree, b.unwrap().tree);
+    }
+}

@@ -93,7 +93,12 @@ impl LoadedConfig {
         let value = toml::Value::try_from(&self.config).expect("configs serialize");
         let mut fields = BTreeMap::new();
         flatten_value("", &value, &mut fields);
-        fields.retain(|key, _| !RESULT_NEUTRAL_KEYS.contains(&key.as_str()));
+        // A cosine schedule is planned over `trainer.rounds`, so there the
+        // number of rounds does change what every round computes.
+        let cosine = self.config.trainer.lr_scheduler == "cosine";
+        fields.retain(|key, _| {
+            !RESULT_NEUTRAL_KEYS.contains(&key.as_str()) || (cosine && key == "trainer.rounds")
+        });
         fields
     }
 
@@ -102,6 +107,24 @@ impl LoadedConfig {
     pub fn result_hash(&self) -> String {
         let canonical = serde_json::to_string(&self.result_fields()).expect("maps serialize");
         format!("{:x}", Sha256::digest(canonical.as_bytes()))
+    }
+
+    /// The learning-rate schedule. A cosine schedule spans `trainer.rounds`;
+    /// rounds beyond it (`--rounds`) stay at `lr_min`.
+    pub fn lr_schedule(&self) -> crate::schedule::LrSchedule {
+        use crate::schedule::LrSchedule;
+        let trainer = &self.config.trainer;
+        match trainer.lr_scheduler.as_str() {
+            "step" => LrSchedule::Step {
+                step_size: trainer.lr_step_size,
+                gamma: trainer.lr_gamma,
+            },
+            "cosine" => LrSchedule::Cosine {
+                rounds: trainer.rounds,
+                min_lr: trainer.lr_min,
+            },
+            _ => LrSchedule::Constant,
+        }
     }
 
     /// Result-relevant keys whose values differ between two configs.
@@ -479,6 +502,33 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     }
     if trainer.eval_batch_size == 0 {
         fail("trainer.eval_batch_size", "must be at least 1".to_owned())?;
+    }
+    one_of(
+        "trainer.lr_scheduler",
+        &trainer.lr_scheduler,
+        &["none", "step", "cosine"],
+    )?;
+    if trainer.lr_step_size == 0 {
+        fail(
+            "trainer.lr_step_size",
+            "must be at least 1 round".to_owned(),
+        )?;
+    }
+    if !(trainer.lr_gamma.is_finite() && trainer.lr_gamma > 0.0) {
+        fail(
+            "trainer.lr_gamma",
+            format!("must be a finite number > 0, got {}", trainer.lr_gamma),
+        )?;
+    }
+    let base_rate = loaded.optimizer.learning_rate();
+    if !(trainer.lr_min.is_finite() && (0.0..=base_rate).contains(&trainer.lr_min)) {
+        fail(
+            "trainer.lr_min",
+            format!(
+                "must be in [0, learning_rate = {base_rate}], got {}",
+                trainer.lr_min
+            ),
+        )?;
     }
     if config.server.checkpoint_interval == 0 {
         fail(

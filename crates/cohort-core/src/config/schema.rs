@@ -139,6 +139,14 @@ pub struct Trainer {
     pub threads_per_worker: u32,
     /// Batch size of the server's test-set evaluation.
     pub eval_batch_size: usize,
+    /// Learning-rate schedule across rounds: `none`, `step` or `cosine`.
+    pub lr_scheduler: String,
+    /// `step`: rounds between decays.
+    pub lr_step_size: u32,
+    /// `step`: factor applied at each decay.
+    pub lr_gamma: f64,
+    /// `cosine`: the rate reached at the last round.
+    pub lr_min: f64,
 }
 
 impl Default for Trainer {
@@ -157,6 +165,10 @@ impl Default for Trainer {
             clip_grad_norm: None,
             threads_per_worker: 1,
             eval_batch_size: 1000,
+            lr_scheduler: "none".to_owned(),
+            lr_step_size: 1,
+            lr_gamma: 0.1,
+            lr_min: 0.0,
         }
     }
 }

@@ -230,3 +230,53 @@ fn result_hash_ignores_neutral_keys_and_defaults_written_out() {
         ["parameters.optimizer.learning_rate: 0.01 → 0.02"]
     );
 }
+
+#[test]
+fn lr_schedules_load_and_validate() {
+    use crate::schedule::LrSchedule;
+    let step = load_text(&MINIMAL.replace(
+        "optimizer = \"sgd\"",
+        "optimizer = \"sgd\"\nlr_scheduler = \"step\"\nlr_step_size = 2\nlr_gamma = 0.5",
+    ))
+    .unwrap();
+    assert_eq!(
+        step.lr_schedule(),
+        LrSchedule::Step {
+            step_size: 2,
+            gamma: 0.5
+        }
+    );
+    assert_eq!(
+        load_text(MINIMAL).unwrap().lr_schedule(),
+        LrSchedule::Constant
+    );
+    for (line, key) in [
+        ("lr_scheduler = \"cosin\"", "trainer.lr_scheduler"),
+        ("lr_step_size = 0", "trainer.lr_step_size"),
+        ("lr_gamma = 0.0", "trainer.lr_gamma"),
+        ("lr_min = 1.0", "trainer.lr_min"),
+    ] {
+        let error = error_of(&MINIMAL.replace(
+            "optimizer = \"sgd\"",
+            &format!("optimizer = \"sgd\"\n{line}"),
+        ));
+        assert_eq!(error.key.as_deref(), Some(key), "{line}: {error}");
+    }
+}
+
+#[test]
+fn rounds_matter_to_the_hash_only_under_a_cosine_schedule() {
+    let with = |extra: &str| {
+        load_text(&MINIMAL.replace(
+            "optimizer = \"sgd\"",
+            &format!("optimizer = \"sgd\"\n{extra}"),
+        ))
+        .unwrap()
+        .result_hash()
+    };
+    assert_eq!(with("rounds = 5"), with("rounds = 9"));
+    assert_ne!(
+        with("rounds = 5\nlr_scheduler = \"cosine\""),
+        with("rounds = 9\nlr_scheduler = \"cosine\"")
+    );
+}
