@@ -37,14 +37,15 @@ pub fn load_run(run_dir: &Path) -> anyhow::Result<Series> {
     Ok(Series { label, rows })
 }
 
-/// Draws accuracy against round and against wall time, one line per run, into
-/// `output` (a PNG of 1200×500 pixels).
+/// Draws accuracy against round, wall time and simulated time, one line per
+/// run, into `output` (a PNG of 1800×500 pixels).
 pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| anyhow::anyhow!("the bundled font could not be loaded"))?;
-    let root = BitMapBackend::new(output, (1200, 500)).into_drawing_area();
+    let root = BitMapBackend::new(output, (1800, 500)).into_drawing_area();
     root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(600);
+    let panels = root.split_evenly((1, 3));
+    let (left, right, simulated_panel) = (&panels[0], &panels[1], &panels[2]);
     let max_round = series
         .iter()
         .flat_map(|s| s.rows.iter().map(|r| r.round))
@@ -55,13 +56,18 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         .flat_map(|s| s.rows.iter().map(|r| r.elapsed_time))
         .fold(0.0f64, f64::max)
         .max(1e-3);
+    let max_simulated = series
+        .iter()
+        .flat_map(|s| s.rows.iter().map(|r| r.simulated_time))
+        .fold(0.0f64, f64::max)
+        .max(1e-3);
     let min_accuracy = series
         .iter()
         .flat_map(|s| s.rows.iter().map(|r| r.accuracy))
         .fold(1.0f64, f64::min);
     let floor = (min_accuracy - 0.05).clamp(0.0, 1.0);
 
-    let mut by_round = ChartBuilder::on(&left)
+    let mut by_round = ChartBuilder::on(left)
         .caption("Test accuracy by round", ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
@@ -74,7 +80,7 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         .x_desc("round")
         .y_desc("accuracy")
         .draw()?;
-    let mut by_time = ChartBuilder::on(&right)
+    let mut by_time = ChartBuilder::on(right)
         .caption("Test accuracy by wall time", ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
@@ -83,6 +89,17 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
     by_time
         .configure_mesh()
         .x_desc("seconds since start")
+        .y_desc("accuracy")
+        .draw()?;
+    let mut by_simulated = ChartBuilder::on(simulated_panel)
+        .caption("Test accuracy by simulated time", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0f64..max_simulated * 1.05, floor..1.0f64)?;
+    by_simulated
+        .configure_mesh()
+        .x_desc("simulated seconds (clients in parallel)")
         .y_desc("accuracy")
         .draw()?;
 
@@ -107,6 +124,13 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         by_round.draw_series(rounds.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
         by_time.draw_series(LineSeries::new(times.clone(), color.stroke_width(2)))?;
         by_time.draw_series(times.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        let simulated: Vec<(f64, f64)> = run
+            .rows
+            .iter()
+            .map(|r| (r.simulated_time, r.accuracy))
+            .collect();
+        by_simulated.draw_series(LineSeries::new(simulated.clone(), color.stroke_width(2)))?;
+        by_simulated.draw_series(simulated.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
     by_round
         .configure_series_labels()

@@ -230,7 +230,7 @@ fn assert_png(path: &std::path::Path) {
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{path:?} is not a PNG");
     let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
     let height = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
-    assert_eq!((width, height), (1200, 500));
+    assert_eq!((width, height), (1800, 500));
 }
 
 #[test]

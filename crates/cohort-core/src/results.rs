@@ -26,6 +26,10 @@ pub struct RoundRow {
     pub bytes_to_server: u64,
     /// Mean training loss over the round's clients, weighted by samples.
     pub train_loss: f64,
+    /// Simulated seconds since the start, as if the selected clients had run
+    /// in parallel: each round lasts as long as its slowest client's training
+    /// plus payload processing.
+    pub simulated_time: f64,
 }
 
 /// One client's training in one round.
@@ -39,7 +43,7 @@ pub struct ClientRow {
     pub training_time: f64,
 }
 
-pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss";
+pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
 pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time";
 
 /// Accumulates rows and keeps the CSV files current.
@@ -92,7 +96,7 @@ pub fn render_results(rows: &[RoundRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{:.4},{:.3},{:.3},{:.3},{:.3},{},{},{:.6}",
+            "{},{:.4},{:.3},{:.3},{:.3},{:.3},{},{},{:.6},{:.3}",
             r.round,
             r.accuracy,
             r.elapsed_time,
@@ -101,7 +105,8 @@ pub fn render_results(rows: &[RoundRow]) -> String {
             r.evaluation_time,
             r.bytes_to_clients,
             r.bytes_to_server,
-            r.train_loss
+            r.train_loss,
+            r.simulated_time
         );
     }
     out
@@ -138,10 +143,10 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(index, line)| {
             let fields: Vec<&str> = line.split(',').collect();
-            if fields.len() != 9 {
+            if fields.len() != 10 {
                 return Err(error(
                     index + 1,
-                    format!("{} fields, expected 9", fields.len()),
+                    format!("{} fields, expected 10", fields.len()),
                 ));
             }
             let number = |i: usize| -> Result<f64, ParseError> {
@@ -170,6 +175,7 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
                 bytes_to_clients: integer(6)?,
                 bytes_to_server: integer(7)?,
                 train_loss: number(8)?,
+                simulated_time: number(9)?,
             })
         })
         .collect()
@@ -203,6 +209,7 @@ mod tests {
             bytes_to_clients: 10,
             bytes_to_server: 11,
             train_loss: 0.125,
+            simulated_time: 1.5,
         };
         assert_eq!(
             parse_results(&render_results(std::slice::from_ref(&row)), "r.csv").unwrap(),
@@ -210,7 +217,7 @@ mod tests {
         );
         let error = parse_results("round,accuracy\n", "r.csv").unwrap_err();
         assert_eq!(error.line, 1);
-        let bad = format!("{RESULTS_HEADER}\n1,x,1,1,1,1,1,1,1\n");
+        let bad = format!("{RESULTS_HEADER}\n1,x,1,1,1,1,1,1,1,1\n");
         let error = parse_results(&bad, "r.csv").unwrap_err();
         assert_eq!(
             error.to_string(),
@@ -233,6 +240,7 @@ mod tests {
                 bytes_to_clients: 10,
                 bytes_to_server: 20,
                 train_loss: 0.25,
+                simulated_time: 0.5,
             };
             let client = ClientRow {
                 round,

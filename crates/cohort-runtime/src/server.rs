@@ -205,6 +205,7 @@ pub fn run_with_hooks(
         first_round,
         elapsed_before,
     } = start;
+    let mut simulated_before = results.rounds().last().map_or(0.0, |r| r.simulated_time);
     let workers = (0..trainer_config.max_concurrency)
         .map(|_| {
             LocalTrainer::new(
@@ -278,15 +279,20 @@ pub fn run_with_hooks(
         progress.set_message(format!("round {round}/{rounds}"));
         let selected_clients = std::mem::take(&mut dispatched.clients);
         let mut arrived = Vec::with_capacity(selected_clients.len());
+        // Simulated wall time: the selected clients as if run in parallel.
+        let mut slowest_client = 0.0f64;
         let mut bytes_to_server = 0u64;
         for _ in 0..selected_clients.len() {
             let result = pool.next_result()?;
             let update = result.outcome?;
             // The update crosses the (simulated) wire exactly as it would a socket.
+            let processing_started = Instant::now();
             let payload = codec::encode(&update.tree)?;
             bytes_to_server += payload.len() as u64;
             let received = codec::decode(&payload, &limits)
                 .with_context(|| format!("client {}: update payload", result.task.client_id))?;
+            let processing_time = processing_started.elapsed().as_secs_f64();
+            slowest_client = slowest_client.max(update.training_time + processing_time);
             tracing::debug!(
                 client = result.task.client_id,
                 worker = result.worker,
@@ -355,7 +361,9 @@ pub fn run_with_hooks(
             bytes_to_clients,
             bytes_to_server,
             train_loss,
+            simulated_time: simulated_before + slowest_client,
         };
+        simulated_before = row.simulated_time;
         previous_round_end = Instant::now();
         let client_rows = reports
             .iter()
