@@ -51,3 +51,33 @@ pub fn write_config(dir: &Path, body: &str) -> PathBuf {
     std::fs::write(&path, body).unwrap();
     path
 }
+
+/// Runs `config_text` on the fixture; returns the temp folder (keep it alive),
+/// the base folder of the run and the process output.
+pub fn run_job(config_text: &str) -> (tempfile::TempDir, std::path::PathBuf, std::process::Output) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), config_text);
+    let base = dir.path().join("runs");
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+            "--base",
+            base.to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    (dir, base, output)
+}
+
+pub fn only_run_dir(base: &std::path::Path) -> std::path::PathBuf {
+    let mut dirs: Vec<_> = std::fs::read_dir(base)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs.pop().unwrap()
+}

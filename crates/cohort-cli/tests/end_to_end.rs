@@ -3,7 +3,7 @@
 mod common;
 
 use cohort_core::codec::{DecodeLimits, decode};
-use common::{cohort, fixture_data, write_config};
+use common::{cohort, fixture_data, only_run_dir, run_job, write_config};
 
 const SMALL_JOB: &str = r#"
 [clients]
@@ -29,36 +29,6 @@ training_seed = 5
 learning_rate = 0.05
 momentum = 0.9
 "#;
-
-/// Runs `config_text` on the fixture; returns the temp folder (keep it alive),
-/// the base folder of the run and the process output.
-fn run_job(config_text: &str) -> (tempfile::TempDir, std::path::PathBuf, std::process::Output) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), config_text);
-    let base = dir.path().join("runs");
-    let output = cohort(
-        &[
-            "run",
-            "--config",
-            config.to_str().unwrap(),
-            "--cpu",
-            "--quiet",
-            "--base",
-            base.to_str().unwrap(),
-        ],
-        &fixture_data(),
-    );
-    (dir, base, output)
-}
-
-fn only_run_dir(base: &std::path::Path) -> std::path::PathBuf {
-    let mut dirs: Vec<_> = std::fs::read_dir(base)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs.pop().unwrap()
-}
 
 #[test]
 fn small_job_writes_results_and_model() {
