@@ -13,7 +13,7 @@
 //! error. bfloat16 is refused at this boundary in both directions: nothing is
 //! ever cast silently.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
@@ -161,7 +161,8 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<ParamTree, CodecErr
         for (name, view) in tensors.iter() {
             pairs.push((name.to_owned(), read_leaf(name, &view)?));
         }
-        return Ok(ParamTree::from_dotted(pairs));
+        return ParamTree::try_from_dotted(pairs)
+            .map_err(|e| CodecError::MetadataMismatch(e.to_string()));
     };
     let skeleton: Skeleton = serde_json::from_str(skeleton_json)
         .map_err(|e| CodecError::MetadataMismatch(format!("skeleton is not valid: {e}")))?;
@@ -173,10 +174,10 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<ParamTree, CodecErr
         )));
     }
     let mut leaves = Vec::with_capacity(paths.len());
-    let mut names = BTreeMap::new();
+    let mut names = BTreeSet::new();
     for path in paths {
         let name = path.to_string();
-        if names.insert(name.clone(), ()).is_some() {
+        if !names.insert(name.clone()) {
             return Err(CodecError::DuplicateName(name));
         }
         let view = tensors
@@ -233,6 +234,18 @@ mod tests {
         let file = safetensors::serialize([("fc.bias", view)], None).unwrap();
         let tree = decode(&file, &DecodeLimits::default()).unwrap();
         assert_eq!(tree.leaves()[0].0.to_string(), "fc.bias");
+    }
+
+    #[test]
+    fn overlapping_names_without_skeleton_are_an_error() {
+        let bytes = 1.0f32.to_le_bytes();
+        let a = TensorView::new(Dtype::F32, vec![1], &bytes).unwrap();
+        let ab = TensorView::new(Dtype::F32, vec![1], &bytes).unwrap();
+        let file = safetensors::serialize([("a", a), ("a.b", ab)], None).unwrap();
+        assert!(matches!(
+            decode(&file, &DecodeLimits::default()),
+            Err(CodecError::MetadataMismatch(_))
+        ));
     }
 
     #[test]

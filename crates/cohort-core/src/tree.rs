@@ -419,13 +419,31 @@ impl ParamTree {
 
     /// Builds a map tree from `(dotted path, array)` pairs, as a module visitor
     /// produces them: `conv1.weight` becomes `{"conv1": {"weight": ...}}`.
+    ///
+    /// # Panics
+    /// When two paths conflict (see [`ParamTree::try_from_dotted`]); module
+    /// visitors never produce such paths. Use `try_from_dotted` for input
+    /// from outside.
     pub fn from_dotted(pairs: impl IntoIterator<Item = (String, Array)>) -> Self {
+        Self::try_from_dotted(pairs).unwrap_or_else(|conflict| panic!("{conflict}"))
+    }
+
+    /// Like [`ParamTree::from_dotted`], but a path that repeats another, or
+    /// that is both a leaf and a prefix of another path (`a` and `a.b`), is an
+    /// error instead of silently dropping one of them.
+    pub fn try_from_dotted(
+        pairs: impl IntoIterator<Item = (String, Array)>,
+    ) -> Result<Self, DottedPathConflict> {
         let mut root = BTreeMap::new();
         for (path, array) in pairs {
+            let conflict = || DottedPathConflict(path.clone());
             let mut node = &mut root;
             let mut segments = path.split('.').peekable();
             while let Some(segment) = segments.next() {
                 if segments.peek().is_none() {
+                    if node.contains_key(segment) {
+                        return Err(conflict());
+                    }
                     node.insert(segment.to_owned(), ParamTree::Leaf(array));
                     break;
                 }
@@ -434,21 +452,18 @@ impl ParamTree {
                     .or_insert_with(|| ParamTree::Map(BTreeMap::new()));
                 node = match child {
                     ParamTree::Map(map) => map,
-                    // A dotted path cannot descend into a leaf; module visitors never
-                    // produce one, so the later entry replaces the earlier.
-                    other => {
-                        *other = ParamTree::Map(BTreeMap::new());
-                        match other {
-                            ParamTree::Map(map) => map,
-                            _ => unreachable!("just assigned a map"),
-                        }
-                    }
+                    _ => return Err(conflict()),
                 };
             }
         }
-        ParamTree::Map(root)
+        Ok(ParamTree::Map(root))
     }
 }
+
+/// Two dotted tensor names that cannot both be leaves of one tree.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tensor name `{0}` repeats another name or overlaps it as a leaf and a prefix")]
+pub struct DottedPathConflict(pub String);
 
 impl Skeleton {
     pub fn leaf_count(&self) -> usize {
@@ -846,6 +861,18 @@ mod tests {
         ]);
         let paths: Vec<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
         assert_eq!(paths, ["conv1.bias", "conv1.weight", "fc.weight"]);
+    }
+
+    #[test]
+    fn conflicting_dotted_paths_are_refused_not_dropped() {
+        let one = || Array::f32(vec![1], vec![1.0]).unwrap();
+        for pairs in [
+            vec![("a".to_owned(), one()), ("a.b".to_owned(), one())],
+            vec![("a.b".to_owned(), one()), ("a".to_owned(), one())],
+            vec![("a".to_owned(), one()), ("a".to_owned(), one())],
+        ] {
+            assert!(ParamTree::try_from_dotted(pairs).is_err());
+        }
     }
 
     #[test]

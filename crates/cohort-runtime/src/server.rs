@@ -241,13 +241,15 @@ pub fn run_with_hooks(
         .thread_name(|i| format!("cohort-eval{i}"))
         .build()?;
     let schedule = loaded.lr_schedule();
+    // `payload_bytes` is the size of the encoded global model, which the
+    // caller has encoded already (it is also the model file).
     let dispatch = |round: u32,
                     global: &ParamTree,
+                    payload_bytes: u64,
                     selector: &mut ClientSelector|
      -> anyhow::Result<Dispatched> {
         let clients = selector.select(config.clients.total_clients, per_round);
         tracing::info!(round, clients = ?clients, "round dispatched");
-        let payload_bytes = codec::encode(global)?.len() as u64;
         let shared = Arc::new(global.clone());
         for (slot, &client_id) in clients.iter().enumerate() {
             pool.submit(Job {
@@ -272,7 +274,8 @@ pub fn run_with_hooks(
             reached_target,
         });
     }
-    let mut dispatched = dispatch(first_round, &global, &mut selector)?;
+    let initial_bytes = codec::encode(&global)?.len() as u64;
+    let mut dispatched = dispatch(first_round, &global, initial_bytes, &mut selector)?;
     let mut previous_round_end = Instant::now();
 
     for round in first_round..=rounds {
@@ -334,15 +337,15 @@ pub fn run_with_hooks(
         // The checkpoint of this round must hold the selector as it was before
         // the next round's draw, so a resumed run draws the same clients.
         let selector_after_round = selector.state(config.server.random_seed);
+        let model_bytes = codec::encode(&global)?;
         if round < rounds {
-            dispatched = dispatch(round + 1, &global, &mut selector)?;
+            dispatched = dispatch(round + 1, &global, model_bytes.len() as u64, &mut selector)?;
         }
 
         let evaluation_started = Instant::now();
         let accuracy = evaluation_pool.install(|| evaluator.accuracy(&global, &splits.test))?;
         let evaluation_time = evaluation_started.elapsed().as_secs_f64();
 
-        let model_bytes = codec::encode(&global)?;
         atomic_write(&model_path, &model_bytes)
             .with_context(|| format!("cannot write {}", model_path.display()))?;
         let total_samples: u64 = reports.iter().map(|r| r.num_samples).sum();
