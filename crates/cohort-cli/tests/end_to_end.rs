@@ -246,7 +246,7 @@ fn missing_data_without_download_says_what_to_do() {
 
 #[test]
 fn gpu_request_on_a_cpu_build_is_a_clear_error() {
-    if cfg!(feature = "wgpu") {
+    if cfg!(any(feature = "wgpu", feature = "cuda")) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -22,7 +22,7 @@ pub enum DeviceRequest {
 pub enum DeviceError {
     #[error(
         "--gpu was given, but this cohort binary was built without a GPU backend; rebuild with \
-         `cargo build --release --features wgpu` (Vulkan/Metal) or `--features cuda`"
+         `cargo build --release --features vulkan` (Linux), `--features metal` (Apple) or `--features cuda`"
     )]
     NoGpuBackend,
     #[error("--gpu was given, but no GPU device could be started: {0}")]
@@ -56,28 +56,59 @@ pub fn select(request: DeviceRequest) -> Result<Selected, DeviceError> {
     }
 }
 
-#[cfg(feature = "wgpu")]
+/// The GPU devices this build can offer, most specific first, with their log names.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn gpu_candidates() -> Vec<(Device, &'static str)> {
+    #[allow(unused_mut)]
+    let mut candidates: Vec<(Device, &'static str)> = Vec::new();
+    #[cfg(feature = "cuda")]
+    candidates.push((Device::cuda(0usize), "gpu (burn cuda)"));
+    #[cfg(feature = "vulkan")]
+    candidates.push((
+        Device::vulkan(burn::tensor::DeviceKind::DefaultDevice),
+        "gpu (burn wgpu, Vulkan)",
+    ));
+    #[cfg(feature = "metal")]
+    candidates.push((
+        Device::metal(burn::tensor::DeviceKind::DefaultDevice),
+        "gpu (burn wgpu, Metal)",
+    ));
+    #[cfg(all(feature = "wgpu", not(any(feature = "vulkan", feature = "metal"))))]
+    candidates.push((
+        Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+        "gpu (burn wgpu)",
+    ));
+    candidates
+}
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn gpu() -> Result<Selected, DeviceError> {
-    use burn::tensor::{DeviceKind, Tensor};
-    let device = Device::wgpu(DeviceKind::DefaultDevice);
-    // The wgpu device starts lazily and panics when no adapter exists; probe it
-    // with one small operation so a missing GPU is an error, not a crash later.
+    let mut failures = Vec::new();
+    for (device, name) in gpu_candidates() {
+        match probe(&device) {
+            Ok(()) => return Ok(Selected { device, name }),
+            Err(reason) => failures.push(format!("{name}: {reason}")),
+        }
+    }
+    Err(DeviceError::NoGpuDevice(failures.join("; ")))
+}
+
+/// GPU devices start lazily and panic when no adapter exists; one small
+/// operation turns a missing GPU into an error now instead of a crash mid-run.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn probe(device: &Device) -> Result<(), String> {
+    use burn::tensor::Tensor;
     let probe = device.clone();
     let started =
         std::panic::catch_unwind(move || Tensor::<1>::ones([4], &probe).sum().into_scalar::<f32>());
     match started {
-        Ok(sum) if sum == 4.0 => Ok(Selected {
-            device,
-            name: "gpu (burn wgpu)",
-        }),
-        Ok(sum) => Err(DeviceError::NoGpuDevice(format!(
-            "probe computed {sum} instead of 4"
-        ))),
-        Err(panic) => Err(DeviceError::NoGpuDevice(panic_message(&panic))),
+        Ok(sum) if sum == 4.0 => Ok(()),
+        Ok(sum) => Err(format!("probe computed {sum} instead of 4")),
+        Err(panic) => Err(panic_message(&panic)),
     }
 }
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic
         .downcast_ref::<String>()
@@ -86,7 +117,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "the backend panicked while starting".to_owned())
 }
 
-#[cfg(not(feature = "wgpu"))]
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
 fn gpu() -> Result<Selected, DeviceError> {
     Err(DeviceError::NoGpuBackend)
 }
@@ -95,7 +126,7 @@ fn gpu() -> Result<Selected, DeviceError> {
 mod tests {
     use super::*;
 
-    #[cfg(not(feature = "wgpu"))]
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     #[test]
     fn gpu_request_without_backend_is_a_clear_error() {
         assert_eq!(

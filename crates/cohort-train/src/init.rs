@@ -3,8 +3,10 @@
 //! Every parameter is drawn from its own ChaCha8 stream derived from the model
 //! seed and the parameter's path, with PyTorch's default initialization for
 //! convolutions and linear layers (uniform in ±1/√fan_in for weights and
-//! biases). Two trainers built independently from the same seed start from
-//! identical parameters, and no global RNG is touched.
+//! biases). Other leaves (BatchNorm's gamma, beta and running statistics) keep
+//! the constructor's constants, as in PyTorch. Two trainers built
+//! independently from the same seed start from identical parameters, and no
+//! global RNG is touched.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -34,6 +36,9 @@ pub fn seeded_parameters(template: &ParamTree, seed: u64) -> ParamTree {
     };
     ParamTree::from_dotted(leaves.iter().map(|(path, array)| {
         let name = path.to_string();
+        if !(name.ends_with("weight") || name.ends_with("bias")) {
+            return (name, (*array).clone());
+        }
         let fan = weight_fan_in(&name)
             .unwrap_or_else(|| fan_in(array.shape()))
             .max(1);

@@ -162,7 +162,7 @@ impl LocalTrainer {
                     TensorData::new(self.labels.clone(), [batch.len()]),
                     &self.device,
                 );
-                let loss = loss_fn.forward(model.forward(images), targets);
+                let loss = loss_fn.forward(model.forward(images, Some(&mut rng)), targets);
                 loss_sum = loss_sum + loss.clone().detach().mul_scalar(batch.len() as f32);
                 seen += batch.len();
                 let mut grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -187,7 +187,9 @@ impl LocalTrainer {
                 model = optimizer.step(learning_rate, model, grads);
             }
         }
-        let tree = params::extract(&model);
+        // `valid()` folds BatchNorm's pending running-statistics updates into
+        // the module first; reading the training module would miss the last step.
+        let tree = params::extract(&model.valid());
         self.model = Some(model);
         if let Some(error) = failure {
             return Err(error);
@@ -244,7 +246,6 @@ fn scale_gradients(model: &Net, grads: GradientsParams, factor: f32) -> Gradient
 /// Test-set evaluation on a model without autodiff.
 pub struct Evaluator {
     model: Option<Net>,
-    device: Device,
     batch_size: usize,
 }
 
@@ -257,7 +258,6 @@ impl Evaluator {
     ) -> Result<Self, UnknownModel> {
         Ok(Self {
             model: Some(Net::build(model_name, num_classes, device)?),
-            device: device.clone(),
             batch_size,
         })
     }
@@ -268,35 +268,69 @@ impl Evaluator {
     }
 
     /// Classification accuracy of `tree` on `data`.
-    pub fn accuracy(&mut self, tree: &ParamTree, data: &Dataset) -> Result<f64, LoadError> {
+    pub fn accuracy(&mut self, tree: &ParamTree, data: &Dataset) -> Result<f64, EvalError> {
         let model = self.model.take().expect("evaluator holds its model");
         let model = match params::load(model.clone(), tree) {
             Ok(loaded) => loaded,
             Err(error) => {
                 self.model = Some(model);
-                return Err(error);
+                return Err(EvalError::Load(error));
             }
         };
-        let all: Vec<u32> = (0..data.len() as u32).collect();
-        let mut correct = Tensor::<1, Int>::zeros([1], &self.device);
-        let (mut images, mut labels) = (Vec::new(), Vec::new());
-        for batch in all.chunks(self.batch_size) {
-            data.gather(batch, &mut images, &mut labels);
-            let input = Tensor::<4>::from_data(
-                TensorData::new(images.clone(), [batch.len(), 1, data.rows, data.cols]),
-                &self.device,
-            );
-            let targets = Tensor::<1, Int>::from_data(
-                TensorData::new(labels.clone(), [batch.len()]),
-                &self.device,
-            );
-            let predicted = model.forward(input).argmax(1).flatten::<1>(0, 1);
-            correct = correct + predicted.equal(targets).int().sum();
-        }
+        let accuracy = evaluate(&model, data, self.batch_size);
         self.model = Some(model);
-        let correct = correct.into_scalar::<i64>();
-        Ok(correct as f64 / data.len().max(1) as f64)
+        accuracy
     }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvalError {
+    #[error("cannot load the model to evaluate: {0}")]
+    Load(#[from] LoadError),
+    #[error("test sample {index} has label {label}, but the model has {classes} classes")]
+    LabelOutOfRange {
+        index: usize,
+        label: u8,
+        classes: usize,
+    },
+}
+
+/// Accuracy of `model` on `data`, in evaluation mode: on a plain device, so
+/// BatchNorm uses its running statistics and dropout is off. The caller's model,
+/// training mode included, is left exactly as it was, also when evaluation
+/// stops with an error halfway (it only ever sees a `valid()` copy).
+pub fn evaluate(model: &Net, data: &Dataset, batch_size: usize) -> Result<f64, EvalError> {
+    let model = model.valid();
+    let device = model
+        .devices()
+        .into_iter()
+        .next()
+        .unwrap_or_else(crate::device::cpu);
+    let all: Vec<u32> = (0..data.len() as u32).collect();
+    let mut correct = Tensor::<1, Int>::zeros([1], &device);
+    let (mut images, mut labels) = (Vec::new(), Vec::new());
+    for (batch_index, batch) in all.chunks(batch_size.max(1)).enumerate() {
+        data.gather(batch, &mut images, &mut labels);
+        let input = Tensor::<4>::from_data(
+            TensorData::new(images.clone(), [batch.len(), 1, data.rows, data.cols]),
+            &device,
+        );
+        let logits = model.forward(input, None);
+        let classes = logits.dims()[1];
+        if let Some(offset) = labels.iter().position(|&l| l < 0 || l as usize >= classes) {
+            return Err(EvalError::LabelOutOfRange {
+                index: batch_index * batch_size.max(1) + offset,
+                label: labels[offset] as u8,
+                classes,
+            });
+        }
+        let targets =
+            Tensor::<1, Int>::from_data(TensorData::new(labels.clone(), [batch.len()]), &device);
+        let predicted = logits.argmax(1).flatten::<1>(0, 1);
+        correct = correct + predicted.equal(targets).int().sum();
+    }
+    let correct = correct.into_scalar::<i64>();
+    Ok(correct as f64 / data.len().max(1) as f64)
 }
 
 #[cfg(test)]
@@ -427,5 +461,147 @@ mod tests {
         let (_, a) = one_step(None, false);
         let (_, b) = one_step(None, false);
         assert_eq!(a.unwrap().tree, b.unwrap().tree);
+    }
+
+    fn bn_trainer(seed: u64) -> (LocalTrainer, ParamTree) {
+        let mut settings = sgd(None);
+        settings.optimizer = OptimizerSpec::Sgd {
+            learning_rate: 0.05,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+        };
+        settings.training_seed = Some(seed);
+        let trainer = LocalTrainer::new("cnn_bn", 10, &crate::device::cpu(), settings).unwrap();
+        let global =
+            crate::init::seeded_parameters(&params::extract(trainer.model.as_ref().unwrap()), 5);
+        (trainer, global)
+    }
+
+    fn bn_train(trainer: &mut LocalTrainer, global: &ParamTree) -> ParamTree {
+        let partition: Vec<u32> = (0..64).collect();
+        let task = ClientTask {
+            client_id: 3,
+            round: 1,
+        };
+        trainer
+            .train(task, global, &dataset(false), &partition, 0.05)
+            .unwrap()
+            .tree
+    }
+
+    fn rows(logits: Tensor<2>) -> Vec<f32> {
+        logits.into_data().try_to_vec::<f32>().unwrap()
+    }
+
+    fn leaf(tree: &ParamTree, path: &str) -> Vec<f32> {
+        tree.leaves()
+            .into_iter()
+            .find(|(p, _)| p.to_string() == path)
+            .unwrap_or_else(|| panic!("no leaf {path}"))
+            .1
+            .as_f32()
+            .unwrap()
+            .to_vec()
+    }
+
+    #[test]
+    fn running_statistics_travel_in_the_tree_and_training_updates_them() {
+        let (mut trainer, global) = bn_trainer(1);
+        assert_eq!(leaf(&global, "bn1.running_mean"), vec![0.0; 16]);
+        assert_eq!(leaf(&global, "bn1.running_var"), vec![1.0; 16]);
+        assert_eq!(leaf(&global, "bn1.gamma"), vec![1.0; 16]);
+        let trained = bn_train(&mut trainer, &global);
+        assert_ne!(leaf(&trained, "bn1.running_mean"), vec![0.0; 16]);
+        assert_ne!(leaf(&trained, "bn2.running_var"), vec![1.0; 32]);
+    }
+
+    #[test]
+    fn training_mode_uses_batch_statistics_and_dropout_evaluation_mode_neither() {
+        let (trainer, global) = bn_trainer(1);
+        let model = params::load(trainer.model.clone().unwrap(), &global).unwrap();
+        let device = crate::device::cpu().autodiff();
+        let data = dataset(false);
+        let batch = |n: usize, device: &Device| {
+            Tensor::<4>::from_data(
+                TensorData::new(data.images[..n * 784].to_vec(), [n, 1, 28, 28]),
+                device,
+            )
+        };
+        // Training mode, dropout off: a sample's output depends on its batch.
+        let small = rows(model.forward(batch(4, &device), None));
+        let large = rows(model.forward(batch(8, &device), None));
+        assert_ne!(small[..10], large[..10]);
+        // Dropout masks come from the stream: same stream, same output.
+        let mut rng_a = ChaCha8Rng::seed_from_u64(9);
+        let mut rng_b = ChaCha8Rng::seed_from_u64(9);
+        let mut rng_c = ChaCha8Rng::seed_from_u64(10);
+        let a = rows(model.forward(batch(4, &device), Some(&mut rng_a)));
+        let b = rows(model.forward(batch(4, &device), Some(&mut rng_b)));
+        let c = rows(model.forward(batch(4, &device), Some(&mut rng_c)));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        // Evaluation mode: per-sample outputs, whatever the batch or the stream.
+        let eval = model.valid();
+        let plain = crate::device::cpu();
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let small = rows(eval.forward(batch(4, &plain), Some(&mut rng)));
+        let large = rows(eval.forward(batch(8, &plain), None));
+        for (x, y) in small.iter().zip(&large[..40]) {
+            assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn evaluation_leaves_the_model_as_it_was_also_when_it_fails_halfway() {
+        let (mut trainer, global) = bn_trainer(1);
+        bn_train(&mut trainer, &global);
+        let model = trainer.model.take().unwrap();
+        let before = params::extract(&model.valid());
+        let mut data = dataset(false);
+        data.labels[40] = 12;
+        let error = evaluate(&model, &data, 32).unwrap_err();
+        assert_eq!(
+            error,
+            EvalError::LabelOutOfRange {
+                index: 40,
+                label: 12,
+                classes: 10
+            }
+        );
+        assert_eq!(
+            error.to_string(),
+            "test sample 40 has label 12, but the model has 10 classes"
+        );
+        assert_eq!(params::extract(&model.valid()), before);
+        // Still in training mode: on the autodiff device, and a forward pass
+        // still moves the running statistics.
+        assert!(model.devices()[0].is_autodiff());
+        let input = Tensor::<4>::from_data(
+            TensorData::new(data.images[..8 * 784].to_vec(), [8, 1, 28, 28]),
+            &model.devices()[0],
+        );
+        let _ = model.forward(input, None);
+        assert_ne!(
+            leaf(&params::extract(&model.valid()), "bn1.running_mean"),
+            leaf(&before, "bn1.running_mean")
+        );
+        // A successful evaluation leaves it alone too.
+        let before = params::extract(&model.valid());
+        data.labels[40] = 1;
+        let accuracy = evaluate(&model, &data, 32).unwrap();
+        assert!((0.0..=1.0).contains(&accuracy));
+        assert_eq!(params::extract(&model.valid()), before);
+    }
+
+    #[test]
+    fn dropout_model_replays_bitwise_and_training_seeds_matter() {
+        let (mut first, global) = bn_trainer(1);
+        let (mut second, _) = bn_trainer(1);
+        let (mut other, _) = bn_trainer(2);
+        let a = bn_train(&mut first, &global);
+        assert_eq!(a, bn_train(&mut second, &global));
+        assert_ne!(a, bn_train(&mut other, &global));
     }
 }

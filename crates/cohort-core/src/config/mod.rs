@@ -422,7 +422,7 @@ fn check_unknown_keys(
 /// Names accepted in `data.datasource`.
 pub const DATASOURCES: &[&str] = &["MNIST", "FashionMNIST"];
 /// Names accepted in `trainer.model_name`.
-pub const MODEL_NAMES: &[&str] = &["lenet5", "lenet5_compact"];
+pub const MODEL_NAMES: &[&str] = &["lenet5", "lenet5_compact", "cnn_bn"];
 
 fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     let config = &loaded.config;
