@@ -44,6 +44,17 @@ enum Command {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
+    /// Compare two model files (safetensors) leaf by leaf: largest absolute
+    /// difference and relative L2 distance. Exits non-zero above --tolerance.
+    Compare {
+        /// The reference model.
+        reference: PathBuf,
+        /// The model compared with it.
+        candidate: PathBuf,
+        /// Largest allowed relative L2 distance ‖a − b‖ / ‖a‖ [default: 0, i.e. bitwise equal].
+        #[arg(long, default_value_t = 0.0)]
+        tolerance: f64,
+    },
     /// Check a config file and print it with every default filled in.
     Check {
         /// The config file.
@@ -105,6 +116,11 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args),
+        Command::Compare {
+            reference,
+            candidate,
+            tolerance,
+        } => compare_models(&reference, &candidate, tolerance),
         Command::Plot { runs, output } => {
             let output = output.unwrap_or_else(|| runs[0].join(PLOT_FILE));
             let written = plot_runs(&runs, &output)?;
@@ -112,6 +128,51 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn read_model(path: &std::path::Path) -> anyhow::Result<cohort_core::tree::ParamTree> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let limits = cohort_core::codec::DecodeLimits {
+        max_bytes: bytes.len(),
+        ..Default::default()
+    };
+    cohort_core::codec::decode(&bytes, &limits)
+        .with_context(|| format!("{} is not a readable safetensors model", path.display()))
+}
+
+fn compare_models(
+    reference: &std::path::Path,
+    candidate: &std::path::Path,
+    tolerance: f64,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        tolerance.is_finite() && tolerance >= 0.0,
+        "--tolerance must be a finite number >= 0, got {tolerance}"
+    );
+    let comparison =
+        cohort_core::compare::compare(&read_model(reference)?, &read_model(candidate)?)
+            .with_context(|| {
+                format!(
+                    "{} and {} are not the same model layout",
+                    reference.display(),
+                    candidate.display()
+                )
+            })?;
+    let at = comparison
+        .max_abs_at
+        .as_ref()
+        .map(|path| format!(" (at {path})"))
+        .unwrap_or_default();
+    println!(
+        "elements {}, differing {}, max |a-b| {:.3e}{at}, relative L2 {:.3e}",
+        comparison.elements, comparison.differing, comparison.max_abs, comparison.relative_l2
+    );
+    anyhow::ensure!(
+        comparison.relative_l2 <= tolerance,
+        "relative L2 distance {:.3e} is above the tolerance {tolerance:.3e}",
+        comparison.relative_l2
+    );
+    Ok(())
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {

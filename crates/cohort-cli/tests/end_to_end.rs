@@ -108,6 +108,28 @@ fn physical_worker_count_does_not_change_the_result() {
     assert_eq!(model(&base_a), model(&base_b));
 }
 
+#[test]
+fn compare_tells_identical_from_different_models() {
+    let (_a, base_a, out_a) = run_job(SMALL_JOB);
+    let (_b, base_b, out_b) = run_job(&SMALL_JOB.replace("training_seed = 5", "training_seed = 6"));
+    assert!(out_a.status.success() && out_b.status.success());
+    let a = only_run_dir(&base_a).join("model.safetensors");
+    let b = only_run_dir(&base_b).join("model.safetensors");
+    let compare = |extra: &[&str]| {
+        let mut args = vec!["compare", a.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        cohort(&args, &fixture_data())
+    };
+    let same = compare(&[a.to_str().unwrap()]);
+    assert!(same.status.success());
+    assert!(String::from_utf8_lossy(&same.stdout).contains("differing 0,"));
+    let strict = compare(&[b.to_str().unwrap()]);
+    assert!(!strict.status.success());
+    assert!(String::from_utf8_lossy(&strict.stderr).contains("above the tolerance"));
+    let loose = compare(&[b.to_str().unwrap(), "--tolerance", "10"]);
+    assert!(loose.status.success(), "{loose:?}");
+}
+
 fn accuracies(base: &std::path::Path) -> Vec<f64> {
     std::fs::read_to_string(only_run_dir(base).join("results.csv"))
         .unwrap()

@@ -16,12 +16,14 @@
 pub mod aggregate;
 pub mod checkpoint;
 pub mod codec;
+pub mod compare;
 pub mod config;
 pub mod data;
 pub mod fsutil;
 pub mod hooks;
 pub mod optim;
 pub mod partition;
+pub mod processors;
 pub mod results;
 pub mod schedule;
 pub mod seeds;

@@ -55,7 +55,76 @@ pub struct LoadedConfig {
     origins: BTreeMap<String, PathBuf>,
 }
 
+/// The four payload pipelines of a config, checked to fit together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pipelines {
+    /// The client's update on its way to the server.
+    pub client_outbound: crate::processors::Pipeline,
+    pub server_inbound: crate::processors::Pipeline,
+    /// The global model on its way to the clients.
+    pub server_outbound: crate::processors::Pipeline,
+    pub client_inbound: crate::processors::Pipeline,
+}
+
+impl Pipelines {
+    pub fn from_config(config: &Config) -> Result<Self, crate::processors::PipelineError> {
+        use crate::processors::{Pipeline, check_pair};
+        let pipelines = Self {
+            client_outbound: Pipeline::sender(
+                "clients.outbound_processors",
+                &config.clients.outbound_processors,
+            )?,
+            server_inbound: Pipeline::receiver(
+                "server.inbound_processors",
+                &config.server.inbound_processors,
+            )?,
+            server_outbound: Pipeline::sender(
+                "server.outbound_processors",
+                &config.server.outbound_processors,
+            )?,
+            client_inbound: Pipeline::receiver(
+                "clients.inbound_processors",
+                &config.clients.inbound_processors,
+            )?,
+        };
+        check_pair(
+            "clients.outbound_processors",
+            &pipelines.client_outbound,
+            "server.inbound_processors",
+            &pipelines.server_inbound,
+        )?;
+        check_pair(
+            "server.outbound_processors",
+            &pipelines.server_outbound,
+            "clients.inbound_processors",
+            &pipelines.client_inbound,
+        )?;
+        Ok(pipelines)
+    }
+}
+
 impl LoadedConfig {
+    /// The payload pipelines; the config was checked at load, so they fit.
+    pub fn pipelines(&self) -> Pipelines {
+        Pipelines::from_config(&self.config).expect("pipelines are checked when the config loads")
+    }
+
+    /// Reports a round needs before it aggregates.
+    pub fn min_per_round(&self) -> u32 {
+        self.config
+            .clients
+            .min_per_round
+            .unwrap_or(self.config.clients.per_round)
+    }
+
+    /// Decoding limits for payloads from the other side.
+    pub fn decode_limits(&self) -> crate::codec::DecodeLimits {
+        crate::codec::DecodeLimits {
+            max_bytes: usize::try_from(self.config.server.max_payload_bytes).unwrap_or(usize::MAX),
+            ..Default::default()
+        }
+    }
+
     /// The file that set `key` (dotted), or the top-level file.
     pub fn origin_of(&self, key: &str) -> &Path {
         self.origins.get(key).unwrap_or(&self.path)
@@ -84,6 +153,19 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "data.download",
     "data.mirrors",
     "trainer.rounds",
+    // How payloads travel does not change what is computed: the same config
+    // gives the same model in one process or over the network.
+    "clients.comm_simulation",
+    "clients.uplink_mbps",
+    "clients.downlink_mbps",
+    "server.address",
+    "server.port",
+    "server.payload_timeout",
+    "server.registration_timeout",
+    "server.auth_token",
+    "server.tls_cert",
+    "server.tls_key",
+    "server.max_payload_bytes",
 ];
 
 impl LoadedConfig {
@@ -463,12 +545,55 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         )?;
     }
     one_of("clients.type", &clients.kind, &["simple"])?;
-    if !clients.comm_simulation {
+    if let Some(min) = clients.min_per_round
+        && (min == 0 || min > clients.per_round)
+    {
         fail(
-            "clients.comm_simulation",
-            "network mode (comm_simulation = false) is not available in this build yet; use true"
-                .to_owned(),
+            "clients.min_per_round",
+            format!(
+                "must be between 1 and per_round = {}, got {min}",
+                clients.per_round
+            ),
         )?;
+    }
+    for (key, value) in [
+        ("clients.uplink_mbps", clients.uplink_mbps),
+        ("clients.downlink_mbps", clients.downlink_mbps),
+    ] {
+        if let Some(value) = value
+            && !(value.is_finite() && value > 0.0)
+        {
+            fail(key, format!("must be a finite number > 0 (Mbit/s), got {value}"))?;
+        }
+    }
+    let server = &config.server;
+    for (key, value) in [
+        ("server.payload_timeout", server.payload_timeout),
+        ("server.registration_timeout", server.registration_timeout),
+    ] {
+        if !(value.is_finite() && value > 0.0) {
+            fail(key, format!("must be a finite number of seconds > 0, got {value}"))?;
+        }
+    }
+    if server.max_payload_bytes == 0 {
+        fail("server.max_payload_bytes", "must be at least 1".to_owned())?;
+    }
+    if server.tls_cert.is_some() != server.tls_key.is_some() {
+        fail(
+            "server.tls_cert",
+            "tls_cert and tls_key go together: give both for TLS, or neither".to_owned(),
+        )?;
+    }
+    if let Some(token) = &server.auth_token
+        && token.is_empty()
+    {
+        fail(
+            "server.auth_token",
+            "must not be empty; leave it out for no authentication".to_owned(),
+        )?;
+    }
+    if let Err(error) = Pipelines::from_config(config) {
+        fail(&error.key.clone(), error.reason)?;
     }
     one_of("server.type", &config.server.kind, &["fedavg"])?;
     one_of("algorithm.type", &config.algorithm.kind, &["fedavg"])?;

@@ -48,7 +48,19 @@ pub struct Clients {
     pub total_clients: u32,
     pub per_round: u32,
     pub do_test: bool,
+    /// true: clients run in this process; false: separate client processes
+    /// over gRPC (`cohort client`).
     pub comm_simulation: bool,
+    /// Reports a round needs to aggregate; default `per_round`.
+    pub min_per_round: Option<u32>,
+    /// Client → server, applied by the client to its update.
+    pub outbound_processors: Vec<String>,
+    /// Server → client, applied by the client to the global model it receives.
+    pub inbound_processors: Vec<String>,
+    /// Client upload bandwidth in Mbit/s for simulated wall time; default: measured.
+    pub uplink_mbps: Option<f64>,
+    /// Client download bandwidth in Mbit/s for simulated wall time; default: measured.
+    pub downlink_mbps: Option<f64>,
 }
 
 impl Default for Clients {
@@ -59,6 +71,11 @@ impl Default for Clients {
             per_round: 2,
             do_test: false,
             comm_simulation: true,
+            min_per_round: None,
+            outbound_processors: vec!["safetensor_encode".to_owned()],
+            inbound_processors: vec!["safetensor_decode".to_owned()],
+            uplink_mbps: None,
+            downlink_mbps: None,
         }
     }
 }
@@ -75,6 +92,22 @@ pub struct Server {
     pub simulate_wall_time: bool,
     /// Rounds between checkpoints; the last round is always checkpointed.
     pub checkpoint_interval: u32,
+    /// Applied by the server to each client's update.
+    pub inbound_processors: Vec<String>,
+    /// Applied by the server to the global model it sends.
+    pub outbound_processors: Vec<String>,
+    /// Largest payload accepted in either direction, after decompression.
+    pub max_payload_bytes: u64,
+    /// Seconds a client may take for one task (download, train, upload) before
+    /// it is dropped from the round.
+    pub payload_timeout: f64,
+    /// Seconds the server waits for client processes to register.
+    pub registration_timeout: f64,
+    /// Shared secret client processes must present; default: none.
+    pub auth_token: Option<String>,
+    /// PEM certificate chain and key for TLS; default: plain TCP.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for Server {
@@ -84,8 +117,16 @@ impl Default for Server {
             address: "127.0.0.1".to_owned(),
             port: 8000,
             random_seed: 1,
-            simulate_wall_time: false,
+            simulate_wall_time: true,
             checkpoint_interval: 1,
+            inbound_processors: vec!["safetensor_decode".to_owned()],
+            outbound_processors: vec!["safetensor_encode".to_owned()],
+            max_payload_bytes: 1 << 30,
+            payload_timeout: 600.0,
+            registration_timeout: 120.0,
+            auth_token: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }

@@ -280,3 +280,47 @@ fn rounds_matter_to_the_hash_only_under_a_cosine_schedule() {
         with("rounds = 9\nlr_scheduler = \"cosine\"")
     );
 }
+
+#[test]
+fn pipelines_that_cannot_work_are_refused_at_load() {
+    let error = error_of(&MINIMAL.replace(
+        "per_round = 2",
+        "per_round = 2\noutbound_processors = [\"zstd_compress\", \"safetensor_encode\"]",
+    ));
+    assert_eq!(error.key.as_deref(), Some("clients.outbound_processors"));
+    assert!(error.message.contains("put `safetensor_encode` before it"), "{error}");
+    assert!(error.to_string().contains("run.toml"), "{error}");
+
+    let error = error_of(&MINIMAL.replace(
+        "per_round = 2",
+        "per_round = 2\noutbound_processors = [\"safetensor_encode\", \"zstd_compress\"]",
+    ));
+    assert_eq!(error.key.as_deref(), Some("server.inbound_processors"));
+    assert!(error.message.contains("\"zstd_decompress\", \"safetensor_decode\""), "{error}");
+
+    let both = MINIMAL.replace(
+        "per_round = 2",
+        "per_round = 2\noutbound_processors = [\"fp16_quantize\", \"safetensor_encode\", \
+         \"zstd_compress\"]\n\n[server]\ninbound_processors = [\"zstd_decompress\", \
+         \"safetensor_decode\", \"fp16_dequantize\"]",
+    );
+    let loaded = load_text(&both).unwrap();
+    assert_eq!(loaded.pipelines().client_outbound.steps().len(), 3);
+}
+
+#[test]
+fn network_keys_are_checked() {
+    let loaded =
+        load_text(&MINIMAL.replace("per_round = 2", "per_round = 2\ncomm_simulation = false"))
+            .unwrap();
+    assert!(!loaded.config.clients.comm_simulation);
+    assert_eq!(loaded.min_per_round(), 2);
+    let error = error_of(&MINIMAL.replace("per_round = 2", "per_round = 2\nmin_per_round = 3"));
+    assert_eq!(error.key.as_deref(), Some("clients.min_per_round"));
+    let error = error_of(&MINIMAL.replace("per_round = 2", "per_round = 2\nuplink_mbps = 0"));
+    assert_eq!(error.key.as_deref(), Some("clients.uplink_mbps"));
+    let error = error_of(&format!("{MINIMAL}\n[server]\npayload_timeout = -1\n"));
+    assert_eq!(error.key.as_deref(), Some("server.payload_timeout"));
+    let error = error_of(&format!("{MINIMAL}\n[server]\ntls_cert = \"cert.pem\"\n"));
+    assert_eq!(error.key.as_deref(), Some("server.tls_cert"));
+}
