@@ -55,6 +55,10 @@ enum Command {
         #[arg(long, default_value_t = 0.0)]
         tolerance: f64,
     },
+    /// A client worker process for network mode (`clients.comm_simulation =
+    /// false`): connects to a `cohort run` server and trains the logical
+    /// clients it is given until the server closes the session.
+    Client(ClientArgs),
     /// Check a config file and print it with every default filled in.
     Check {
         /// The config file.
@@ -94,6 +98,40 @@ struct RunArgs {
     /// More log lines on stderr (info level); the run log always has them.
     #[arg(long, short, conflicts_with = "quiet")]
     verbose: bool,
+    /// Network mode: how many `cohort client` processes to start on this
+    /// machine [default: trainer.max_concurrency]. 0 starts none and waits for
+    /// clients started elsewhere.
+    #[arg(long, value_name = "N")]
+    local_clients: Option<usize>,
+}
+
+#[derive(Args)]
+struct ClientArgs {
+    /// The server, HOST:PORT (its `server.address` and `server.port`).
+    #[arg(long)]
+    server: String,
+    /// Shared token when the server sets `server.auth_token` [env: COHORT_TOKEN].
+    #[arg(long)]
+    token: Option<String>,
+    /// PEM certificate of the authority that signed the server's TLS
+    /// certificate; turns TLS on.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Name the server's certificate must carry [default: the host of --server].
+    #[arg(long, requires = "tls_ca")]
+    tls_domain: Option<String>,
+    /// Seconds to keep trying to reach the server.
+    #[arg(long, default_value_t = 60.0)]
+    connect_timeout: f64,
+    /// Train on the CPU, even when the build has a GPU backend.
+    #[arg(long, conflicts_with = "gpu")]
+    cpu: bool,
+    /// Train on the GPU; fail if there is none.
+    #[arg(long)]
+    gpu: bool,
+    /// Only warnings on stderr.
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 fn main() -> ExitCode {
@@ -116,6 +154,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args),
+        Command::Client(args) => client(args),
         Command::Compare {
             reference,
             candidate,
@@ -224,6 +263,33 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         (_, true) => DeviceRequest::Gpu,
         _ => DeviceRequest::Auto,
     };
+    let local_clients = if loaded.config.clients.comm_simulation {
+        if args.local_clients.is_some() {
+            anyhow::bail!(
+                "--local-clients is for network mode; the config runs clients in process \
+                 (clients.comm_simulation = true)"
+            );
+        }
+        None
+    } else {
+        let count = args
+            .local_clients
+            .unwrap_or(loaded.config.trainer.max_concurrency as usize);
+        let device_flag = match device {
+            DeviceRequest::Cpu => Some("--cpu"),
+            DeviceRequest::Gpu => Some("--gpu"),
+            DeviceRequest::Auto => None,
+        };
+        (count > 0).then(|| cohort_runtime::LocalClients {
+            program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cohort")),
+            count,
+            args: device_flag
+                .into_iter()
+                .chain(args.quiet.then_some("--quiet"))
+                .map(str::to_owned)
+                .collect(),
+        })
+    };
     let options = RunOptions {
         device,
         run_dir,
@@ -231,6 +297,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         data_root: std::env::var_os(DATA_DIR_ENV).map(PathBuf::from),
         show_progress: !args.quiet,
         resume: args.resume.is_some(),
+        local_clients,
     };
     let summary = cohort_runtime::run(&loaded, &options)?;
     if args.plot && !summary.rounds.is_empty() {
@@ -256,6 +323,42 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             None => println!("no rounds ran; results in {}", summary.run_dir.display()),
         }
     }
+    Ok(())
+}
+
+fn client(args: ClientArgs) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(if args.quiet { "warn" } else { "info" }));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .try_init()
+        .map_err(|error| anyhow::anyhow!("cannot start logging: {error}"))?;
+    anyhow::ensure!(
+        args.connect_timeout.is_finite() && args.connect_timeout >= 0.0,
+        "--connect-timeout must be a number of seconds >= 0"
+    );
+    let options = cohort_runtime::WorkerOptions {
+        server: args.server,
+        token: args
+            .token
+            .or_else(|| std::env::var("COHORT_TOKEN").ok().filter(|t| !t.is_empty())),
+        tls_ca: args.tls_ca,
+        tls_domain: args.tls_domain,
+        data_root: std::env::var_os(DATA_DIR_ENV).map(PathBuf::from),
+        device: match (args.cpu, args.gpu) {
+            (true, _) => DeviceRequest::Cpu,
+            (_, true) => DeviceRequest::Gpu,
+            _ => DeviceRequest::Auto,
+        },
+        connect_timeout: std::time::Duration::from_secs_f64(args.connect_timeout),
+    };
+    let summary = cohort_runtime::run_worker(&options)?;
+    tracing::info!(
+        tasks = summary.tasks,
+        failed = summary.failed,
+        "the server closed the session"
+    );
     Ok(())
 }
 

@@ -95,11 +95,12 @@ mod tests {
     use crate::tree::Array;
 
     fn tree(values: &[(&str, Vec<f32>)]) -> ParamTree {
-        ParamTree::from_dotted(
-            values
-                .iter()
-                .map(|(name, v)| (name.to_string(), Array::f32(vec![v.len()], v.clone()).unwrap())),
-        )
+        ParamTree::from_dotted(values.iter().map(|(name, v)| {
+            (
+                name.to_string(),
+                Array::f32(vec![v.len()], v.clone()).unwrap(),
+            )
+        }))
     }
 
     #[test]

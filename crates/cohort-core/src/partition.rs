@@ -54,11 +54,59 @@ pub fn iid(
         .collect())
 }
 
+/// The `iid` sampler with a size per client (`data.partition_sizes`): the same
+/// seeded shuffle, client `c` getting the next `sizes[c - 1]` indices. Used for
+/// clients with unequal amounts of data.
+pub fn iid_sized(
+    num_samples: usize,
+    sizes: &[usize],
+    seed: u64,
+) -> Result<Vec<Vec<u32>>, PartitionError> {
+    if let Some(&smallest) = sizes.iter().min()
+        && smallest == 0
+    {
+        return Err(PartitionError::EmptyPartition {
+            clients: sizes.len(),
+            available: num_samples,
+        });
+    }
+    let needed: usize = sizes.iter().sum();
+    if needed > num_samples {
+        return Err(PartitionError::NotEnoughSamples {
+            clients: sizes.len(),
+            size: sizes.iter().copied().max().unwrap_or(0),
+            needed,
+            available: num_samples,
+        });
+    }
+    let mut order: Vec<u32> = (0..num_samples as u32).collect();
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    let mut start = 0;
+    Ok(sizes
+        .iter()
+        .map(|&size| {
+            let part = order[start..start + size].to_vec();
+            start += size;
+            part
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn sized_partitions_are_disjoint_and_sized() {
+        let parts = iid_sized(100, &[30, 10, 5], 4).unwrap();
+        assert_eq!(parts.iter().map(Vec::len).collect::<Vec<_>>(), [30, 10, 5]);
+        let all: HashSet<u32> = parts.iter().flatten().copied().collect();
+        assert_eq!(all.len(), 45);
+        assert!(iid_sized(100, &[60, 50], 4).is_err());
+        assert!(iid_sized(100, &[0, 5], 4).is_err());
+    }
 
     #[test]
     fn too_large_partitions_are_refused() {

@@ -162,7 +162,12 @@ fn parse(key: &str, names: &[String]) -> Result<Vec<Processor>, PipelineError> {
 }
 
 /// Walks the stages from `start`; the payload must end as `end`.
-fn check_flow(key: &str, steps: &[Processor], start: Stage, end: Stage) -> Result<(), PipelineError> {
+fn check_flow(
+    key: &str,
+    steps: &[Processor],
+    start: Stage,
+    end: Stage,
+) -> Result<(), PipelineError> {
     let fail = |reason: String| PipelineError {
         key: key.to_owned(),
         reason,
@@ -237,12 +242,18 @@ impl Pipeline {
     }
 
     /// Runs a receiving pipeline on untrusted bytes.
-    pub fn receive(&self, payload: &[u8], limits: &DecodeLimits) -> Result<ParamTree, ProcessError> {
+    pub fn receive(
+        &self,
+        payload: &[u8],
+        limits: &DecodeLimits,
+    ) -> Result<ParamTree, ProcessError> {
         let mut bytes: Cow<'_, [u8]> = Cow::Borrowed(payload);
         let mut tree: Option<ParamTree> = None;
         for step in &self.steps {
             match step {
-                Processor::ZstdDecompress => bytes = Cow::Owned(decompress(&bytes, limits.max_bytes)?),
+                Processor::ZstdDecompress => {
+                    bytes = Cow::Owned(decompress(&bytes, limits.max_bytes)?)
+                }
                 Processor::SafetensorDecode => tree = Some(codec::decode(&bytes, limits)?),
                 Processor::Fp16Dequantize => tree = tree.map(|t| dequantize(&t)),
                 Processor::Fp16Quantize => {
@@ -288,8 +299,8 @@ pub fn check_pair(
 }
 
 fn decompress(bytes: &[u8], limit: usize) -> Result<Vec<u8>, ProcessError> {
-    let decoder =
-        zstd::stream::read::Decoder::new(bytes).map_err(|e| ProcessError::Decompress(e.to_string()))?;
+    let decoder = zstd::stream::read::Decoder::new(bytes)
+        .map_err(|e| ProcessError::Decompress(e.to_string()))?;
     let mut out = Vec::new();
     // One byte past the limit tells "exactly at the limit" from "over it"
     // without ever holding more than that.
@@ -359,9 +370,11 @@ mod tests {
 
     #[test]
     fn compress_before_encode_is_refused_with_the_fix() {
-        let error =
-            Pipeline::sender("clients.outbound_processors", &names(&["zstd_compress", "safetensor_encode"]))
-                .unwrap_err();
+        let error = Pipeline::sender(
+            "clients.outbound_processors",
+            &names(&["zstd_compress", "safetensor_encode"]),
+        )
+        .unwrap_err();
         assert_eq!(
             error.to_string(),
             "clients.outbound_processors: `zstd_compress` (step 1) takes bytes, but the payload \
@@ -372,9 +385,15 @@ mod tests {
     #[test]
     fn a_sender_must_end_in_bytes_and_a_receiver_in_a_tree() {
         let error = Pipeline::sender("k", &names(&["fp16_quantize"])).unwrap_err();
-        assert!(error.reason.contains("end it with `safetensor_encode`"), "{error}");
+        assert!(
+            error.reason.contains("end it with `safetensor_encode`"),
+            "{error}"
+        );
         let error = Pipeline::receiver("k", &names(&["zstd_decompress"])).unwrap_err();
-        assert!(error.reason.contains("end it with `safetensor_decode`"), "{error}");
+        assert!(
+            error.reason.contains("end it with `safetensor_decode`"),
+            "{error}"
+        );
         let error = Pipeline::sender("k", &names(&[])).unwrap_err();
         assert!(error.reason.contains("leaves a parameter tree"), "{error}");
     }
@@ -382,15 +401,29 @@ mod tests {
     #[test]
     fn unknown_names_get_a_suggestion() {
         let error = Pipeline::sender("k", &names(&["safetensors_encode"])).unwrap_err();
-        assert!(error.reason.contains("did you mean `safetensor_encode`"), "{error}");
+        assert!(
+            error.reason.contains("did you mean `safetensor_encode`"),
+            "{error}"
+        );
     }
 
     #[test]
     fn a_receiver_must_undo_the_sender() {
-        let sender = Pipeline::sender("clients.outbound_processors", &names(&["safetensor_encode", "zstd_compress"])).unwrap();
-        let receiver = Pipeline::receiver("server.inbound_processors", &names(&["safetensor_decode"])).unwrap();
-        let error = check_pair("clients.outbound_processors", &sender, "server.inbound_processors", &receiver)
-            .unwrap_err();
+        let sender = Pipeline::sender(
+            "clients.outbound_processors",
+            &names(&["safetensor_encode", "zstd_compress"]),
+        )
+        .unwrap();
+        let receiver =
+            Pipeline::receiver("server.inbound_processors", &names(&["safetensor_decode"]))
+                .unwrap();
+        let error = check_pair(
+            "clients.outbound_processors",
+            &sender,
+            "server.inbound_processors",
+            &receiver,
+        )
+        .unwrap_err();
         assert_eq!(
             error.to_string(),
             "server.inbound_processors: must undo clients.outbound_processors = \
@@ -402,32 +435,58 @@ mod tests {
     #[test]
     fn decompression_stops_at_the_limit() {
         let (sender, receiver) = pair(&["safetensor_encode", "zstd_compress"]);
-        let tree = ParamTree::from_dotted([("w".to_owned(), Array::f32(vec![100_000], vec![0.0; 100_000]).unwrap())]);
+        let tree = ParamTree::from_dotted([(
+            "w".to_owned(),
+            Array::f32(vec![100_000], vec![0.0; 100_000]).unwrap(),
+        )]);
         let bytes = sender.send(&tree).unwrap();
         assert!(bytes.len() < 10_000, "zeros compress well");
-        let limits = DecodeLimits { max_bytes: 50_000, ..Default::default() };
-        assert_eq!(receiver.receive(&bytes, &limits), Err(ProcessError::DecompressedTooLarge { limit: 50_000 }));
-        assert!(matches!(receiver.receive(b"not zstd", &DecodeLimits::default()), Err(ProcessError::Decompress(_))));
+        let limits = DecodeLimits {
+            max_bytes: 50_000,
+            ..Default::default()
+        };
+        assert_eq!(
+            receiver.receive(&bytes, &limits),
+            Err(ProcessError::DecompressedTooLarge { limit: 50_000 })
+        );
+        assert!(matches!(
+            receiver.receive(b"not zstd", &DecodeLimits::default()),
+            Err(ProcessError::Decompress(_))
+        ));
     }
 
     #[test]
     fn fp16_overflow_is_an_error_not_infinity() {
         let (sender, _) = pair(&["fp16_quantize", "safetensor_encode"]);
-        let tree = ParamTree::from_dotted([("w".to_owned(), Array::f32(vec![2], vec![1.0, 1e6]).unwrap())]);
+        let tree = ParamTree::from_dotted([(
+            "w".to_owned(),
+            Array::f32(vec![2], vec![1.0, 1e6]).unwrap(),
+        )]);
         assert_eq!(
             sender.send(&tree),
-            Err(ProcessError::Fp16Overflow { path: "w".to_owned(), value: 1e6 })
+            Err(ProcessError::Fp16Overflow {
+                path: "w".to_owned(),
+                value: 1e6
+            })
         );
     }
 
     #[test]
     fn fp16_halves_the_float_bytes() {
-        let tree = ParamTree::from_dotted([("w".to_owned(), Array::f32(vec![1000], vec![0.25; 1000]).unwrap())]);
+        let tree = ParamTree::from_dotted([(
+            "w".to_owned(),
+            Array::f32(vec![1000], vec![0.25; 1000]).unwrap(),
+        )]);
         let (plain, _) = pair(&["safetensor_encode"]);
         let (half, receiver) = pair(&["fp16_quantize", "safetensor_encode"]);
         let (plain, half_bytes) = (plain.send(&tree).unwrap(), half.send(&tree).unwrap());
         assert!(half_bytes.len() < plain.len() - 1900);
-        assert_eq!(receiver.receive(&half_bytes, &DecodeLimits::default()).unwrap(), tree);
+        assert_eq!(
+            receiver
+                .receive(&half_bytes, &DecodeLimits::default())
+                .unwrap(),
+            tree
+        );
     }
 
     fn chains() -> Vec<Vec<&'static str>> {

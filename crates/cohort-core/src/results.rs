@@ -26,9 +26,10 @@ pub struct RoundRow {
     pub bytes_to_server: u64,
     /// Mean training loss over the round's clients, weighted by samples.
     pub train_loss: f64,
-    /// Simulated seconds since the start, as if the selected clients had run
-    /// in parallel: each round lasts as long as its slowest client's training
-    /// plus payload processing.
+    /// Simulated seconds since the start (`server.simulate_wall_time`), as if
+    /// the selected clients had run in parallel: each round lasts as long as its
+    /// slowest client's training, payload processing and communication. With
+    /// `simulate_wall_time = false` it repeats `elapsed_time`.
     pub simulated_time: f64,
 }
 
@@ -41,10 +42,21 @@ pub struct ClientRow {
     pub samples: u64,
     pub loss: f64,
     pub training_time: f64,
+    /// Seconds in payload processors (both sides) for this client's task.
+    #[serde(default)]
+    pub processing_time: f64,
+    /// Seconds on the wire (measured over the network, or from the configured
+    /// bandwidths; 0 in process without bandwidths).
+    #[serde(default)]
+    pub comm_time: f64,
+    /// Bytes of the update payload the client sent.
+    #[serde(default)]
+    pub payload_bytes: u64,
 }
 
 pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
-pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time";
+pub const CLIENTS_HEADER: &str =
+    "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes";
 
 /// Accumulates rows and keeps the CSV files current.
 #[derive(Debug)]
@@ -186,8 +198,16 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.6},{:.3}",
-            r.round, r.client_id, r.worker, r.samples, r.loss, r.training_time
+            "{},{},{},{},{:.6},{:.3},{:.4},{:.4},{}",
+            r.round,
+            r.client_id,
+            r.worker,
+            r.samples,
+            r.loss,
+            r.training_time,
+            r.processing_time,
+            r.comm_time,
+            r.payload_bytes
         );
     }
     out
@@ -249,6 +269,9 @@ mod tests {
                 samples: 6,
                 loss: 0.25,
                 training_time: 0.4,
+                processing_time: 0.01,
+                comm_time: 0.0,
+                payload_bytes: 1000,
             };
             writer.record(row, vec![client]).unwrap();
         }

@@ -1,10 +1,19 @@
-//! The federated runtime of cohort: the round loop ([`server`]) and the pool of
-//! physical workers that train logical clients ([`pool`]).
+//! The federated runtime of cohort: the round loop ([`server`]), the
+//! transports that reach clients ([`transport`]: worker threads in [`pool`],
+//! client processes over gRPC in [`grpc`]), the client side of a task
+//! ([`client`]) and the `cohort client` process ([`worker_process`]).
 //!
-//! Payloads go through the same safetensors codec in simulation as on a
-//! network, so byte counts and encode/decode costs are real.
+//! Payloads go through the configured processors in simulation as on a
+//! network, so byte counts and processing costs are real.
 
+pub mod client;
+pub mod grpc;
 pub mod pool;
 pub mod server;
+pub mod transport;
+pub mod worker_process;
 
-pub use server::{MODEL_FILE, RunOptions, RunSummary, new_run_dir, run, run_with_hooks};
+pub use server::{
+    LocalClients, MODEL_FILE, RunOptions, RunSummary, new_run_dir, run, run_with_hooks,
+};
+pub use worker_process::{WorkerOptions, WorkerSummary, run_worker};

@@ -1,9 +1,11 @@
-//! The pool of physical workers.
+//! The in-process transport: a fixed pool of physical workers
+//! (`trainer.max_concurrency` threads) reused for every logical client.
 //!
-//! `trainer.max_concurrency` threads, each with its own model instance and its
-//! own compute-thread pool, are reused for every logical client: two clients per
-//! round with one worker means that worker trains both in turn. Memory grows
-//! with workers, not with `total_clients`.
+//! Each worker owns one [`ClientRunner`] (one model instance) and its own rayon
+//! pool of `threads_per_worker` compute threads, so workers never fight over
+//! one global thread pool. Tasks are taken from a shared queue in order; which
+//! worker runs which client does not change any result, because every random
+//! stream is derived from the logical client, round and epoch.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -11,42 +13,28 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use cohort_core::data::Dataset;
-use cohort_core::tree::ParamTree;
-use cohort_train::trainer::{ClientTask, LocalTrainer, LocalUpdate, TrainError};
 
-/// One logical client's work for a round.
-pub struct Job {
-    /// Position of the client in the round's selection; results come back with it.
-    pub slot: usize,
-    pub task: ClientTask,
-    pub global: Arc<ParamTree>,
-    pub partition: Arc<Vec<u32>>,
-    pub learning_rate: f64,
-}
+use crate::client::ClientRunner;
+use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
 
-/// A finished job.
-pub struct JobResult {
-    pub slot: usize,
-    pub task: ClientTask,
-    pub worker: usize,
-    pub outcome: Result<LocalUpdate, TrainError>,
+struct Job {
+    spec: TaskSpec,
+    payload: Arc<Vec<u8>>,
 }
 
 pub struct WorkerPool {
     jobs: Option<Sender<Job>>,
-    /// Set by [`WorkerPool::cancel`]: workers skip the jobs still queued.
     cancelled: Arc<AtomicBool>,
-    results: Receiver<JobResult>,
+    results: Receiver<ClientOutcome>,
     handles: Vec<JoinHandle<()>>,
 }
 
 impl WorkerPool {
-    /// Starts one thread per trainer. Each runs its jobs inside its own rayon
-    /// pool of `threads_per_worker` threads, so the tensor backend uses exactly
-    /// that many cores per worker instead of the whole machine each.
+    /// Starts one thread per runner; `partitions[c - 1]` is client `c`'s data.
     pub fn start(
-        trainers: Vec<LocalTrainer>,
+        runners: Vec<ClientRunner>,
         data: Arc<Dataset>,
+        partitions: Arc<Vec<Vec<u32>>>,
         threads_per_worker: usize,
     ) -> anyhow::Result<Self> {
         let (job_sender, job_receiver) = mpsc::channel::<Job>();
@@ -54,7 +42,7 @@ impl WorkerPool {
         let (result_sender, results) = mpsc::channel();
         let mut handles = Vec::new();
         let cancelled = Arc::new(AtomicBool::new(false));
-        for (worker, mut trainer) in trainers.into_iter().enumerate() {
+        for (worker, mut runner) in runners.into_iter().enumerate() {
             let compute = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads_per_worker)
                 .thread_name(move |i| format!("cohort-worker{worker}-compute{i}"))
@@ -62,33 +50,39 @@ impl WorkerPool {
             let jobs = Arc::clone(&job_receiver);
             let results = result_sender.clone();
             let data = Arc::clone(&data);
+            let partitions = Arc::clone(&partitions);
             let cancelled = Arc::clone(&cancelled);
             let handle = std::thread::Builder::new()
                 .name(format!("cohort-worker{worker}"))
                 .spawn(move || {
                     loop {
-                        // Hold the lock only to take a job, not while training.
                         let next = jobs.lock().map(|receiver| receiver.recv());
                         let Ok(Ok(job)) = next else { break };
                         if cancelled.load(Ordering::Relaxed) {
                             break;
                         }
-                        let outcome = compute.install(|| {
-                            trainer.train(
-                                job.task,
-                                &job.global,
-                                &data,
-                                &job.partition,
-                                job.learning_rate,
-                            )
-                        });
-                        let result = JobResult {
-                            slot: job.slot,
-                            task: job.task,
+                        let TaskSpec {
+                            slot,
+                            task,
+                            learning_rate,
+                        } = job.spec;
+                        let partition = &partitions[task.client_id as usize - 1];
+                        let result = compute
+                            .install(|| {
+                                runner.run(task, learning_rate, &job.payload, &data, partition)
+                            })
+                            .map(|reply| Delivered {
+                                reply,
+                                comm_time: 0.0,
+                            })
+                            .map_err(|error| error.to_string());
+                        let outcome = ClientOutcome {
+                            slot,
+                            task,
                             worker,
-                            outcome,
+                            result,
                         };
-                        if results.send(result).is_err() {
+                        if results.send(outcome).is_err() {
                             break;
                         }
                     }
@@ -102,25 +96,33 @@ impl WorkerPool {
             handles,
         })
     }
+}
 
-    pub fn submit(&self, job: Job) -> anyhow::Result<()> {
-        self.jobs
-            .as_ref()
-            .expect("jobs sender lives until drop")
-            .send(job)
-            .map_err(|_| anyhow::anyhow!("all workers have stopped"))
+impl Transport for WorkerPool {
+    fn dispatch(
+        &mut self,
+        global_payload: Arc<Vec<u8>>,
+        tasks: Vec<TaskSpec>,
+    ) -> anyhow::Result<()> {
+        let jobs = self.jobs.as_ref().expect("jobs sender lives until drop");
+        for spec in tasks {
+            jobs.send(Job {
+                spec,
+                payload: Arc::clone(&global_payload),
+            })
+            .map_err(|_| anyhow::anyhow!("all workers have stopped"))?;
+        }
+        Ok(())
     }
 
-    /// Drops the jobs not yet started; a job in progress finishes.
-    pub fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Relaxed);
-    }
-
-    /// Waits for the next finished job.
-    pub fn next_result(&self) -> anyhow::Result<JobResult> {
+    fn next_outcome(&mut self) -> anyhow::Result<ClientOutcome> {
         self.results.recv().map_err(|_| {
             anyhow::anyhow!("a worker thread stopped unexpectedly (it may have panicked)")
         })
+    }
+
+    fn cancel(&mut self) {
+        self.cancelled.store(true, Ordering::Relaxed);
     }
 }
 

@@ -2,14 +2,21 @@
 //!
 //! One round, in order:
 //! 1. select `per_round` logical clients ([`ClientSelector`]);
-//! 2. encode the global model once (the payload each selected client receives);
-//! 3. hand each client to the worker pool, which trains it on its partition;
-//! 4. encode and decode each update through the safetensors codec, as a real
-//!    transport would, counting the bytes;
+//! 2. pack the global model once through `server.outbound_processors` (the
+//!    payload every selected client receives);
+//! 3. hand the tasks to the transport ([`Transport`]): worker threads of this
+//!    process, or `cohort client` processes over gRPC. Each client unpacks the
+//!    model, trains on its partition and packs its update;
+//! 4. unpack each update through `server.inbound_processors`; a client that
+//!    failed, timed out or sent a malformed payload is logged and dropped, and
+//!    the round goes on if `clients.min_per_round` updates arrived;
 //! 5. put the updates back in selection order and aggregate them with the one
 //!    validated FedAvg ([`cohort_core::aggregate::fedavg`]);
 //! 6. evaluate the new global model on the test set, write the results row and
 //!    the model, and stop at `rounds` or at `target_accuracy`.
+//!
+//! Nothing of a round is written before its aggregation succeeded, so a round
+//! that fails leaves the global model and every file as the last round left them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,20 +27,23 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use cohort_core::aggregate::{Contribution, FedAvgOutcome, fedavg};
 use cohort_core::checkpoint::{self, History};
-use cohort_core::codec::{self, DecodeLimits};
+use cohort_core::codec;
 use cohort_core::config::LoadedConfig;
 use cohort_core::data::{self, DataSource, Fetch};
 use cohort_core::fsutil::atomic_write;
 use cohort_core::hooks::{ClientReport, NoHooks, RoundPayloads, ServerHooks};
-use cohort_core::partition;
+use cohort_core::processors::Processor;
 use cohort_core::results::{ClientRow, ResultsWriter, RoundRow};
 use cohort_core::selection::ClientSelector;
 use cohort_core::tree::ParamTree;
 use cohort_train::device::{self, DeviceRequest};
 use cohort_train::init::seeded_parameters;
-use cohort_train::trainer::{ClientTask, Evaluator, LocalTrainer, TrainSettings};
+use cohort_train::trainer::{ClientTask, Evaluator};
 
-use crate::pool::{Job, WorkerPool};
+use crate::client::ClientRunner;
+use crate::grpc::{GrpcTransport, ServerSettings};
+use crate::pool::WorkerPool;
+use crate::transport::{TaskSpec, Transport};
 
 /// How the command line shaped this run.
 #[derive(Debug, Clone)]
@@ -48,6 +58,70 @@ pub struct RunOptions {
     pub show_progress: bool,
     /// Continue from the newest complete checkpoint in `run_dir`.
     pub resume: bool,
+    /// Network mode: client processes this run starts itself on this machine.
+    pub local_clients: Option<LocalClients>,
+}
+
+/// Client processes `cohort run` starts for network mode.
+#[derive(Debug, Clone)]
+pub struct LocalClients {
+    /// The `cohort` executable.
+    pub program: PathBuf,
+    pub count: usize,
+    /// Extra arguments for `cohort client` (device flag, log level).
+    pub args: Vec<String>,
+}
+
+/// The started client processes; killed when the run ends, however it ends.
+struct ChildClients(Vec<std::process::Child>);
+
+impl ChildClients {
+    fn spawn(
+        spec: &LocalClients,
+        server: std::net::SocketAddr,
+        loaded: &LoadedConfig,
+        tls: bool,
+    ) -> anyhow::Result<Self> {
+        let mut children = Vec::new();
+        for _ in 0..spec.count {
+            let mut command = std::process::Command::new(&spec.program);
+            command
+                .arg("client")
+                .arg("--server")
+                .arg(server.to_string())
+                .args(&spec.args);
+            if let Some(token) = &loaded.config.server.auth_token {
+                // The environment, not the command line: tokens stay out of `ps`.
+                command.env("COHORT_TOKEN", token);
+            }
+            if tls && let Some(cert) = &loaded.config.server.tls_cert {
+                command.arg("--tls-ca").arg(cert);
+            }
+            let child = command.spawn().with_context(|| {
+                format!("cannot start a client process ({})", spec.program.display())
+            })?;
+            children.push(child);
+        }
+        Ok(Self(children))
+    }
+}
+
+impl Drop for ChildClients {
+    fn drop(&mut self) {
+        // The server closing its streams ends the clients; give them a moment
+        // to exit on their own before making sure.
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        for child in &mut self.0 {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// What a finished run reports.
@@ -99,10 +173,22 @@ fn resume_point(loaded: &LoadedConfig, run_dir: &Path) -> anyhow::Result<StartPo
     })
 }
 
-/// A round handed to the pool: who trains, and the size of the global payload.
+/// A round handed to the transport: who trains, and the size of the global payload.
 struct Dispatched {
     clients: Vec<u32>,
     payload_bytes: u64,
+}
+
+/// One client's numbers for the results files and simulated time.
+struct Arrival {
+    processing_time: f64,
+    comm_time: f64,
+    payload_bytes: u64,
+}
+
+/// Seconds to move `bytes` at `mbps` Mbit/s.
+fn transfer_seconds(bytes: u64, mbps: f64) -> f64 {
+    bytes as f64 * 8.0 / (mbps * 1e6)
 }
 
 /// Name of the final model file in the run folder.
@@ -158,26 +244,12 @@ pub fn run_with_hooks(
         source,
         data_root.display()
     );
-    let partitions: Vec<Arc<Vec<u32>>> = partition::iid(
-        splits.train.len(),
-        config.clients.total_clients as usize,
-        config.data.partition_size,
-        config.data.random_seed,
-    )
-    .context("config `data.partition_size` / `clients.total_clients` do not fit the training set")?
-    .into_iter()
-    .map(Arc::new)
-    .collect();
+    let partitions = loaded.partitions(splits.train.len()).context(
+        "config `data.partition_size(s)` / `clients.total_clients` do not fit the training set",
+    )?;
 
     let trainer_config = &config.trainer;
     let num_classes = config.parameters.model.num_classes;
-    let settings = TrainSettings {
-        epochs: trainer_config.epochs,
-        batch_size: trainer_config.batch_size,
-        optimizer: loaded.optimizer.clone(),
-        clip_grad_norm: trainer_config.clip_grad_norm,
-        training_seed: trainer_config.training_seed,
-    };
     let mut evaluator = Evaluator::new(
         &trainer_config.model_name,
         num_classes,
@@ -206,21 +278,55 @@ pub fn run_with_hooks(
         elapsed_before,
     } = start;
     let mut simulated_before = results.rounds().last().map_or(0.0, |r| r.simulated_time);
-    let workers = (0..trainer_config.max_concurrency)
-        .map(|_| {
-            LocalTrainer::new(
-                &trainer_config.model_name,
-                num_classes,
-                &selected.device,
-                settings.clone(),
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let pool = WorkerPool::start(
-        workers,
-        Arc::new(splits.train),
-        trainer_config.threads_per_worker as usize,
-    )?;
+    let pipelines = loaded.pipelines();
+    let limits = loaded.decode_limits();
+    let mut child_clients = None;
+    let mut transport: Box<dyn Transport> = if config.clients.comm_simulation {
+        let runners = (0..trainer_config.max_concurrency)
+            .map(|_| ClientRunner::new(loaded, &selected))
+            .collect::<Result<Vec<_>, _>>()?;
+        Box::new(WorkerPool::start(
+            runners,
+            Arc::new(splits.train),
+            Arc::new(partitions),
+            trainer_config.threads_per_worker as usize,
+        )?)
+    } else {
+        let server = &config.server;
+        let bind = format!("{}:{}", server.address, server.port);
+        let bind = std::net::ToSocketAddrs::to_socket_addrs(&bind)
+            .with_context(|| format!("server.address / server.port: cannot resolve `{bind}`"))?
+            .next()
+            .with_context(|| format!("server.address / server.port: `{bind}` has no address"))?;
+        let grpc = GrpcTransport::start(ServerSettings {
+            bind,
+            config_toml: toml_text(&loaded.merged),
+            auth_token: server.auth_token.clone(),
+            tls: server.tls_cert.clone().zip(server.tls_key.clone()),
+            payload_timeout: std::time::Duration::from_secs_f64(server.payload_timeout),
+            registration_timeout: std::time::Duration::from_secs_f64(server.registration_timeout),
+            max_payload_bytes: limits.max_bytes,
+        })?;
+        progress_note(
+            options.show_progress,
+            &format!("listening for client processes on {}", grpc.local_addr()),
+        );
+        if let Some(spec) = &options.local_clients {
+            child_clients = Some(ChildClients::spawn(
+                spec,
+                grpc.local_addr(),
+                loaded,
+                server.tls_cert.is_some(),
+            )?);
+        }
+        let expected = options
+            .local_clients
+            .as_ref()
+            .map_or(trainer_config.max_concurrency as usize, |spec| spec.count)
+            .max(1);
+        grpc.wait_for_clients(expected)?;
+        Box::new(grpc)
+    };
 
     let rounds = options.rounds.unwrap_or(trainer_config.rounds);
     let per_round = config.clients.per_round;
@@ -229,7 +335,6 @@ pub fn run_with_hooks(
         (rounds + 1).saturating_sub(first_round) as u64 * per_round as u64,
     );
     let model_path = options.run_dir.join(MODEL_FILE);
-    let limits = DecodeLimits::default();
     let run_started = Instant::now();
     let mut reached_target = false;
 
@@ -241,29 +346,44 @@ pub fn run_with_hooks(
         .thread_name(|i| format!("cohort-eval{i}"))
         .build()?;
     let schedule = loaded.lr_schedule();
-    // `payload_bytes` is the size of the encoded global model, which the
-    // caller has encoded already (it is also the model file).
     let dispatch = |round: u32,
-                    global: &ParamTree,
-                    payload_bytes: u64,
-                    selector: &mut ClientSelector|
+                    global_payload: Arc<Vec<u8>>,
+                    selector: &mut ClientSelector,
+                    transport: &mut dyn Transport|
      -> anyhow::Result<Dispatched> {
         let clients = selector.select(config.clients.total_clients, per_round);
         tracing::info!(round, clients = ?clients, "round dispatched");
-        let shared = Arc::new(global.clone());
-        for (slot, &client_id) in clients.iter().enumerate() {
-            pool.submit(Job {
+        let learning_rate = schedule.rate(loaded.optimizer.learning_rate(), round);
+        let tasks = clients
+            .iter()
+            .enumerate()
+            .map(|(slot, &client_id)| TaskSpec {
                 slot,
                 task: ClientTask { client_id, round },
-                global: Arc::clone(&shared),
-                partition: Arc::clone(&partitions[client_id as usize - 1]),
-                learning_rate: schedule.rate(loaded.optimizer.learning_rate(), round),
-            })?;
-        }
+                learning_rate,
+            })
+            .collect();
+        let payload_bytes = global_payload.len() as u64;
+        transport.dispatch(global_payload, tasks)?;
         Ok(Dispatched {
             clients,
             payload_bytes,
         })
+    };
+    // The model file is plain safetensors whatever the wire pipeline is; with
+    // the default pipeline the two are the same bytes, packed once.
+    let plain_pipeline = pipelines.server_outbound.steps() == [Processor::SafetensorEncode];
+    let pack = |global: &ParamTree| -> anyhow::Result<(Vec<u8>, Arc<Vec<u8>>)> {
+        let model_bytes = codec::encode(global)?;
+        let wire = if plain_pipeline {
+            model_bytes.clone()
+        } else {
+            pipelines
+                .server_outbound
+                .send(global)
+                .context("server.outbound_processors failed on the global model")?
+        };
+        Ok((model_bytes, Arc::new(wire)))
     };
     if first_round > rounds {
         tracing::info!(rounds, "all rounds are done already");
@@ -274,48 +394,101 @@ pub fn run_with_hooks(
             reached_target,
         });
     }
-    let initial_bytes = codec::encode(&global)?.len() as u64;
-    let mut dispatched = dispatch(first_round, &global, initial_bytes, &mut selector)?;
+    let (_, initial_payload) = pack(&global)?;
+    let mut dispatched = dispatch(
+        first_round,
+        initial_payload,
+        &mut selector,
+        transport.as_mut(),
+    )?;
     let mut previous_round_end = Instant::now();
 
     for round in first_round..=rounds {
         progress.set_message(format!("round {round}/{rounds}"));
         let selected_clients = std::mem::take(&mut dispatched.clients);
         let mut arrived = Vec::with_capacity(selected_clients.len());
-        // Simulated wall time: the selected clients as if run in parallel.
-        let mut slowest_client = 0.0f64;
+        let mut arrivals: Vec<Option<Arrival>> =
+            (0..selected_clients.len()).map(|_| None).collect();
+        let mut failures: Vec<String> = Vec::new();
         let mut bytes_to_server = 0u64;
         for _ in 0..selected_clients.len() {
-            let result = pool.next_result()?;
-            let update = result.outcome?;
-            // The update crosses the (simulated) wire exactly as it would a socket.
-            let processing_started = Instant::now();
-            let payload = codec::encode(&update.tree)?;
-            bytes_to_server += payload.len() as u64;
-            let received = codec::decode(&payload, &limits)
-                .with_context(|| format!("client {}: update payload", result.task.client_id))?;
-            let processing_time = processing_started.elapsed().as_secs_f64();
-            slowest_client = slowest_client.max(update.training_time + processing_time);
+            let outcome = transport.next_outcome()?;
+            progress.inc(1);
+            let client_id = outcome.task.client_id;
+            let delivered = match outcome.result {
+                Ok(delivered) => delivered,
+                Err(reason) => {
+                    tracing::warn!(round, client = client_id, "client dropped: {reason}");
+                    failures.push(format!("client {client_id}: {reason}"));
+                    continue;
+                }
+            };
+            let reply = delivered.reply;
+            bytes_to_server += reply.payload.len() as u64;
+            let unpacking = Instant::now();
+            let received = match pipelines.server_inbound.receive(&reply.payload, &limits) {
+                Ok(tree) => tree,
+                Err(error) => {
+                    tracing::warn!(
+                        round,
+                        client = client_id,
+                        "malformed update, client dropped: {error}"
+                    );
+                    failures.push(format!("client {client_id}: malformed update: {error}"));
+                    continue;
+                }
+            };
             tracing::debug!(
-                client = result.task.client_id,
-                worker = result.worker,
-                loss = update.loss,
-                seconds = update.training_time,
+                client = client_id,
+                worker = outcome.worker,
+                loss = reply.loss,
+                seconds = reply.training_time,
                 "client finished"
             );
+            arrivals[outcome.slot] = Some(Arrival {
+                processing_time: reply.processing_time + unpacking.elapsed().as_secs_f64(),
+                comm_time: delivered.comm_time,
+                payload_bytes: reply.payload.len() as u64,
+            });
             let report = ClientReport {
-                client_id: result.task.client_id,
-                num_samples: update.num_samples,
-                loss: update.loss,
-                training_time: update.training_time,
-                worker: result.worker,
+                client_id,
+                num_samples: reply.num_samples,
+                loss: reply.loss,
+                training_time: reply.training_time,
+                worker: outcome.worker,
             };
-            arrived.push((result.slot, report, received));
-            progress.inc(1);
+            arrived.push((outcome.slot, report, received));
         }
-        let payloads = RoundPayloads::assemble(round, &selected_clients, arrived)?
+        let min_per_round = loaded.min_per_round() as usize;
+        if arrived.len() < min_per_round {
+            bail!(
+                "round {round}: only {} of {} clients returned an update, and \
+                 clients.min_per_round = {min_per_round}; the global model stays at round {}. \
+                 Dropped: {}",
+                arrived.len(),
+                selected_clients.len(),
+                round - 1,
+                failures.join("; ")
+            );
+        }
+        // The round goes on with the clients that arrived, in selection order.
+        arrived.sort_by_key(|(slot, _, _)| *slot);
+        let present: Vec<u32> = arrived
+            .iter()
+            .map(|(_, report, _)| report.client_id)
+            .collect();
+        let arrived: Vec<_> = arrived
+            .into_iter()
+            .enumerate()
+            .map(|(position, (_, report, tree))| (position, report, tree))
+            .collect();
+        let arrivals: Vec<Arrival> = arrivals.into_iter().flatten().collect();
+        let payloads = RoundPayloads::assemble(round, &present, arrived)?
             .apply_hooks(hooks, &global)?
             .into_payloads();
+        if config.results.keep_client_updates {
+            keep_updates(&options.run_dir, round, &payloads)?;
+        }
         let contributions: Vec<Contribution<'_>> = payloads
             .iter()
             .map(|payload| Contribution {
@@ -334,12 +507,13 @@ pub fn run_with_hooks(
         }
         let reports: Vec<ClientReport> = payloads.into_iter().map(|p| p.into_parts().0).collect();
         let bytes_to_clients = dispatched.payload_bytes * selected_clients.len() as u64;
+        let downlink_payload = dispatched.payload_bytes;
         // The checkpoint of this round must hold the selector as it was before
         // the next round's draw, so a resumed run draws the same clients.
         let selector_after_round = selector.state(config.server.random_seed);
-        let model_bytes = codec::encode(&global)?;
+        let (model_bytes, wire_payload) = pack(&global)?;
         if round < rounds {
-            dispatched = dispatch(round + 1, &global, model_bytes.len() as u64, &mut selector)?;
+            dispatched = dispatch(round + 1, wire_payload, &mut selector, transport.as_mut())?;
         }
 
         let evaluation_started = Instant::now();
@@ -354,29 +528,56 @@ pub fn run_with_hooks(
             .map(|r| r.loss * r.num_samples as f64)
             .sum::<f64>()
             / total_samples.max(1) as f64;
+        // Simulated wall time: the round's clients as if they ran in parallel,
+        // each finishing after its download, processing, training and upload.
+        let clients_config = &config.clients;
+        let slowest_client = reports
+            .iter()
+            .zip(&arrivals)
+            .map(|(report, arrival)| {
+                let comm_time = match (clients_config.downlink_mbps, clients_config.uplink_mbps) {
+                    (None, None) => arrival.comm_time,
+                    (down, up) => {
+                        down.map_or(0.0, |mbps| transfer_seconds(downlink_payload, mbps))
+                            + up.map_or(0.0, |mbps| transfer_seconds(arrival.payload_bytes, mbps))
+                    }
+                };
+                report.training_time + arrival.processing_time + comm_time
+            })
+            .fold(0.0f64, f64::max);
+        let elapsed_time = elapsed_before + run_started.elapsed().as_secs_f64();
+        let simulated_time = if config.server.simulate_wall_time {
+            simulated_before + slowest_client
+        } else {
+            elapsed_time
+        };
         let row = RoundRow {
             round,
             accuracy,
-            elapsed_time: elapsed_before + run_started.elapsed().as_secs_f64(),
+            elapsed_time,
             round_time: previous_round_end.elapsed().as_secs_f64(),
             training_time: reports.iter().map(|r| r.training_time).sum(),
             evaluation_time,
             bytes_to_clients,
             bytes_to_server,
             train_loss,
-            simulated_time: simulated_before + slowest_client,
+            simulated_time,
         };
         simulated_before = row.simulated_time;
         previous_round_end = Instant::now();
         let client_rows = reports
             .iter()
-            .map(|r| ClientRow {
+            .zip(&arrivals)
+            .map(|(r, arrival)| ClientRow {
                 round,
                 client_id: r.client_id,
                 worker: r.worker,
                 samples: r.num_samples,
                 loss: r.loss,
                 training_time: r.training_time,
+                processing_time: arrival.processing_time,
+                comm_time: arrival.comm_time,
+                payload_bytes: arrival.payload_bytes,
             })
             .collect();
         tracing::info!(
@@ -421,11 +622,14 @@ pub fn run_with_hooks(
             tracing::info!(round, accuracy, target, "target accuracy reached");
             reached_target = true;
             // The next round may already be training; its work is dropped.
-            pool.cancel();
+            transport.cancel();
             break;
         }
     }
     progress.finish_and_clear();
+    // The transport goes first: closing the streams lets client processes exit.
+    drop(transport);
+    drop(child_clients);
     if results.rounds().is_empty() {
         bail!("no round ran");
     }
@@ -435,6 +639,32 @@ pub fn run_with_hooks(
         model_path,
         reached_target,
     })
+}
+
+fn progress_note(show: bool, line: &str) {
+    if show {
+        eprintln!("{line}");
+    }
+}
+
+/// `updates/round-NNNN/client-CCCC.safetensors`: what the server aggregated.
+fn keep_updates(
+    run_dir: &Path,
+    round: u32,
+    payloads: &[cohort_core::hooks::ReceivedPayload],
+) -> anyhow::Result<()> {
+    let folder = run_dir.join("updates").join(format!("round-{round:04}"));
+    std::fs::create_dir_all(&folder)
+        .with_context(|| format!("cannot create {}", folder.display()))?;
+    for payload in payloads {
+        let path = folder.join(format!(
+            "client-{:04}.safetensors",
+            payload.report.client_id
+        ));
+        atomic_write(&path, &codec::encode(payload.tree())?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn progress_bar(show: bool, total: u64) -> ProgressBar {

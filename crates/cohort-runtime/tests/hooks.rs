@@ -34,6 +34,7 @@ fn options(run_dir: PathBuf, rounds: u32) -> RunOptions {
         data_root: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")),
         show_progress: false,
         resume: false,
+        local_clients: None,
     }
 }
 

@@ -109,6 +109,23 @@ impl LoadedConfig {
         Pipelines::from_config(&self.config).expect("pipelines are checked when the config loads")
     }
 
+    /// Each client's training-sample indices (client `c` at index `c - 1`).
+    pub fn partitions(
+        &self,
+        num_samples: usize,
+    ) -> Result<Vec<Vec<u32>>, crate::partition::PartitionError> {
+        let data = &self.config.data;
+        match &data.partition_sizes {
+            Some(sizes) => crate::partition::iid_sized(num_samples, sizes, data.random_seed),
+            None => crate::partition::iid(
+                num_samples,
+                self.config.clients.total_clients as usize,
+                data.partition_size,
+                data.random_seed,
+            ),
+        }
+    }
+
     /// Reports a round needs before it aggregates.
     pub fn min_per_round(&self) -> u32 {
         self.config
@@ -166,6 +183,7 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "server.tls_cert",
     "server.tls_key",
     "server.max_payload_bytes",
+    "results.keep_client_updates",
 ];
 
 impl LoadedConfig {
@@ -563,7 +581,10 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         if let Some(value) = value
             && !(value.is_finite() && value > 0.0)
         {
-            fail(key, format!("must be a finite number > 0 (Mbit/s), got {value}"))?;
+            fail(
+                key,
+                format!("must be a finite number > 0 (Mbit/s), got {value}"),
+            )?;
         }
     }
     let server = &config.server;
@@ -572,7 +593,10 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         ("server.registration_timeout", server.registration_timeout),
     ] {
         if !(value.is_finite() && value > 0.0) {
-            fail(key, format!("must be a finite number of seconds > 0, got {value}"))?;
+            fail(
+                key,
+                format!("must be a finite number of seconds > 0, got {value}"),
+            )?;
         }
     }
     if server.max_payload_bytes == 0 {
@@ -605,6 +629,31 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             "data.partition_size",
             "must be at least 1 when set".to_owned(),
         )?;
+    }
+    if let Some(sizes) = &config.data.partition_sizes {
+        if config.data.partition_size.is_some() {
+            fail(
+                "data.partition_sizes",
+                "give either partition_size (all clients alike) or partition_sizes, not both"
+                    .to_owned(),
+            )?;
+        }
+        if sizes.len() != config.clients.total_clients as usize {
+            fail(
+                "data.partition_sizes",
+                format!(
+                    "has {} entries but clients.total_clients = {}; give one size per client",
+                    sizes.len(),
+                    config.clients.total_clients
+                ),
+            )?;
+        }
+        if sizes.contains(&0) {
+            fail(
+                "data.partition_sizes",
+                "every client needs at least 1 sample".to_owned(),
+            )?;
+        }
     }
     if let Some(mirrors) = &config.data.mirrors
         && mirrors.is_empty()

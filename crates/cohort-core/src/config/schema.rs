@@ -139,6 +139,9 @@ pub struct Data {
     pub sampler: String,
     /// Samples per client; default: the training set divided evenly.
     pub partition_size: Option<usize>,
+    /// Samples of each client in turn (one entry per client), for unequal
+    /// clients; excludes `partition_size`.
+    pub partition_sizes: Option<Vec<usize>>,
     /// Seed of the partitioning shuffle.
     pub random_seed: u64,
     /// Fetch missing files from the public mirrors.
@@ -154,6 +157,7 @@ impl Default for Data {
             data_path: PathBuf::from("data"),
             sampler: "iid".to_owned(),
             partition_size: None,
+            partition_sizes: None,
             random_seed: 1,
             download: true,
             mirrors: None,
@@ -255,4 +259,7 @@ impl Default for ModelParameters {
 pub struct Results {
     /// Where run folders go; overrides `general.base_path` when set.
     pub result_path: Option<PathBuf>,
+    /// Also write every client update the server received, as
+    /// `updates/round-NNNN/client-CCCC.safetensors` (for audits and debugging).
+    pub keep_client_updates: bool,
 }

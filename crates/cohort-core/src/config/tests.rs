@@ -288,7 +288,10 @@ fn pipelines_that_cannot_work_are_refused_at_load() {
         "per_round = 2\noutbound_processors = [\"zstd_compress\", \"safetensor_encode\"]",
     ));
     assert_eq!(error.key.as_deref(), Some("clients.outbound_processors"));
-    assert!(error.message.contains("put `safetensor_encode` before it"), "{error}");
+    assert!(
+        error.message.contains("put `safetensor_encode` before it"),
+        "{error}"
+    );
     assert!(error.to_string().contains("run.toml"), "{error}");
 
     let error = error_of(&MINIMAL.replace(
@@ -296,7 +299,12 @@ fn pipelines_that_cannot_work_are_refused_at_load() {
         "per_round = 2\noutbound_processors = [\"safetensor_encode\", \"zstd_compress\"]",
     ));
     assert_eq!(error.key.as_deref(), Some("server.inbound_processors"));
-    assert!(error.message.contains("\"zstd_decompress\", \"safetensor_decode\""), "{error}");
+    assert!(
+        error
+            .message
+            .contains("\"zstd_decompress\", \"safetensor_decode\""),
+        "{error}"
+    );
 
     let both = MINIMAL.replace(
         "per_round = 2",

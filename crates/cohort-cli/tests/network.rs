@@ -1,0 +1,414 @@
+//! Network mode (`clients.comm_simulation = false`) with real `cohort client`
+//! processes over loopback sockets.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{fixture_data, only_run_dir, write_config};
+
+/// A port that was free a moment ago (the OS picks it; loopback only).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn cohort_command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cohort"));
+    command
+        .args(args)
+        .env("COHORT_DATA_DIR", fixture_data())
+        .env_remove("RUST_LOG")
+        .env_remove("COHORT_TOKEN");
+    command
+}
+
+/// Two logical clients with 300 and 100 samples (3:1), one round.
+fn unequal_job(port: u16, comm_simulation: bool) -> String {
+    format!(
+        r#"
+[clients]
+total_clients = 2
+per_round = 2
+comm_simulation = {comm_simulation}
+
+[server]
+port = {port}
+registration_timeout = 60
+
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_sizes = [300, 100]
+
+[trainer]
+rounds = 1
+epochs = 1
+batch_size = 20
+max_concurrency = 2
+optimizer = "sgd"
+model_name = "lenet5"
+model_seed = 3
+training_seed = 5
+
+[parameters.optimizer]
+learning_rate = 0.05
+momentum = 0.9
+
+[results]
+keep_client_updates = true
+"#
+    )
+}
+
+fn run_to_completion(
+    dir: &Path,
+    config_text: &str,
+    extra: &[&str],
+) -> (PathBuf, std::process::Output) {
+    let config = write_config(dir, config_text);
+    let base = dir.join("runs");
+    let mut args = vec![
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--cpu",
+        "--quiet",
+        "--base",
+        base.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let output = cohort_command(&args).output().unwrap();
+    (base, output)
+}
+
+/// Float32 tensors of a safetensors file, read with the `safetensors` crate
+/// directly (not cohort's codec), by name.
+fn tensors(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<f32>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (name, values)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn two_client_processes_give_the_exact_sample_weighted_mean() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, output) = run_to_completion(dir.path(), &unequal_job(free_port(), false), &[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let run_dir = only_run_dir(&base);
+
+    // Two physical processes registered, and each trained one logical client.
+    let log = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
+    assert_eq!(log.matches("client process registered").count(), 2, "{log}");
+    let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = clients
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{clients}");
+    let mut samples: Vec<(&str, &str)> = rows.iter().map(|r| (r[1], r[3])).collect();
+    samples.sort();
+    assert_eq!(samples, [("1", "300"), ("2", "100")], "{clients}");
+    assert_ne!(
+        rows[0][2], rows[1][2],
+        "two different worker processes: {clients}"
+    );
+
+    // The aggregated model, computed independently: 0.75·a + 0.25·b in float32.
+    let updates = run_dir.join("updates/round-0001");
+    let a = tensors(&updates.join("client-0001.safetensors"));
+    let b = tensors(&updates.join("client-0002.safetensors"));
+    let global = tensors(&run_dir.join("model.safetensors"));
+    assert_eq!(global.len(), 10);
+    let (wa, wb) = ((300.0f64 / 400.0) as f32, (100.0f64 / 400.0) as f32);
+    for ((name, g), ((_, x), (_, y))) in global.iter().zip(a.iter().zip(&b)) {
+        for (i, ((&g, &x), &y)) in g.iter().zip(x).zip(y).enumerate() {
+            let expected = wa * x + wb * y;
+            assert_eq!(
+                g.to_bits(),
+                expected.to_bits(),
+                "{name}[{i}]: {g} vs {expected}"
+            );
+        }
+    }
+    assert_ne!(a, b, "the two clients trained on different data");
+
+    // The same config in one process gives the same model, bit for bit.
+    let dir2 = tempfile::tempdir().unwrap();
+    let (base2, output2) = run_to_completion(dir2.path(), &unequal_job(free_port(), true), &[]);
+    assert!(
+        output2.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output2.stderr)
+    );
+    assert_eq!(
+        std::fs::read(only_run_dir(&base2).join("model.safetensors")).unwrap(),
+        std::fs::read(run_dir.join("model.safetensors")).unwrap()
+    );
+}
+
+/// Three logical clients, all in every round, with enough local work that a
+/// process can be killed while it trains.
+fn three_client_job(port: u16, min_per_round: u32) -> String {
+    format!(
+        r#"
+[clients]
+total_clients = 3
+per_round = 3
+min_per_round = {min_per_round}
+comm_simulation = false
+
+[server]
+port = {port}
+registration_timeout = 60
+payload_timeout = 120
+
+[data]
+datasource = "FashionMNIST"
+download = false
+
+[trainer]
+rounds = 2
+epochs = 8
+batch_size = 16
+max_concurrency = 3
+optimizer = "sgd"
+model_name = "lenet5"
+model_seed = 3
+training_seed = 5
+
+[parameters.optimizer]
+learning_rate = 0.05
+"#
+    )
+}
+
+struct Killed {
+    server: std::process::Output,
+    base: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts the server and three client processes by hand, kills the first
+/// client as soon as it reports that it is training, and waits for the server.
+fn run_and_kill_one(min_per_round: u32) -> Killed {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), &three_client_job(port, min_per_round));
+    let base = dir.path().join("runs");
+    let server = cohort_command(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--cpu",
+        "--quiet",
+        "--local-clients",
+        "0",
+        "--base",
+        base.to_str().unwrap(),
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let address = format!("127.0.0.1:{port}");
+    let mut clients: Vec<Child> = (0..3)
+        .map(|_| {
+            cohort_command(&["client", "--server", &address, "--cpu"])
+                .stderr(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let victim_log = clients[0].stderr.take().unwrap();
+    let mut saw_training = false;
+    for line in BufReader::new(victim_log).lines() {
+        let line = line.unwrap();
+        if line.contains("training client") {
+            saw_training = true;
+            break;
+        }
+    }
+    assert!(saw_training, "the first client never started training");
+    clients[0].kill().unwrap();
+    clients[0].wait().unwrap();
+    let server = server.wait_with_output().unwrap();
+    for client in &mut clients[1..] {
+        // They end by themselves once the server closes the session.
+        client.wait().unwrap();
+    }
+    Killed {
+        server,
+        base,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn a_killed_client_process_is_dropped_and_the_round_goes_on_with_min_per_round_2() {
+    let killed = run_and_kill_one(2);
+    let stderr = String::from_utf8_lossy(&killed.server.stderr);
+    assert!(killed.server.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("client dropped"),
+        "the drop is logged: {stderr}"
+    );
+    let run_dir = only_run_dir(&killed.base);
+    let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
+    assert_eq!(results.lines().count(), 3, "both rounds ran: {results}");
+    let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    let per_round = |round: &str| {
+        clients
+            .lines()
+            .filter(|l| l.starts_with(&format!("{round},")))
+            .count()
+    };
+    assert_eq!(
+        per_round("1"),
+        2,
+        "round 1 aggregated the two survivors: {clients}"
+    );
+    assert_eq!(
+        per_round("2"),
+        3,
+        "round 2 ran all three clients on two processes: {clients}"
+    );
+}
+
+#[test]
+fn a_killed_client_process_stops_the_run_cleanly_with_min_per_round_3() {
+    let killed = run_and_kill_one(3);
+    let stderr = String::from_utf8_lossy(&killed.server.stderr);
+    assert!(!killed.server.status.success());
+    assert!(
+        stderr.contains("round 1: only 2 of 3 clients returned an update"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("clients.min_per_round = 3"), "{stderr}");
+    let run_dir = only_run_dir(&killed.base);
+    assert!(
+        !run_dir.join("model.safetensors").exists(),
+        "no half-updated model"
+    );
+    assert!(
+        !run_dir.join("checkpoints").exists()
+            || std::fs::read_dir(run_dir.join("checkpoints"))
+                .unwrap()
+                .count()
+                == 0
+    );
+    let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap_or_default();
+    assert!(
+        results.lines().count() <= 1,
+        "no round was recorded: {results}"
+    );
+}
+
+#[test]
+fn a_wrong_token_is_refused_and_the_right_one_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let job = unequal_job(port, false).replace(
+        "registration_timeout = 60",
+        "registration_timeout = 60\nauth_token = \"s3cret\"",
+    );
+    let config = write_config(dir.path(), &job);
+    let base = dir.path().join("runs");
+    let server = cohort_command(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--cpu",
+        "--quiet",
+        "--local-clients",
+        "0",
+        "--base",
+        base.to_str().unwrap(),
+    ])
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let address = format!("127.0.0.1:{port}");
+    let intruder = cohort_command(&["client", "--server", &address, "--token", "guess"])
+        .output()
+        .unwrap();
+    assert!(!intruder.status.success());
+    let message = String::from_utf8_lossy(&intruder.stderr);
+    assert!(message.contains("refused"), "{message}");
+    let members: Vec<Child> = (0..2)
+        .map(|_| {
+            cohort_command(&["client", "--server", &address, "--cpu", "--quiet"])
+                .env("COHORT_TOKEN", "s3cret")
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let output = server.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for member in members {
+        let done = member.wait_with_output().unwrap();
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+}
+
+#[test]
+fn tls_with_a_generated_certificate_carries_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .unwrap();
+    let cert = dir.path().join("server.pem");
+    let key = dir.path().join("server.key");
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    let job = unequal_job(free_port(), false).replace(
+        "registration_timeout = 60",
+        &format!(
+            "registration_timeout = 60\ntls_cert = \"{}\"\ntls_key = \"{}\"",
+            cert.display(),
+            key.display()
+        ),
+    );
+    let (base, output) = run_to_completion(dir.path(), &job, &[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results = std::fs::read_to_string(only_run_dir(&base).join("results.csv")).unwrap();
+    assert_eq!(results.lines().count(), 2, "{results}");
+}

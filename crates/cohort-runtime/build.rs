@@ -1,0 +1,14 @@
+//! Generates the gRPC code from `proto/cohort.proto`. protoc comes from the
+//! `protoc-bin-vendored` crate, so building needs no system protobuf compiler.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/cohort.proto");
+    if std::env::var_os("PROTOC").is_none() {
+        let protoc = protoc_bin_vendored::protoc_bin_path()?;
+        // SAFETY: build scripts are single-threaded; nothing else reads the
+        // environment concurrently.
+        unsafe { std::env::set_var("PROTOC", protoc) };
+    }
+    tonic_prost_build::configure().compile_protos(&["proto/cohort.proto"], &["proto"])?;
+    Ok(())
+}

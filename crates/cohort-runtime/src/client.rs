@@ -1,0 +1,106 @@
+//! One logical client's side of a round, the same in process and over the
+//! network: unpack the global model through `clients.inbound_processors`, train
+//! on the client's partition, pack the update through
+//! `clients.outbound_processors`.
+
+use std::time::Instant;
+
+use cohort_core::codec::DecodeLimits;
+use cohort_core::config::LoadedConfig;
+use cohort_core::data::Dataset;
+use cohort_core::processors::{Pipeline, ProcessError};
+use cohort_train::device::Selected;
+use cohort_train::model::UnknownModel;
+use cohort_train::trainer::{ClientTask, LocalTrainer, TrainError, TrainSettings};
+
+/// What a client sends back for one task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientReply {
+    pub num_samples: u64,
+    pub loss: f64,
+    pub training_time: f64,
+    /// Seconds in the client's processors (unpacking the model, packing the update).
+    pub processing_time: f64,
+    /// The update, as it goes on the wire.
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot unpack the global model: {0}")]
+    GlobalPayload(#[source] ProcessError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error("cannot pack the update: {0}")]
+    UpdatePayload(#[source] ProcessError),
+}
+
+/// The training settings of a config, shared by the server's in-process
+/// workers and by client processes.
+pub fn train_settings(loaded: &LoadedConfig) -> TrainSettings {
+    let trainer = &loaded.config.trainer;
+    TrainSettings {
+        epochs: trainer.epochs,
+        batch_size: trainer.batch_size,
+        optimizer: loaded.optimizer.clone(),
+        clip_grad_norm: trainer.clip_grad_norm,
+        training_seed: trainer.training_seed,
+    }
+}
+
+/// A physical worker: one model instance reused for every logical client it runs.
+pub struct ClientRunner {
+    trainer: LocalTrainer,
+    inbound: Pipeline,
+    outbound: Pipeline,
+    limits: DecodeLimits,
+}
+
+impl ClientRunner {
+    pub fn new(loaded: &LoadedConfig, device: &Selected) -> Result<Self, UnknownModel> {
+        let pipelines = loaded.pipelines();
+        Ok(Self {
+            trainer: LocalTrainer::new(
+                &loaded.config.trainer.model_name,
+                loaded.config.parameters.model.num_classes,
+                &device.device,
+                train_settings(loaded),
+            )?,
+            inbound: pipelines.client_inbound,
+            outbound: pipelines.client_outbound,
+            limits: loaded.decode_limits(),
+        })
+    }
+
+    pub fn run(
+        &mut self,
+        task: ClientTask,
+        learning_rate: f64,
+        global_payload: &[u8],
+        data: &Dataset,
+        partition: &[u32],
+    ) -> Result<ClientReply, ClientError> {
+        let unpacking = Instant::now();
+        let global = self
+            .inbound
+            .receive(global_payload, &self.limits)
+            .map_err(ClientError::GlobalPayload)?;
+        let mut processing_time = unpacking.elapsed().as_secs_f64();
+        let update = self
+            .trainer
+            .train(task, &global, data, partition, learning_rate)?;
+        let packing = Instant::now();
+        let payload = self
+            .outbound
+            .send(&update.tree)
+            .map_err(ClientError::UpdatePayload)?;
+        processing_time += packing.elapsed().as_secs_f64();
+        Ok(ClientReply {
+            num_samples: update.num_samples,
+            loss: update.loss,
+            training_time: update.training_time,
+            processing_time,
+            payload,
+        })
+    }
+}
