@@ -279,6 +279,9 @@ mod tests {
         assert_eq!(csv.lines().count(), 3);
         assert!(csv.lines().nth(2).unwrap().starts_with("2,0.5000,"));
         let clients = std::fs::read_to_string(dir.path().join("clients.csv")).unwrap();
-        assert_eq!(clients.lines().nth(1).unwrap(), "1,3,0,6,0.250000,0.400");
+        assert_eq!(
+            clients.lines().nth(1).unwrap(),
+            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000"
+        );
     }
 }
