@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The GPU profile, run on a machine with a GPU (here: the `device` tool's H200).
-# Expects a wgpu build of cohort at .gpu/cohort (or .gpu/cohort.xz), Fashion-MNIST
+# Expects a Vulkan build of cohort at .gpu/cohort (or .gpu/cohort.xz), Fashion-MNIST
 # under .gpu/data/fashion-mnist, and Debian's libvulkan1 .deb under .gl/.
-# Build here:  cargo build --release -p cohort-cli --features wgpu
+# Build here:  cargo build --release -p cohort-cli --features vulkan
 #              mkdir -p .gpu/data && strip -o .gpu/cohort "$CARGO_TARGET_DIR/release/cohort" && xz -T2 -f .gpu/cohort
 #              cp -r ../shared/data/fashion-mnist .gpu/data/
+# For each job (R1, and the seed's reference job on Fashion-MNIST) it runs --gpu
+# and --cpu, prints both results and training samples/s, and compares the global
+# models after round 1 (relative L2 distance, which must stay under TOLERANCE).
 # Fails (non-zero) when no GPU answers: --gpu refuses to fall back to the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
+TOLERANCE="${TOLERANCE:-1e-2}"
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
@@ -19,19 +23,28 @@ chmod +x .gpu/cohort
 export COHORT_DATA_DIR="$PWD/.gpu/data"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
-run() { # name, extra args...
-  local name=$1; shift
+run() { # job name, config, device flag
+  local name=$1 config=$2 flag=$3
   local start end
   start=$(date +%s.%N)
-  .gpu/cohort run --config configs/fashion_mnist/fedavg_lenet5_r1.toml --quiet --base "$OUT/$name" "$@"
+  .gpu/cohort run --config "$config" --quiet --base "$OUT/$name" "$flag"
   end=$(date +%s.%N)
   echo "== $name: $(awk "BEGIN { printf \"%.2f\", $end - $start }") s end to end"
   cat "$OUT/$name"/*/results.csv
   awk -F, 'NR>1 { s += $4; t += $6 } END { printf "local training: %.0f samples/s\n", s / t }' "$OUT/$name"/*/clients.csv
   grep -h "compute device" "$OUT/$name"/*/run.log | sed 's/.*device=/device: /'
 }
-run gpu --gpu
-run cpu --cpu
+compare_round1() { # job name
+  echo "== $1: global model after round 1, GPU against CPU"
+  .gpu/cohort compare "$OUT/$1-cpu"/*/checkpoints/round-0001.safetensors \
+    "$OUT/$1-gpu"/*/checkpoints/round-0001.safetensors --tolerance "$TOLERANCE"
+}
+run r1-gpu configs/fashion_mnist/fedavg_lenet5_r1.toml --gpu
+run r1-cpu configs/fashion_mnist/fedavg_lenet5_r1.toml --cpu
+compare_round1 r1
+run reference-gpu configs/fashion_mnist/fedavg_lenet5_reference.toml --gpu
+run reference-cpu configs/fashion_mnist/fedavg_lenet5_reference.toml --cpu
+compare_round1 reference
 # The GPU run must reach R1's reference accuracy too.
-awk -F, 'END { if ($2 + 0 < 0.82) { print "GPU R1 accuracy " $2 " < 0.82"; exit 1 } }' "$OUT"/gpu/*/results.csv
+awk -F, 'END { if ($2 + 0 < 0.82) { print "GPU R1 accuracy " $2 " < 0.82"; exit 1 } }' "$OUT"/r1-gpu/*/results.csv
 echo "GPU profile passed"

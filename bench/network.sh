@@ -2,13 +2,15 @@
 # The seed's reference job in both transport modes on this machine, then plain
 # TCP loopback throughput in the same session.
 # Usage: bench/network.sh [DATA_DIR] [CONFIG]   (defaults: ../shared/data and the
-# reference job on Fashion-MNIST, since the shared data has no MNIST training set)
+# reference job on Fashion-MNIST, since the shared data has no MNIST training set).
+# FEATURES="--features vulkan" reuses a GPU release build (run here with --cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="$(cd "${1:-../shared/data}" && pwd)"
 CONFIG="${2:-configs/fashion_mnist/fedavg_lenet5_reference.toml}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cohort-target}"
-cargo build --release --locked -p cohort-cli >/dev/null
+# shellcheck disable=SC2086
+cargo build --release --locked -p cohort-cli ${FEATURES:-} >/dev/null
 BIN="$CARGO_TARGET_DIR/release/cohort"
 OUT="$(mktemp -d)"
 sed 's/^comm_simulation = true/comm_simulation = false/' "$CONFIG" > "$OUT/network.toml"
@@ -25,4 +27,5 @@ for mode in simulation network; do
   awk -F, 'NR>1 { p += $7; c += $8; b += $9; n++ } END { printf "per client: processing %.4f s, comm %.4f s, update %d bytes\n", p/n, c/n, b/n }' "$run_dir/clients.csv"
 done
 "$BIN" compare "$(ls -d "$OUT"/simulation/*/)model.safetensors" "$(ls -d "$OUT"/network/*/)model.safetensors"
-cargo bench --locked -p cohort-runtime --bench loopback 2>/dev/null | grep loopback
+# shellcheck disable=SC2086
+cargo bench --locked -p cohort-runtime ${FEATURES:-} --bench loopback 2>/dev/null | grep loopback

@@ -1,0 +1,98 @@
+//! The strict GPU test profile:
+//!
+//! ```sh
+//! COHORT_TEST_PROFILE=gpu cargo test --release -p cohort-train --features vulkan --test gpu_profile
+//! ```
+//!
+//! Under that profile a missing GPU backend or device is a failure, never a
+//! skip. Without it (CI has no GPU) these tests only say that they were not
+//! asked for; the CPU paths are covered by the unit tests.
+
+use cohort_core::compare::compare;
+use cohort_core::data::Dataset;
+use cohort_core::optim::OptimizerSpec;
+use cohort_train::device::{self, DeviceRequest};
+use cohort_train::init::seeded_parameters;
+use cohort_train::trainer::{ClientTask, Evaluator, LocalTrainer, TrainSettings};
+
+fn gpu_profile() -> bool {
+    let requested = std::env::var("COHORT_TEST_PROFILE").is_ok_and(|p| p == "gpu");
+    if !requested {
+        eprintln!("not the GPU profile (COHORT_TEST_PROFILE=gpu); nothing to check here");
+    }
+    requested
+}
+
+fn synthetic(count: usize) -> Dataset {
+    Dataset {
+        images: (0..count * 784)
+            .map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5)
+            .collect(),
+        labels: (0..count).map(|i| (i % 10) as u8).collect(),
+        rows: 28,
+        cols: 28,
+    }
+}
+
+fn settings() -> TrainSettings {
+    TrainSettings {
+        epochs: 1,
+        batch_size: 32,
+        optimizer: OptimizerSpec::Sgd {
+            learning_rate: 0.05,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+        },
+        clip_grad_norm: Some(5.0),
+        training_seed: Some(7),
+    }
+}
+
+#[test]
+fn the_gpu_answers_and_trains_like_the_cpu() {
+    if !gpu_profile() {
+        return;
+    }
+    let gpu = device::select(DeviceRequest::Gpu)
+        .unwrap_or_else(|error| panic!("COHORT_TEST_PROFILE=gpu needs a working GPU: {error}"));
+    eprintln!("GPU device: {}", gpu.name);
+    let cpu = device::select(DeviceRequest::Cpu).unwrap();
+    let data = synthetic(256);
+    let partition: Vec<u32> = (0..256).collect();
+    for model in ["lenet5", "cnn_bn"] {
+        let mut on_cpu = LocalTrainer::new(model, 10, &cpu.device, settings()).unwrap();
+        let mut on_gpu = LocalTrainer::new(model, 10, &gpu.device, settings()).unwrap();
+        let template = Evaluator::new(model, 10, &cpu.device, 64)
+            .unwrap()
+            .parameters();
+        let global = seeded_parameters(&template, 11);
+        let task = ClientTask {
+            client_id: 1,
+            round: 1,
+        };
+        let a = on_cpu
+            .train(task, &global, &data, &partition, 0.05)
+            .unwrap();
+        let b = on_gpu
+            .train(task, &global, &data, &partition, 0.05)
+            .unwrap();
+        let distance = compare(&a.tree, &b.tree).unwrap();
+        eprintln!(
+            "{model}: 8 steps, GPU vs CPU: max |a-b| {:.3e}, relative L2 {:.3e}",
+            distance.max_abs, distance.relative_l2
+        );
+        assert!(distance.relative_l2 < 1e-3, "{model}: {distance:?}");
+
+        let accuracy = |device: &burn::tensor::Device| {
+            Evaluator::new(model, 10, device, 64)
+                .unwrap()
+                .accuracy(&a.tree, &data)
+                .unwrap()
+        };
+        let (cpu_accuracy, gpu_accuracy) = (accuracy(&cpu.device), accuracy(&gpu.device));
+        eprintln!("{model}: accuracy CPU {cpu_accuracy:.4}, GPU {gpu_accuracy:.4}");
+        assert!((cpu_accuracy - gpu_accuracy).abs() <= 2.0 / 256.0);
+    }
+}
