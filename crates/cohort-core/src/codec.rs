@@ -299,6 +299,92 @@ mod tests {
         assert!(decode(&huge_header, &DecodeLimits::default()).is_err());
     }
 
+    /// A safetensors file written by hand: header JSON, then `data`.
+    fn raw(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        file.extend_from_slice(data);
+        file
+    }
+
+    #[test]
+    fn hand_written_well_formed_file_decodes() {
+        // The control for the malformed cases below: only one thing differs in each.
+        let file = raw(
+            r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        );
+        assert!(decode(&file, &DecodeLimits::default()).is_ok());
+    }
+
+    #[test]
+    fn out_of_range_offsets_are_an_error() {
+        let file = raw(
+            r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+            &[0; 8],
+        );
+        assert!(matches!(
+            decode(&file, &DecodeLimits::default()),
+            Err(CodecError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn overlapping_offsets_are_an_error() {
+        let file = raw(
+            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+            &[0; 12],
+        );
+        assert!(matches!(
+            decode(&file, &DecodeLimits::default()),
+            Err(CodecError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn offsets_that_disagree_with_the_shape_are_an_error() {
+        let file = raw(
+            r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        );
+        assert!(matches!(
+            decode(&file, &DecodeLimits::default()),
+            Err(CodecError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_and_uncarried_dtypes_are_errors() {
+        let unknown = raw(
+            r#"{"w":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        );
+        assert!(matches!(
+            decode(&unknown, &DecodeLimits::default()),
+            Err(CodecError::Malformed(_))
+        ));
+        let float64 = raw(
+            r#"{"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        );
+        assert_eq!(
+            decode(&float64, &DecodeLimits::default()),
+            Err(CodecError::UnsupportedDType {
+                name: "w".to_owned(),
+                dtype: "F64".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn a_header_that_is_not_json_is_an_error() {
+        let file = raw("{not json", &[]);
+        assert!(matches!(
+            decode(&file, &DecodeLimits::default()),
+            Err(CodecError::Malformed(_))
+        ));
+    }
+
     #[test]
     fn skeleton_that_disagrees_with_tensors_is_an_error() {
         let data = [0u8; 4];

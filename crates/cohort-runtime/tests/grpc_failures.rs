@@ -1,0 +1,176 @@
+//! The gRPC transport against hand-written misbehaving clients on loopback:
+//! each failure comes back as a failed outcome naming the client, and the
+//! server keeps serving.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cohort_runtime::grpc::proto::client_message::Kind;
+use cohort_runtime::grpc::proto::federation_client::FederationClient;
+use cohort_runtime::grpc::proto::server_message::Kind as ServerKind;
+use cohort_runtime::grpc::proto::{self, ClientMessage};
+use cohort_runtime::grpc::{GrpcTransport, PROTOCOL_VERSION, ServerSettings};
+use cohort_runtime::transport::{TaskSpec, Transport};
+use cohort_train::trainer::ClientTask;
+use tokio_stream::wrappers::ReceiverStream;
+
+fn settings(timeout: Duration) -> ServerSettings {
+    ServerSettings {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        config_toml: String::new(),
+        auth_token: None,
+        tls: None,
+        payload_timeout: timeout,
+        registration_timeout: Duration::from_secs(20),
+        max_payload_bytes: 1000,
+    }
+}
+
+fn task(client_id: u32) -> TaskSpec {
+    TaskSpec {
+        slot: 0,
+        task: ClientTask {
+            client_id,
+            round: 1,
+        },
+        learning_rate: 0.1,
+    }
+}
+
+/// A client that registers, takes one task and answers with `reply`.
+fn rogue_client(address: std::net::SocketAddr, reply: Vec<Kind>, linger: Duration) {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            let mut client = FederationClient::connect(format!("http://{address}"))
+                .await
+                .unwrap();
+            let (sender, receiver) = tokio::sync::mpsc::channel(8);
+            sender
+                .send(ClientMessage {
+                    kind: Some(Kind::Register(proto::Register {
+                        token: String::new(),
+                        name: "rogue".into(),
+                        protocol: PROTOCOL_VERSION,
+                    })),
+                })
+                .await
+                .unwrap();
+            let mut inbound = client
+                .join(ReceiverStream::new(receiver))
+                .await
+                .unwrap()
+                .into_inner();
+            // Welcome, then the task and its payload chunk.
+            let mut seen_task = false;
+            while let Ok(Some(message)) = inbound.message().await {
+                match message.kind {
+                    Some(ServerKind::Task(_)) => seen_task = true,
+                    Some(ServerKind::Chunk(_)) if seen_task => break,
+                    _ => {}
+                }
+            }
+            for kind in reply {
+                let _ = sender.send(ClientMessage { kind: Some(kind) }).await;
+            }
+            tokio::time::sleep(linger).await;
+        });
+    });
+}
+
+fn report(client_id: u32, payload_bytes: u64) -> Kind {
+    Kind::Report(proto::Report {
+        client_id,
+        round: 1,
+        num_samples: 10,
+        loss: 0.5,
+        training_time: 0.1,
+        processing_time: 0.0,
+        payload_bytes,
+    })
+}
+
+fn failure_of(reply: Vec<Kind>, linger: Duration, timeout: Duration) -> String {
+    let mut transport = GrpcTransport::start(settings(timeout)).unwrap();
+    rogue_client(transport.local_addr(), reply, linger);
+    transport.wait_for_clients(1).unwrap();
+    transport
+        .dispatch(Arc::new(vec![1, 2, 3]), vec![task(4)])
+        .unwrap();
+    let outcome = transport.next_outcome().unwrap();
+    assert_eq!(outcome.task.client_id, 4);
+    outcome.result.expect_err("the rogue client must fail")
+}
+
+#[test]
+fn an_oversized_payload_is_refused_before_it_is_buffered() {
+    let reason = failure_of(
+        vec![report(4, 1_000_000)],
+        Duration::from_secs(2),
+        Duration::from_secs(10),
+    );
+    assert!(
+        reason.contains("exceeds server.max_payload_bytes = 1000"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_report_for_another_client_is_malformed() {
+    let reason = failure_of(
+        vec![report(5, 0)],
+        Duration::from_secs(2),
+        Duration::from_secs(10),
+    );
+    assert!(
+        reason.contains("report for client 5 round 1, but the task was client 4"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn more_bytes_than_announced_is_malformed() {
+    let chunk = Kind::Chunk(proto::Chunk { data: vec![0; 20] });
+    let reason = failure_of(
+        vec![report(4, 10), chunk],
+        Duration::from_secs(2),
+        Duration::from_secs(10),
+    );
+    assert!(
+        reason.contains("more payload bytes than announced"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_task_is_dropped() {
+    let reason = failure_of(vec![report(4, 10)], Duration::ZERO, Duration::from_secs(10));
+    assert!(reason.contains("client process"), "{reason}");
+}
+
+#[test]
+fn a_silent_client_times_out() {
+    let reason = failure_of(vec![], Duration::from_secs(5), Duration::from_millis(300));
+    assert!(
+        reason.contains("no report within server.payload_timeout"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_training_failure_is_reported_with_its_reason() {
+    let failed = Kind::Failed(proto::TaskFailed {
+        client_id: 4,
+        round: 1,
+        reason: "gradient norm is NaN".into(),
+    });
+    let reason = failure_of(
+        vec![failed],
+        Duration::from_secs(2),
+        Duration::from_secs(10),
+    );
+    assert!(
+        reason.contains("the client's training failed: gradient norm is NaN"),
+        "{reason}"
+    );
+}
