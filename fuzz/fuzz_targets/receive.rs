@@ -1,5 +1,7 @@
 //! The full receiving pipeline a server runs on a client's update
-//! (zstd_decompress → safetensor_decode → fp16_dequantize) on arbitrary bytes.
+//! (zstd_decompress → safetensor_decode → fp16_dequantize) on arbitrary bytes:
+//! once as the raw frame, and once wrapped in a valid zstd frame so that the
+//! mutations reach the decoder behind the decompressor.
 #![no_main]
 
 use cohort_core::codec::DecodeLimits;
@@ -14,4 +16,6 @@ fuzz_target!(|data: &[u8]| {
         max_tensors: 1_000,
     };
     let _ = pipeline.receive(data, &limits);
+    let framed = zstd::bulk::compress(data, 1).expect("zstd compresses any bytes");
+    let _ = pipeline.receive(&framed, &limits);
 });
