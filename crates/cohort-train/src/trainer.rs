@@ -168,20 +168,19 @@ impl LocalTrainer {
                 let mut grads = GradientsParams::from_grads(loss.backward(), &model);
                 if let Some(max_norm) = self.settings.clip_grad_norm {
                     let norm = global_norm(&model, &grads);
-                    if !norm.is_finite() {
-                        failure = Some(TrainError::NonFiniteGradient {
-                            client_id,
-                            round,
-                            epoch,
-                            step: step + 1,
-                            norm,
-                        });
-                        break 'training;
-                    }
-                    if norm > max_norm {
-                        // Guard 0/0 when clipping to zero: every gradient becomes 0.
-                        let scale = if norm > 0.0 { max_norm / norm } else { 0.0 };
-                        grads = scale_gradients(&model, grads, scale as f32);
+                    match clip_scale(norm, max_norm) {
+                        Err(norm) => {
+                            failure = Some(TrainError::NonFiniteGradient {
+                                client_id,
+                                round,
+                                epoch,
+                                step: step + 1,
+                                norm,
+                            });
+                            break 'training;
+                        }
+                        Ok(Some(scale)) => grads = scale_gradients(&model, grads, scale),
+                        Ok(None) => {}
                     }
                 }
                 model = optimizer.step(learning_rate, model, grads);
@@ -202,6 +201,24 @@ impl LocalTrainer {
             training_time: started.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// What global-norm clipping does with a step's gradient norm: `Ok(None)`
+/// leaves the gradients alone, `Ok(Some(scale))` scales them by `scale`, and
+/// `Err(norm)` (a non-finite norm) stops before the update.
+fn clip_scale(norm: f64, max_norm: f64) -> Result<Option<f32>, f64> {
+    if !norm.is_finite() {
+        return Err(norm);
+    }
+    if norm <= max_norm {
+        return Ok(None);
+    }
+    // Guards 0/0 when clipping to zero: every gradient becomes 0.
+    Ok(Some(if norm > 0.0 {
+        (max_norm / norm) as f32
+    } else {
+        0.0
+    }))
 }
 
 struct SquaredNorm<'a> {
@@ -423,6 +440,43 @@ mod tests {
         // A bound above the norm leaves the step alone.
         let (_, loose) = one_step(Some(free_norm * 2.0), false);
         assert!((distance(&global, &loose.unwrap().tree) - free_norm).abs() <= 1e-4 * free_norm);
+    }
+
+    #[test]
+    fn clip_decisions_cover_every_case() {
+        assert_eq!(clip_scale(0.5, 1.0), Ok(None), "below the limit");
+        assert_eq!(clip_scale(1.0, 1.0), Ok(None), "at the limit");
+        assert_eq!(clip_scale(4.0, 1.0), Ok(Some(0.25)), "above the limit");
+        assert_eq!(clip_scale(3.0, 0.0), Ok(Some(0.0)), "limit 0");
+        assert_eq!(clip_scale(0.0, 0.0), Ok(None), "zero gradient, limit 0");
+        assert_eq!(clip_scale(f64::INFINITY, 1.0), Err(f64::INFINITY));
+        assert!(clip_scale(f64::NAN, 1.0).unwrap_err().is_nan());
+    }
+
+    #[test]
+    fn an_infinite_gradient_gives_an_infinite_global_norm() {
+        struct FirstBias<'a>(&'a mut Option<burn::module::ParamId>);
+        impl ModuleVisitor for FirstBias<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if D == 1 && self.0.is_none() {
+                    *self.0 = Some(param.id);
+                }
+            }
+        }
+        let device = crate::device::cpu().autodiff();
+        let model = Net::build("lenet5", 10, &device).unwrap();
+        let mut first = None;
+        model.visit(&mut FirstBias(&mut first));
+        let mut values = vec![1.0f32; 6];
+        values[2] = f32::INFINITY;
+        let mut grads = GradientsParams::new();
+        grads.register(
+            first.unwrap(),
+            Tensor::<1>::from_data(TensorData::new(values, [6]), &crate::device::cpu()),
+        );
+        let norm = global_norm(&model, &grads);
+        assert_eq!(norm, f64::INFINITY);
+        assert_eq!(clip_scale(norm, 1.0), Err(f64::INFINITY));
     }
 
     #[test]
