@@ -192,7 +192,10 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
                 _ => bail!("the global model payload ended early"),
             }
         }
-        let Some(partition) = partitions.get(task.client_id as usize - 1) else {
+        let partition = (task.client_id as usize)
+            .checked_sub(1)
+            .and_then(|index| partitions.get(index));
+        let Some(partition) = partition else {
             bail!(
                 "the server asked for client {}, which the config does not have",
                 task.client_id
