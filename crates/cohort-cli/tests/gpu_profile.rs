@@ -1,7 +1,7 @@
 //! The strict GPU test profile:
 //!
 //! ```sh
-//! COHORT_TEST_PROFILE=gpu cargo test --release -p cohort-train --features vulkan --test gpu_profile
+//! COHORT_TEST_PROFILE=gpu cargo test --release -p cohort-cli --features vulkan --test gpu_profile
 //! ```
 //!
 //! Under that profile a missing GPU backend or device is a failure, never a
@@ -85,13 +85,13 @@ fn the_gpu_answers_and_trains_like_the_cpu() {
         );
         assert!(distance.relative_l2 < 1e-3, "{model}: {distance:?}");
 
-        let accuracy = |device: &burn::tensor::Device| {
-            Evaluator::new(model, 10, device, 64)
+        let accuracy = |selected: &device::Selected| {
+            Evaluator::new(model, 10, &selected.device, 64)
                 .unwrap()
                 .accuracy(&a.tree, &data)
                 .unwrap()
         };
-        let (cpu_accuracy, gpu_accuracy) = (accuracy(&cpu.device), accuracy(&gpu.device));
+        let (cpu_accuracy, gpu_accuracy) = (accuracy(&cpu), accuracy(&gpu));
         eprintln!("{model}: accuracy CPU {cpu_accuracy:.4}, GPU {gpu_accuracy:.4}");
         assert!((cpu_accuracy - gpu_accuracy).abs() <= 2.0 / 256.0);
     }
