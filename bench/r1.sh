@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="$(cd "${1:-../shared/data}" && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cohort-target}"
-cargo build --release --locked -p cohort-cli >/dev/null
+# FEATURES="--features vulkan" reuses a GPU release build (the run stays on the CPU).
+# shellcheck disable=SC2086
+cargo build --release --locked -p cohort-cli ${FEATURES:-} >/dev/null
 BIN="$CARGO_TARGET_DIR/release/cohort"
 OUT="$(mktemp -d)"
 
