@@ -96,3 +96,44 @@ fn the_gpu_answers_and_trains_like_the_cpu() {
         assert!((cpu_accuracy - gpu_accuracy).abs() <= 2.0 / 256.0);
     }
 }
+
+/// How the GPU/CPU distance grows with the number of SGD steps: rounding
+/// differences of one step are amplified by every later one, so a full
+/// federated round ends measurably apart although each kernel agrees to ~1e-8.
+#[test]
+fn gpu_cpu_distance_by_number_of_steps() {
+    if !gpu_profile() {
+        return;
+    }
+    let gpu = device::select(DeviceRequest::Gpu)
+        .unwrap_or_else(|error| panic!("COHORT_TEST_PROFILE=gpu needs a working GPU: {error}"));
+    let cpu = device::select(DeviceRequest::Cpu).unwrap();
+    let template = Evaluator::new("lenet5", 10, &cpu.device, 64)
+        .unwrap()
+        .parameters();
+    let global = seeded_parameters(&template, 11);
+    let data = synthetic(4096);
+    let mut previous = 0.0;
+    for steps in [8usize, 32, 128] {
+        let partition: Vec<u32> = (0..(steps * 32) as u32).collect();
+        let task = ClientTask {
+            client_id: 1,
+            round: 1,
+        };
+        let train = |selected: &device::Selected| {
+            LocalTrainer::new("lenet5", 10, &selected.device, settings())
+                .unwrap()
+                .train(task, &global, &data, &partition, 0.05)
+                .unwrap()
+                .tree
+        };
+        let distance = compare(&train(&cpu), &train(&gpu)).unwrap();
+        eprintln!(
+            "lenet5, {steps} steps: GPU vs CPU max |a-b| {:.3e}, relative L2 {:.3e}",
+            distance.max_abs, distance.relative_l2
+        );
+        assert!(distance.relative_l2.is_finite());
+        assert!(distance.relative_l2 >= previous * 0.1, "distances are not erratic");
+        previous = distance.relative_l2;
+    }
+}
