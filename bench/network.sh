@@ -27,5 +27,4 @@ for mode in simulation network; do
   awk -F, 'NR>1 { p += $7; c += $8; b += $9; n++ } END { printf "per client: processing %.4f s, comm %.4f s, update %d bytes\n", p/n, c/n, b/n }' "$run_dir/clients.csv"
 done
 "$BIN" compare "$(ls -d "$OUT"/simulation/*/)model.safetensors" "$(ls -d "$OUT"/network/*/)model.safetensors"
-# shellcheck disable=SC2086
-cargo bench --locked -p cohort-runtime ${FEATURES:-} --bench loopback 2>/dev/null | grep loopback
+CARGO_TARGET_DIR="${CORE_TARGET_DIR:-$CARGO_TARGET_DIR}" cargo bench --locked -p cohort-core --bench loopback 2>/dev/null | grep loopback

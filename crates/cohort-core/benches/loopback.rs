@@ -2,8 +2,9 @@
 //! can reach, measured in the same session as a network-mode run so that its
 //! bytes per second can be read against it (docs/BENCHMARKS.md).
 //!
-//! `cargo bench -p cohort-runtime --bench loopback` — sends 1 GiB through one
-//! 127.0.0.1 connection in 1 MiB writes, three times, and prints GB/s.
+//! `cargo bench -p cohort-core --bench loopback` — sends 1 GiB through one
+//! 127.0.0.1 connection in 1 MiB writes, three times, and prints GB/s. It lives
+//! here, beside no tensor library, so that it builds in seconds.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
