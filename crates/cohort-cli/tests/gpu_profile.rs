@@ -113,7 +113,6 @@ fn gpu_cpu_distance_by_number_of_steps() {
         .parameters();
     let global = seeded_parameters(&template, 11);
     let data = synthetic(4096);
-    let mut previous = 0.0;
     for steps in [8usize, 32, 128] {
         let partition: Vec<u32> = (0..(steps * 32) as u32).collect();
         let task = ClientTask {
@@ -133,7 +132,5 @@ fn gpu_cpu_distance_by_number_of_steps() {
             distance.max_abs, distance.relative_l2
         );
         assert!(distance.relative_l2.is_finite());
-        assert!(distance.relative_l2 >= previous * 0.1, "distances are not erratic");
-        previous = distance.relative_l2;
     }
 }
