@@ -134,3 +134,68 @@ fn gpu_cpu_distance_by_number_of_steps() {
         assert!(distance.relative_l2.is_finite());
     }
 }
+
+/// The same on real Fashion-MNIST batches with R1's optimizer, up to one full
+/// R1 client (6,000 samples: 187 full batches and a last one of 16), and 187
+/// full batches alone, so a kernel difference in the short last batch would
+/// show as a jump between the two.
+#[test]
+fn gpu_cpu_distance_on_real_data_by_steps() {
+    if !gpu_profile() {
+        return;
+    }
+    let root = std::env::var_os("COHORT_DATA_DIR")
+        .map(std::path::PathBuf::from)
+        .expect("the GPU profile needs COHORT_DATA_DIR with fashion-mnist/");
+    let splits = cohort_core::data::load(
+        cohort_core::data::DataSource::from_name("FashionMNIST").unwrap(),
+        &root,
+        &cohort_core::data::Fetch::Never,
+    )
+    .expect("Fashion-MNIST under COHORT_DATA_DIR");
+    let gpu = device::select(DeviceRequest::Gpu)
+        .unwrap_or_else(|error| panic!("COHORT_TEST_PROFILE=gpu needs a working GPU: {error}"));
+    let cpu = device::select(DeviceRequest::Cpu).unwrap();
+    let template = Evaluator::new("lenet5", 10, &cpu.device, 64)
+        .unwrap()
+        .parameters();
+    let global = seeded_parameters(&template, 1);
+    let r1 = TrainSettings {
+        epochs: 1,
+        batch_size: 32,
+        optimizer: OptimizerSpec::Sgd {
+            learning_rate: 0.01,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+        },
+        clip_grad_norm: None,
+        training_seed: Some(1),
+    };
+    for samples in [32usize * 8, 32 * 32, 32 * 64, 32 * 128, 32 * 187, 6000] {
+        let partition: Vec<u32> = (0..samples as u32).collect();
+        let task = ClientTask {
+            client_id: 1,
+            round: 1,
+        };
+        let train = |selected: &device::Selected| {
+            LocalTrainer::new("lenet5", 10, &selected.device, r1.clone())
+                .unwrap()
+                .train(task, &global, &splits.train, &partition, 0.01)
+                .unwrap()
+                .tree
+        };
+        let distance = compare(&train(&cpu), &train(&gpu)).unwrap();
+        eprintln!(
+            "real data, {samples} samples ({} steps): GPU vs CPU max |a-b| {:.3e}, relative L2 {:.3e}",
+            samples.div_ceil(32),
+            distance.max_abs,
+            distance.relative_l2
+        );
+        assert!(distance.relative_l2.is_finite());
+        if samples == 32 * 8 {
+            assert!(distance.relative_l2 < 1e-3, "{distance:?}");
+        }
+    }
+}
