@@ -207,20 +207,10 @@ learning_rate = 0.05
     )
 }
 
-struct Killed {
-    server: std::process::Output,
-    base: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-/// Starts the server and three client processes by hand, kills the first
-/// client as soon as it reports that it is training, and waits for the server.
-fn run_and_kill_one(min_per_round: u32) -> Killed {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let config = write_config(dir.path(), &three_client_job(port, min_per_round));
-    let base = dir.path().join("runs");
-    let server = cohort_command(&[
+/// `cohort run` in network mode that starts no client processes of its own;
+/// the test starts them by hand, as on other machines.
+fn spawn_server_alone(config: &Path, base: &Path) -> Child {
+    cohort_command(&[
         "run",
         "--config",
         config.to_str().unwrap(),
@@ -234,7 +224,23 @@ fn run_and_kill_one(min_per_round: u32) -> Killed {
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())
     .spawn()
-    .unwrap();
+    .unwrap()
+}
+
+struct Killed {
+    server: std::process::Output,
+    base: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts the server and three client processes by hand, kills the first
+/// client as soon as it reports that it is training, and waits for the server.
+fn run_and_kill_one(min_per_round: u32) -> Killed {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), &three_client_job(port, min_per_round));
+    let base = dir.path().join("runs");
+    let server = spawn_server_alone(&config, &base);
     let address = format!("127.0.0.1:{port}");
     let mut clients: Vec<Child> = (0..3)
         .map(|_| {
@@ -339,20 +345,7 @@ fn a_wrong_token_is_refused_and_the_right_one_works() {
     );
     let config = write_config(dir.path(), &job);
     let base = dir.path().join("runs");
-    let server = cohort_command(&[
-        "run",
-        "--config",
-        config.to_str().unwrap(),
-        "--cpu",
-        "--quiet",
-        "--local-clients",
-        "0",
-        "--base",
-        base.to_str().unwrap(),
-    ])
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let server = spawn_server_alone(&config, &base);
     let address = format!("127.0.0.1:{port}");
     let intruder = cohort_command(&["client", "--server", &address, "--token", "guess"])
         .output()
