@@ -179,6 +179,15 @@ struct Dispatched {
     payload_bytes: u64,
 }
 
+/// The global model of a round, packed once.
+struct Packed {
+    /// Plain safetensors: the model file and the checkpoint.
+    model_bytes: Arc<Vec<u8>>,
+    /// After `server.outbound_processors`: what the clients receive (the same
+    /// allocation when the pipeline is plain `safetensor_encode`).
+    wire: Arc<Vec<u8>>,
+}
+
 /// One client's numbers for the results files and simulated time.
 struct Arrival {
     processing_time: f64,
@@ -373,17 +382,19 @@ pub fn run_with_hooks(
     // The model file is plain safetensors whatever the wire pipeline is; with
     // the default pipeline the two are the same bytes, packed once.
     let plain_pipeline = pipelines.server_outbound.steps() == [Processor::SafetensorEncode];
-    let pack = |global: &ParamTree| -> anyhow::Result<(Vec<u8>, Arc<Vec<u8>>)> {
-        let model_bytes = codec::encode(global)?;
+    let pack = |global: &ParamTree| -> anyhow::Result<Packed> {
+        let model_bytes = Arc::new(codec::encode(global)?);
         let wire = if plain_pipeline {
-            model_bytes.clone()
+            Arc::clone(&model_bytes)
         } else {
-            pipelines
-                .server_outbound
-                .send(global)
-                .context("server.outbound_processors failed on the global model")?
+            Arc::new(
+                pipelines
+                    .server_outbound
+                    .send(global)
+                    .context("server.outbound_processors failed on the global model")?,
+            )
         };
-        Ok((model_bytes, Arc::new(wire)))
+        Ok(Packed { model_bytes, wire })
     };
     if first_round > rounds {
         tracing::info!(rounds, "all rounds are done already");
@@ -394,7 +405,7 @@ pub fn run_with_hooks(
             reached_target,
         });
     }
-    let (_, initial_payload) = pack(&global)?;
+    let initial_payload = pack(&global)?.wire;
     let mut dispatched = dispatch(
         first_round,
         initial_payload,
@@ -511,7 +522,10 @@ pub fn run_with_hooks(
         // The checkpoint of this round must hold the selector as it was before
         // the next round's draw, so a resumed run draws the same clients.
         let selector_after_round = selector.state(config.server.random_seed);
-        let (model_bytes, wire_payload) = pack(&global)?;
+        let Packed {
+            model_bytes,
+            wire: wire_payload,
+        } = pack(&global)?;
         if round < rounds {
             dispatched = dispatch(round + 1, wire_payload, &mut selector, transport.as_mut())?;
         }
