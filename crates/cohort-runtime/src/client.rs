@@ -3,11 +3,14 @@
 //! on the client's partition, pack the update through
 //! `clients.outbound_processors`.
 
+use std::path::Path;
 use std::time::Instant;
+
+use anyhow::Context;
 
 use cohort_core::codec::DecodeLimits;
 use cohort_core::config::LoadedConfig;
-use cohort_core::data::Dataset;
+use cohort_core::data::{self, DataSource, Dataset, Fetch, Splits};
 use cohort_core::processors::{Pipeline, ProcessError};
 use cohort_train::device::Selected;
 use cohort_train::model::UnknownModel;
@@ -46,6 +49,38 @@ pub fn train_settings(loaded: &LoadedConfig) -> TrainSettings {
         clip_grad_norm: trainer.clip_grad_norm,
         training_seed: trainer.training_seed,
     }
+}
+
+/// The config's data set (from `data_root`, else `data.data_path`; downloaded
+/// when the config allows) and every client's partition of its training set.
+/// The server and each client process call this, so they agree on partitions.
+pub fn load_data(
+    loaded: &LoadedConfig,
+    data_root: Option<&Path>,
+) -> anyhow::Result<(Splits, Vec<Vec<u32>>)> {
+    let config = &loaded.config;
+    let source =
+        DataSource::from_name(&config.data.datasource).expect("validated by the config loader");
+    let data_root = data_root.unwrap_or(&config.data.data_path);
+    let fetch = if config.data.download {
+        Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
+    } else {
+        Fetch::Never
+    };
+    let loading = Instant::now();
+    let splits = data::load(source, data_root, &fetch)?;
+    tracing::info!(
+        train = splits.train.len(),
+        test = splits.test.len(),
+        seconds = loading.elapsed().as_secs_f64(),
+        "loaded {:?} from {}",
+        source,
+        data_root.display()
+    );
+    let partitions = loaded.partitions(splits.train.len()).context(
+        "config `data.partition_size(s)` / `clients.total_clients` do not fit the training set",
+    )?;
+    Ok((splits, partitions))
 }
 
 /// A physical worker: one model instance reused for every logical client it runs.

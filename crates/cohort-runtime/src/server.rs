@@ -29,7 +29,6 @@ use cohort_core::aggregate::{Contribution, FedAvgOutcome, fedavg};
 use cohort_core::checkpoint::{self, History};
 use cohort_core::codec;
 use cohort_core::config::LoadedConfig;
-use cohort_core::data::{self, DataSource, Fetch};
 use cohort_core::fsutil::atomic_write;
 use cohort_core::hooks::{ClientReport, NoHooks, RoundPayloads, ServerHooks};
 use cohort_core::processors::Processor;
@@ -40,7 +39,7 @@ use cohort_train::device::{self, DeviceRequest};
 use cohort_train::init::seeded_parameters;
 use cohort_train::trainer::{ClientTask, Evaluator};
 
-use crate::client::ClientRunner;
+use crate::client::{ClientRunner, load_data};
 use crate::grpc::{GrpcTransport, ServerSettings};
 use crate::pool::WorkerPool;
 use crate::transport::{TaskSpec, Transport};
@@ -232,30 +231,7 @@ pub fn run_with_hooks(
     let selected = device::select(options.device)?;
     tracing::info!(device = selected.name, "compute device");
 
-    let source =
-        DataSource::from_name(&config.data.datasource).expect("validated by the config loader");
-    let data_root = options
-        .data_root
-        .clone()
-        .unwrap_or_else(|| config.data.data_path.clone());
-    let fetch = if config.data.download {
-        Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
-    } else {
-        Fetch::Never
-    };
-    let loading = Instant::now();
-    let splits = data::load(source, &data_root, &fetch)?;
-    tracing::info!(
-        train = splits.train.len(),
-        test = splits.test.len(),
-        seconds = loading.elapsed().as_secs_f64(),
-        "loaded {:?} from {}",
-        source,
-        data_root.display()
-    );
-    let partitions = loaded.partitions(splits.train.len()).context(
-        "config `data.partition_size(s)` / `clients.total_clients` do not fit the training set",
-    )?;
+    let (splits, partitions) = load_data(loaded, options.data_root.as_deref())?;
 
     let trainer_config = &config.trainer;
     let num_classes = config.parameters.model.num_classes;

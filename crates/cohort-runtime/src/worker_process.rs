@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio_stream::wrappers::ReceiverStream;
 
-use cohort_core::data::{self, DataSource, Fetch};
 use cohort_train::device::{self, DeviceRequest};
 use cohort_train::trainer::ClientTask;
 
-use crate::client::ClientRunner;
+use crate::client::{ClientRunner, load_data};
 use crate::grpc::proto::client_message::Kind as ClientKind;
 use crate::grpc::proto::federation_client::FederationClient;
 use crate::grpc::proto::server_message::Kind as ServerKind;
@@ -152,21 +151,7 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             .context("the server's config does not load in this cohort build")?;
     let config = &loaded.config;
     let selected = device::select(options.device)?;
-    let source =
-        DataSource::from_name(&config.data.datasource).expect("validated by the config loader");
-    let data_root = options
-        .data_root
-        .clone()
-        .unwrap_or_else(|| config.data.data_path.clone());
-    let fetch = if config.data.download {
-        Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
-    } else {
-        Fetch::Never
-    };
-    let splits = data::load(source, &data_root, &fetch)?;
-    let partitions = loaded
-        .partitions(splits.train.len())
-        .context("the config's partitions do not fit this client's training set")?;
+    let (splits, partitions) = load_data(&loaded, options.data_root.as_deref())?;
     let mut runner = ClientRunner::new(&loaded, &selected)?;
     let compute = rayon::ThreadPoolBuilder::new()
         .num_threads(config.trainer.threads_per_worker as usize)
