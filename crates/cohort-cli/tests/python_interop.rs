@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 
 use cohort_core::codec::{DecodeLimits, decode};
-use common::{cohort, fixture_data, write_config};
+use common::{only_run_dir, run_job};
 
 const READER: &str = r#"
 import json, sys
@@ -39,9 +39,7 @@ fn python_reads_names_shapes_and_values() {
     if !python_ready() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(
-        dir.path(),
+    let (_dir, base, output) = run_job(
         r#"
 [clients]
 total_clients = 2
@@ -60,30 +58,12 @@ training_seed = 4
 learning_rate = 0.05
 "#,
     );
-    let base = dir.path().join("runs");
-    let output = cohort(
-        &[
-            "run",
-            "--config",
-            config.to_str().unwrap(),
-            "--cpu",
-            "--quiet",
-            "--base",
-            base.to_str().unwrap(),
-        ],
-        &fixture_data(),
-    );
     assert!(
         output.status.success(),
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let run = std::fs::read_dir(&base)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let run = only_run_dir(&base);
 
     for model in [
         run.join("model.safetensors"),
