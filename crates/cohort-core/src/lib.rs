@@ -28,5 +28,6 @@ pub mod results;
 pub mod schedule;
 pub mod seeds;
 pub mod selection;
+pub mod strategy;
 pub mod suggest;
 pub mod tree;

@@ -1,0 +1,220 @@
+//! Federated strategies: what each selected client is asked to do in a round,
+//! and how the round's updates become the next global model.
+//!
+//! A [`Strategy`] is plain Rust over host trees: no tensors, no I/O. The round
+//! loop (`cohort-runtime`) asks it for each selected client's
+//! [`ClientInstructions`] (learning rate, proximal coefficient, gradient
+//! correction, update clipping), hands the updates that arrived, in selection
+//! order and after the server hooks, to [`Strategy::aggregate`], and saves
+//! [`Strategy::state`] with every checkpoint so `--resume` continues
+//! bit-identically.
+//!
+//! The math of each strategy is a set of pure functions in its own file; the
+//! strategy objects around them are thin. Which strategy a run uses is the
+//! `[algorithm]` section of the config ([`AlgorithmConfig`]).
+//!
+//! | `type` | file | paper |
+//! |---|---|---|
+//! | `fedavg` | [`fedavg`](mod@fedavg) | McMahan et al. 2017 |
+//! | `fedavgm` | [`fedavgm`](mod@fedavgm) | Hsu et al. 2019 |
+//! | `fedadam`, `fedyogi`, `fedadagrad` | [`fedopt`] | Reddi et al. 2021 |
+//! | `fedprox` | [`fedprox`] | Li et al. 2020 |
+//! | `scaffold` | [`scaffold`] | Karimireddy et al. 2020 |
+//! | `median`, `trimmed_mean`, `krum`, `multi_krum` | [`robust`] | Yin et al. 2018, Blanchard et al. 2017 |
+//! | `dp_fedavg` | [`dp`] | McMahan et al. 2018 |
+
+pub mod dp;
+pub mod fedavg;
+pub mod fedavgm;
+pub mod fedopt;
+pub mod fedprox;
+mod flat;
+pub mod privacy;
+mod registry;
+pub mod robust;
+pub mod scaffold;
+
+use std::collections::BTreeMap;
+
+pub use flat::{FloatLayout, float_layout};
+pub use registry::AlgorithmConfig;
+
+use crate::aggregate::AggregationError;
+use crate::tree::ParamTree;
+
+/// Facts about the round a strategy works in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoundContext {
+    pub round: u32,
+    /// The local learning rate of this round, after the schedule.
+    pub learning_rate: f64,
+    /// `clients.per_round`: how many clients were asked.
+    pub per_round: u32,
+    /// `clients.total_clients`.
+    pub total_clients: u32,
+}
+
+/// What one selected client is asked to do this round, beside training on its
+/// data. Travels with the task, over the wire too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientInstructions {
+    /// Learning rate of the local optimizer.
+    pub learning_rate: f64,
+    /// FedProx's μ: the local objective gains `μ/2 · ‖w − w_global‖²`. 0 is off.
+    pub proximal_mu: f64,
+    /// SCAFFOLD's `c − cᵢ`, added to every local gradient. Same layout as the
+    /// global model.
+    pub gradient_correction: Option<ParamTree>,
+    /// Clip the update `w − w_global` to this L2 norm before sending it
+    /// (differential privacy).
+    pub update_clip_norm: Option<f64>,
+}
+
+impl ClientInstructions {
+    /// Plain local training at `learning_rate`.
+    pub fn plain(learning_rate: f64) -> Self {
+        Self {
+            learning_rate,
+            proximal_mu: 0.0,
+            gradient_correction: None,
+            update_clip_norm: None,
+        }
+    }
+}
+
+/// One client's update as a strategy sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientUpdate<'a> {
+    pub client_id: u32,
+    pub num_samples: u64,
+    /// Local optimizer steps the client took (SCAFFOLD needs them).
+    pub local_steps: u64,
+    /// The client's model after local training.
+    pub tree: &'a ParamTree,
+}
+
+/// What aggregation produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Aggregated {
+    /// The next global model; `None` leaves it unchanged (zero total weight).
+    pub model: Option<ParamTree>,
+    /// Privacy spent so far, for strategies that account for it.
+    pub privacy: Option<PrivacySpent>,
+    /// For selecting aggregators (Krum): the clients whose updates were used.
+    pub selected: Option<Vec<u32>>,
+}
+
+impl Aggregated {
+    pub fn model(model: ParamTree) -> Self {
+        Self {
+            model: Some(model),
+            privacy: None,
+            selected: None,
+        }
+    }
+}
+
+/// `(ε, δ)` after the rounds so far.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrivacySpent {
+    pub epsilon: f64,
+    pub delta: f64,
+}
+
+/// What a strategy carries from round to round: small values as JSON, tensors
+/// (momentum, moments, control variates) as named trees. The checkpoint writes
+/// the tensors to a safetensors file beside the sidecar.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StrategyState {
+    pub scalars: serde_json::Value,
+    /// Names are plain identifiers (letters, digits, `_`).
+    pub tensors: BTreeMap<String, ParamTree>,
+}
+
+impl StrategyState {
+    pub fn is_empty(&self) -> bool {
+        self.scalars.is_null() && self.tensors.is_empty()
+    }
+}
+
+/// Why a strategy refused a round or a state. The global model is unchanged
+/// when one of these is returned.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StrategyError {
+    #[error(transparent)]
+    Aggregation(#[from] AggregationError),
+    #[error(
+        "{strategy} needs at least {needed} updates in a round{why}, but round {round} has {got}"
+    )]
+    TooFewUpdates {
+        strategy: &'static str,
+        round: u32,
+        needed: usize,
+        got: usize,
+        why: String,
+    },
+    #[error(
+        "{strategy} aggregates floating-point leaves only, but leaf `{path}` is {dtype}; \
+         use fedavg for models with integer or boolean leaves"
+    )]
+    NonFloatLeaf {
+        strategy: &'static str,
+        path: String,
+        dtype: crate::tree::DType,
+    },
+    #[error("client {client_id}: {problem}")]
+    BadUpdate { client_id: u32, problem: String },
+    #[error("cannot restore the {strategy} state from the checkpoint: {problem}")]
+    State {
+        strategy: &'static str,
+        problem: String,
+    },
+}
+
+/// A federated strategy. See the module documentation.
+pub trait Strategy: Send {
+    /// The `algorithm.type` this strategy was built from.
+    fn name(&self) -> &'static str;
+
+    /// What `client_id` is asked to do in this round. `global` is the model it
+    /// will receive.
+    fn configure(
+        &self,
+        ctx: &RoundContext,
+        _client_id: u32,
+        _global: &ParamTree,
+    ) -> ClientInstructions {
+        ClientInstructions::plain(ctx.learning_rate)
+    }
+
+    /// The next global model from the round's updates (validated against
+    /// `global`, in selection order, at least one).
+    fn aggregate(
+        &mut self,
+        ctx: &RoundContext,
+        global: &ParamTree,
+        updates: &[ClientUpdate<'_>],
+    ) -> Result<Aggregated, StrategyError>;
+
+    /// The state to checkpoint after a round. Stateless strategies keep none.
+    fn state(&self) -> StrategyState {
+        StrategyState::default()
+    }
+
+    /// Continues from a checkpointed state.
+    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
+        if state.is_empty() {
+            Ok(())
+        } else {
+            Err(StrategyError::State {
+                strategy: self.name(),
+                problem: "this strategy keeps no state, but the checkpoint holds some".to_owned(),
+            })
+        }
+    }
+}
+
+/// Builds the strategy an `[algorithm]` section describes.
+pub fn build(config: &AlgorithmConfig) -> Box<dyn Strategy> {
+    config.build()
+}

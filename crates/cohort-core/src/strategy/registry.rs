@@ -1,0 +1,114 @@
+//! The registration of every strategy: its `algorithm.type` name, its options
+//! and how it is built. Adding a strategy is a file beside this one (options
+//! struct + strategy) and one variant plus one match arm in each `match` here.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Strategy, dp, fedavg, fedavgm, fedopt, fedprox, robust, scaffold};
+
+/// The `[algorithm]` section: `type` picks the strategy, the other keys are its
+/// options (each documented on its options struct and in docs/CONFIG.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AlgorithmConfig {
+    Fedavg(fedavg::FedAvgConfig),
+    Fedavgm(fedavgm::FedAvgMConfig),
+    Fedadam(fedopt::FedOptConfig),
+    Fedyogi(fedopt::FedOptConfig),
+    Fedadagrad(fedopt::FedOptConfig),
+    Fedprox(fedprox::FedProxConfig),
+    Scaffold(scaffold::ScaffoldConfig),
+    Median(robust::MedianConfig),
+    TrimmedMean(robust::TrimmedMeanConfig),
+    Krum(robust::KrumConfig),
+    MultiKrum(robust::MultiKrumConfig),
+    DpFedavg(dp::DpFedAvgConfig),
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        AlgorithmConfig::Fedavg(fedavg::FedAvgConfig::default())
+    }
+}
+
+/// What option checks may need to know about the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunShape {
+    pub total_clients: u32,
+    pub per_round: u32,
+    /// Fewest updates a round aggregates (`clients.min_per_round`).
+    pub min_per_round: u32,
+    /// `trainer.optimizer`, lowercased.
+    pub local_optimizer: &'static str,
+}
+
+/// An option of `[algorithm]` that cannot work: which one and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError {
+    /// The option's key inside `[algorithm]` (`type` for the choice itself).
+    pub option: &'static str,
+    pub message: String,
+}
+
+impl AlgorithmConfig {
+    /// The `type` this section was written with.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AlgorithmConfig::Fedavg(_) => "fedavg",
+            AlgorithmConfig::Fedavgm(_) => "fedavgm",
+            AlgorithmConfig::Fedadam(_) => "fedadam",
+            AlgorithmConfig::Fedyogi(_) => "fedyogi",
+            AlgorithmConfig::Fedadagrad(_) => "fedadagrad",
+            AlgorithmConfig::Fedprox(_) => "fedprox",
+            AlgorithmConfig::Scaffold(_) => "scaffold",
+            AlgorithmConfig::Median(_) => "median",
+            AlgorithmConfig::TrimmedMean(_) => "trimmed_mean",
+            AlgorithmConfig::Krum(_) => "krum",
+            AlgorithmConfig::MultiKrum(_) => "multi_krum",
+            AlgorithmConfig::DpFedavg(_) => "dp_fedavg",
+        }
+    }
+
+    /// Checks the options against each other and against the run.
+    pub fn check(&self, run: &RunShape) -> Result<(), OptionError> {
+        match self {
+            AlgorithmConfig::Fedavg(_) => Ok(()),
+            AlgorithmConfig::Fedavgm(c) => c.check(run),
+            AlgorithmConfig::Fedadam(c)
+            | AlgorithmConfig::Fedyogi(c)
+            | AlgorithmConfig::Fedadagrad(c) => c.check(),
+            AlgorithmConfig::Fedprox(c) => c.check(run),
+            AlgorithmConfig::Scaffold(c) => c.check(run),
+            AlgorithmConfig::Median(_) => Ok(()),
+            AlgorithmConfig::TrimmedMean(c) => c.check(run),
+            AlgorithmConfig::Krum(c) => c.check(run),
+            AlgorithmConfig::MultiKrum(c) => c.check(run),
+            AlgorithmConfig::DpFedavg(c) => c.check(run),
+        }
+    }
+
+    /// The strategy this section describes, with fresh state.
+    pub fn build(&self) -> Box<dyn Strategy> {
+        match self {
+            AlgorithmConfig::Fedavg(_) => Box::new(fedavg::FedAvg),
+            AlgorithmConfig::Fedavgm(c) => Box::new(fedavgm::FedAvgM::new(c.clone())),
+            AlgorithmConfig::Fedadam(c) => {
+                Box::new(fedopt::FedOpt::new(fedopt::ServerOptimizer::Adam, c.clone()))
+            }
+            AlgorithmConfig::Fedyogi(c) => {
+                Box::new(fedopt::FedOpt::new(fedopt::ServerOptimizer::Yogi, c.clone()))
+            }
+            AlgorithmConfig::Fedadagrad(c) => Box::new(fedopt::FedOpt::new(
+                fedopt::ServerOptimizer::Adagrad,
+                c.clone(),
+            )),
+            AlgorithmConfig::Fedprox(c) => Box::new(fedprox::FedProx::new(c.clone())),
+            AlgorithmConfig::Scaffold(c) => Box::new(scaffold::Scaffold::new(c.clone())),
+            AlgorithmConfig::Median(_) => Box::new(robust::Median),
+            AlgorithmConfig::TrimmedMean(c) => Box::new(robust::TrimmedMean::new(c.clone())),
+            AlgorithmConfig::Krum(c) => Box::new(robust::Krum::new(c.clone())),
+            AlgorithmConfig::MultiKrum(c) => Box::new(robust::MultiKrum::new(c.clone())),
+            AlgorithmConfig::DpFedavg(c) => Box::new(dp::DpFedAvg::new(c.clone())),
+        }
+    }
+}
