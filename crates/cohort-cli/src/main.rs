@@ -14,6 +14,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use cohort_runtime::{RunOptions, new_run_dir};
 
 mod plot;
+mod tools;
 use cohort_train::device::DeviceRequest;
 
 /// Environment variable naming the folder that holds the datasets; it
@@ -64,6 +65,36 @@ enum Command {
         /// The config file.
         #[arg(long, short)]
         config: PathBuf,
+    },
+    /// Apply the config's strategy (`[algorithm]`) once to model files, from
+    /// fresh strategy state: for audits and for checking cohort against other
+    /// implementations. Client ids are the updates' positions, from 1.
+    Aggregate {
+        /// The config whose `[algorithm]` (and clients, learning rate) to use.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The global model the clients started from.
+        #[arg(long, value_name = "FILE")]
+        global: PathBuf,
+        /// Where to write the aggregated model.
+        #[arg(long, short, value_name = "FILE")]
+        output: PathBuf,
+        /// Local steps each client took (SCAFFOLD's control variates use it).
+        #[arg(long, default_value_t = 1)]
+        local_steps: u64,
+        /// The clients' models, each as FILE=SAMPLES.
+        #[arg(required = true, value_name = "FILE=SAMPLES", value_parser = tools::parse_update)]
+        updates: Vec<tools::UpdateArg>,
+    },
+    /// Print each client's sample count and label histogram under the config's
+    /// partitioner (`data.sampler`); --png draws them.
+    Partitions {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Also draw the histograms as stacked bars into this PNG.
+        #[arg(long, value_name = "FILE")]
+        png: Option<PathBuf>,
     },
 }
 
@@ -154,6 +185,29 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args),
+        Command::Aggregate {
+            config,
+            global,
+            output,
+            local_steps,
+            updates,
+        } => {
+            let loaded = cohort_core::config::load(&config)?;
+            let summary = tools::aggregate(&loaded, &global, &output, &updates, local_steps)?;
+            println!("{summary}");
+            Ok(())
+        }
+        Command::Partitions { config, png } => {
+            let loaded = cohort_core::config::load(&config)?;
+            let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
+            let (histograms, table) = tools::partition_histograms(&loaded, data_root.as_deref())?;
+            print!("{table}");
+            if let Some(png) = png {
+                plot::draw_partitions(&histograms, &png)?;
+                println!("wrote {}", png.display());
+            }
+            Ok(())
+        }
         Command::Client(args) => client(args),
         Command::Compare {
             reference,

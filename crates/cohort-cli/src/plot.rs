@@ -143,3 +143,49 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("cannot write {}", output.display()))?;
     Ok(output.to_path_buf())
 }
+
+/// Stacked bars of each client's samples per label into `output` (PNG): how
+/// skewed a partitioning is, at a glance.
+pub fn draw_partitions(histograms: &[Vec<u64>], output: &Path) -> anyhow::Result<()> {
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| anyhow::anyhow!("the bundled font could not be loaded"))?;
+    let clients = histograms.len().max(1);
+    let tallest = histograms
+        .iter()
+        .map(|h| h.iter().sum::<u64>())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let width = (clients as u32 * 12).clamp(800, 3000);
+    let root = BitMapBackend::new(output, (width, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Samples per label, by client", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.5f64..clients as f64 + 0.5, 0.0f64..tallest as f64 * 1.05)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_desc("client")
+        .y_desc("samples")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()?;
+    for (index, histogram) in histograms.iter().enumerate() {
+        let x = index as f64 + 1.0;
+        let mut bottom = 0.0;
+        for (label, &count) in histogram.iter().enumerate() {
+            let top = bottom + count as f64;
+            let color = Palette99::pick(label).to_rgba().filled();
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(x - 0.4, bottom), (x + 0.4, top)],
+                color,
+            )))?;
+            bottom = top;
+        }
+    }
+    root.present()
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    Ok(())
+}

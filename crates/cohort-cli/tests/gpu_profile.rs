@@ -13,6 +13,7 @@ use cohort_core::data::Dataset;
 use cohort_core::optim::OptimizerSpec;
 use cohort_train::device::{self, DeviceRequest};
 use cohort_train::init::seeded_parameters;
+use cohort_train::local::LocalPlan;
 use cohort_train::trainer::{ClientTask, Evaluator, LocalTrainer, TrainSettings};
 
 fn gpu_profile() -> bool {
@@ -73,10 +74,10 @@ fn the_gpu_answers_and_trains_like_the_cpu() {
             round: 1,
         };
         let a = on_cpu
-            .train(task, &global, &data, &partition, 0.05)
+            .train(task, &global, &data, &partition, &LocalPlan::plain(0.05))
             .unwrap();
         let b = on_gpu
-            .train(task, &global, &data, &partition, 0.05)
+            .train(task, &global, &data, &partition, &LocalPlan::plain(0.05))
             .unwrap();
         let distance = compare(&a.tree, &b.tree).unwrap();
         eprintln!(
@@ -122,7 +123,7 @@ fn gpu_cpu_distance_by_number_of_steps() {
         let train = |selected: &device::Selected| {
             LocalTrainer::new("lenet5", 10, &selected.device, settings())
                 .unwrap()
-                .train(task, &global, &data, &partition, 0.05)
+                .train(task, &global, &data, &partition, &LocalPlan::plain(0.05))
                 .unwrap()
                 .tree
         };
@@ -182,7 +183,13 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
         let train = |selected: &device::Selected| {
             LocalTrainer::new("lenet5", 10, &selected.device, r1.clone())
                 .unwrap()
-                .train(task, &global, &splits.train, &partition, 0.01)
+                .train(
+                    task,
+                    &global,
+                    &splits.train,
+                    &partition,
+                    &LocalPlan::plain(0.01),
+                )
                 .unwrap()
                 .tree
         };

@@ -10,8 +10,11 @@
 //!
 //! What the sidecar holds is all the state a round leaves behind: local
 //! optimizers are created fresh for every client run and training streams are
-//! derived from seeds, so the model, the selector's RNG position and the result
-//! rows are enough to continue as if nothing happened.
+//! derived from seeds, so the model, the selector's RNG position, the
+//! strategy's state and the result rows are enough to continue as if nothing
+//! happened. A strategy's tensors (server momentum, Adam moments, control
+//! variates) go to `checkpoints/round-NNNN.state.safetensors`, written before
+//! the sidecar and named in it with their SHA-256.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +25,7 @@ use crate::codec::{self, DecodeLimits};
 use crate::fsutil::atomic_write;
 use crate::results::{ClientRow, RoundRow};
 use crate::selection::SelectorState;
+use crate::strategy::StrategyState;
 use crate::tree::ParamTree;
 
 /// Version of the sidecar layout.
@@ -39,13 +43,25 @@ pub struct History {
     pub config_hash: String,
     /// The client selector after the last completed round's selection.
     pub selector: SelectorState,
-    /// Server-side algorithm state; FedAvg keeps none.
-    pub algorithm_state: serde_json::Value,
+    /// The strategy's state; `None` (JSON `null`) for strategies that keep none.
+    pub algorithm_state: Option<AlgorithmState>,
     pub rounds: Vec<RoundRow>,
     pub clients: Vec<ClientRow>,
     /// File name of the model, beside this sidecar.
     pub model_file: String,
     pub model_sha256: String,
+}
+
+/// Where a checkpoint keeps a strategy's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlgorithmState {
+    /// `algorithm.type` of the run.
+    pub strategy: String,
+    /// The strategy's small values.
+    pub scalars: serde_json::Value,
+    /// File of the strategy's tensors beside this sidecar, if it has any.
+    pub tensors_file: Option<String>,
+    pub tensors_sha256: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,17 +92,19 @@ fn stem(round: u32) -> String {
     format!("round-{round:04}")
 }
 
-/// Writes the model, then the sidecar, both atomically.
+/// Writes the model, the strategy's tensors, then the sidecar, each atomically.
 pub fn write(
     run_dir: &Path,
     model: &[u8],
     mut history: History,
+    strategy: (&str, &StrategyState),
 ) -> Result<PathBuf, CheckpointError> {
     let folder = run_dir.join(FOLDER);
     std::fs::create_dir_all(&folder).map_err(|source| CheckpointError::Write {
         path: folder.clone(),
         source,
     })?;
+    history.algorithm_state = write_strategy_state(&folder, history.round, strategy)?;
     let model_file = format!("{}.safetensors", stem(history.round));
     let model_path = folder.join(&model_file);
     atomic_write(&model_path, model).map_err(|source| CheckpointError::Write {
@@ -105,11 +123,46 @@ pub fn write(
     Ok(sidecar)
 }
 
+fn write_strategy_state(
+    folder: &Path,
+    round: u32,
+    (name, state): (&str, &StrategyState),
+) -> Result<Option<AlgorithmState>, CheckpointError> {
+    if state.is_empty() {
+        return Ok(None);
+    }
+    let (tensors_file, tensors_sha256) = if state.tensors.is_empty() {
+        (None, None)
+    } else {
+        let file = format!("{}.state.safetensors", stem(round));
+        let path = folder.join(&file);
+        let bytes = codec::encode(&ParamTree::Map(state.tensors.clone())).map_err(|error| {
+            CheckpointError::Write {
+                path: path.clone(),
+                source: std::io::Error::other(error.to_string()),
+            }
+        })?;
+        atomic_write(&path, &bytes).map_err(|source| CheckpointError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        (Some(file), Some(format!("{:x}", Sha256::digest(&bytes))))
+    };
+    Ok(Some(AlgorithmState {
+        strategy: name.to_owned(),
+        scalars: state.scalars.clone(),
+        tensors_file,
+        tensors_sha256,
+    }))
+}
+
 /// A checkpoint that passed every check.
 #[derive(Debug, Clone)]
 pub struct Restored {
     pub history: History,
     pub model: ParamTree,
+    /// The strategy's state (empty for strategies that keep none).
+    pub strategy_state: StrategyState,
     /// Newer checkpoints that were skipped, with the reason.
     pub skipped: Vec<String>,
 }
@@ -134,10 +187,11 @@ pub fn latest(run_dir: &Path) -> Result<Restored, CheckpointError> {
     let mut skipped = Vec::new();
     for sidecar in sidecars.iter().rev() {
         match read_one(sidecar) {
-            Ok((history, model)) => {
+            Ok((history, model, strategy_state)) => {
                 return Ok(Restored {
                     history,
                     model,
+                    strategy_state,
                     skipped,
                 });
             }
@@ -150,7 +204,7 @@ pub fn latest(run_dir: &Path) -> Result<Restored, CheckpointError> {
     })
 }
 
-fn read_one(sidecar: &Path) -> Result<(History, ParamTree), String> {
+fn read_one(sidecar: &Path) -> Result<(History, ParamTree, StrategyState), String> {
     let text = std::fs::read(sidecar).map_err(|e| format!("unreadable ({e})"))?;
     let history: History =
         serde_json::from_slice(&text).map_err(|e| format!("not a valid sidecar ({e})"))?;
@@ -170,7 +224,48 @@ fn read_one(sidecar: &Path) -> Result<(History, ParamTree), String> {
     }
     let model = codec::decode(&bytes, &DecodeLimits::default())
         .map_err(|e| format!("model does not decode ({e})"))?;
-    Ok((history, model))
+    let state = read_strategy_state(sidecar, history.algorithm_state.as_ref())?;
+    Ok((history, model, state))
+}
+
+fn read_strategy_state(
+    sidecar: &Path,
+    saved: Option<&AlgorithmState>,
+) -> Result<StrategyState, String> {
+    let Some(saved) = saved else {
+        return Ok(StrategyState::default());
+    };
+    let tensors = match (&saved.tensors_file, &saved.tensors_sha256) {
+        (None, _) => Default::default(),
+        (Some(file), Some(expected)) => {
+            let path = sidecar.with_file_name(file);
+            let bytes = std::fs::read(&path)
+                .map_err(|e| format!("strategy state {} unreadable ({e})", path.display()))?;
+            let digest = format!("{:x}", Sha256::digest(&bytes));
+            if &digest != expected {
+                return Err(format!(
+                    "strategy state {} has SHA-256 {digest}, the sidecar expects {expected} \
+                     (truncated or changed)",
+                    path.display()
+                ));
+            }
+            match codec::decode(&bytes, &DecodeLimits::default()) {
+                Ok(ParamTree::Map(tensors)) => tensors,
+                Ok(other) => {
+                    return Err(format!(
+                        "strategy state holds a {}, not a map",
+                        other.kind()
+                    ));
+                }
+                Err(e) => return Err(format!("strategy state does not decode ({e})")),
+            }
+        }
+        (Some(_), None) => return Err("strategy state file without its SHA-256".to_owned()),
+    };
+    Ok(StrategyState {
+        scalars: saved.scalars.clone(),
+        tensors,
+    })
 }
 
 #[cfg(test)]
@@ -187,12 +282,45 @@ mod tests {
                 seed: 1,
                 word_pos: 16 * round as u128,
             },
-            algorithm_state: serde_json::Value::Null,
+            algorithm_state: None,
             rounds: Vec::new(),
             clients: Vec::new(),
             model_file: String::new(),
             model_sha256: String::new(),
         }
+    }
+
+    const NONE: (&str, &StrategyState) = ("fedavg", &EMPTY);
+    static EMPTY: StrategyState = StrategyState {
+        scalars: serde_json::Value::Null,
+        tensors: std::collections::BTreeMap::new(),
+    };
+
+    #[test]
+    fn strategy_state_round_trips_and_is_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StrategyState {
+            scalars: serde_json::json!({"steps": 3}),
+            tensors: std::collections::BTreeMap::from([(
+                "momentum".to_owned(),
+                ParamTree::Leaf(Array::f32(vec![2], vec![0.5, -1.0]).unwrap()),
+            )]),
+        };
+        write(dir.path(), &model(1.0), history(1), ("fedavgm", &state)).unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.strategy_state, state);
+        assert_eq!(
+            restored.history.algorithm_state.unwrap().strategy,
+            "fedavgm"
+        );
+        // A changed state file makes the checkpoint unusable, never half-restored.
+        let file = dir.path().join(FOLDER).join("round-0001.state.safetensors");
+        let mut bytes = std::fs::read(&file).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&file, bytes).unwrap();
+        let error = latest(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("strategy state"), "{error}");
     }
 
     fn model(value: f32) -> Vec<u8> {
@@ -206,8 +334,8 @@ mod tests {
     #[test]
     fn newest_complete_checkpoint_wins() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), &model(1.0), history(1)).unwrap();
-        write(dir.path(), &model(2.0), history(2)).unwrap();
+        write(dir.path(), &model(1.0), history(1), NONE).unwrap();
+        write(dir.path(), &model(2.0), history(2), NONE).unwrap();
         let restored = latest(dir.path()).unwrap();
         assert_eq!(restored.history.round, 2);
         assert!(restored.skipped.is_empty());
@@ -216,8 +344,8 @@ mod tests {
     #[test]
     fn truncated_or_corrupt_newest_falls_back_to_the_previous() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), &model(1.0), history(1)).unwrap();
-        write(dir.path(), &model(2.0), history(2)).unwrap();
+        write(dir.path(), &model(1.0), history(1), NONE).unwrap();
+        write(dir.path(), &model(2.0), history(2), NONE).unwrap();
         let newest_model = dir.path().join(FOLDER).join("round-0002.safetensors");
         let bytes = std::fs::read(&newest_model).unwrap();
         std::fs::write(&newest_model, &bytes[..bytes.len() / 2]).unwrap();
@@ -240,7 +368,7 @@ mod tests {
     #[test]
     fn no_usable_checkpoint_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), &model(1.0), history(1)).unwrap();
+        write(dir.path(), &model(1.0), history(1), NONE).unwrap();
         std::fs::write(dir.path().join(FOLDER).join("round-0001.safetensors"), b"").unwrap();
         let error = latest(dir.path()).unwrap_err().to_string();
         assert!(error.contains("no complete checkpoint"), "{error}");

@@ -31,6 +31,8 @@ pub struct ClientReport {
     /// Mean training loss.
     pub loss: f64,
     pub training_time: f64,
+    /// Local optimizer steps taken.
+    pub local_steps: u64,
     /// Index of the physical worker that trained it.
     pub worker: usize,
 }
@@ -296,6 +298,7 @@ mod tests {
             num_samples: 10,
             loss: 0.0,
             training_time: 0.0,
+            local_steps: 1,
             worker: 0,
         }
     }

@@ -31,6 +31,17 @@ pub struct RoundRow {
     /// slowest client's training, payload processing and communication. With
     /// `simulate_wall_time = false` it repeats `elapsed_time`.
     pub simulated_time: f64,
+    /// Bytes sent to the clients beside the global model (SCAFFOLD's
+    /// corrections); included in `bytes_to_clients`.
+    #[serde(default)]
+    pub extra_bytes_to_clients: u64,
+    /// Sample-weighted accuracy of the global model on the selected clients'
+    /// held-out data (`clients.do_test`).
+    #[serde(default)]
+    pub federated_accuracy: Option<f64>,
+    /// Privacy spent so far, for strategies that account for it (`dp_fedavg`).
+    #[serde(default)]
+    pub epsilon: Option<f64>,
 }
 
 /// One client's training in one round.
@@ -52,11 +63,19 @@ pub struct ClientRow {
     /// Bytes of the update payload the client sent.
     #[serde(default)]
     pub payload_bytes: u64,
+    /// The client's training samples per label.
+    #[serde(default)]
+    pub label_histogram: Vec<u64>,
+    /// Accuracy of the global model on the client's held-out data
+    /// (`clients.do_test`).
+    #[serde(default)]
+    pub test_accuracy: Option<f64>,
 }
 
-pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
-pub const CLIENTS_HEADER: &str =
-    "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes";
+pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon";
+/// The header before the strategy columns; such files still parse.
+const RESULTS_HEADER_V1: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
+pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy";
 
 /// Accumulates rows and keeps the CSV files current.
 #[derive(Debug)]
@@ -108,7 +127,7 @@ pub fn render_results(rows: &[RoundRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{:.4},{:.3},{:.3},{:.3},{:.3},{},{},{:.6},{:.3}",
+            "{},{:.4},{:.3},{:.3},{:.3},{:.3},{},{},{:.6},{:.3},{},{},{}",
             r.round,
             r.accuracy,
             r.elapsed_time,
@@ -118,10 +137,18 @@ pub fn render_results(rows: &[RoundRow]) -> String {
             r.bytes_to_clients,
             r.bytes_to_server,
             r.train_loss,
-            r.simulated_time
+            r.simulated_time,
+            r.extra_bytes_to_clients,
+            optional(r.federated_accuracy, 4),
+            optional(r.epsilon, 6),
         );
     }
     out
+}
+
+/// A number with `decimals` decimals, or nothing.
+fn optional(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(String::new, |v| format!("{v:.decimals$}"))
 }
 
 /// A `results.csv` that cannot be read back.
@@ -141,8 +168,9 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
         problem,
     };
     let mut lines = text.lines().enumerate();
-    match lines.next() {
-        Some((_, header)) if header == RESULTS_HEADER => {}
+    let columns = match lines.next() {
+        Some((_, header)) if header == RESULTS_HEADER => 13,
+        Some((_, header)) if header == RESULTS_HEADER_V1 => 10,
         Some((_, header)) => {
             return Err(error(
                 1,
@@ -150,15 +178,15 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
             ));
         }
         None => return Err(error(1, "the file is empty".to_owned())),
-    }
+    };
     lines
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(index, line)| {
             let fields: Vec<&str> = line.split(',').collect();
-            if fields.len() != 10 {
+            if fields.len() != columns {
                 return Err(error(
                     index + 1,
-                    format!("{} fields, expected 10", fields.len()),
+                    format!("{} fields, expected {columns}", fields.len()),
                 ));
             }
             let number = |i: usize| -> Result<f64, ParseError> {
@@ -177,6 +205,12 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
                     )
                 })
             };
+            let optional_number = |i: usize| -> Result<Option<f64>, ParseError> {
+                match fields.get(i) {
+                    None | Some(&"") => Ok(None),
+                    Some(_) => number(i).map(Some),
+                }
+            };
             Ok(RoundRow {
                 round: integer(0)? as u32,
                 accuracy: number(1)?,
@@ -188,6 +222,9 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
                 bytes_to_server: integer(7)?,
                 train_loss: number(8)?,
                 simulated_time: number(9)?,
+                extra_bytes_to_clients: if columns > 10 { integer(10)? } else { 0 },
+                federated_accuracy: optional_number(11)?,
+                epsilon: optional_number(12)?,
             })
         })
         .collect()
@@ -198,7 +235,7 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.6},{:.3},{:.4},{:.4},{}",
+            "{},{},{},{},{:.6},{:.3},{:.4},{:.4},{},{},{}",
             r.round,
             r.client_id,
             r.worker,
@@ -207,7 +244,13 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
             r.training_time,
             r.processing_time,
             r.comm_time,
-            r.payload_bytes
+            r.payload_bytes,
+            r.label_histogram
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(" "),
+            optional(r.test_accuracy, 4),
         );
     }
     out
@@ -230,6 +273,9 @@ mod tests {
             bytes_to_server: 11,
             train_loss: 0.125,
             simulated_time: 1.5,
+            extra_bytes_to_clients: 7,
+            federated_accuracy: Some(0.5),
+            epsilon: None,
         };
         assert_eq!(
             parse_results(&render_results(std::slice::from_ref(&row)), "r.csv").unwrap(),
@@ -237,7 +283,9 @@ mod tests {
         );
         let error = parse_results("round,accuracy\n", "r.csv").unwrap_err();
         assert_eq!(error.line, 1);
-        let bad = format!("{RESULTS_HEADER}\n1,x,1,1,1,1,1,1,1,1\n");
+        let legacy = format!("{RESULTS_HEADER_V1}\n1,0.5,1,1,1,1,1,1,1,1\n");
+        assert_eq!(parse_results(&legacy, "r.csv").unwrap()[0].epsilon, None);
+        let bad = format!("{RESULTS_HEADER}\n1,x,1,1,1,1,1,1,1,1,0,,\n");
         let error = parse_results(&bad, "r.csv").unwrap_err();
         assert_eq!(
             error.to_string(),
@@ -261,6 +309,9 @@ mod tests {
                 bytes_to_server: 20,
                 train_loss: 0.25,
                 simulated_time: 0.5,
+                extra_bytes_to_clients: 0,
+                federated_accuracy: None,
+                epsilon: None,
             };
             let client = ClientRow {
                 round,
@@ -272,6 +323,8 @@ mod tests {
                 processing_time: 0.01,
                 comm_time: 0.0,
                 payload_bytes: 1000,
+                label_histogram: vec![4, 2],
+                test_accuracy: None,
             };
             writer.record(row, vec![client]).unwrap();
         }
@@ -281,7 +334,7 @@ mod tests {
         let clients = std::fs::read_to_string(dir.path().join("clients.csv")).unwrap();
         assert_eq!(
             clients.lines().nth(1).unwrap(),
-            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000"
+            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000,4 2,"
         );
     }
 }

@@ -8,13 +8,16 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use cohort_core::codec::DecodeLimits;
+use cohort_core::codec::{self, DecodeLimits};
 use cohort_core::config::LoadedConfig;
 use cohort_core::data::{self, DataSource, Dataset, Fetch, Splits};
 use cohort_core::processors::{Pipeline, ProcessError};
 use cohort_train::device::Selected;
+use cohort_train::local::LocalPlan;
 use cohort_train::model::UnknownModel;
 use cohort_train::trainer::{ClientTask, LocalTrainer, TrainError, TrainSettings};
+
+use crate::transport::TaskInstructions;
 
 /// What a client sends back for one task.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +27,8 @@ pub struct ClientReply {
     pub training_time: f64,
     /// Seconds in the client's processors (unpacking the model, packing the update).
     pub processing_time: f64,
+    /// Local optimizer steps taken.
+    pub local_steps: u64,
     /// The update, as it goes on the wire.
     pub payload: Vec<u8>,
 }
@@ -36,6 +41,8 @@ pub enum ClientError {
     Train(#[from] TrainError),
     #[error("cannot pack the update: {0}")]
     UpdatePayload(#[source] ProcessError),
+    #[error("cannot unpack the strategy's gradient correction: {0}")]
+    Correction(#[source] cohort_core::codec::CodecError),
 }
 
 /// The training settings of a config, shared by the server's in-process
@@ -77,8 +84,8 @@ pub fn load_data(
         source,
         data_root.display()
     );
-    let partitions = loaded.partitions(splits.train.len()).context(
-        "config `data.partition_size(s)` / `clients.total_clients` do not fit the training set",
+    let partitions = loaded.partitions(&splits.train.labels).context(
+        "config `data.sampler` and its options / `clients.total_clients` do not fit the training set",
     )?;
     Ok((splits, partitions))
 }
@@ -110,7 +117,7 @@ impl ClientRunner {
     pub fn run(
         &mut self,
         task: ClientTask,
-        learning_rate: f64,
+        instructions: &TaskInstructions,
         global_payload: &[u8],
         data: &Dataset,
         partition: &[u32],
@@ -120,10 +127,19 @@ impl ClientRunner {
             .inbound
             .receive(global_payload, &self.limits)
             .map_err(ClientError::GlobalPayload)?;
+        let plan = LocalPlan {
+            learning_rate: instructions.learning_rate,
+            proximal_mu: instructions.proximal_mu,
+            update_clip_norm: instructions.update_clip_norm,
+            gradient_correction: instructions
+                .correction
+                .as_deref()
+                .map(|bytes| codec::decode(bytes, &self.limits))
+                .transpose()
+                .map_err(ClientError::Correction)?,
+        };
         let mut processing_time = unpacking.elapsed().as_secs_f64();
-        let update = self
-            .trainer
-            .train(task, &global, data, partition, learning_rate)?;
+        let update = self.trainer.train(task, &global, data, partition, &plan)?;
         let packing = Instant::now();
         let payload = self
             .outbound
@@ -135,6 +151,7 @@ impl ClientRunner {
             loss: update.loss,
             training_time: update.training_time,
             processing_time,
+            local_steps: update.local_steps,
             payload,
         })
     }

@@ -43,7 +43,7 @@ use proto::server_message::Kind as ServerKind;
 use proto::{ClientMessage, ServerMessage};
 
 /// Bumped when the messages change incompatibly.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Payload bytes per chunk message: well under gRPC's 4 MiB default limit.
 pub const CHUNK_BYTES: usize = 1 << 20;
 
@@ -253,16 +253,28 @@ async fn run_task(
 ) -> Result<ClientReply, TaskError> {
     let gone = || TaskError::Broken("the client process disconnected".to_owned());
     let ClientTask { client_id, round } = job.spec.task;
+    let instructions = &job.spec.instructions;
+    let correction: &[u8] = instructions
+        .correction
+        .as_deref()
+        .map_or(&[], Vec::as_slice);
     sender
         .send(message(ServerKind::Task(proto::Task {
             client_id,
             round,
-            learning_rate: job.spec.learning_rate,
+            learning_rate: instructions.learning_rate,
             payload_bytes: job.payload.len() as u64,
+            proximal_mu: instructions.proximal_mu,
+            update_clip_norm: instructions.update_clip_norm,
+            correction_bytes: correction.len() as u64,
         })))
         .await
         .map_err(|_| gone())?;
-    for chunk in job.payload.chunks(CHUNK_BYTES) {
+    for chunk in job
+        .payload
+        .chunks(CHUNK_BYTES)
+        .chain(correction.chunks(CHUNK_BYTES))
+    {
         sender
             .send(message(ServerKind::Chunk(proto::Chunk {
                 data: chunk.to_vec(),
@@ -308,6 +320,7 @@ async fn run_task(
         loss: report.loss,
         training_time: report.training_time,
         processing_time: report.processing_time,
+        local_steps: report.local_steps,
         payload,
     })
 }

@@ -15,5 +15,6 @@ pub mod worker_process;
 
 pub use server::{
     LocalClients, MODEL_FILE, RunOptions, RunSummary, new_run_dir, run, run_with_hooks,
+    run_with_strategy,
 };
 pub use worker_process::{WorkerOptions, WorkerSummary, run_worker};

@@ -64,12 +64,12 @@ impl WorkerPool {
                         let TaskSpec {
                             slot,
                             task,
-                            learning_rate,
+                            instructions,
                         } = job.spec;
                         let partition = &partitions[task.client_id as usize - 1];
                         let result = compute
                             .install(|| {
-                                runner.run(task, learning_rate, &job.payload, &data, partition)
+                                runner.run(task, &instructions, &job.payload, &data, partition)
                             })
                             .map(|reply| Delivered {
                                 reply,

@@ -1,22 +1,26 @@
 //! The federated round loop.
 //!
-//! One round, in order:
-//! 1. select `per_round` logical clients ([`ClientSelector`]);
-//! 2. pack the global model once through `server.outbound_processors` (the
-//!    payload every selected client receives);
-//! 3. hand the tasks to the transport ([`Transport`]): worker threads of this
-//!    process, or `cohort client` processes over gRPC. Each client unpacks the
-//!    model, trains on its partition and packs its update;
-//! 4. unpack each update through `server.inbound_processors`; a client that
-//!    failed, timed out or sent a malformed payload is logged and dropped, and
-//!    the round goes on if `clients.min_per_round` updates arrived;
-//! 5. put the updates back in selection order and aggregate them with the one
-//!    validated FedAvg ([`cohort_core::aggregate::fedavg`]);
-//! 6. evaluate the new global model on the test set, write the results row and
-//!    the model, and stop at `rounds` or at `target_accuracy`.
+//! One round, in order, each step a function of [`RoundLoop`]:
+//! 1. **select** `per_round` logical clients ([`ClientSelector`]) and
+//!    **dispatch** their tasks: the global model, packed once through
+//!    `server.outbound_processors`, and per client the strategy's
+//!    instructions ([`Strategy::configure`]), to the [`Transport`]: worker
+//!    threads of this process, or `cohort client` processes over gRPC;
+//! 2. **collect** the updates, unpacked through `server.inbound_processors`; a
+//!    client that failed, timed out or sent a malformed payload is logged and
+//!    dropped, and the round goes on if `clients.min_per_round` updates arrived;
+//! 3. **aggregate**: put the updates back in selection order, run the server
+//!    hooks under their positional contract, and let the strategy
+//!    ([`Strategy::aggregate`]) make the next global model;
+//! 4. **evaluate and record**: test-set accuracy, `results.csv`, `clients.csv`,
+//!    the model file;
+//! 5. **checkpoint** the model, the selector and the strategy's state; stop at
+//!    `rounds` or at `target_accuracy`.
 //!
-//! Nothing of a round is written before its aggregation succeeded, so a round
-//! that fails leaves the global model and every file as the last round left them.
+//! The next round is dispatched as soon as the model is aggregated, so it
+//! trains while this round is evaluated. Nothing of a round is written before
+//! its aggregation succeeded, so a round that fails leaves the global model and
+//! every file as the last round left them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,24 +29,26 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use cohort_core::aggregate::{Contribution, FedAvgOutcome, fedavg};
 use cohort_core::checkpoint::{self, History};
-use cohort_core::codec;
-use cohort_core::config::LoadedConfig;
+use cohort_core::codec::{self, DecodeLimits};
+use cohort_core::config::{LoadedConfig, Pipelines};
+use cohort_core::data::Dataset;
 use cohort_core::fsutil::atomic_write;
-use cohort_core::hooks::{ClientReport, NoHooks, RoundPayloads, ServerHooks};
+use cohort_core::hooks::{ClientReport, NoHooks, ReceivedPayload, RoundPayloads, ServerHooks};
 use cohort_core::processors::Processor;
 use cohort_core::results::{ClientRow, ResultsWriter, RoundRow};
-use cohort_core::selection::ClientSelector;
+use cohort_core::schedule::LrSchedule;
+use cohort_core::selection::{ClientSelector, SelectorState};
+use cohort_core::strategy::{ClientUpdate, PrivacySpent, RoundContext, Strategy};
 use cohort_core::tree::ParamTree;
-use cohort_train::device::{self, DeviceRequest};
+use cohort_train::device::{self, DeviceRequest, Selected};
 use cohort_train::init::seeded_parameters;
 use cohort_train::trainer::{ClientTask, Evaluator};
 
 use crate::client::{ClientRunner, load_data};
 use crate::grpc::{GrpcTransport, ServerSettings};
 use crate::pool::WorkerPool;
-use crate::transport::{TaskSpec, Transport};
+use crate::transport::{TaskInstructions, TaskSpec, Transport};
 
 /// How the command line shaped this run.
 #[derive(Debug, Clone)]
@@ -142,8 +148,13 @@ struct StartPoint {
     elapsed_before: f64,
 }
 
-/// The newest complete checkpoint of `run_dir`, checked against the config.
-fn resume_point(loaded: &LoadedConfig, run_dir: &Path) -> anyhow::Result<StartPoint> {
+/// The newest complete checkpoint of `run_dir`, checked against the config;
+/// restores the strategy's state into `strategy`.
+fn resume_point(
+    loaded: &LoadedConfig,
+    run_dir: &Path,
+    strategy: &mut dyn Strategy,
+) -> anyhow::Result<StartPoint> {
     let restored = checkpoint::latest(run_dir)?;
     for skipped in &restored.skipped {
         tracing::warn!("skipping checkpoint {skipped}");
@@ -158,6 +169,9 @@ fn resume_point(loaded: &LoadedConfig, run_dir: &Path) -> anyhow::Result<StartPo
             history.config_hash
         );
     }
+    strategy
+        .restore(restored.strategy_state)
+        .with_context(|| format!("round {}", history.round))?;
     tracing::info!(
         round = history.round,
         "resuming after round {}",
@@ -172,10 +186,28 @@ fn resume_point(loaded: &LoadedConfig, run_dir: &Path) -> anyhow::Result<StartPo
     })
 }
 
-/// A round handed to the transport: who trains, and the size of the global payload.
+fn fresh_start(loaded: &LoadedConfig, run_dir: &Path, evaluator: &Evaluator) -> StartPoint {
+    let config = &loaded.config;
+    StartPoint {
+        global: match config.trainer.model_seed {
+            Some(seed) => seeded_parameters(&evaluator.parameters(), seed),
+            None => evaluator.parameters(),
+        },
+        selector: ClientSelector::new(config.server.random_seed),
+        results: ResultsWriter::new(run_dir),
+        first_round: 1,
+        elapsed_before: 0.0,
+    }
+}
+
+/// A round handed to the transport: who trains, and what was sent.
+#[derive(Debug, Default)]
 struct Dispatched {
     clients: Vec<u32>,
+    /// Bytes of the global model each client receives.
     payload_bytes: u64,
+    /// Bytes sent beside the model, all clients together (SCAFFOLD).
+    extra_bytes: u64,
 }
 
 /// The global model of a round, packed once.
@@ -188,10 +220,27 @@ struct Packed {
 }
 
 /// One client's numbers for the results files and simulated time.
+#[derive(Debug, Clone, PartialEq)]
 struct Arrival {
     processing_time: f64,
     comm_time: f64,
     payload_bytes: u64,
+}
+
+/// What came back in a round, in selection order.
+#[derive(Debug, Default)]
+struct Collected {
+    /// `(report, update, arrival)` of each client that delivered, by slot.
+    updates: Vec<(ClientReport, ParamTree, Arrival)>,
+    failures: Vec<String>,
+    bytes_to_server: u64,
+}
+
+/// What a round's aggregation leaves for the records.
+struct Aggregated {
+    reports: Vec<ClientReport>,
+    arrivals: Vec<Arrival>,
+    privacy: Option<PrivacySpent>,
 }
 
 /// Seconds to move `bytes` at `mbps` Mbit/s.
@@ -216,6 +265,19 @@ pub fn run_with_hooks(
     options: &RunOptions,
     hooks: &mut dyn ServerHooks,
 ) -> anyhow::Result<RunSummary> {
+    run_with_strategy(loaded, options, hooks, loaded.config.algorithm.build())
+}
+
+/// [`run_with_hooks`] with a strategy of the caller's instead of the one
+/// `[algorithm]` names: the way to run a strategy written outside cohort (see
+/// `examples/norm_bounded_fedavg.rs`). Its state is checkpointed and restored
+/// like a built-in strategy's.
+pub fn run_with_strategy(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    hooks: &mut dyn ServerHooks,
+    mut strategy: Box<dyn Strategy>,
+) -> anyhow::Result<RunSummary> {
     let config = &loaded.config;
     std::fs::create_dir_all(&options.run_dir)
         .with_context(|| format!("cannot create the run folder {}", options.run_dir.display()))?;
@@ -227,337 +289,442 @@ pub fn run_with_hooks(
         )
         .context("cannot write config.toml into the run folder")?;
     }
-
     let selected = device::select(options.device)?;
     tracing::info!(device = selected.name, "compute device");
-
     let (splits, partitions) = load_data(loaded, options.data_root.as_deref())?;
-
-    let trainer_config = &config.trainer;
     let num_classes = config.parameters.model.num_classes;
-    let mut evaluator = Evaluator::new(
-        &trainer_config.model_name,
+    let histograms: Vec<Vec<u64>> = partitions
+        .iter()
+        .map(|part| {
+            cohort_core::partition::label_histogram(&splits.train.labels, part, num_classes)
+        })
+        .collect();
+    let evaluator = Evaluator::new(
+        &config.trainer.model_name,
         num_classes,
         &selected.device,
-        trainer_config.eval_batch_size,
+        config.trainer.eval_batch_size,
     )?;
+    tracing::info!(strategy = strategy.name(), "strategy");
     let start = if options.resume {
-        resume_point(loaded, &options.run_dir)?
+        resume_point(loaded, &options.run_dir, strategy.as_mut())?
     } else {
-        StartPoint {
-            global: match trainer_config.model_seed {
-                Some(seed) => seeded_parameters(&evaluator.parameters(), seed),
-                None => evaluator.parameters(),
-            },
-            selector: ClientSelector::new(config.server.random_seed),
-            results: ResultsWriter::new(&options.run_dir),
-            first_round: 1,
-            elapsed_before: 0.0,
-        }
+        fresh_start(loaded, &options.run_dir, &evaluator)
     };
-    let StartPoint {
-        mut global,
-        mut selector,
-        mut results,
-        first_round,
-        elapsed_before,
-    } = start;
-    let mut simulated_before = results.rounds().last().map_or(0.0, |r| r.simulated_time);
-    let pipelines = loaded.pipelines();
-    let limits = loaded.decode_limits();
-    let mut child_clients = None;
-    let mut transport: Box<dyn Transport> = if config.clients.comm_simulation {
-        let runners = (0..trainer_config.max_concurrency)
-            .map(|_| ClientRunner::new(loaded, &selected))
+    let (transport, child_clients) =
+        start_transport(loaded, options, &selected, splits.train, partitions)?;
+    let rounds = options.rounds.unwrap_or(config.trainer.rounds);
+    let mut server = RoundLoop::new(
+        loaded,
+        options,
+        hooks,
+        strategy,
+        transport,
+        evaluator,
+        splits.test,
+        histograms,
+        start,
+        rounds,
+    )?;
+    let reached_target = server.run()?;
+    let RoundLoop {
+        results, transport, ..
+    } = server;
+    // The transport goes first: closing the streams lets client processes exit.
+    drop(transport);
+    drop(child_clients);
+    if results.rounds().is_empty() {
+        bail!("no round ran");
+    }
+    Ok(RunSummary {
+        rounds: results.rounds().to_vec(),
+        run_dir: options.run_dir.clone(),
+        model_path: options.run_dir.join(MODEL_FILE),
+        reached_target,
+    })
+}
+
+/// The transport `clients.comm_simulation` asks for: worker threads, or a
+/// gRPC server (with the local client processes it starts).
+fn start_transport(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    selected: &Selected,
+    train: Dataset,
+    partitions: Vec<Vec<u32>>,
+) -> anyhow::Result<(Box<dyn Transport>, Option<ChildClients>)> {
+    let config = &loaded.config;
+    let trainer = &config.trainer;
+    if config.clients.comm_simulation {
+        let runners = (0..trainer.max_concurrency)
+            .map(|_| ClientRunner::new(loaded, selected))
             .collect::<Result<Vec<_>, _>>()?;
-        Box::new(WorkerPool::start(
+        let pool = WorkerPool::start(
             runners,
-            Arc::new(splits.train),
+            Arc::new(train),
             Arc::new(partitions),
-            trainer_config.threads_per_worker as usize,
-        )?)
-    } else {
-        let server = &config.server;
-        let bind = format!("{}:{}", server.address, server.port);
-        let bind = std::net::ToSocketAddrs::to_socket_addrs(&bind)
-            .with_context(|| format!("server.address / server.port: cannot resolve `{bind}`"))?
-            .next()
-            .with_context(|| format!("server.address / server.port: `{bind}` has no address"))?;
-        let grpc = GrpcTransport::start(ServerSettings {
-            bind,
-            config_toml: toml_text(&loaded.merged),
-            auth_token: server.auth_token.clone(),
-            tls: server.tls_cert.clone().zip(server.tls_key.clone()),
-            payload_timeout: std::time::Duration::from_secs_f64(server.payload_timeout),
-            registration_timeout: std::time::Duration::from_secs_f64(server.registration_timeout),
-            max_payload_bytes: limits.max_bytes,
-        })?;
-        progress_note(
-            options.show_progress,
-            &format!("listening for client processes on {}", grpc.local_addr()),
-        );
-        if let Some(spec) = &options.local_clients {
-            child_clients = Some(ChildClients::spawn(
-                spec,
-                grpc.local_addr(),
-                loaded,
-                server.tls_cert.is_some(),
-            )?);
-        }
-        let expected = options
-            .local_clients
-            .as_ref()
-            .map_or(trainer_config.max_concurrency as usize, |spec| spec.count)
-            .max(1);
-        grpc.wait_for_clients(expected)?;
-        Box::new(grpc)
-    };
-
-    let rounds = options.rounds.unwrap_or(trainer_config.rounds);
-    let per_round = config.clients.per_round;
-    let progress = progress_bar(
+            trainer.threads_per_worker as usize,
+        )?;
+        return Ok((Box::new(pool), None));
+    }
+    let server = &config.server;
+    let bind = format!("{}:{}", server.address, server.port);
+    let bind = std::net::ToSocketAddrs::to_socket_addrs(&bind)
+        .with_context(|| format!("server.address / server.port: cannot resolve `{bind}`"))?
+        .next()
+        .with_context(|| format!("server.address / server.port: `{bind}` has no address"))?;
+    let grpc = GrpcTransport::start(ServerSettings {
+        bind,
+        config_toml: toml_text(&loaded.merged),
+        auth_token: server.auth_token.clone(),
+        tls: server.tls_cert.clone().zip(server.tls_key.clone()),
+        payload_timeout: std::time::Duration::from_secs_f64(server.payload_timeout),
+        registration_timeout: std::time::Duration::from_secs_f64(server.registration_timeout),
+        max_payload_bytes: loaded.decode_limits().max_bytes,
+    })?;
+    progress_note(
         options.show_progress,
-        (rounds + 1).saturating_sub(first_round) as u64 * per_round as u64,
+        &format!("listening for client processes on {}", grpc.local_addr()),
     );
-    let model_path = options.run_dir.join(MODEL_FILE);
-    let run_started = Instant::now();
-    let mut reached_target = false;
-
-    // Round r + 1 trains while round r's model is evaluated: the next round
-    // needs only the aggregated model, not its accuracy. Evaluation gets its own
-    // compute threads so it does not oversubscribe the workers' cores.
-    let evaluation_pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(trainer_config.threads_per_worker as usize)
-        .thread_name(|i| format!("cohort-eval{i}"))
-        .build()?;
-    let schedule = loaded.lr_schedule();
-    let dispatch = |round: u32,
-                    global_payload: Arc<Vec<u8>>,
-                    selector: &mut ClientSelector,
-                    transport: &mut dyn Transport|
-     -> anyhow::Result<Dispatched> {
-        let clients = selector.select(config.clients.total_clients, per_round);
-        tracing::info!(round, clients = ?clients, "round dispatched");
-        let learning_rate = schedule.rate(loaded.optimizer.learning_rate(), round);
-        let tasks = clients
-            .iter()
-            .enumerate()
-            .map(|(slot, &client_id)| TaskSpec {
-                slot,
-                task: ClientTask { client_id, round },
-                learning_rate,
-            })
-            .collect();
-        let payload_bytes = global_payload.len() as u64;
-        transport.dispatch(global_payload, tasks)?;
-        Ok(Dispatched {
-            clients,
-            payload_bytes,
-        })
+    let children = match &options.local_clients {
+        Some(spec) => Some(ChildClients::spawn(
+            spec,
+            grpc.local_addr(),
+            loaded,
+            server.tls_cert.is_some(),
+        )?),
+        None => None,
     };
-    // The model file is plain safetensors whatever the wire pipeline is; with
-    // the default pipeline the two are the same bytes, packed once.
-    let plain_pipeline = pipelines.server_outbound.steps() == [Processor::SafetensorEncode];
-    let pack = |global: &ParamTree| -> anyhow::Result<Packed> {
-        let model_bytes = Arc::new(codec::encode(global)?);
-        let wire = if plain_pipeline {
+    let expected = options
+        .local_clients
+        .as_ref()
+        .map_or(trainer.max_concurrency as usize, |spec| spec.count)
+        .max(1);
+    grpc.wait_for_clients(expected)?;
+    Ok((Box::new(grpc), children))
+}
+
+/// Wall and simulated time of a run across rounds.
+struct Clock {
+    run_started: Instant,
+    elapsed_before: f64,
+    simulated_before: f64,
+    previous_round_end: Instant,
+}
+
+/// The state of a run between rounds, and the steps of one round.
+struct RoundLoop<'a> {
+    loaded: &'a LoadedConfig,
+    run_dir: PathBuf,
+    hooks: &'a mut dyn ServerHooks,
+    strategy: Box<dyn Strategy>,
+    transport: Box<dyn Transport>,
+    evaluator: Evaluator,
+    /// Evaluation's own compute threads, so it does not oversubscribe the
+    /// workers' cores while the next round trains.
+    evaluation_pool: rayon::ThreadPool,
+    test: Dataset,
+    /// Each client's training labels, for `clients.csv`.
+    histograms: Vec<Vec<u64>>,
+    pipelines: Pipelines,
+    limits: DecodeLimits,
+    schedule: LrSchedule,
+    global: ParamTree,
+    selector: ClientSelector,
+    results: ResultsWriter,
+    first_round: u32,
+    rounds: u32,
+    clock: Clock,
+    progress: ProgressBar,
+}
+
+impl<'a> RoundLoop<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        loaded: &'a LoadedConfig,
+        options: &RunOptions,
+        hooks: &'a mut dyn ServerHooks,
+        strategy: Box<dyn Strategy>,
+        transport: Box<dyn Transport>,
+        evaluator: Evaluator,
+        test: Dataset,
+        histograms: Vec<Vec<u64>>,
+        start: StartPoint,
+        rounds: u32,
+    ) -> anyhow::Result<Self> {
+        let trainer = &loaded.config.trainer;
+        let evaluation_pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(trainer.threads_per_worker as usize)
+            .thread_name(|i| format!("cohort-eval{i}"))
+            .build()?;
+        let per_round = loaded.config.clients.per_round as u64;
+        let progress = progress_bar(
+            options.show_progress,
+            (rounds + 1).saturating_sub(start.first_round) as u64 * per_round,
+        );
+        let simulated_before = start
+            .results
+            .rounds()
+            .last()
+            .map_or(0.0, |r| r.simulated_time);
+        Ok(Self {
+            loaded,
+            run_dir: options.run_dir.clone(),
+            hooks,
+            strategy,
+            transport,
+            evaluator,
+            evaluation_pool,
+            test,
+            histograms,
+            pipelines: loaded.pipelines(),
+            limits: loaded.decode_limits(),
+            schedule: loaded.lr_schedule(),
+            global: start.global,
+            selector: start.selector,
+            results: start.results,
+            first_round: start.first_round,
+            rounds,
+            clock: Clock {
+                run_started: Instant::now(),
+                elapsed_before: start.elapsed_before,
+                simulated_before,
+                previous_round_end: Instant::now(),
+            },
+            progress,
+        })
+    }
+
+    /// Runs every remaining round; `true` when the target accuracy was reached.
+    fn run(&mut self) -> anyhow::Result<bool> {
+        if self.first_round > self.rounds {
+            tracing::info!(rounds = self.rounds, "all rounds are done already");
+            return Ok(false);
+        }
+        let initial = self.pack()?.wire;
+        let mut dispatched = self.dispatch(self.first_round, initial)?;
+        for round in self.first_round..=self.rounds {
+            self.progress
+                .set_message(format!("round {round}/{}", self.rounds));
+            let collected = self.collect(round, &dispatched.clients)?;
+            let aggregated = self.aggregate(round, collected)?;
+            // The checkpoint must hold the selector as it was before the next
+            // round's draw, so a resumed run draws the same clients.
+            let selector_state = self.selector.state(self.loaded.config.server.random_seed);
+            let packed = self.pack()?;
+            let this_round = std::mem::take(&mut dispatched);
+            if round < self.rounds {
+                dispatched = self.dispatch(round + 1, Arc::clone(&packed.wire))?;
+            }
+            let accuracy = self.evaluate_and_record(round, &this_round, aggregated, &packed)?;
+            let target = self.loaded.config.trainer.target_accuracy;
+            let target_reached = target.is_some_and(|target| accuracy >= target);
+            let interval = self.loaded.config.server.checkpoint_interval;
+            if round % interval == 0 || round == self.rounds || target_reached {
+                self.checkpoint(round, &packed.model_bytes, selector_state)?;
+            }
+            if target_reached {
+                tracing::info!(round, accuracy, "target accuracy reached");
+                // The next round may already be training; its work is dropped.
+                self.transport.cancel();
+                self.progress.finish_and_clear();
+                return Ok(true);
+            }
+        }
+        self.progress.finish_and_clear();
+        Ok(false)
+    }
+
+    fn context(&self, round: u32) -> RoundContext {
+        let clients = &self.loaded.config.clients;
+        RoundContext {
+            round,
+            learning_rate: self
+                .schedule
+                .rate(self.loaded.optimizer.learning_rate(), round),
+            per_round: clients.per_round,
+            total_clients: clients.total_clients,
+        }
+    }
+
+    /// The global model as plain safetensors and as the wire pipeline makes it;
+    /// with the default pipeline the two are the same bytes, packed once.
+    fn pack(&self) -> anyhow::Result<Packed> {
+        let model_bytes = Arc::new(codec::encode(&self.global)?);
+        let outbound = &self.pipelines.server_outbound;
+        let wire = if outbound.steps() == [Processor::SafetensorEncode] {
             Arc::clone(&model_bytes)
         } else {
             Arc::new(
-                pipelines
-                    .server_outbound
-                    .send(global)
+                outbound
+                    .send(&self.global)
                     .context("server.outbound_processors failed on the global model")?,
             )
         };
         Ok(Packed { model_bytes, wire })
-    };
-    if first_round > rounds {
-        tracing::info!(rounds, "all rounds are done already");
-        return Ok(RunSummary {
-            rounds: results.rounds().to_vec(),
-            run_dir: options.run_dir.clone(),
-            model_path,
-            reached_target,
-        });
     }
-    let initial_payload = pack(&global)?.wire;
-    let mut dispatched = dispatch(
-        first_round,
-        initial_payload,
-        &mut selector,
-        transport.as_mut(),
-    )?;
-    let mut previous_round_end = Instant::now();
 
-    for round in first_round..=rounds {
-        progress.set_message(format!("round {round}/{rounds}"));
-        let selected_clients = std::mem::take(&mut dispatched.clients);
-        let mut arrived = Vec::with_capacity(selected_clients.len());
-        let mut arrivals: Vec<Option<Arrival>> =
-            (0..selected_clients.len()).map(|_| None).collect();
-        let mut failures: Vec<String> = Vec::new();
-        let mut bytes_to_server = 0u64;
-        for _ in 0..selected_clients.len() {
-            let outcome = transport.next_outcome()?;
-            progress.inc(1);
-            let client_id = outcome.task.client_id;
-            let delivered = match outcome.result {
-                Ok(delivered) => delivered,
-                Err(reason) => {
-                    tracing::warn!(round, client = client_id, "client dropped: {reason}");
-                    failures.push(format!("client {client_id}: {reason}"));
-                    continue;
-                }
-            };
-            let reply = delivered.reply;
-            bytes_to_server += reply.payload.len() as u64;
-            let unpacking = Instant::now();
-            let received = match pipelines.server_inbound.receive(&reply.payload, &limits) {
-                Ok(tree) => tree,
-                Err(error) => {
-                    tracing::warn!(
-                        round,
-                        client = client_id,
-                        "malformed update, client dropped: {error}"
-                    );
-                    failures.push(format!("client {client_id}: malformed update: {error}"));
-                    continue;
-                }
-            };
-            tracing::debug!(
-                client = client_id,
-                worker = outcome.worker,
-                loss = reply.loss,
-                seconds = reply.training_time,
-                "client finished"
-            );
-            arrivals[outcome.slot] = Some(Arrival {
-                processing_time: reply.processing_time + unpacking.elapsed().as_secs_f64(),
-                comm_time: delivered.comm_time,
-                payload_bytes: reply.payload.len() as u64,
-            });
-            let report = ClientReport {
-                client_id,
-                num_samples: reply.num_samples,
-                loss: reply.loss,
-                training_time: reply.training_time,
-                worker: outcome.worker,
-            };
-            arrived.push((outcome.slot, report, received));
-        }
-        let min_per_round = loaded.min_per_round() as usize;
-        if arrived.len() < min_per_round {
+    /// Selects the round's clients and hands their tasks to the transport.
+    fn dispatch(&mut self, round: u32, global_payload: Arc<Vec<u8>>) -> anyhow::Result<Dispatched> {
+        let clients_config = &self.loaded.config.clients;
+        let clients = self
+            .selector
+            .select(clients_config.total_clients, clients_config.per_round);
+        tracing::info!(round, clients = ?clients, "round dispatched");
+        let tasks = plan_tasks(
+            self.strategy.as_ref(),
+            &self.context(round),
+            &clients,
+            &self.global,
+        )?;
+        let extra_bytes = tasks.iter().map(|t| t.instructions.extra_bytes()).sum();
+        let payload_bytes = global_payload.len() as u64;
+        self.transport.dispatch(global_payload, tasks)?;
+        Ok(Dispatched {
+            clients,
+            payload_bytes,
+            extra_bytes,
+        })
+    }
+
+    /// Waits for every dispatched task; keeps the updates that unpack.
+    fn collect(&mut self, round: u32, clients: &[u32]) -> anyhow::Result<Collected> {
+        let collected = collect_updates(
+            self.transport.as_mut(),
+            clients.len(),
+            &self.pipelines.server_inbound,
+            &self.limits,
+            &self.progress,
+            round,
+        )?;
+        let min_per_round = self.loaded.min_per_round() as usize;
+        if collected.updates.len() < min_per_round {
             bail!(
                 "round {round}: only {} of {} clients returned an update, and \
                  clients.min_per_round = {min_per_round}; the global model stays at round {}. \
                  Dropped: {}",
-                arrived.len(),
-                selected_clients.len(),
+                collected.updates.len(),
+                clients.len(),
                 round - 1,
-                failures.join("; ")
+                collected.failures.join("; ")
             );
         }
-        // The round goes on with the clients that arrived, in selection order.
-        arrived.sort_by_key(|(slot, _, _)| *slot);
-        let present: Vec<u32> = arrived
-            .iter()
-            .map(|(_, report, _)| report.client_id)
-            .collect();
-        let arrived: Vec<_> = arrived
-            .into_iter()
-            .enumerate()
-            .map(|(position, (_, report, tree))| (position, report, tree))
-            .collect();
-        let arrivals: Vec<Arrival> = arrivals.into_iter().flatten().collect();
-        let payloads = RoundPayloads::assemble(round, &present, arrived)?
-            .apply_hooks(hooks, &global)?
-            .into_payloads();
-        if config.results.keep_client_updates {
-            keep_updates(&options.run_dir, round, &payloads)?;
+        Ok(collected)
+    }
+
+    /// Server hooks under their contract, then the strategy's aggregation.
+    fn aggregate(&mut self, round: u32, collected: Collected) -> anyhow::Result<Aggregated> {
+        let (payloads, arrivals) =
+            hooked_payloads(round, collected, &mut *self.hooks, &self.global)?;
+        if self.loaded.config.results.keep_client_updates {
+            keep_updates(&self.run_dir, round, &payloads)?;
         }
-        let contributions: Vec<Contribution<'_>> = payloads
+        let updates: Vec<ClientUpdate<'_>> = payloads
             .iter()
-            .map(|payload| Contribution {
+            .map(|payload| ClientUpdate {
                 client_id: payload.report.client_id,
-                weight: payload.report.num_samples as f64,
+                num_samples: payload.report.num_samples,
+                local_steps: payload.report.local_steps,
                 tree: payload.tree(),
             })
             .collect();
-        match fedavg(&global, &contributions)
-            .with_context(|| format!("round {round}: aggregation refused"))?
-        {
-            FedAvgOutcome::Updated(tree) => global = tree,
-            FedAvgOutcome::Unchanged => {
-                tracing::warn!(round, "total sample weight is zero; global model unchanged")
-            }
+        let outcome = self
+            .strategy
+            .aggregate(&self.context(round), &self.global, &updates)
+            .with_context(|| format!("round {round}: aggregation refused"))?;
+        match outcome.model {
+            Some(model) => self.global = model,
+            None => tracing::warn!(round, "total sample weight is zero; global model unchanged"),
         }
-        let reports: Vec<ClientReport> = payloads.into_iter().map(|p| p.into_parts().0).collect();
-        let bytes_to_clients = dispatched.payload_bytes * selected_clients.len() as u64;
-        let downlink_payload = dispatched.payload_bytes;
-        // The checkpoint of this round must hold the selector as it was before
-        // the next round's draw, so a resumed run draws the same clients.
-        let selector_after_round = selector.state(config.server.random_seed);
-        let Packed {
-            model_bytes,
-            wire: wire_payload,
-        } = pack(&global)?;
-        if round < rounds {
-            dispatched = dispatch(round + 1, wire_payload, &mut selector, transport.as_mut())?;
+        if let Some(selected) = &outcome.selected {
+            tracing::info!(round, clients = ?selected, "updates the strategy used");
         }
+        Ok(Aggregated {
+            reports: payloads.into_iter().map(|p| p.into_parts().0).collect(),
+            arrivals,
+            privacy: outcome.privacy,
+        })
+    }
 
+    /// Test-set accuracy of the new model, the results rows and the model file.
+    fn evaluate_and_record(
+        &mut self,
+        round: u32,
+        dispatched: &Dispatched,
+        aggregated: Aggregated,
+        packed: &Packed,
+    ) -> anyhow::Result<f64> {
         let evaluation_started = Instant::now();
-        let accuracy = evaluation_pool.install(|| evaluator.accuracy(&global, &splits.test))?;
+        let (evaluator, global, test) = (&mut self.evaluator, &self.global, &self.test);
+        let accuracy = self
+            .evaluation_pool
+            .install(|| evaluator.accuracy(global, test))?;
         let evaluation_time = evaluation_started.elapsed().as_secs_f64();
-
-        atomic_write(&model_path, &model_bytes)
+        let model_path = self.run_dir.join(MODEL_FILE);
+        atomic_write(&model_path, &packed.model_bytes)
             .with_context(|| format!("cannot write {}", model_path.display()))?;
-        let total_samples: u64 = reports.iter().map(|r| r.num_samples).sum();
-        let train_loss = reports
-            .iter()
-            .map(|r| r.loss * r.num_samples as f64)
-            .sum::<f64>()
-            / total_samples.max(1) as f64;
-        // Simulated wall time: the round's clients as if they ran in parallel,
-        // each finishing after its download, processing, training and upload.
-        let clients_config = &config.clients;
-        let slowest_client = reports
-            .iter()
-            .zip(&arrivals)
-            .map(|(report, arrival)| {
-                let comm_time = match (clients_config.downlink_mbps, clients_config.uplink_mbps) {
-                    (None, None) => arrival.comm_time,
-                    (down, up) => {
-                        down.map_or(0.0, |mbps| transfer_seconds(downlink_payload, mbps))
-                            + up.map_or(0.0, |mbps| transfer_seconds(arrival.payload_bytes, mbps))
-                    }
-                };
-                report.training_time + arrival.processing_time + comm_time
-            })
-            .fold(0.0f64, f64::max);
-        let elapsed_time = elapsed_before + run_started.elapsed().as_secs_f64();
-        let simulated_time = if config.server.simulate_wall_time {
-            simulated_before + slowest_client
-        } else {
-            elapsed_time
-        };
+        let Aggregated {
+            reports,
+            arrivals,
+            privacy,
+        } = aggregated;
+        let config = &self.loaded.config;
+        let slowest = slowest_client(&reports, &arrivals, dispatched.payload_bytes, config);
+        let clock = &mut self.clock;
+        let elapsed_time = clock.elapsed_before + clock.run_started.elapsed().as_secs_f64();
         let row = RoundRow {
             round,
             accuracy,
             elapsed_time,
-            round_time: previous_round_end.elapsed().as_secs_f64(),
+            round_time: clock.previous_round_end.elapsed().as_secs_f64(),
             training_time: reports.iter().map(|r| r.training_time).sum(),
             evaluation_time,
-            bytes_to_clients,
-            bytes_to_server,
-            train_loss,
-            simulated_time,
+            bytes_to_clients: dispatched.payload_bytes * dispatched.clients.len() as u64
+                + dispatched.extra_bytes,
+            bytes_to_server: arrivals.iter().map(|a| a.payload_bytes).sum(),
+            train_loss: weighted_loss(&reports),
+            simulated_time: if config.server.simulate_wall_time {
+                clock.simulated_before + slowest
+            } else {
+                elapsed_time
+            },
+            extra_bytes_to_clients: dispatched.extra_bytes,
+            federated_accuracy: None,
+            epsilon: privacy.map(|p| p.epsilon),
         };
-        simulated_before = row.simulated_time;
-        previous_round_end = Instant::now();
-        let client_rows = reports
+        clock.simulated_before = row.simulated_time;
+        clock.previous_round_end = Instant::now();
+        let client_rows = self.client_rows(round, &reports, &arrivals);
+        tracing::info!(
+            round,
+            accuracy,
+            round_time = row.round_time,
+            "round finished"
+        );
+        self.progress.println(format!(
+            "round {round:>3}: accuracy {accuracy:.4}, loss {:.4}, {:.2}s{}",
+            row.train_loss,
+            row.round_time,
+            privacy.map_or(String::new(), |p| format!(
+                ", ε = {:.3} (δ = {})",
+                p.epsilon, p.delta
+            )),
+        ));
+        self.results
+            .record(row, client_rows)
+            .context("cannot write results.csv")?;
+        Ok(accuracy)
+    }
+
+    fn client_rows(
+        &self,
+        round: u32,
+        reports: &[ClientReport],
+        arrivals: &[Arrival],
+    ) -> Vec<ClientRow> {
+        reports
             .iter()
-            .zip(&arrivals)
+            .zip(arrivals)
             .map(|(r, arrival)| ClientRow {
                 round,
                 client_id: r.client_id,
@@ -568,67 +735,200 @@ pub fn run_with_hooks(
                 processing_time: arrival.processing_time,
                 comm_time: arrival.comm_time,
                 payload_bytes: arrival.payload_bytes,
+                label_histogram: (r.client_id as usize)
+                    .checked_sub(1)
+                    .and_then(|index| self.histograms.get(index))
+                    .cloned()
+                    .unwrap_or_default(),
+                test_accuracy: None,
             })
-            .collect();
-        tracing::info!(
-            round,
-            accuracy,
-            round_time = row.round_time,
-            train_loss,
-            "round finished"
-        );
-        progress.println(format!(
-            "round {round:>3}: accuracy {:.4}, loss {:.4}, {:.2}s",
-            accuracy, train_loss, row.round_time
-        ));
-        results
-            .record(row, client_rows)
-            .context("cannot write results.csv")?;
+            .collect()
+    }
 
-        let target_reached = trainer_config
-            .target_accuracy
-            .is_some_and(|target| accuracy >= target);
-        if round % config.server.checkpoint_interval == 0 || round == rounds || target_reached {
-            checkpoint::write(
-                &options.run_dir,
-                &model_bytes,
-                History {
-                    format: checkpoint::FORMAT_VERSION,
-                    round,
-                    config_hash: loaded.result_hash(),
-                    selector: selector_after_round,
-                    algorithm_state: serde_json::Value::Null,
-                    rounds: results.rounds().to_vec(),
-                    clients: results.clients().to_vec(),
-                    model_file: String::new(),
-                    model_sha256: String::new(),
+    fn checkpoint(
+        &self,
+        round: u32,
+        model_bytes: &[u8],
+        selector: SelectorState,
+    ) -> anyhow::Result<()> {
+        let state = self.strategy.state();
+        checkpoint::write(
+            &self.run_dir,
+            model_bytes,
+            History {
+                format: checkpoint::FORMAT_VERSION,
+                round,
+                config_hash: self.loaded.result_hash(),
+                selector,
+                algorithm_state: None,
+                rounds: self.results.rounds().to_vec(),
+                clients: self.results.clients().to_vec(),
+                model_file: String::new(),
+                model_sha256: String::new(),
+            },
+            (self.strategy.name(), &state),
+        )?;
+        Ok(())
+    }
+}
+
+/// Each selected client's task: the strategy's instructions, encoded.
+fn plan_tasks(
+    strategy: &dyn Strategy,
+    ctx: &RoundContext,
+    clients: &[u32],
+    global: &ParamTree,
+) -> anyhow::Result<Vec<TaskSpec>> {
+    clients
+        .iter()
+        .enumerate()
+        .map(|(slot, &client_id)| {
+            let instructions = strategy
+                .configure(ctx, client_id, global)
+                .with_context(|| format!("round {}: client {client_id}", ctx.round))?;
+            Ok(TaskSpec {
+                slot,
+                task: ClientTask {
+                    client_id,
+                    round: ctx.round,
                 },
-            )?;
-        }
+                instructions: TaskInstructions::encode(instructions)?,
+            })
+        })
+        .collect()
+}
 
-        if let Some(target) = trainer_config.target_accuracy
-            && target_reached
-        {
-            tracing::info!(round, accuracy, target, "target accuracy reached");
-            reached_target = true;
-            // The next round may already be training; its work is dropped.
-            transport.cancel();
-            break;
-        }
+/// One outcome per dispatched task, in any order; the updates that unpack,
+/// put back in selection (slot) order.
+fn collect_updates(
+    transport: &mut dyn Transport,
+    tasks: usize,
+    inbound: &cohort_core::processors::Pipeline,
+    limits: &DecodeLimits,
+    progress: &ProgressBar,
+    round: u32,
+) -> anyhow::Result<Collected> {
+    let mut collected = Collected::default();
+    let mut by_slot: Vec<(usize, (ClientReport, ParamTree, Arrival))> = Vec::with_capacity(tasks);
+    for _ in 0..tasks {
+        let outcome = transport.next_outcome()?;
+        progress.inc(1);
+        let client_id = outcome.task.client_id;
+        let delivered = match outcome.result {
+            Ok(delivered) => delivered,
+            Err(reason) => {
+                tracing::warn!(round, client = client_id, "client dropped: {reason}");
+                collected
+                    .failures
+                    .push(format!("client {client_id}: {reason}"));
+                continue;
+            }
+        };
+        let reply = delivered.reply;
+        collected.bytes_to_server += reply.payload.len() as u64;
+        let unpacking = Instant::now();
+        let tree = match inbound.receive(&reply.payload, limits) {
+            Ok(tree) => tree,
+            Err(error) => {
+                tracing::warn!(
+                    round,
+                    client = client_id,
+                    "malformed update, client dropped: {error}"
+                );
+                collected
+                    .failures
+                    .push(format!("client {client_id}: malformed update: {error}"));
+                continue;
+            }
+        };
+        tracing::debug!(
+            client = client_id,
+            worker = outcome.worker,
+            loss = reply.loss,
+            "client finished"
+        );
+        let arrival = Arrival {
+            processing_time: reply.processing_time + unpacking.elapsed().as_secs_f64(),
+            comm_time: delivered.comm_time,
+            payload_bytes: reply.payload.len() as u64,
+        };
+        let report = ClientReport {
+            client_id,
+            num_samples: reply.num_samples,
+            loss: reply.loss,
+            training_time: reply.training_time,
+            local_steps: reply.local_steps,
+            worker: outcome.worker,
+        };
+        by_slot.push((outcome.slot, (report, tree, arrival)));
     }
-    progress.finish_and_clear();
-    // The transport goes first: closing the streams lets client processes exit.
-    drop(transport);
-    drop(child_clients);
-    if results.rounds().is_empty() {
-        bail!("no round ran");
-    }
-    Ok(RunSummary {
-        rounds: results.rounds().to_vec(),
-        run_dir: options.run_dir.clone(),
-        model_path,
-        reached_target,
-    })
+    by_slot.sort_by_key(|(slot, _)| *slot);
+    collected.updates = by_slot.into_iter().map(|(_, update)| update).collect();
+    Ok(collected)
+}
+
+/// The round's payloads after the server hooks, with the positional contract
+/// checked, and their arrivals in the same order.
+fn hooked_payloads(
+    round: u32,
+    collected: Collected,
+    hooks: &mut dyn ServerHooks,
+    global: &ParamTree,
+) -> anyhow::Result<(Vec<ReceivedPayload>, Vec<Arrival>)> {
+    let present: Vec<u32> = collected
+        .updates
+        .iter()
+        .map(|(report, _, _)| report.client_id)
+        .collect();
+    let mut arrivals = Vec::with_capacity(present.len());
+    let arrived = collected
+        .updates
+        .into_iter()
+        .enumerate()
+        .map(|(position, (report, tree, arrival))| {
+            arrivals.push(arrival);
+            (position, report, tree)
+        })
+        .collect();
+    let payloads = RoundPayloads::assemble(round, &present, arrived)?
+        .apply_hooks(hooks, global)?
+        .into_payloads();
+    Ok((payloads, arrivals))
+}
+
+/// Mean training loss of the round's clients, weighted by samples.
+fn weighted_loss(reports: &[ClientReport]) -> f64 {
+    let total: u64 = reports.iter().map(|r| r.num_samples).sum();
+    reports
+        .iter()
+        .map(|r| r.loss * r.num_samples as f64)
+        .sum::<f64>()
+        / total.max(1) as f64
+}
+
+/// Simulated wall time of a round: its clients as if they ran in parallel,
+/// each finishing after its download, processing, training and upload.
+fn slowest_client(
+    reports: &[ClientReport],
+    arrivals: &[Arrival],
+    downlink_payload: u64,
+    config: &cohort_core::config::Config,
+) -> f64 {
+    let clients = &config.clients;
+    reports
+        .iter()
+        .zip(arrivals)
+        .map(|(report, arrival)| {
+            let comm_time = match (clients.downlink_mbps, clients.uplink_mbps) {
+                (None, None) => arrival.comm_time,
+                (down, up) => {
+                    down.map_or(0.0, |mbps| transfer_seconds(downlink_payload, mbps))
+                        + up.map_or(0.0, |mbps| transfer_seconds(arrival.payload_bytes, mbps))
+                }
+            };
+            report.training_time + arrival.processing_time + comm_time
+        })
+        .fold(0.0f64, f64::max)
 }
 
 fn progress_note(show: bool, line: &str) {

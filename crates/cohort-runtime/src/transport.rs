@@ -19,12 +19,56 @@ use cohort_train::trainer::ClientTask;
 use crate::client::ClientReply;
 
 /// One logical client's task in a round.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TaskSpec {
     /// Position in the round's selection order.
     pub slot: usize,
     pub task: ClientTask,
+    pub instructions: TaskInstructions,
+}
+
+/// A strategy's [`cohort_core::strategy::ClientInstructions`] as they travel:
+/// the numbers as they are, the correction tree as plain safetensors bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskInstructions {
     pub learning_rate: f64,
+    pub proximal_mu: f64,
+    pub update_clip_norm: Option<f64>,
+    pub correction: Option<Arc<Vec<u8>>>,
+}
+
+impl TaskInstructions {
+    /// Encodes the strategy's instructions for the wire.
+    pub fn encode(
+        instructions: cohort_core::strategy::ClientInstructions,
+    ) -> Result<Self, cohort_core::codec::CodecError> {
+        Ok(Self {
+            learning_rate: instructions.learning_rate,
+            proximal_mu: instructions.proximal_mu,
+            update_clip_norm: instructions.update_clip_norm,
+            correction: instructions
+                .gradient_correction
+                .as_ref()
+                .map(cohort_core::codec::encode)
+                .transpose()?
+                .map(Arc::new),
+        })
+    }
+
+    /// Plain training at `learning_rate`.
+    pub fn plain(learning_rate: f64) -> Self {
+        Self {
+            learning_rate,
+            proximal_mu: 0.0,
+            update_clip_norm: None,
+            correction: None,
+        }
+    }
+
+    /// Bytes beside the global model (the correction).
+    pub fn extra_bytes(&self) -> u64 {
+        self.correction.as_ref().map_or(0, |c| c.len() as u64)
+    }
 }
 
 /// A task's result as the server sees it.

@@ -22,6 +22,7 @@ use crate::grpc::proto::federation_client::FederationClient;
 use crate::grpc::proto::server_message::Kind as ServerKind;
 use crate::grpc::proto::{self, ClientMessage, ServerMessage};
 use crate::grpc::{CHUNK_BYTES, PROTOCOL_VERSION};
+use crate::transport::TaskInstructions;
 
 /// How `cohort client` was started.
 #[derive(Debug, Clone)]
@@ -157,6 +158,7 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
         .num_threads(config.trainer.threads_per_worker as usize)
         .build()?;
     let train = Arc::new(splits.train);
+    let max_bytes = loaded.decode_limits().max_bytes;
     tracing::info!(
         worker = welcome.worker,
         device = selected.name,
@@ -170,13 +172,20 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             None => break,
             Some(_) => bail!("the server sent a message out of order"),
         };
-        let mut payload = Vec::with_capacity(task.payload_bytes as usize);
-        while (payload.len() as u64) < task.payload_bytes {
-            match next(&mut inbound).await? {
-                Some(ServerKind::Chunk(chunk)) => payload.extend_from_slice(&chunk.data),
-                _ => bail!("the global model payload ended early"),
-            }
-        }
+        let payload =
+            receive_bytes(&mut inbound, task.payload_bytes, max_bytes, "global model").await?;
+        let correction = match task.correction_bytes {
+            0 => None,
+            bytes => Some(Arc::new(
+                receive_bytes(&mut inbound, bytes, max_bytes, "gradient correction").await?,
+            )),
+        };
+        let instructions = TaskInstructions {
+            learning_rate: task.learning_rate,
+            proximal_mu: task.proximal_mu,
+            update_clip_norm: task.update_clip_norm,
+            correction,
+        };
         let partition = (task.client_id as usize)
             .checked_sub(1)
             .and_then(|index| partitions.get(index));
@@ -198,7 +207,7 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             round: task.round,
         };
         let outcome = tokio::task::block_in_place(|| {
-            compute.install(|| runner.run(job, task.learning_rate, &payload, &train, partition))
+            compute.install(|| runner.run(job, &instructions, &payload, &train, partition))
         });
         summary.tasks += 1;
         match outcome {
@@ -212,6 +221,7 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
                         training_time: reply.training_time,
                         processing_time: reply.processing_time,
                         payload_bytes: reply.payload.len() as u64,
+                        local_steps: reply.local_steps,
                     })))
                     .await?;
                 for chunk in reply.payload.chunks(CHUNK_BYTES) {
@@ -236,4 +246,34 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
         }
     }
     Ok(summary)
+}
+
+/// `announced` bytes sent as chunks, refusing more than `max_bytes` (the
+/// config's `server.max_payload_bytes`) before allocating anything.
+async fn receive_bytes(
+    inbound: &mut tonic::Streaming<ServerMessage>,
+    announced: u64,
+    max_bytes: usize,
+    what: &str,
+) -> anyhow::Result<Vec<u8>> {
+    let size = usize::try_from(announced)
+        .ok()
+        .filter(|&size| size <= max_bytes)
+        .with_context(|| {
+            format!(
+                "the server announced a {what} of {announced} bytes, above \
+                 server.max_payload_bytes = {max_bytes}"
+            )
+        })?;
+    let mut bytes = Vec::with_capacity(size);
+    while bytes.len() < size {
+        match next(inbound).await? {
+            Some(ServerKind::Chunk(chunk)) if bytes.len() + chunk.data.len() <= size => {
+                bytes.extend_from_slice(&chunk.data)
+            }
+            Some(ServerKind::Chunk(_)) => bail!("the server sent more {what} bytes than announced"),
+            _ => bail!("the {what} payload ended early"),
+        }
+    }
+    Ok(bytes)
 }

@@ -10,7 +10,7 @@ use cohort_runtime::grpc::proto::federation_client::FederationClient;
 use cohort_runtime::grpc::proto::server_message::Kind as ServerKind;
 use cohort_runtime::grpc::proto::{self, ClientMessage};
 use cohort_runtime::grpc::{GrpcTransport, PROTOCOL_VERSION, ServerSettings};
-use cohort_runtime::transport::{TaskSpec, Transport};
+use cohort_runtime::transport::{TaskInstructions, TaskSpec, Transport};
 use cohort_train::trainer::ClientTask;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -33,7 +33,7 @@ fn task(client_id: u32) -> TaskSpec {
             client_id,
             round: 1,
         },
-        learning_rate: 0.1,
+        instructions: TaskInstructions::plain(0.1),
     }
 }
 
@@ -87,6 +87,7 @@ fn report(client_id: u32, payload_bytes: u64) -> Kind {
         training_time: 0.1,
         processing_time: 0.0,
         payload_bytes,
+        local_steps: 1,
     })
 }
 

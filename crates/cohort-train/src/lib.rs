@@ -8,6 +8,7 @@
 
 pub mod device;
 pub mod init;
+pub mod local;
 pub mod model;
 pub mod optim;
 pub mod params;

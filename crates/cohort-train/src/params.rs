@@ -30,13 +30,13 @@ pub enum LoadError {
 /// Dotted paths of a module's fields, without enum variant names, so the same
 /// layer has the same name whichever [`crate::model::Net`] variant holds it.
 #[derive(Default)]
-struct PathStack {
+pub(crate) struct PathStack {
     segments: Vec<String>,
     skipped: Vec<bool>,
 }
 
 impl PathStack {
-    fn enter(&mut self, name: &str, container_type: &str) {
+    pub(crate) fn enter(&mut self, name: &str, container_type: &str) {
         let skip = container_type.starts_with("Enum:");
         self.skipped.push(skip);
         if !skip {
@@ -44,13 +44,13 @@ impl PathStack {
         }
     }
 
-    fn exit(&mut self) {
+    pub(crate) fn exit(&mut self) {
         if !self.skipped.pop().unwrap_or(false) {
             self.segments.pop();
         }
     }
 
-    fn current(&self) -> String {
+    pub(crate) fn current(&self) -> String {
         self.segments.join(".")
     }
 }

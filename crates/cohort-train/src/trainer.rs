@@ -22,6 +22,7 @@ use cohort_core::optim::OptimizerSpec;
 use cohort_core::seeds::training_stream;
 use cohort_core::tree::ParamTree;
 
+use crate::local::{GradientTerms, LocalPlan};
 use crate::model::{Net, UnknownModel};
 use crate::params::{self, LoadError};
 
@@ -49,9 +50,12 @@ pub struct ClientTask {
 pub struct LocalUpdate {
     pub tree: ParamTree,
     pub num_samples: u64,
-    /// Mean cross-entropy over all samples of all epochs.
+    /// Mean cross-entropy over all samples of all epochs (without a
+    /// strategy's proximal term).
     pub loss: f64,
     pub training_time: f64,
+    /// Optimizer steps taken.
+    pub local_steps: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -73,6 +77,15 @@ pub enum TrainError {
         epoch: u32,
         step: usize,
         norm: f64,
+    },
+    #[error(
+        "client {client_id}, round {round}: the strategy's instructions do not fit the model: {source}"
+    )]
+    Plan {
+        client_id: u32,
+        round: u32,
+        #[source]
+        source: LoadError,
     },
     #[error("client {client_id}, round {round}: the partition is empty")]
     EmptyPartition { client_id: u32, round: u32 },
@@ -106,16 +119,18 @@ impl LocalTrainer {
         })
     }
 
-    /// Trains the client on `partition` (indices into `data`) from `global`.
-    /// The learning rate is passed in, so schedules can span rounds.
+    /// Trains the client on `partition` (indices into `data`) from `global`,
+    /// as the strategy's `plan` says (learning rate, gradient terms, update
+    /// clipping; see [`crate::local`]).
     pub fn train(
         &mut self,
         task: ClientTask,
         global: &ParamTree,
         data: &Dataset,
         partition: &[u32],
-        learning_rate: f64,
+        plan: &LocalPlan,
     ) -> Result<LocalUpdate, TrainError> {
+        let learning_rate = plan.learning_rate;
         let ClientTask { client_id, round } = task;
         if partition.is_empty() {
             return Err(TrainError::EmptyPartition { client_id, round });
@@ -137,6 +152,18 @@ impl LocalTrainer {
                 });
             }
         };
+        let terms = match GradientTerms::new(&model, plan, global) {
+            Ok(terms) => terms,
+            Err(source) => {
+                self.model = Some(model);
+                return Err(TrainError::Plan {
+                    client_id,
+                    round,
+                    source,
+                });
+            }
+        };
+        let mut local_steps = 0u64;
         let mut optimizer = crate::optim::build(&self.settings.optimizer);
         let loss_fn = CrossEntropyLossConfig::new().init(&self.device);
         let mut order = partition.to_vec();
@@ -166,6 +193,9 @@ impl LocalTrainer {
                 loss_sum = loss_sum + loss.clone().detach().mul_scalar(batch.len() as f32);
                 seen += batch.len();
                 let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+                if let Some(terms) = &terms {
+                    grads = terms.apply(&model, grads);
+                }
                 if let Some(max_norm) = self.settings.clip_grad_norm {
                     let norm = global_norm(&model, &grads);
                     match clip_scale(norm, max_norm) {
@@ -184,6 +214,7 @@ impl LocalTrainer {
                     }
                 }
                 model = optimizer.step(learning_rate, model, grads);
+                local_steps += 1;
             }
         }
         // `valid()` folds BatchNorm's pending running-statistics updates into
@@ -193,12 +224,17 @@ impl LocalTrainer {
         if let Some(error) = failure {
             return Err(error);
         }
+        let tree = match plan.update_clip_norm {
+            Some(max_norm) => crate::local::clip_update(global, tree, max_norm),
+            None => tree,
+        };
         let loss = loss_sum.into_scalar::<f32>() as f64 / seen.max(1) as f64;
         Ok(LocalUpdate {
             tree,
             num_samples: partition.len() as u64,
             loss,
             training_time: started.elapsed().as_secs_f64(),
+            local_steps,
         })
     }
 }
@@ -420,9 +456,143 @@ mod tests {
             &global,
             &data,
             &partition,
-            1.0,
+            &LocalPlan::plain(1.0),
         );
         (global, result)
+    }
+
+    /// SGD at learning rate 1 for `steps` epochs of one batch of 32 (the same
+    /// samples every step), as `plan` says.
+    fn sgd_steps(steps: u32, plan: &LocalPlan) -> (ParamTree, LocalUpdate) {
+        let device = crate::device::cpu();
+        let settings = TrainSettings {
+            epochs: steps,
+            ..sgd(None)
+        };
+        let mut trainer = LocalTrainer::new("lenet5", 10, &device, settings).unwrap();
+        let global =
+            crate::init::seeded_parameters(&params::extract(trainer.model.as_ref().unwrap()), 3);
+        let partition: Vec<u32> = (0..32).collect();
+        let task = ClientTask {
+            client_id: 7,
+            round: 2,
+        };
+        let update = trainer
+            .train(task, &global, &dataset(false), &partition, plan)
+            .unwrap();
+        (global, update)
+    }
+
+    fn map_leaves(tree: &ParamTree, f: impl Fn(f32) -> f32) -> ParamTree {
+        ParamTree::from_dotted(tree.leaves().into_iter().map(|(path, array)| {
+            let values = array.as_f32().unwrap().iter().map(|&x| f(x)).collect();
+            (
+                path.to_string(),
+                cohort_core::tree::Array::f32(array.shape().to_vec(), values).unwrap(),
+            )
+        }))
+    }
+
+    fn max_difference(a: &ParamTree, b: &ParamTree) -> f32 {
+        a.leaves()
+            .iter()
+            .zip(b.leaves())
+            .flat_map(|((_, x), (_, y))| {
+                x.as_f32()
+                    .unwrap()
+                    .iter()
+                    .zip(y.as_f32().unwrap())
+                    .map(|(p, q)| (p - q).abs())
+                    .collect::<Vec<_>>()
+            })
+            .fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn a_gradient_correction_shifts_every_step_by_it() {
+        // One SGD step at rate 1: w₁ = w₀ − (g + c), so with c = 0.25
+        // everywhere the model ends exactly 0.25 below the plain step.
+        let (global, plain) = sgd_steps(1, &LocalPlan::plain(1.0));
+        let correction = map_leaves(&global, |_| 0.25);
+        let plan = LocalPlan {
+            gradient_correction: Some(correction),
+            ..LocalPlan::plain(1.0)
+        };
+        let (_, corrected) = sgd_steps(1, &plan);
+        let expected = map_leaves(&plain.tree, |x| x - 0.25);
+        assert!(max_difference(&corrected.tree, &expected) <= 1e-6);
+        assert_eq!(corrected.local_steps, 1);
+    }
+
+    #[test]
+    fn the_proximal_term_pulls_the_second_step_towards_the_global_model() {
+        // Step 1 is the same with or without the term (w₀ = w_global). Step 2,
+        // on the same batch, differs by −η·μ·(w₁ − w_global) (up to the
+        // summation order of the reshuffled batch).
+        let mu = 0.5;
+        let (global, one) = sgd_steps(1, &LocalPlan::plain(1.0));
+        let (_, plain) = sgd_steps(2, &LocalPlan::plain(1.0));
+        let plan = LocalPlan {
+            proximal_mu: mu,
+            ..LocalPlan::plain(1.0)
+        };
+        let (_, proximal) = sgd_steps(2, &plan);
+        assert_eq!(proximal.local_steps, 2);
+        let pull: Vec<f32> = one
+            .tree
+            .leaves()
+            .iter()
+            .zip(global.leaves())
+            .flat_map(|((_, w1), (_, wg))| {
+                w1.as_f32()
+                    .unwrap()
+                    .iter()
+                    .zip(wg.as_f32().unwrap())
+                    .map(|(a, b)| -(mu as f32) * (a - b))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let observed: Vec<f32> = proximal
+            .tree
+            .leaves()
+            .iter()
+            .zip(plain.tree.leaves())
+            .flat_map(|((_, p), (_, q))| {
+                p.as_f32()
+                    .unwrap()
+                    .iter()
+                    .zip(q.as_f32().unwrap())
+                    .map(|(a, b)| a - b)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let worst = pull
+            .iter()
+            .zip(&observed)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(worst <= 1e-5, "largest deviation {worst}");
+        assert!(
+            pull.iter().any(|x| x.abs() > 1e-3),
+            "the test needs a real pull"
+        );
+    }
+
+    #[test]
+    fn update_clipping_bounds_the_distance_to_the_global_model() {
+        let (global, free) = sgd_steps(2, &LocalPlan::plain(1.0));
+        let norm = distance(&global, &free.tree);
+        let plan = LocalPlan {
+            update_clip_norm: Some(norm / 3.0),
+            ..LocalPlan::plain(1.0)
+        };
+        let (_, clipped) = sgd_steps(2, &plan);
+        let clipped_norm = distance(&global, &clipped.tree);
+        assert!(
+            (clipped_norm - norm / 3.0).abs() <= 1e-4 * norm,
+            "{clipped_norm} vs {}",
+            norm / 3.0
+        );
     }
 
     #[test]
@@ -540,7 +710,13 @@ mod tests {
             round: 1,
         };
         trainer
-            .train(task, global, &dataset(false), &partition, 0.05)
+            .train(
+                task,
+                global,
+                &dataset(false),
+                &partition,
+                &LocalPlan::plain(0.05),
+            )
             .unwrap()
             .tree
     }

@@ -1,13 +1,74 @@
-//! Field names of a serde struct, read from its `Deserialize` impl.
+//! Field and variant names of serde types, read from their `Deserialize` impls.
 //!
-//! The loader needs each section's valid keys to reject unknown ones with a
-//! did-you-mean. Reading them from the derive keeps one source of truth: a field
-//! added to a section struct is a valid key at once.
+//! The loader needs each section's valid keys, and the registered strategies
+//! with their options, to reject unknown ones with a did-you-mean. Reading them
+//! from the derive keeps one source of truth: a field added to a section
+//! struct, or a strategy added to the registry, is valid at once.
 
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 #[derive(Debug)]
 struct Captured(&'static [&'static str]);
+
+/// What a probe of an enum captured: its variant names, or the fields of one
+/// variant.
+#[derive(Debug)]
+enum Probe {
+    Variants(&'static [&'static str]),
+    Fields(&'static [&'static str]),
+    Nothing,
+}
+
+impl std::fmt::Display for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("enum probed")
+    }
+}
+
+impl std::error::Error for Probe {}
+
+impl de::Error for Probe {
+    fn custom<T: std::fmt::Display>(_: T) -> Self {
+        Probe::Nothing
+    }
+
+    fn unknown_variant(_variant: &str, expected: &'static [&'static str]) -> Self {
+        Probe::Variants(expected)
+    }
+
+    fn unknown_field(_field: &str, expected: &'static [&'static str]) -> Self {
+        Probe::Fields(expected)
+    }
+}
+
+/// A name no variant or field has.
+const NO_SUCH_NAME: &str = "\u{0}";
+
+/// The variant names of an enum tagged by `tag` (`#[serde(tag = "...")]`), read
+/// from its `Deserialize` impl by asking for a variant that does not exist.
+pub fn variants_of<'de, T: Deserialize<'de>>(tag: &'static str) -> &'static [&'static str] {
+    let probe = de::value::MapDeserializer::<_, Probe>::new(std::iter::once((tag, NO_SUCH_NAME)));
+    match T::deserialize(probe) {
+        Err(Probe::Variants(names)) => names,
+        _ => &[],
+    }
+}
+
+/// The fields of the variant `variant` of an enum tagged by `tag`, read by
+/// offering it a field that does not exist (the variant's struct must deny
+/// unknown fields).
+pub fn variant_fields_of<'de, T: Deserialize<'de>>(
+    tag: &'static str,
+    variant: &'de str,
+) -> &'static [&'static str] {
+    let probe = de::value::MapDeserializer::<_, Probe>::new(
+        [(tag, variant), (NO_SUCH_NAME, NO_SUCH_NAME)].into_iter(),
+    );
+    match T::deserialize(probe) {
+        Err(Probe::Fields(names)) => names,
+        _ => &[],
+    }
+}
 
 impl std::fmt::Display for Captured {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -59,6 +120,19 @@ pub fn fields_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_variants_and_their_fields() {
+        use crate::strategy::AlgorithmConfig;
+        let names = variants_of::<AlgorithmConfig>("type");
+        assert!(
+            names.contains(&"fedavg") && names.contains(&"trimmed_mean"),
+            "{names:?}"
+        );
+        let fields = variant_fields_of::<AlgorithmConfig>("type", "fedprox");
+        assert_eq!(fields, ["mu"]);
+        assert!(variant_fields_of::<AlgorithmConfig>("type", "fedavg").is_empty());
+    }
 
     #[test]
     fn reads_renamed_fields() {

@@ -109,20 +109,52 @@ impl LoadedConfig {
         Pipelines::from_config(&self.config).expect("pipelines are checked when the config loads")
     }
 
-    /// Each client's training-sample indices (client `c` at index `c - 1`).
+    /// Each client's training-sample indices (client `c` at index `c - 1`),
+    /// split by `data.sampler` from the training set's `labels`.
     pub fn partitions(
         &self,
-        num_samples: usize,
+        labels: &[u8],
     ) -> Result<Vec<Vec<u32>>, crate::partition::PartitionError> {
+        use crate::partition;
         let data = &self.config.data;
-        match &data.partition_sizes {
-            Some(sizes) => crate::partition::iid_sized(num_samples, sizes, data.random_seed),
-            None => crate::partition::iid(
-                num_samples,
-                self.config.clients.total_clients as usize,
-                data.partition_size,
-                data.random_seed,
-            ),
+        let clients = self.config.clients.total_clients as usize;
+        let (alpha, min_size, seed) = (
+            data.concentration,
+            data.min_partition_size,
+            data.random_seed,
+        );
+        match data.sampler {
+            Sampler::Iid => match &data.partition_sizes {
+                Some(sizes) => partition::iid_sized(labels.len(), sizes, seed),
+                None => partition::iid(labels.len(), clients, data.partition_size, seed),
+            },
+            Sampler::Dirichlet => {
+                let classes = self.config.parameters.model.num_classes;
+                partition::dirichlet(labels, classes, clients, alpha, min_size, seed)
+            }
+            Sampler::Shards => partition::shards(labels, clients, data.shards_per_client, seed),
+            Sampler::QuantitySkew => {
+                partition::quantity_skew(labels.len(), clients, alpha, min_size, seed)
+            }
+        }
+    }
+
+    /// The facts about the run that strategy options are checked against.
+    pub fn run_shape(&self) -> crate::strategy::RunShape {
+        use crate::optim::OptimizerSpec;
+        let clients = &self.config.clients;
+        crate::strategy::RunShape {
+            total_clients: clients.total_clients,
+            per_round: clients.per_round,
+            min_per_round: self.min_per_round(),
+            local_optimizer: match &self.optimizer {
+                OptimizerSpec::Sgd { momentum, .. } if *momentum == 0.0 => "sgd",
+                OptimizerSpec::Sgd { .. } => "sgd with momentum",
+                OptimizerSpec::Adam { .. } => "adam",
+                OptimizerSpec::AdamW { .. } => "adamw",
+                OptimizerSpec::RmsProp { .. } => "rmsprop",
+                OptimizerSpec::Lion { .. } => "lion",
+            },
         }
     }
 
@@ -473,7 +505,6 @@ fn check_unknown_keys(
         ("server", introspect::fields_of::<Server>()),
         ("data", introspect::fields_of::<Data>()),
         ("trainer", introspect::fields_of::<Trainer>()),
-        ("algorithm", introspect::fields_of::<Algorithm>()),
         ("parameters", introspect::fields_of::<Parameters>()),
         (
             "parameters.model",
@@ -509,11 +540,86 @@ fn check_unknown_keys(
         let toml::Value::Table(body) = body else {
             continue;
         };
+        if section == "algorithm" {
+            check_algorithm_keys(body, path, origins)?;
+            continue;
+        }
         check(section, body)?;
         if section == "parameters"
             && let Some(toml::Value::Table(model)) = body.get("model")
         {
             check("parameters.model", model)?;
+        }
+    }
+    Ok(())
+}
+
+/// `[algorithm]`: `type` names a registered strategy, and every other key is
+/// one of that strategy's options. Both lists come from the registry's serde
+/// derive, so they cannot drift from the code.
+fn check_algorithm_keys(
+    body: &toml::Table,
+    path: &Path,
+    origins: &BTreeMap<String, PathBuf>,
+) -> Result<(), ConfigError> {
+    use crate::strategy::AlgorithmConfig;
+    let file_of = |key: &str| {
+        origins
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| path.to_path_buf())
+    };
+    let names = introspect::variants_of::<AlgorithmConfig>("type");
+    let name = match body.get("type") {
+        None => {
+            return Err(file_error(
+                &file_of("algorithm"),
+                Some("algorithm.type".to_owned()),
+                format!("missing; choose a strategy: {}", names.join(", ")),
+            ));
+        }
+        Some(toml::Value::String(name)) => name.as_str(),
+        Some(other) => {
+            return Err(file_error(
+                &file_of("algorithm.type"),
+                Some("algorithm.type".to_owned()),
+                format!(
+                    "expected a strategy name, found {} `{other}`",
+                    other.type_str()
+                ),
+            ));
+        }
+    };
+    if !names.contains(&name) {
+        return Err(file_error(
+            &file_of("algorithm.type"),
+            Some("algorithm.type".to_owned()),
+            format!(
+                "unknown strategy `{name}`{}; strategies: {}",
+                did_you_mean(name, names.iter().copied()),
+                names.join(", ")
+            ),
+        ));
+    }
+    let options = introspect::variant_fields_of::<AlgorithmConfig>("type", name);
+    for key in body.keys().filter(|key| key.as_str() != "type") {
+        if !options.contains(&key.as_str()) {
+            let dotted = format!("algorithm.{key}");
+            let valid = if options.is_empty() {
+                format!("`{name}` takes no options")
+            } else {
+                let mut sorted = options.to_vec();
+                sorted.sort_unstable();
+                format!("options of `{name}`: {}", sorted.join(", "))
+            };
+            return Err(file_error(
+                &file_of(&dotted),
+                Some(dotted),
+                format!(
+                    "unknown option `{key}`{}; {valid}",
+                    did_you_mean(key, options.iter().copied())
+                ),
+            ));
         }
     }
     Ok(())
@@ -619,11 +725,61 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     if let Err(error) = Pipelines::from_config(config) {
         fail(&error.key.clone(), error.reason)?;
     }
-    one_of("server.type", &config.server.kind, &["fedavg"])?;
-    one_of("algorithm.type", &config.algorithm.kind, &["fedavg"])?;
+    let algorithm = config.algorithm.name();
+    if let Some(alias) = &config.server.kind
+        && alias != algorithm
+    {
+        fail(
+            "server.type",
+            format!(
+                "is `{alias}` but algorithm.type is `{algorithm}`; server.type is only an alias \
+                 of algorithm.type (leave it out)"
+            ),
+        )?;
+    }
+    if let Err(error) = config.algorithm.check(&loaded.run_shape()) {
+        let key = if error.option == "type" {
+            "algorithm.type".to_owned()
+        } else {
+            format!("algorithm.{}", error.option)
+        };
+        fail(&key, error.message)?;
+    }
     one_of("trainer.type", &config.trainer.kind, &["basic"])?;
     one_of("data.datasource", &config.data.datasource, DATASOURCES)?;
-    one_of("data.sampler", &config.data.sampler, &["iid"])?;
+    let data = &config.data;
+    if data.sampler != Sampler::Iid {
+        for (key, set) in [
+            ("data.partition_size", data.partition_size.is_some()),
+            ("data.partition_sizes", data.partition_sizes.is_some()),
+        ] {
+            if set {
+                fail(
+                    key,
+                    format!(
+                        "applies only to `data.sampler = \"iid\"`; with `data.sampler = \"{}\"` \
+                         the sampler decides each client's size, so remove `{key}`",
+                        data.sampler
+                    ),
+                )?;
+            }
+        }
+    }
+    if !(data.concentration.is_finite() && data.concentration > 0.0) {
+        fail(
+            "data.concentration",
+            format!("must be a finite number > 0, got {}", data.concentration),
+        )?;
+    }
+    if data.shards_per_client == 0 {
+        fail("data.shards_per_client", "must be at least 1".to_owned())?;
+    }
+    if data.min_partition_size == 0 {
+        fail(
+            "data.min_partition_size",
+            "must be at least 1: a client without samples cannot train".to_owned(),
+        )?;
+    }
     if config.data.partition_size == Some(0) {
         fail(
             "data.partition_size",

@@ -17,7 +17,7 @@ pub struct Config {
     pub server: Server,
     pub data: Data,
     pub trainer: Trainer,
-    pub algorithm: Algorithm,
+    pub algorithm: crate::strategy::AlgorithmConfig,
     pub parameters: Parameters,
     pub results: Results,
 }
@@ -83,8 +83,9 @@ impl Default for Clients {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Server {
-    #[serde(rename = "type")]
-    pub kind: String,
+    /// Plato's name for the algorithm; if given, it must equal `algorithm.type`.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
     pub address: String,
     pub port: u16,
     /// Seed of the client-selection RNG.
@@ -113,7 +114,7 @@ pub struct Server {
 impl Default for Server {
     fn default() -> Self {
         Self {
-            kind: "fedavg".to_owned(),
+            kind: None,
             address: "127.0.0.1".to_owned(),
             port: 8000,
             random_seed: 1,
@@ -136,12 +137,21 @@ impl Default for Server {
 pub struct Data {
     pub datasource: String,
     pub data_path: PathBuf,
-    pub sampler: String,
-    /// Samples per client; default: the training set divided evenly.
+    /// How the training set is split among the clients.
+    pub sampler: Sampler,
+    /// Samples per client (`iid` only); default: the training set divided evenly.
     pub partition_size: Option<usize>,
     /// Samples of each client in turn (one entry per client), for unequal
-    /// clients; excludes `partition_size`.
+    /// clients (`iid` only); excludes `partition_size`.
     pub partition_sizes: Option<Vec<usize>>,
+    /// Dirichlet concentration α of `dirichlet` and `quantity_skew`: small is
+    /// skewed, large approaches iid.
+    pub concentration: f64,
+    /// Label-sorted shards each client gets (`shards`).
+    pub shards_per_client: usize,
+    /// Smallest partition `dirichlet` and `quantity_skew` may give a client;
+    /// draws that give less are redrawn.
+    pub min_partition_size: usize,
     /// Seed of the partitioning shuffle.
     pub random_seed: u64,
     /// Fetch missing files from the public mirrors.
@@ -155,13 +165,52 @@ impl Default for Data {
         Self {
             datasource: "MNIST".to_owned(),
             data_path: PathBuf::from("data"),
-            sampler: "iid".to_owned(),
+            sampler: Sampler::Iid,
             partition_size: None,
             partition_sizes: None,
+            concentration: 1.0,
+            shards_per_client: 2,
+            min_partition_size: 10,
             random_seed: 1,
             download: true,
             mirrors: None,
         }
+    }
+}
+
+/// `data.sampler`: how the training set is split among the clients (see
+/// [`crate::partition`]). An unknown name is a serde error that lists these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sampler {
+    /// A seeded shuffle cut into equal (or `partition_sizes`) runs.
+    #[default]
+    Iid,
+    /// Label skew: each class split among clients by Dir(`concentration`).
+    /// Plato calls its Dirichlet label skew `noniid`, so that name loads too.
+    #[serde(alias = "noniid")]
+    Dirichlet,
+    /// McMahan et al.'s label-sorted shards, `shards_per_client` per client.
+    Shards,
+    /// Iid contents, sizes drawn from Dir(`concentration`).
+    QuantitySkew,
+}
+
+impl Sampler {
+    /// The name as written in a config.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sampler::Iid => "iid",
+            Sampler::Dirichlet => "dirichlet",
+            Sampler::Shards => "shards",
+            Sampler::QuantitySkew => "quantity_skew",
+        }
+    }
+}
+
+impl std::fmt::Display for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -214,21 +263,6 @@ impl Default for Trainer {
             lr_step_size: 1,
             lr_gamma: 0.1,
             lr_min: 0.0,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Algorithm {
-    #[serde(rename = "type")]
-    pub kind: String,
-}
-
-impl Default for Algorithm {
-    fn default() -> Self {
-        Self {
-            kind: "fedavg".to_owned(),
         }
     }
 }

@@ -332,3 +332,153 @@ fn network_keys_are_checked() {
     let error = error_of(&format!("{MINIMAL}\n[server]\ntls_cert = \"cert.pem\"\n"));
     assert_eq!(error.key.as_deref(), Some("server.tls_cert"));
 }
+
+fn with_data(lines: &str) -> String {
+    format!("{MINIMAL}\n[data]\n{lines}\n")
+}
+
+#[test]
+fn plato_noniid_sampler_loads_as_dirichlet() {
+    let loaded = load_text(&with_data("sampler = \"noniid\"\nconcentration = 0.5")).unwrap();
+    assert_eq!(loaded.config.data.sampler, Sampler::Dirichlet);
+    assert_eq!(loaded.config.data.concentration, 0.5);
+    // `cohort check` prints the canonical name, and its output loads back.
+    let printed = to_toml(&loaded.config).unwrap();
+    assert!(printed.contains("sampler = \"dirichlet\""), "{printed}");
+    assert!(printed.contains("concentration = 0.5"), "{printed}");
+    assert_eq!(load_text(&printed).unwrap().config, loaded.config);
+}
+
+#[test]
+fn every_sampler_round_trips_through_check_output() {
+    for name in ["iid", "dirichlet", "shards", "quantity_skew"] {
+        let loaded = load_text(&with_data(&format!("sampler = \"{name}\""))).unwrap();
+        assert_eq!(loaded.config.data.sampler.name(), name);
+        let printed = to_toml(&loaded.config).unwrap();
+        assert!(
+            printed.contains(&format!("sampler = \"{name}\"")),
+            "{printed}"
+        );
+        assert_eq!(load_text(&printed).unwrap().config, loaded.config);
+    }
+    let defaults = Data::default();
+    assert_eq!(defaults.sampler, Sampler::Iid);
+    assert_eq!(
+        (
+            defaults.concentration,
+            defaults.shards_per_client,
+            defaults.min_partition_size
+        ),
+        (1.0, 2, 10)
+    );
+}
+
+#[test]
+fn unknown_sampler_names_the_key_and_the_valid_ones() {
+    let error = error_of(&with_data("sampler = \"dirichlett\""));
+    assert_eq!(error.key.as_deref(), Some("data.sampler"));
+    assert_eq!(error.file, Path::new("run.toml"));
+    for name in ["dirichlett", "iid", "dirichlet", "shards", "quantity_skew"] {
+        assert!(error.message.contains(name), "{error}");
+    }
+}
+
+#[test]
+fn partition_sizes_with_a_non_iid_sampler_are_refused() {
+    for (lines, key) in [
+        (
+            "sampler = \"dirichlet\"\npartition_size = 600",
+            "data.partition_size",
+        ),
+        (
+            "sampler = \"noniid\"\npartition_size = 600",
+            "data.partition_size",
+        ),
+        (
+            "sampler = \"shards\"\npartition_sizes = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]",
+            "data.partition_sizes",
+        ),
+        (
+            "sampler = \"quantity_skew\"\npartition_size = 600",
+            "data.partition_size",
+        ),
+    ] {
+        let error = error_of(&with_data(lines));
+        assert_eq!(error.key.as_deref(), Some(key), "{lines}: {error}");
+        assert!(error.message.contains("data.sampler"), "{error}");
+        assert!(error.message.contains(key), "{error}");
+    }
+    // Options of other samplers may stay at their defaults, or be set.
+    load_text(&with_data(
+        "sampler = \"iid\"\npartition_size = 600\nconcentration = 0.1",
+    ))
+    .unwrap();
+}
+
+#[test]
+fn non_iid_options_are_range_checked() {
+    for (line, key) in [
+        ("concentration = 0.0", "data.concentration"),
+        ("concentration = -1.0", "data.concentration"),
+        ("concentration = nan", "data.concentration"),
+        ("concentration = inf", "data.concentration"),
+        ("shards_per_client = 0", "data.shards_per_client"),
+        ("min_partition_size = 0", "data.min_partition_size"),
+        ("shards_per_client = -1", "data.shards_per_client"),
+    ] {
+        let error = error_of(&with_data(line));
+        assert_eq!(error.key.as_deref(), Some(key), "{line}: {error}");
+    }
+}
+
+#[test]
+fn partitions_dispatch_on_the_sampler() {
+    use crate::partition;
+    // 10 classes × 100 samples, 10 clients (MINIMAL).
+    let labels: Vec<u8> = (0..1000).map(|i| (i % 10) as u8).collect();
+    let parts = |lines: &str| {
+        load_text(&with_data(lines))
+            .unwrap()
+            .partitions(&labels)
+            .unwrap()
+    };
+    assert_eq!(parts(""), partition::iid(1000, 10, None, 1).unwrap());
+    assert_eq!(
+        parts("partition_size = 50\nrandom_seed = 3"),
+        partition::iid(1000, 10, Some(50), 3).unwrap()
+    );
+    assert_eq!(
+        parts("sampler = \"noniid\"\nconcentration = 0.3"),
+        partition::dirichlet(&labels, 10, 10, 0.3, 10, 1).unwrap()
+    );
+    assert_eq!(
+        parts("sampler = \"shards\"\nshards_per_client = 3"),
+        partition::shards(&labels, 10, 3, 1).unwrap()
+    );
+    assert_eq!(
+        parts("sampler = \"quantity_skew\"\nmin_partition_size = 20"),
+        partition::quantity_skew(1000, 10, 1.0, 20, 1).unwrap()
+    );
+}
+
+#[test]
+fn noniid_dirichlet_reference_config_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../configs/fashion_mnist/noniid_dirichlet.toml");
+    let loaded = load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let config = &loaded.config;
+    assert_eq!(
+        (config.clients.total_clients, config.clients.per_round),
+        (100, 10)
+    );
+    assert_eq!(config.data.sampler, Sampler::Dirichlet);
+    assert_eq!(config.data.concentration, 0.5);
+    assert_eq!(config.data.datasource, "FashionMNIST");
+    assert_eq!(config.trainer.epochs, 1);
+    // 100 clients fit Fashion-MNIST's 60,000 balanced training labels.
+    let labels: Vec<u8> = (0..60_000).map(|i| (i % 10) as u8).collect();
+    let parts = loaded.partitions(&labels).unwrap();
+    assert_eq!(parts.len(), 100);
+    assert!(parts.iter().all(|p| p.len() >= 10));
+    assert_eq!(parts.iter().map(Vec::len).sum::<usize>(), 60_000);
+}

@@ -1,36 +1,119 @@
-//! Placeholder.
+//! `fedavg`: sample-weighted federated averaging (McMahan et al. 2017,
+//! "Communication-Efficient Learning of Deep Networks from Decentralized Data").
+//!
+//! `x ← Σᵢ (nᵢ / n) · xᵢ`. The arithmetic is [`crate::aggregate::fedavg`], the
+//! streaming, validated path every other part of cohort uses; this file only
+//! puts it behind the [`Strategy`] interface.
+
 use serde::{Deserialize, Serialize};
 
-use super::registry::{OptionError, RunShape};
 use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError};
+use crate::aggregate::{Contribution, FedAvgOutcome, fedavg};
 use crate::tree::ParamTree;
 
+/// `fedavg` has no options.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FedAvgConfig {}
-impl FedAvgConfig {
-    #[allow(dead_code)]
-    pub fn check(&self, _run: &RunShape) -> Result<(), OptionError> {
-        Ok(())
-    }
-}
+
+/// Sample-weighted averaging of the clients' models.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct FedAvg;
-impl FedAvg {
-    #[allow(dead_code)]
-    pub fn new(_c: FedAvgConfig) -> Self {
-        Self
-    }
+
+/// The sample-weighted mean of the updates, or `None` when their total weight
+/// is zero. Shared by the strategies whose server step is FedAvg's.
+pub fn weighted_average(
+    global: &ParamTree,
+    updates: &[ClientUpdate<'_>],
+) -> Result<Option<ParamTree>, StrategyError> {
+    let contributions: Vec<Contribution<'_>> = updates
+        .iter()
+        .map(|u| Contribution {
+            client_id: u.client_id,
+            weight: u.num_samples as f64,
+            tree: u.tree,
+        })
+        .collect();
+    Ok(match fedavg(global, &contributions)? {
+        FedAvgOutcome::Updated(tree) => Some(tree),
+        FedAvgOutcome::Unchanged => None,
+    })
 }
+
 impl Strategy for FedAvg {
     fn name(&self) -> &'static str {
         "fedavg"
     }
+
     fn aggregate(
         &mut self,
-        _: &RoundContext,
-        _: &ParamTree,
-        _: &[ClientUpdate<'_>],
+        _ctx: &RoundContext,
+        global: &ParamTree,
+        updates: &[ClientUpdate<'_>],
     ) -> Result<Aggregated, StrategyError> {
-        unimplemented!()
+        Ok(Aggregated {
+            model: weighted_average(global, updates)?,
+            privacy: None,
+            selected: None,
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::tree::Array;
+
+    pub(crate) fn tree(values: &[f32]) -> ParamTree {
+        ParamTree::from_dotted([(
+            "w".to_owned(),
+            Array::f32(vec![values.len()], values.to_vec()).unwrap(),
+        )])
+    }
+
+    pub(crate) fn values(tree: &ParamTree) -> Vec<f32> {
+        tree.leaves()[0].1.as_f32().unwrap().to_vec()
+    }
+
+    pub(crate) fn ctx(round: u32) -> RoundContext {
+        RoundContext {
+            round,
+            learning_rate: 0.1,
+            per_round: 2,
+            total_clients: 10,
+        }
+    }
+
+    pub(crate) fn updates<'a>(trees: &'a [ParamTree], samples: &[u64]) -> Vec<ClientUpdate<'a>> {
+        trees
+            .iter()
+            .zip(samples)
+            .enumerate()
+            .map(|(i, (tree, &num_samples))| ClientUpdate {
+                client_id: i as u32 + 1,
+                num_samples,
+                local_steps: 1,
+                tree,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn weighted_mean_by_hand() {
+        let trees = [tree(&[1.0, 2.0]), tree(&[5.0, 10.0])];
+        // 300 and 100 samples: 0.75·(1, 2) + 0.25·(5, 10) = (2, 4).
+        let out = FedAvg
+            .aggregate(&ctx(1), &tree(&[0.0, 0.0]), &updates(&trees, &[300, 100]))
+            .unwrap();
+        assert_eq!(values(&out.model.unwrap()), [2.0, 4.0]);
+    }
+
+    #[test]
+    fn zero_weight_leaves_the_model_unchanged() {
+        let trees = [tree(&[1.0])];
+        let out = FedAvg
+            .aggregate(&ctx(1), &tree(&[0.0]), &updates(&trees, &[0]))
+            .unwrap();
+        assert_eq!(out.model, None);
     }
 }

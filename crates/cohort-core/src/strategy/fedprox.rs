@@ -1,36 +1,118 @@
-//! Placeholder.
+//! `fedprox`: FedAvg with a proximal local objective (Li et al. 2020,
+//! "Federated Optimization in Heterogeneous Networks").
+//!
+//! Each client minimizes `Fᵢ(w) + μ/2 · ‖w − w_global‖²` instead of `Fᵢ(w)`:
+//! the extra term pulls local training towards the model the round started
+//! from, which limits client drift on heterogeneous data. The gradient gains
+//! `μ · (w − w_global)`; the trainer (`cohort-train`) adds it to every step.
+//! The server step is FedAvg's. With `mu = 0` FedProx is FedAvg.
+
 use serde::{Deserialize, Serialize};
 
+use super::fedavg::weighted_average;
 use super::registry::{OptionError, RunShape};
-use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError};
+use super::{Aggregated, ClientInstructions, ClientUpdate, RoundContext, Strategy, StrategyError};
 use crate::tree::ParamTree;
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+/// Options of `fedprox`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct FedProxConfig {}
+pub struct FedProxConfig {
+    /// μ, the weight of the proximal term. Default 0.01 (the paper tries
+    /// 0.001 to 1).
+    pub mu: f64,
+}
+
+impl Default for FedProxConfig {
+    fn default() -> Self {
+        Self { mu: 0.01 }
+    }
+}
+
 impl FedProxConfig {
-    #[allow(dead_code)]
     pub fn check(&self, _run: &RunShape) -> Result<(), OptionError> {
-        Ok(())
+        if self.mu.is_finite() && self.mu >= 0.0 {
+            Ok(())
+        } else {
+            Err(OptionError {
+                option: "mu",
+                message: format!("must be a finite number >= 0, got {}", self.mu),
+            })
+        }
     }
 }
-pub struct FedProx;
+
+/// FedAvg on the server, a proximal term on the clients.
+#[derive(Debug, Clone)]
+pub struct FedProx {
+    config: FedProxConfig,
+}
+
 impl FedProx {
-    #[allow(dead_code)]
-    pub fn new(_c: FedProxConfig) -> Self {
-        Self
+    pub fn new(config: FedProxConfig) -> Self {
+        Self { config }
     }
 }
+
 impl Strategy for FedProx {
     fn name(&self) -> &'static str {
         "fedprox"
     }
+
+    fn configure(
+        &self,
+        ctx: &RoundContext,
+        _client_id: u32,
+        _global: &ParamTree,
+    ) -> Result<ClientInstructions, StrategyError> {
+        Ok(ClientInstructions {
+            proximal_mu: self.config.mu,
+            ..ClientInstructions::plain(ctx.learning_rate)
+        })
+    }
+
     fn aggregate(
         &mut self,
-        _: &RoundContext,
-        _: &ParamTree,
-        _: &[ClientUpdate<'_>],
+        _ctx: &RoundContext,
+        global: &ParamTree,
+        updates: &[ClientUpdate<'_>],
     ) -> Result<Aggregated, StrategyError> {
-        unimplemented!()
+        Ok(Aggregated {
+            model: weighted_average(global, updates)?,
+            privacy: None,
+            selected: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strategy::fedavg::tests::{ctx, tree, updates, values};
+
+    #[test]
+    fn clients_get_mu_and_the_server_averages() {
+        let mut strategy = FedProx::new(FedProxConfig { mu: 0.5 });
+        let instructions = strategy.configure(&ctx(1), 3, &tree(&[0.0])).unwrap();
+        assert_eq!(instructions.proximal_mu, 0.5);
+        assert_eq!(instructions.learning_rate, 0.1);
+        let trees = [tree(&[1.0]), tree(&[4.0])];
+        // (2·1 + 1·4) / 3 = 2.
+        let out = strategy
+            .aggregate(&ctx(1), &tree(&[0.0]), &updates(&trees, &[2, 1]))
+            .unwrap();
+        assert_eq!(values(&out.model.unwrap()), [2.0]);
+    }
+
+    #[test]
+    fn negative_mu_is_refused() {
+        let run = RunShape {
+            total_clients: 10,
+            per_round: 2,
+            min_per_round: 2,
+            local_optimizer: "sgd",
+        };
+        assert!(FedProxConfig { mu: -1.0 }.check(&run).is_err());
+        assert!(FedProxConfig { mu: 0.0 }.check(&run).is_ok());
     }
 }

@@ -172,15 +172,6 @@ pub(crate) fn weighted_mean(vectors: &[&[f32]], weights: &[f64]) -> Vec<f32> {
     accumulator.into_iter().map(|x| x as f32).collect()
 }
 
-/// L2 norm, accumulated in float64.
-pub(crate) fn l2_norm(values: &[f32]) -> f64 {
-    values
-        .iter()
-        .map(|&x| (x as f64) * (x as f64))
-        .sum::<f64>()
-        .sqrt()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +211,5 @@ mod tests {
     fn means_are_hand_checked() {
         assert_eq!(mean(&[&[1.0, 2.0], &[3.0, 6.0]]), [2.0, 4.0]);
         assert_eq!(weighted_mean(&[&[1.0], &[5.0]], &[3.0, 1.0]), [2.0]);
-        assert_eq!(l2_norm(&[3.0, 4.0]), 5.0);
     }
 }

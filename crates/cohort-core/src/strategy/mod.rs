@@ -37,7 +37,7 @@ pub mod scaffold;
 use std::collections::BTreeMap;
 
 pub use flat::{FloatLayout, float_layout};
-pub use registry::AlgorithmConfig;
+pub use registry::{AlgorithmConfig, OptionError, RunShape};
 
 use crate::aggregate::AggregationError;
 use crate::tree::ParamTree;
@@ -183,8 +183,8 @@ pub trait Strategy: Send {
         ctx: &RoundContext,
         _client_id: u32,
         _global: &ParamTree,
-    ) -> ClientInstructions {
-        ClientInstructions::plain(ctx.learning_rate)
+    ) -> Result<ClientInstructions, StrategyError> {
+        Ok(ClientInstructions::plain(ctx.learning_rate))
     }
 
     /// The next global model from the round's updates (validated against
@@ -217,4 +217,68 @@ pub trait Strategy: Send {
 /// Builds the strategy an `[algorithm]` section describes.
 pub fn build(config: &AlgorithmConfig) -> Box<dyn Strategy> {
     config.build()
+}
+
+/// A state of named flat vectors (absent ones are left out), each stored as a
+/// one-dimensional float32 tensor.
+pub(crate) fn state_of_vectors<'a>(
+    named: impl IntoIterator<Item = (&'a str, Option<&'a [f32]>)>,
+) -> StrategyState {
+    let tensors = named
+        .into_iter()
+        .filter_map(|(name, vector)| {
+            let vector = vector?;
+            let array = crate::tree::Array::f32(vec![vector.len()], vector.to_vec())
+                .expect("a vector has its own length");
+            Some((name.to_owned(), ParamTree::Leaf(array)))
+        })
+        .collect();
+    StrategyState {
+        scalars: serde_json::Value::Null,
+        tensors,
+    }
+}
+
+/// The vectors `names` of a state written by [`state_of_vectors`]; a missing
+/// one is `None`, an unexpected one is an error.
+pub(crate) fn vectors_of_state<const N: usize>(
+    strategy: &'static str,
+    mut state: StrategyState,
+    names: [&str; N],
+) -> Result<[Option<Vec<f32>>; N], StrategyError> {
+    let vectors = names.map(|name| state.tensors.remove(name));
+    if let Some(extra) = state.tensors.keys().next() {
+        return Err(StrategyError::State {
+            strategy,
+            problem: format!("unexpected tensor `{extra}`"),
+        });
+    }
+    let mut out = names.map(|_| None);
+    for ((slot, tree), name) in out.iter_mut().zip(vectors).zip(names) {
+        *slot = tree
+            .map(|tree| vector_of(strategy, name, tree))
+            .transpose()?;
+    }
+    Ok(out)
+}
+
+/// A one-dimensional float32 tensor of a state as a vector.
+pub(crate) fn vector_of(
+    strategy: &'static str,
+    name: &str,
+    tree: ParamTree,
+) -> Result<Vec<f32>, StrategyError> {
+    match tree {
+        ParamTree::Leaf(array) if array.shape().len() == 1 => match array.into_data() {
+            crate::tree::ArrayData::F32(values) => Ok(values),
+            other => Err(StrategyError::State {
+                strategy,
+                problem: format!("tensor `{name}` is {}, expected float32", other.dtype()),
+            }),
+        },
+        _ => Err(StrategyError::State {
+            strategy,
+            problem: format!("`{name}` is not a one-dimensional tensor"),
+        }),
+    }
 }

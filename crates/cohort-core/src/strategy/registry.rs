@@ -92,12 +92,14 @@ impl AlgorithmConfig {
         match self {
             AlgorithmConfig::Fedavg(_) => Box::new(fedavg::FedAvg),
             AlgorithmConfig::Fedavgm(c) => Box::new(fedavgm::FedAvgM::new(c.clone())),
-            AlgorithmConfig::Fedadam(c) => {
-                Box::new(fedopt::FedOpt::new(fedopt::ServerOptimizer::Adam, c.clone()))
-            }
-            AlgorithmConfig::Fedyogi(c) => {
-                Box::new(fedopt::FedOpt::new(fedopt::ServerOptimizer::Yogi, c.clone()))
-            }
+            AlgorithmConfig::Fedadam(c) => Box::new(fedopt::FedOpt::new(
+                fedopt::ServerOptimizer::Adam,
+                c.clone(),
+            )),
+            AlgorithmConfig::Fedyogi(c) => Box::new(fedopt::FedOpt::new(
+                fedopt::ServerOptimizer::Yogi,
+                c.clone(),
+            )),
             AlgorithmConfig::Fedadagrad(c) => Box::new(fedopt::FedOpt::new(
                 fedopt::ServerOptimizer::Adagrad,
                 c.clone(),

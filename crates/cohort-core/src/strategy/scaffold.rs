@@ -1,36 +1,336 @@
-//! Placeholder.
+//! `scaffold`: stochastic controlled averaging (Karimireddy et al. 2020,
+//! "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
+//! Algorithm 1 with option II).
+//!
+//! The server keeps a control variate `c`, and one `cᵢ` per client (all zero
+//! at first). A selected client corrects every local gradient by `c − cᵢ`:
+//! `yᵢ ← yᵢ − η_l (gᵢ(yᵢ) − cᵢ + c)`. After `K` local steps, option II sets
+//!
+//! ```text
+//! cᵢ⁺ = cᵢ − c + (x − yᵢ) / (K · η_l)
+//! x   ← x + η_g · (1/|S|) Σᵢ (yᵢ − x)
+//! c   ← c + (1/N) Σᵢ (cᵢ⁺ − cᵢ)
+//! ```
+//!
+//! over the clients `S` whose updates arrived, `N` clients in all.
+//!
+//! cohort's clients are stateless (any worker or process may train any logical
+//! client), so the server keeps every `cᵢ` and sends `c − cᵢ` with the task
+//! (one model-sized tree more on the way down); option II is a function of
+//! what the server already knows (`x`, `c`, `cᵢ`, the returned `yᵢ`, the
+//! client's step count `K` and the round's `η_l`), so nothing extra comes back
+//! up. All control variates are the strategy's state and are checkpointed.
+//! Option II assumes plain local SGD: the config must use `trainer.optimizer =
+//! "sgd"`.
+
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
+use super::flat::{difference, flatten_round, float_layout, mean};
 use super::registry::{OptionError, RunShape};
-use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError};
+use super::{
+    Aggregated, ClientInstructions, ClientUpdate, RoundContext, Strategy, StrategyError,
+    StrategyState,
+};
 use crate::tree::ParamTree;
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+/// Options of `scaffold`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct ScaffoldConfig {}
+pub struct ScaffoldConfig {
+    /// η_g, the server learning rate. Default 1.0.
+    pub server_learning_rate: f64,
+}
+
+impl Default for ScaffoldConfig {
+    fn default() -> Self {
+        Self {
+            server_learning_rate: 1.0,
+        }
+    }
+}
+
 impl ScaffoldConfig {
-    #[allow(dead_code)]
-    pub fn check(&self, _run: &RunShape) -> Result<(), OptionError> {
+    pub fn check(&self, run: &RunShape) -> Result<(), OptionError> {
+        if !(self.server_learning_rate.is_finite() && self.server_learning_rate > 0.0) {
+            return Err(OptionError {
+                option: "server_learning_rate",
+                message: format!(
+                    "must be a finite number > 0, got {}",
+                    self.server_learning_rate
+                ),
+            });
+        }
+        if run.local_optimizer != "sgd" {
+            return Err(OptionError {
+                option: "type",
+                message: format!(
+                    "scaffold's control variates (option II) assume plain local SGD, but the \
+                     local optimizer is {}; set trainer.optimizer = \"sgd\" without momentum",
+                    run.local_optimizer
+                ),
+            });
+        }
         Ok(())
     }
 }
-pub struct Scaffold;
+
+/// SCAFFOLD's server side: the control variates and the averaging.
+#[derive(Debug, Clone)]
+pub struct Scaffold {
+    config: ScaffoldConfig,
+    /// `c`; `None` is zero.
+    server: Option<Vec<f32>>,
+    /// `cᵢ` of every client that has trained; absent ones are zero.
+    clients: BTreeMap<u32, Vec<f32>>,
+}
+
 impl Scaffold {
-    #[allow(dead_code)]
-    pub fn new(_c: ScaffoldConfig) -> Self {
-        Self
+    pub fn new(config: ScaffoldConfig) -> Self {
+        Self {
+            config,
+            server: None,
+            clients: BTreeMap::new(),
+        }
     }
 }
+
+/// Option II's new client control variate:
+/// `cᵢ⁺ = cᵢ − c + (x − yᵢ) / (K · η_l)`.
+pub fn client_variate(
+    client: Option<&[f32]>,
+    server: Option<&[f32]>,
+    global: &[f32],
+    local: &[f32],
+    steps: u64,
+    learning_rate: f64,
+) -> Vec<f32> {
+    let scale = 1.0 / (steps as f64 * learning_rate);
+    (0..global.len())
+        .map(|j| {
+            let ci = client.map_or(0.0, |c| c[j] as f64);
+            let c = server.map_or(0.0, |c| c[j] as f64);
+            (ci - c + (global[j] as f64 - local[j] as f64) * scale) as f32
+        })
+        .collect()
+}
+
 impl Strategy for Scaffold {
     fn name(&self) -> &'static str {
         "scaffold"
     }
+
+    fn configure(
+        &self,
+        ctx: &RoundContext,
+        client_id: u32,
+        global: &ParamTree,
+    ) -> Result<ClientInstructions, StrategyError> {
+        let layout = float_layout(self.name(), global)?;
+        let zeros = layout.zeros();
+        let server = self.server.as_deref().unwrap_or(&zeros);
+        let client = self
+            .clients
+            .get(&client_id)
+            .map_or(&zeros[..], Vec::as_slice);
+        Ok(ClientInstructions {
+            gradient_correction: Some(layout.rebuild(global, &difference(server, client))),
+            ..ClientInstructions::plain(ctx.learning_rate)
+        })
+    }
+
     fn aggregate(
         &mut self,
-        _: &RoundContext,
-        _: &ParamTree,
-        _: &[ClientUpdate<'_>],
+        ctx: &RoundContext,
+        global: &ParamTree,
+        updates: &[ClientUpdate<'_>],
     ) -> Result<Aggregated, StrategyError> {
-        unimplemented!()
+        let round = flatten_round(self.name(), global, updates)?;
+        if let Some(update) = updates.iter().find(|u| u.local_steps == 0) {
+            return Err(StrategyError::BadUpdate {
+                client_id: update.client_id,
+                problem: "reports 0 local steps; SCAFFOLD's control variate needs K ≥ 1".to_owned(),
+            });
+        }
+        let deltas: Vec<Vec<f32>> = round
+            .updates
+            .iter()
+            .map(|local| difference(local, &round.global))
+            .collect();
+        let delta_refs: Vec<&[f32]> = deltas.iter().map(Vec::as_slice).collect();
+        let step = mean(&delta_refs);
+        let eta = self.config.server_learning_rate;
+        let next: Vec<f32> = round
+            .global
+            .iter()
+            .zip(&step)
+            .map(|(&x, &d)| (x as f64 + eta * d as f64) as f32)
+            .collect();
+
+        // c ← c + (1/N) Σ (cᵢ⁺ − cᵢ), with every cᵢ⁺ computed from the old c.
+        let mut server_change = vec![0.0f64; round.global.len()];
+        let mut new_variates = Vec::with_capacity(updates.len());
+        for (update, local) in updates.iter().zip(&round.updates) {
+            let old = self.clients.get(&update.client_id).map(Vec::as_slice);
+            let new = client_variate(
+                old,
+                self.server.as_deref(),
+                &round.global,
+                local,
+                update.local_steps,
+                ctx.learning_rate,
+            );
+            for (j, change) in server_change.iter_mut().enumerate() {
+                *change += new[j] as f64 - old.map_or(0.0, |c| c[j] as f64);
+            }
+            new_variates.push((update.client_id, new));
+        }
+        let total = ctx.total_clients as f64;
+        let server = self.server.get_or_insert_with(|| round.layout.zeros());
+        for (c, change) in server.iter_mut().zip(server_change) {
+            *c = (*c as f64 + change / total) as f32;
+        }
+        self.clients.extend(new_variates);
+        Ok(Aggregated::model(round.layout.rebuild(global, &next)))
+    }
+
+    fn state(&self) -> StrategyState {
+        let names: Vec<String> = self
+            .clients
+            .keys()
+            .map(|id| format!("client_{id}"))
+            .collect();
+        let named = std::iter::once(("server", self.server.as_deref())).chain(
+            names
+                .iter()
+                .zip(self.clients.values())
+                .map(|(name, c)| (name.as_str(), Some(c.as_slice()))),
+        );
+        super::state_of_vectors(named)
+    }
+
+    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
+        let mut server = None;
+        let mut clients = BTreeMap::new();
+        let mut expected_len = None;
+        for (name, tree) in state.tensors {
+            let vector = super::vector_of("scaffold", &name, tree)?;
+            if *expected_len.get_or_insert(vector.len()) != vector.len() {
+                return Err(StrategyError::State {
+                    strategy: "scaffold",
+                    problem: format!("control variate `{name}` has another size"),
+                });
+            }
+            if name == "server" {
+                server = Some(vector);
+            } else if let Some(id) = name.strip_prefix("client_").and_then(|id| id.parse().ok()) {
+                clients.insert(id, vector);
+            } else {
+                return Err(StrategyError::State {
+                    strategy: "scaffold",
+                    problem: format!("unexpected tensor `{name}`"),
+                });
+            }
+        }
+        self.server = server;
+        self.clients = clients;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strategy::fedavg::tests::{tree, values};
+
+    fn ctx() -> RoundContext {
+        RoundContext {
+            round: 1,
+            learning_rate: 0.5,
+            per_round: 2,
+            total_clients: 4,
+        }
+    }
+
+    #[test]
+    fn one_round_by_hand() {
+        let mut strategy = Scaffold::new(ScaffoldConfig::default());
+        let global = tree(&[1.0]);
+        // Round 1: c = cᵢ = 0, so the correction is 0.
+        let instructions = strategy.configure(&ctx(), 1, &global).unwrap();
+        assert_eq!(values(&instructions.gradient_correction.unwrap()), [0.0]);
+        let (a, b) = (tree(&[0.0]), tree(&[3.0]));
+        let updates = [
+            ClientUpdate {
+                client_id: 1,
+                num_samples: 10,
+                local_steps: 2,
+                tree: &a,
+            },
+            ClientUpdate {
+                client_id: 2,
+                num_samples: 30,
+                local_steps: 4,
+                tree: &b,
+            },
+        ];
+        let out = strategy.aggregate(&ctx(), &global, &updates).unwrap();
+        // x = 1 + ((0 − 1) + (3 − 1)) / 2 = 1.5 (unweighted, as in the paper).
+        assert_eq!(values(&out.model.unwrap()), [1.5]);
+        // c₁⁺ = (1 − 0) / (2 · 0.5) = 1; c₂⁺ = (1 − 3) / (4 · 0.5) = −1.
+        assert_eq!(strategy.clients[&1], [1.0]);
+        assert_eq!(strategy.clients[&2], [-1.0]);
+        // c = 0 + (1 + (−1)) / 4 = 0.
+        assert_eq!(strategy.server.as_deref(), Some(&[0.0][..]));
+        // Client 1's next correction: c − c₁ = −1; an unseen client's: 0.
+        let next = strategy.configure(&ctx(), 1, &global).unwrap();
+        assert_eq!(values(&next.gradient_correction.unwrap()), [-1.0]);
+        let unseen = strategy.configure(&ctx(), 3, &global).unwrap();
+        assert_eq!(values(&unseen.gradient_correction.unwrap()), [0.0]);
+    }
+
+    #[test]
+    fn server_variate_moves_by_one_over_n() {
+        let mut strategy = Scaffold::new(ScaffoldConfig::default());
+        let (global, local) = (tree(&[2.0]), tree(&[0.0]));
+        let updates = [ClientUpdate {
+            client_id: 3,
+            num_samples: 1,
+            local_steps: 1,
+            tree: &local,
+        }];
+        strategy.aggregate(&ctx(), &global, &updates).unwrap();
+        // c₃⁺ = (2 − 0) / (1 · 0.5) = 4; c = 4 / 4 clients = 1.
+        assert_eq!(strategy.server.as_deref(), Some(&[1.0][..]));
+        let mut restored = Scaffold::new(ScaffoldConfig::default());
+        restored.restore(strategy.state()).unwrap();
+        assert_eq!(restored.server, strategy.server);
+        assert_eq!(restored.clients, strategy.clients);
+    }
+
+    #[test]
+    fn zero_steps_and_adam_are_refused() {
+        let mut strategy = Scaffold::new(ScaffoldConfig::default());
+        let (global, local) = (tree(&[2.0]), tree(&[0.0]));
+        let updates = [ClientUpdate {
+            client_id: 3,
+            num_samples: 1,
+            local_steps: 0,
+            tree: &local,
+        }];
+        assert!(strategy.aggregate(&ctx(), &global, &updates).is_err());
+        let run = RunShape {
+            total_clients: 4,
+            per_round: 2,
+            min_per_round: 2,
+            local_optimizer: "adam",
+        };
+        let error = ScaffoldConfig::default().check(&run).unwrap_err();
+        assert!(
+            error.message.contains("plain local SGD"),
+            "{}",
+            error.message
+        );
     }
 }

@@ -1,0 +1,145 @@
+//! `cohort aggregate` and `cohort partitions`: the strategy and the
+//! partitioner of a config, applied once, outside a run.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+use cohort_core::config::LoadedConfig;
+use cohort_core::strategy::{ClientUpdate, RoundContext};
+use cohort_core::tree::ParamTree;
+
+/// One `FILE=SAMPLES` argument of `cohort aggregate`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdateArg {
+    pub path: PathBuf,
+    pub samples: u64,
+}
+
+/// Parses `FILE=SAMPLES`; the last `=` separates them, so file names may hold `=`.
+pub fn parse_update(text: &str) -> Result<UpdateArg, String> {
+    let (path, samples) = text
+        .rsplit_once('=')
+        .ok_or_else(|| format!("`{text}`: expected FILE=SAMPLES, e.g. client1.safetensors=600"))?;
+    let samples = samples
+        .parse::<u64>()
+        .map_err(|_| format!("`{text}`: `{samples}` is not a whole number of samples"))?;
+    if path.is_empty() {
+        return Err(format!("`{text}`: the file name is empty"));
+    }
+    Ok(UpdateArg {
+        path: PathBuf::from(path),
+        samples,
+    })
+}
+
+/// Applies the configured strategy, with fresh state, to `updates` from
+/// `global`, and writes the result to `output` atomically. Client ids are the
+/// updates' positions, from 1; every update reports `local_steps` steps.
+pub fn aggregate(
+    loaded: &LoadedConfig,
+    global_path: &Path,
+    output: &Path,
+    updates: &[UpdateArg],
+    local_steps: u64,
+) -> anyhow::Result<String> {
+    if updates.is_empty() {
+        bail!("give at least one update as FILE=SAMPLES");
+    }
+    let global = crate::read_model(global_path)?;
+    let trees: Vec<ParamTree> = updates
+        .iter()
+        .map(|u| crate::read_model(&u.path))
+        .collect::<anyhow::Result<_>>()?;
+    let client_updates: Vec<ClientUpdate<'_>> = updates
+        .iter()
+        .zip(&trees)
+        .enumerate()
+        .map(|(index, (arg, tree))| ClientUpdate {
+            client_id: index as u32 + 1,
+            num_samples: arg.samples,
+            local_steps,
+            tree,
+        })
+        .collect();
+    let clients = &loaded.config.clients;
+    let ctx = RoundContext {
+        round: 1,
+        learning_rate: loaded
+            .lr_schedule()
+            .rate(loaded.optimizer.learning_rate(), 1),
+        per_round: clients.per_round,
+        total_clients: clients.total_clients,
+    };
+    let mut strategy = loaded.config.algorithm.build();
+    let outcome = strategy
+        .aggregate(&ctx, &global, &client_updates)
+        .with_context(|| format!("{} refused the updates", strategy.name()))?;
+    let model = outcome.model.unwrap_or(global);
+    let bytes = cohort_core::codec::encode(&model)?;
+    cohort_core::fsutil::atomic_write(output, &bytes)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    let mut summary = format!(
+        "{}: {} updates aggregated into {}",
+        strategy.name(),
+        updates.len(),
+        output.display()
+    );
+    if let Some(selected) = outcome.selected {
+        let files: Vec<String> = selected
+            .iter()
+            .map(|&id| updates[id as usize - 1].path.display().to_string())
+            .collect();
+        summary.push_str(&format!("; used {}", files.join(", ")));
+    }
+    if let Some(privacy) = outcome.privacy {
+        summary.push_str(&format!(
+            "; ε = {:.4} at δ = {} for one round",
+            privacy.epsilon, privacy.delta
+        ));
+    }
+    Ok(summary)
+}
+
+/// Each client's label histogram under the config's partitioner.
+pub fn partition_histograms(
+    loaded: &LoadedConfig,
+    data_root: Option<&Path>,
+) -> anyhow::Result<(Vec<Vec<u64>>, String)> {
+    let (splits, partitions) = cohort_runtime::client::load_data(loaded, data_root)?;
+    let classes = loaded.config.parameters.model.num_classes;
+    let labels = &splits.train.labels;
+    let table = cohort_core::partition::summary_table(&partitions, labels, classes);
+    let histograms = partitions
+        .iter()
+        .map(|part| cohort_core::partition::label_histogram(labels, part, classes))
+        .collect();
+    Ok((histograms, table))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_arguments_parse_or_say_why() {
+        assert_eq!(
+            parse_update("a=b.safetensors=600").unwrap(),
+            UpdateArg {
+                path: PathBuf::from("a=b.safetensors"),
+                samples: 600
+            }
+        );
+        assert!(
+            parse_update("x.safetensors")
+                .unwrap_err()
+                .contains("FILE=SAMPLES")
+        );
+        assert!(
+            parse_update("x=-3")
+                .unwrap_err()
+                .contains("not a whole number")
+        );
+        assert!(parse_update("=3").unwrap_err().contains("empty"));
+    }
+}

@@ -1,0 +1,231 @@
+//! The client side of a strategy: what it changes in local training.
+//!
+//! A strategy's [`ClientInstructions`] reach the trainer as a [`LocalPlan`].
+//! Two kinds of change exist, and they compose:
+//!
+//! * **gradient terms**, added to every step's gradient before clipping and
+//!   the optimizer: FedProx's `μ · (w − w_global)` (the gradient of
+//!   `μ/2 · ‖w − w_global‖²`) and SCAFFOLD's correction `c − cᵢ`;
+//! * **update post-processing**, on the finished model: clipping the update
+//!   `w − w_global` to an L2 norm (differential privacy).
+//!
+//! Plain training (FedAvg) resolves to no terms at all, so it pays nothing.
+
+use std::collections::HashMap;
+
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{Tensor, TensorData};
+use cohort_core::strategy::ClientInstructions;
+use cohort_core::tree::{Array, ParamTree};
+
+use crate::model::Net;
+use crate::params::{LoadError, PathStack};
+
+/// What the strategy asks of one local run.
+pub type LocalPlan = ClientInstructions;
+
+/// A plan's gradient terms as tensors on the model's device, keyed by
+/// parameter, built once per local run.
+pub(crate) struct GradientTerms {
+    proximal: Option<(f32, HashMap<ParamId, Tensor<1>>)>,
+    correction: Option<HashMap<ParamId, Tensor<1>>>,
+}
+
+impl GradientTerms {
+    /// Resolves `plan` against `model`, whose parameters are `global`.
+    pub(crate) fn new(
+        model: &Net,
+        plan: &LocalPlan,
+        global: &ParamTree,
+    ) -> Result<Option<Self>, LoadError> {
+        let proximal = if plan.proximal_mu > 0.0 {
+            Some((plan.proximal_mu as f32, tensors_by_param(model, global)?))
+        } else {
+            None
+        };
+        let correction = plan
+            .gradient_correction
+            .as_ref()
+            .map(|tree| tensors_by_param(model, tree))
+            .transpose()?;
+        Ok(
+            (proximal.is_some() || correction.is_some()).then_some(Self {
+                proximal,
+                correction,
+            }),
+        )
+    }
+
+    /// `grads` with the terms added.
+    pub(crate) fn apply(&self, model: &Net, grads: GradientsParams) -> GradientsParams {
+        let mut adder = AddTerms { terms: self, grads };
+        model.visit(&mut adder);
+        adder.grads
+    }
+}
+
+struct AddTerms<'a> {
+    terms: &'a GradientTerms,
+    grads: GradientsParams,
+}
+
+impl ModuleVisitor for AddTerms<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let Some(mut grad) = self.grads.remove::<D>(param.id) else {
+            return;
+        };
+        let shape = grad.shape();
+        if let Some((mu, global)) = &self.terms.proximal
+            && let Some(anchor) = global.get(&param.id)
+        {
+            let weights = param.val().inner();
+            grad = grad + (weights - anchor.clone().reshape(shape.clone())).mul_scalar(*mu);
+        }
+        if let Some(correction) = &self.terms.correction
+            && let Some(term) = correction.get(&param.id)
+        {
+            grad = grad + term.clone().reshape(shape);
+        }
+        self.grads.register(param.id, grad);
+    }
+}
+
+/// Each parameter's leaf of `tree` as a flat tensor on the parameter's
+/// (non-autodiff) device. The tree must have exactly the model's parameters.
+fn tensors_by_param(
+    model: &Net,
+    tree: &ParamTree,
+) -> Result<HashMap<ParamId, Tensor<1>>, LoadError> {
+    let leaves: HashMap<String, &Array> = tree
+        .leaves()
+        .into_iter()
+        .map(|(path, array)| (path.to_string(), array))
+        .collect();
+    let mut collector = Collector {
+        path: PathStack::default(),
+        leaves: &leaves,
+        tensors: HashMap::new(),
+        error: None,
+    };
+    model.visit(&mut collector);
+    if let Some(error) = collector.error {
+        return Err(error);
+    }
+    if collector.tensors.len() != leaves.len() {
+        let known = crate::params::extract(model);
+        let expected: std::collections::BTreeSet<String> =
+            known.leaves().iter().map(|(p, _)| p.to_string()).collect();
+        let extra = leaves
+            .keys()
+            .find(|k| !expected.contains(*k))
+            .cloned()
+            .unwrap_or_default();
+        return Err(LoadError::Unexpected(extra));
+    }
+    Ok(collector.tensors)
+}
+
+struct Collector<'a> {
+    path: PathStack,
+    leaves: &'a HashMap<String, &'a Array>,
+    tensors: HashMap<ParamId, Tensor<1>>,
+    error: Option<LoadError>,
+}
+
+impl ModuleVisitor for Collector<'_> {
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        self.path.enter(name, container_type);
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.exit();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if self.error.is_some() {
+            return;
+        }
+        let path = self.path.current();
+        let tensor = param.val();
+        let shape = tensor.dims().to_vec();
+        let Some(array) = self.leaves.get(&path) else {
+            self.error = Some(LoadError::Missing(path));
+            return;
+        };
+        if array.shape() != shape.as_slice() {
+            self.error = Some(LoadError::Shape {
+                path,
+                model: shape,
+                tree: array.shape().to_vec(),
+            });
+            return;
+        }
+        let Some(values) = array.as_f32() else {
+            self.error = Some(LoadError::DType {
+                path,
+                dtype: array.dtype(),
+            });
+            return;
+        };
+        let device = tensor.device().inner();
+        let flat =
+            Tensor::<1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device);
+        self.tensors.insert(param.id, flat);
+    }
+}
+
+/// `local` with its update `local − global` scaled down to L2 norm
+/// `max_norm` when it is longer (float leaves; same schema as `global`).
+pub fn clip_update(global: &ParamTree, local: ParamTree, max_norm: f64) -> ParamTree {
+    let mut squared = 0.0f64;
+    for ((_, g), (_, l)) in global.leaves().iter().zip(local.leaves()) {
+        if let (Some(g), Some(l)) = (g.as_f32(), l.as_f32()) {
+            squared += g
+                .iter()
+                .zip(l)
+                .map(|(&a, &b)| (b as f64 - a as f64).powi(2))
+                .sum::<f64>();
+        }
+    }
+    let norm = squared.sqrt();
+    if norm <= max_norm {
+        return local;
+    }
+    let scale = max_norm / norm;
+    let globals: Vec<Vec<f32>> = global
+        .leaves()
+        .iter()
+        .map(|(_, a)| a.as_f32().map(<[f32]>::to_vec).unwrap_or_default())
+        .collect();
+    let mut local = local;
+    for (array, g) in local.leaves_mut().into_iter().zip(&globals) {
+        if let cohort_core::tree::ArrayData::F32(values) = array.data_mut() {
+            for (x, &anchor) in values.iter_mut().zip(g) {
+                *x = (anchor as f64 + (*x as f64 - anchor as f64) * scale) as f32;
+            }
+        }
+    }
+    local
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(values: &[f32]) -> ParamTree {
+        ParamTree::from_dotted([(
+            "w".to_owned(),
+            Array::f32(vec![values.len()], values.to_vec()).unwrap(),
+        )])
+    }
+
+    #[test]
+    fn clipping_scales_long_updates_only() {
+        // Update (3, 4) has norm 5; clipped to 2.5 it is (1.5, 2).
+        let clipped = clip_update(&tree(&[1.0, 1.0]), tree(&[4.0, 5.0]), 2.5);
+        assert_eq!(clipped, tree(&[2.5, 3.0]));
+        let short = clip_update(&tree(&[1.0, 1.0]), tree(&[4.0, 5.0]), 5.0);
+        assert_eq!(short, tree(&[4.0, 5.0]));
+    }
+}
