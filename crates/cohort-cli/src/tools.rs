@@ -109,8 +109,9 @@ pub fn partition_histograms(
     let (splits, partitions) = cohort_runtime::client::load_data(loaded, data_root)?;
     let classes = loaded.config.parameters.model.num_classes;
     let labels = &splits.train.labels;
-    let table = cohort_core::partition::summary_table(&partitions, labels, classes);
+    let table = cohort_core::partition::summary_table(&partitions.train, labels, classes);
     let histograms = partitions
+        .train
         .iter()
         .map(|part| cohort_core::partition::label_histogram(labels, part, classes))
         .collect();

@@ -405,3 +405,68 @@ fn tls_with_a_generated_certificate_carries_the_run() {
     let results = std::fs::read_to_string(only_run_dir(&base).join("results.csv")).unwrap();
     assert_eq!(results.lines().count(), 2, "{results}");
 }
+
+/// `unequal_job` for two rounds of plain SGD under `algorithm`: round 2 is
+/// where SCAFFOLD's corrections are non-zero.
+fn strategy_job(port: u16, comm_simulation: bool, algorithm: &str) -> String {
+    unequal_job(port, comm_simulation)
+        .replace("rounds = 1", "rounds = 2")
+        .replace("momentum = 0.9", "")
+        .replace(
+            "[results]",
+            &format!("[algorithm]\n{algorithm}\n\n[results]"),
+        )
+}
+
+#[test]
+fn fedprox_and_scaffold_give_the_same_model_over_the_network() {
+    for algorithm in ["type = \"fedprox\"\nmu = 0.5", "type = \"scaffold\""] {
+        let network_dir = tempfile::tempdir().unwrap();
+        let (base, output) = run_to_completion(
+            network_dir.path(),
+            &strategy_job(free_port(), false, algorithm),
+            &[],
+        );
+        assert!(
+            output.status.success(),
+            "{algorithm}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let network_run = only_run_dir(&base);
+        let local_dir = tempfile::tempdir().unwrap();
+        let (base, output) = run_to_completion(
+            local_dir.path(),
+            &strategy_job(free_port(), true, algorithm),
+            &[],
+        );
+        assert!(output.status.success(), "{algorithm}");
+        let local_run = only_run_dir(&base);
+        assert_eq!(
+            std::fs::read(network_run.join("model.safetensors")).unwrap(),
+            std::fs::read(local_run.join("model.safetensors")).unwrap(),
+            "{algorithm}: network and simulation differ"
+        );
+        // The strategy did something: its model differs from plain FedAvg's.
+        let fedavg_dir = tempfile::tempdir().unwrap();
+        let (base, output) = run_to_completion(
+            fedavg_dir.path(),
+            &strategy_job(free_port(), true, "type = \"fedavg\""),
+            &[],
+        );
+        assert!(output.status.success());
+        assert_ne!(
+            std::fs::read(only_run_dir(&base).join("model.safetensors")).unwrap(),
+            std::fs::read(local_run.join("model.safetensors")).unwrap(),
+            "{algorithm} trained exactly like fedavg"
+        );
+        if algorithm.contains("scaffold") {
+            let csv = std::fs::read_to_string(network_run.join("results.csv")).unwrap();
+            let extra: Vec<&str> = csv
+                .lines()
+                .skip(1)
+                .map(|l| l.split(',').nth(10).unwrap())
+                .collect();
+            assert!(extra.iter().all(|e| e.parse::<u64>().unwrap() > 0), "{csv}");
+        }
+    }
+}

@@ -43,7 +43,8 @@ pub struct History {
     pub config_hash: String,
     /// The client selector after the last completed round's selection.
     pub selector: SelectorState,
-    /// The strategy's state; `None` (JSON `null`) for strategies that keep none.
+    /// The strategy and its state; `None` (JSON `null`) in checkpoints
+    /// written before strategies existed (FedAvg, which keeps none).
     pub algorithm_state: Option<AlgorithmState>,
     pub rounds: Vec<RoundRow>,
     pub clients: Vec<ClientRow>,
@@ -128,9 +129,6 @@ fn write_strategy_state(
     round: u32,
     (name, state): (&str, &StrategyState),
 ) -> Result<Option<AlgorithmState>, CheckpointError> {
-    if state.is_empty() {
-        return Ok(None);
-    }
     let (tensors_file, tensors_sha256) = if state.tensors.is_empty() {
         (None, None)
     } else {

@@ -14,6 +14,7 @@
 //! * iid partitions: [`partition`]; client selection: [`selection`]
 
 pub mod aggregate;
+pub mod attack;
 pub mod checkpoint;
 pub mod codec;
 pub mod compare;

@@ -327,6 +327,30 @@ pub fn label_histogram(labels: &[u8], partition: &[u32], num_classes: usize) -> 
     histogram
 }
 
+/// A client's partition split into the samples it trains on and the samples it
+/// holds out to evaluate the global model (`clients.do_test`): a ChaCha8
+/// shuffle of the partition seeded by `(seed, client)`, of which the last
+/// `⌈fraction · n⌉` are held out, keeping at least one sample on each side
+/// when the partition has two or more.
+pub fn holdout(
+    partition: &[u32],
+    fraction: f64,
+    seed: u64,
+    client_id: u32,
+) -> (Vec<u32>, Vec<u32>) {
+    let mut order = partition.to_vec();
+    let stream = crate::seeds::derive_seed(seed, "client-holdout", &[client_id as u64]);
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(stream));
+    let n = order.len();
+    let held = if n >= 2 {
+        ((fraction * n as f64).ceil() as usize).clamp(1, n - 1)
+    } else {
+        0
+    };
+    let test = order.split_off(n - held);
+    (order, test)
+}
+
 /// A table of the partitions for `cohort partitions`: a header, then one line
 /// per client with its id, its number of samples and its label histogram,
 /// columns right-aligned.
@@ -506,6 +530,21 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn holdout_is_seeded_disjoint_and_sized() {
+        let partition: Vec<u32> = (100..110).collect();
+        let (train, test) = holdout(&partition, 0.2, 1, 3);
+        assert_eq!((train.len(), test.len()), (8, 2));
+        let mut all: Vec<u32> = train.iter().chain(&test).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, partition);
+        assert_eq!(holdout(&partition, 0.2, 1, 3), (train, test.clone()));
+        assert_ne!(holdout(&partition, 0.2, 1, 4).1, test);
+        // Tiny partitions keep a training sample.
+        assert_eq!(holdout(&[7], 0.5, 1, 1), (vec![7], vec![]));
+        assert_eq!(holdout(&[7, 8], 0.9, 1, 1).0.len(), 1);
+    }
 
     #[test]
     fn sized_partitions_are_disjoint_and_sized() {

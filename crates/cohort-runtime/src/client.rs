@@ -29,6 +29,10 @@ pub struct ClientReply {
     pub processing_time: f64,
     /// Local optimizer steps taken.
     pub local_steps: u64,
+    /// Held-out samples the client evaluated the global model on
+    /// (`clients.do_test`), and how many it got right; 0 and 0 without.
+    pub test_samples: u64,
+    pub test_correct: u64,
     /// The update, as it goes on the wire.
     pub payload: Vec<u8>,
 }
@@ -41,6 +45,8 @@ pub enum ClientError {
     Train(#[from] TrainError),
     #[error("cannot pack the update: {0}")]
     UpdatePayload(#[source] ProcessError),
+    #[error("cannot evaluate the global model on the held-out data: {0}")]
+    Evaluation(#[source] cohort_train::trainer::EvalError),
     #[error("cannot unpack the strategy's gradient correction: {0}")]
     Correction(#[source] cohort_core::codec::CodecError),
 }
@@ -58,13 +64,23 @@ pub fn train_settings(loaded: &LoadedConfig) -> TrainSettings {
     }
 }
 
+/// Every client's indices into the training set (client `c` at index `c − 1`).
+#[derive(Debug, Clone, Default)]
+pub struct ClientPartitions {
+    /// What each client trains on.
+    pub train: Vec<Vec<u32>>,
+    /// What each client holds out to evaluate the global model it receives
+    /// (`clients.do_test`); empty lists otherwise.
+    pub test: Vec<Vec<u32>>,
+}
+
 /// The config's data set (from `data_root`, else `data.data_path`; downloaded
 /// when the config allows) and every client's partition of its training set.
 /// The server and each client process call this, so they agree on partitions.
 pub fn load_data(
     loaded: &LoadedConfig,
     data_root: Option<&Path>,
-) -> anyhow::Result<(Splits, Vec<Vec<u32>>)> {
+) -> anyhow::Result<(Splits, ClientPartitions)> {
     let config = &loaded.config;
     let source =
         DataSource::from_name(&config.data.datasource).expect("validated by the config loader");
@@ -87,6 +103,27 @@ pub fn load_data(
     let partitions = loaded.partitions(&splits.train.labels).context(
         "config `data.sampler` and its options / `clients.total_clients` do not fit the training set",
     )?;
+    let clients = &config.clients;
+    let partitions = if clients.do_test {
+        let (train, test) = partitions
+            .iter()
+            .enumerate()
+            .map(|(index, part)| {
+                cohort_core::partition::holdout(
+                    part,
+                    clients.test_fraction,
+                    config.data.random_seed,
+                    index as u32 + 1,
+                )
+            })
+            .unzip();
+        ClientPartitions { train, test }
+    } else {
+        ClientPartitions {
+            test: vec![Vec::new(); partitions.len()],
+            train: partitions,
+        }
+    };
     Ok((splits, partitions))
 }
 
@@ -114,6 +151,8 @@ impl ClientRunner {
         })
     }
 
+    /// Runs one task: evaluates the global model on `held_out` (when not
+    /// empty), then trains on `partition`.
     pub fn run(
         &mut self,
         task: ClientTask,
@@ -121,6 +160,7 @@ impl ClientRunner {
         global_payload: &[u8],
         data: &Dataset,
         partition: &[u32],
+        held_out: &[u32],
     ) -> Result<ClientReply, ClientError> {
         let unpacking = Instant::now();
         let global = self
@@ -139,6 +179,13 @@ impl ClientRunner {
                 .map_err(ClientError::Correction)?,
         };
         let mut processing_time = unpacking.elapsed().as_secs_f64();
+        let test_correct = if held_out.is_empty() {
+            0
+        } else {
+            self.trainer
+                .count_correct(&global, data, held_out)
+                .map_err(ClientError::Evaluation)?
+        };
         let update = self.trainer.train(task, &global, data, partition, &plan)?;
         let packing = Instant::now();
         let payload = self
@@ -152,6 +199,8 @@ impl ClientRunner {
             training_time: update.training_time,
             processing_time,
             local_steps: update.local_steps,
+            test_samples: held_out.len() as u64,
+            test_correct,
             payload,
         })
     }

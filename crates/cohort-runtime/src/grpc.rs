@@ -321,6 +321,8 @@ async fn run_task(
         training_time: report.training_time,
         processing_time: report.processing_time,
         local_steps: report.local_steps,
+        test_samples: report.test_samples,
+        test_correct: report.test_correct.min(report.test_samples),
         payload,
     })
 }

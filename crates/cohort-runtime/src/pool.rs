@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 
 use cohort_core::data::Dataset;
 
-use crate::client::ClientRunner;
+use crate::client::{ClientPartitions, ClientRunner};
 use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
 
 struct Job {
@@ -30,11 +30,11 @@ pub struct WorkerPool {
 }
 
 impl WorkerPool {
-    /// Starts one thread per runner; `partitions[c - 1]` is client `c`'s data.
+    /// Starts one thread per runner; `partitions.train[c - 1]` is client `c`'s data.
     pub fn start(
         runners: Vec<ClientRunner>,
         data: Arc<Dataset>,
-        partitions: Arc<Vec<Vec<u32>>>,
+        partitions: Arc<ClientPartitions>,
         threads_per_worker: usize,
     ) -> anyhow::Result<Self> {
         let (job_sender, job_receiver) = mpsc::channel::<Job>();
@@ -66,10 +66,19 @@ impl WorkerPool {
                             task,
                             instructions,
                         } = job.spec;
-                        let partition = &partitions[task.client_id as usize - 1];
+                        let index = task.client_id as usize - 1;
+                        let (partition, held_out) =
+                            (&partitions.train[index], &partitions.test[index]);
                         let result = compute
                             .install(|| {
-                                runner.run(task, &instructions, &job.payload, &data, partition)
+                                runner.run(
+                                    task,
+                                    &instructions,
+                                    &job.payload,
+                                    &data,
+                                    partition,
+                                    held_out,
+                                )
                             })
                             .map(|reply| Delivered {
                                 reply,

@@ -45,7 +45,7 @@ use cohort_train::device::{self, DeviceRequest, Selected};
 use cohort_train::init::seeded_parameters;
 use cohort_train::trainer::{ClientTask, Evaluator};
 
-use crate::client::{ClientRunner, load_data};
+use crate::client::{ClientPartitions, ClientRunner, load_data};
 use crate::grpc::{GrpcTransport, ServerSettings};
 use crate::pool::WorkerPool;
 use crate::transport::{TaskInstructions, TaskSpec, Transport};
@@ -169,6 +169,18 @@ fn resume_point(
             history.config_hash
         );
     }
+    let saved_strategy = history
+        .algorithm_state
+        .as_ref()
+        .map_or("fedavg", |state| state.strategy.as_str());
+    if saved_strategy != strategy.name() {
+        bail!(
+            "{} was run with strategy `{saved_strategy}`, but this run uses `{}`; a strategy \
+             cannot take over another's state",
+            run_dir.display(),
+            strategy.name()
+        );
+    }
     strategy
         .restore(restored.strategy_state)
         .with_context(|| format!("round {}", history.round))?;
@@ -225,13 +237,25 @@ struct Arrival {
     processing_time: f64,
     comm_time: f64,
     payload_bytes: u64,
+    /// Held-out samples the client evaluated the global model on, and how
+    /// many it got right (`clients.do_test`).
+    test_samples: u64,
+    test_correct: u64,
+}
+
+/// An update that arrived and unpacked, with its slot in the selection.
+#[derive(Debug)]
+struct Arrived {
+    slot: usize,
+    report: ClientReport,
+    tree: ParamTree,
+    arrival: Arrival,
 }
 
 /// What came back in a round, in selection order.
 #[derive(Debug, Default)]
 struct Collected {
-    /// `(report, update, arrival)` of each client that delivered, by slot.
-    updates: Vec<(ClientReport, ParamTree, Arrival)>,
+    updates: Vec<Arrived>,
     failures: Vec<String>,
     bytes_to_server: u64,
 }
@@ -294,6 +318,7 @@ pub fn run_with_strategy(
     let (splits, partitions) = load_data(loaded, options.data_root.as_deref())?;
     let num_classes = config.parameters.model.num_classes;
     let histograms: Vec<Vec<u64>> = partitions
+        .train
         .iter()
         .map(|part| {
             cohort_core::partition::label_histogram(&splits.train.labels, part, num_classes)
@@ -351,7 +376,7 @@ fn start_transport(
     options: &RunOptions,
     selected: &Selected,
     train: Dataset,
-    partitions: Vec<Vec<u32>>,
+    partitions: ClientPartitions,
 ) -> anyhow::Result<(Box<dyn Transport>, Option<ChildClients>)> {
     let config = &loaded.config;
     let trainer = &config.trainer;
@@ -589,7 +614,7 @@ impl<'a> RoundLoop<'a> {
 
     /// Waits for every dispatched task; keeps the updates that unpack.
     fn collect(&mut self, round: u32, clients: &[u32]) -> anyhow::Result<Collected> {
-        let collected = collect_updates(
+        let mut collected = collect_updates(
             self.transport.as_mut(),
             clients.len(),
             &self.pipelines.server_inbound,
@@ -608,6 +633,19 @@ impl<'a> RoundLoop<'a> {
                 round - 1,
                 collected.failures.join("; ")
             );
+        }
+        let clients_config = &self.loaded.config.clients;
+        for arrived in &mut collected.updates {
+            if arrived.slot < clients_config.attackers_per_round as usize {
+                let honest = std::mem::replace(&mut arrived.tree, ParamTree::None);
+                arrived.tree = cohort_core::attack::apply(
+                    clients_config.attack,
+                    clients_config.attack_scale,
+                    &self.global,
+                    honest,
+                );
+                tracing::info!(round, client = arrived.report.client_id, attack = ?clients_config.attack, "simulated attacker");
+            }
         }
         Ok(collected)
     }
@@ -689,7 +727,7 @@ impl<'a> RoundLoop<'a> {
                 elapsed_time
             },
             extra_bytes_to_clients: dispatched.extra_bytes,
-            federated_accuracy: None,
+            federated_accuracy: federated_accuracy(&arrivals),
             epsilon: privacy.map(|p| p.epsilon),
         };
         clock.simulated_before = row.simulated_time;
@@ -740,7 +778,8 @@ impl<'a> RoundLoop<'a> {
                     .and_then(|index| self.histograms.get(index))
                     .cloned()
                     .unwrap_or_default(),
-                test_accuracy: None,
+                test_accuracy: (arrival.test_samples > 0)
+                    .then(|| arrival.test_correct as f64 / arrival.test_samples as f64),
             })
             .collect()
     }
@@ -809,7 +848,7 @@ fn collect_updates(
     round: u32,
 ) -> anyhow::Result<Collected> {
     let mut collected = Collected::default();
-    let mut by_slot: Vec<(usize, (ClientReport, ParamTree, Arrival))> = Vec::with_capacity(tasks);
+    let mut arrived = Vec::with_capacity(tasks);
     for _ in 0..tasks {
         let outcome = transport.next_outcome()?;
         progress.inc(1);
@@ -851,6 +890,8 @@ fn collect_updates(
             processing_time: reply.processing_time + unpacking.elapsed().as_secs_f64(),
             comm_time: delivered.comm_time,
             payload_bytes: reply.payload.len() as u64,
+            test_samples: reply.test_samples,
+            test_correct: reply.test_correct,
         };
         let report = ClientReport {
             client_id,
@@ -860,10 +901,15 @@ fn collect_updates(
             local_steps: reply.local_steps,
             worker: outcome.worker,
         };
-        by_slot.push((outcome.slot, (report, tree, arrival)));
+        arrived.push(Arrived {
+            slot: outcome.slot,
+            report,
+            tree,
+            arrival,
+        });
     }
-    by_slot.sort_by_key(|(slot, _)| *slot);
-    collected.updates = by_slot.into_iter().map(|(_, update)| update).collect();
+    arrived.sort_by_key(|a| a.slot);
+    collected.updates = arrived;
     Ok(collected)
 }
 
@@ -878,22 +924,30 @@ fn hooked_payloads(
     let present: Vec<u32> = collected
         .updates
         .iter()
-        .map(|(report, _, _)| report.client_id)
+        .map(|a| a.report.client_id)
         .collect();
     let mut arrivals = Vec::with_capacity(present.len());
     let arrived = collected
         .updates
         .into_iter()
         .enumerate()
-        .map(|(position, (report, tree, arrival))| {
-            arrivals.push(arrival);
-            (position, report, tree)
+        .map(|(position, a)| {
+            arrivals.push(a.arrival);
+            (position, a.report, a.tree)
         })
         .collect();
     let payloads = RoundPayloads::assemble(round, &present, arrived)?
         .apply_hooks(hooks, global)?
         .into_payloads();
     Ok((payloads, arrivals))
+}
+
+/// Accuracy of the global model the round's clients received, over all their
+/// held-out samples together; `None` when no client evaluated.
+fn federated_accuracy(arrivals: &[Arrival]) -> Option<f64> {
+    let samples: u64 = arrivals.iter().map(|a| a.test_samples).sum();
+    let correct: u64 = arrivals.iter().map(|a| a.test_correct).sum();
+    (samples > 0).then(|| correct as f64 / samples as f64)
 }
 
 /// Mean training loss of the round's clients, weighted by samples.

@@ -186,10 +186,10 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             update_clip_norm: task.update_clip_norm,
             correction,
         };
-        let partition = (task.client_id as usize)
-            .checked_sub(1)
-            .and_then(|index| partitions.get(index));
-        let Some(partition) = partition else {
+        let index = (task.client_id as usize).checked_sub(1);
+        let partition =
+            index.and_then(|index| partitions.train.get(index).zip(partitions.test.get(index)));
+        let Some((partition, held_out)) = partition else {
             bail!(
                 "the server asked for client {}, which the config does not have",
                 task.client_id
@@ -207,7 +207,8 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             round: task.round,
         };
         let outcome = tokio::task::block_in_place(|| {
-            compute.install(|| runner.run(job, &instructions, &payload, &train, partition))
+            compute
+                .install(|| runner.run(job, &instructions, &payload, &train, partition, held_out))
         });
         summary.tasks += 1;
         match outcome {
@@ -222,6 +223,8 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
                         processing_time: reply.processing_time,
                         payload_bytes: reply.payload.len() as u64,
                         local_steps: reply.local_steps,
+                        test_samples: reply.test_samples,
+                        test_correct: reply.test_correct,
                     })))
                     .await?;
                 for chunk in reply.payload.chunks(CHUNK_BYTES) {

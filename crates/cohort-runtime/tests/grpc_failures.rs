@@ -88,6 +88,7 @@ fn report(client_id: u32, payload_bytes: u64) -> Kind {
         processing_time: 0.0,
         payload_bytes,
         local_steps: 1,
+        ..Default::default()
     })
 }
 

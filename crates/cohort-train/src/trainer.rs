@@ -239,6 +239,29 @@ impl LocalTrainer {
     }
 }
 
+impl LocalTrainer {
+    /// Correct predictions of `global` on the samples `indices` of `data`
+    /// (a client's held-out data), in evaluation mode.
+    pub fn count_correct(
+        &mut self,
+        global: &ParamTree,
+        data: &Dataset,
+        indices: &[u32],
+    ) -> Result<u64, EvalError> {
+        let model = self
+            .model
+            .take()
+            .expect("a trainer runs one client at a time");
+        let result = params::load(model.clone(), global)
+            .map_err(EvalError::Load)
+            .and_then(|loaded| {
+                count_correct(&loaded, data, indices, self.settings.batch_size.max(256))
+            });
+        self.model = Some(model);
+        result
+    }
+}
+
 /// What global-norm clipping does with a step's gradient norm: `Ok(None)`
 /// leaves the gradients alone, `Ok(Some(scale))` scales them by `scale`, and
 /// `Err(norm)` (a non-finite norm) stops before the update.
@@ -353,16 +376,28 @@ pub enum EvalError {
 /// training mode included, is left exactly as it was, also when evaluation
 /// stops with an error halfway (it only ever sees a `valid()` copy).
 pub fn evaluate(model: &Net, data: &Dataset, batch_size: usize) -> Result<f64, EvalError> {
+    let all: Vec<u32> = (0..data.len() as u32).collect();
+    let correct = count_correct(model, data, &all, batch_size)?;
+    Ok(correct as f64 / data.len().max(1) as f64)
+}
+
+/// How many of the samples `indices` of `data` `model` classifies correctly,
+/// in evaluation mode (see [`evaluate`]).
+pub fn count_correct(
+    model: &Net,
+    data: &Dataset,
+    indices: &[u32],
+    batch_size: usize,
+) -> Result<u64, EvalError> {
     let model = model.valid();
     let device = model
         .devices()
         .into_iter()
         .next()
         .unwrap_or_else(crate::device::cpu);
-    let all: Vec<u32> = (0..data.len() as u32).collect();
     let mut correct = Tensor::<1, Int>::zeros([1], &device);
     let (mut images, mut labels) = (Vec::new(), Vec::new());
-    for (batch_index, batch) in all.chunks(batch_size.max(1)).enumerate() {
+    for (batch_index, batch) in indices.chunks(batch_size.max(1)).enumerate() {
         data.gather(batch, &mut images, &mut labels);
         let input = Tensor::<4>::from_data(
             TensorData::new(images.clone(), [batch.len(), 1, data.rows, data.cols]),
@@ -382,8 +417,7 @@ pub fn evaluate(model: &Net, data: &Dataset, batch_size: usize) -> Result<f64, E
         let predicted = logits.argmax(1).flatten::<1>(0, 1);
         correct = correct + predicted.equal(targets).int().sum();
     }
-    let correct = correct.into_scalar::<i64>();
-    Ok(correct as f64 / data.len().max(1) as f64)
+    Ok(correct.into_scalar::<i64>() as u64)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! expected: TOML syntax, unknown sections and keys (with a did-you-mean), wrong
 //! types, and impossible values such as `per_round > total_clients`.
 
-mod introspect;
+pub(crate) mod introspect;
 mod schema;
 
 use std::collections::BTreeMap;
@@ -216,6 +216,8 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "server.tls_key",
     "server.max_payload_bytes",
     "results.keep_client_updates",
+    // An alias that must equal algorithm.type: writing it or not changes nothing.
+    "server.type",
 ];
 
 impl LoadedConfig {
@@ -669,6 +671,35 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         )?;
     }
     one_of("clients.type", &clients.kind, &["simple"])?;
+    if !(clients.test_fraction > 0.0 && clients.test_fraction < 1.0) {
+        fail(
+            "clients.test_fraction",
+            format!("must be in (0, 1), got {}", clients.test_fraction),
+        )?;
+    }
+    if clients.attackers_per_round > clients.per_round {
+        fail(
+            "clients.attackers_per_round",
+            format!(
+                "{} attackers cannot be among per_round = {} clients",
+                clients.attackers_per_round, clients.per_round
+            ),
+        )?;
+    }
+    if (clients.attack == crate::attack::Attack::None) != (clients.attackers_per_round == 0) {
+        fail(
+            "clients.attack",
+            "`attack` and `attackers_per_round` go together: set both (an attack and at least \
+             one attacker) or neither"
+                .to_owned(),
+        )?;
+    }
+    if !(clients.attack_scale.is_finite() && clients.attack_scale > 0.0) {
+        fail(
+            "clients.attack_scale",
+            format!("must be a finite number > 0, got {}", clients.attack_scale),
+        )?;
+    }
     if let Some(min) = clients.min_per_round
         && (min == 0 || min > clients.per_round)
     {

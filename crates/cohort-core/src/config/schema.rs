@@ -47,7 +47,18 @@ pub struct Clients {
     pub kind: String,
     pub total_clients: u32,
     pub per_round: u32,
+    /// Selected clients evaluate the global model they receive on a held-out
+    /// part of their partition; results.csv gets the federated accuracy.
     pub do_test: bool,
+    /// Fraction of each client's partition held out for `do_test`.
+    pub test_fraction: f64,
+    /// Simulated Byzantine clients for experiments: `none`, `scale` or
+    /// `sign_flip` (see docs/ALGORITHMS.md).
+    pub attack: crate::attack::Attack,
+    /// How many of each round's selected clients attack.
+    pub attackers_per_round: u32,
+    /// The factor s of the attack.
+    pub attack_scale: f64,
     /// true: clients run in this process; false: separate client processes
     /// over gRPC (`cohort client`).
     pub comm_simulation: bool,
@@ -70,6 +81,10 @@ impl Default for Clients {
             total_clients: 10,
             per_round: 2,
             do_test: false,
+            test_fraction: 0.2,
+            attack: crate::attack::Attack::None,
+            attackers_per_round: 0,
+            attack_scale: 10.0,
             comm_simulation: true,
             min_per_round: None,
             outbound_processors: vec!["safetensor_encode".to_owned()],

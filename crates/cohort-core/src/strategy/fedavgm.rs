@@ -24,17 +24,17 @@ use crate::tree::ParamTree;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FedAvgMConfig {
-    /// η, the server learning rate. Default 1.0.
+    /// η, the server learning rate. Default 0.1.
     pub server_learning_rate: f64,
     /// β, the server momentum. Default 0.9. Hsu et al. tune the effective rate
-    /// `η / (1 − β)`; lower η when raising β.
+    /// `η / (1 − β)`: the defaults make it 1, FedAvg's step size.
     pub momentum: f64,
 }
 
 impl Default for FedAvgMConfig {
     fn default() -> Self {
         Self {
-            server_learning_rate: 1.0,
+            server_learning_rate: 0.1,
             momentum: 0.9,
         }
     }

@@ -25,7 +25,7 @@ use super::registry::OptionError;
 use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError, StrategyState};
 use crate::tree::ParamTree;
 
-/// Options of `fedadam`, `fedyogi` and `fedadagrad`.
+/// Options of `fedadam` and `fedyogi` (`fedadagrad`: [`FedAdagradConfig`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FedOptConfig {
@@ -33,7 +33,7 @@ pub struct FedOptConfig {
     pub server_learning_rate: f64,
     /// β₁, decay of the first moment. Default 0.9.
     pub beta1: f64,
-    /// β₂, decay of the second moment (not used by `fedadagrad`). Default 0.99.
+    /// β₂, decay of the second moment. Default 0.99.
     pub beta2: f64,
     /// τ, the adaptivity: small values make the step more adaptive. Default 0.001.
     pub tau: f64,
@@ -73,6 +73,47 @@ impl FedOptConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Options of `fedadagrad`: those of [`FedOptConfig`] without `beta2`, which
+/// Adagrad's sum of squares does not use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FedAdagradConfig {
+    /// η, the server learning rate. Default 0.01.
+    pub server_learning_rate: f64,
+    /// β₁, decay of the first moment. Default 0.9.
+    pub beta1: f64,
+    /// τ, the adaptivity. Default 0.001.
+    pub tau: f64,
+}
+
+impl Default for FedAdagradConfig {
+    fn default() -> Self {
+        let FedOptConfig {
+            server_learning_rate,
+            beta1,
+            tau,
+            ..
+        } = FedOptConfig::default();
+        Self {
+            server_learning_rate,
+            beta1,
+            tau,
+        }
+    }
+}
+
+impl FedAdagradConfig {
+    /// The shared options, `beta2` unused.
+    pub fn common(&self) -> FedOptConfig {
+        FedOptConfig {
+            server_learning_rate: self.server_learning_rate,
+            beta1: self.beta1,
+            tau: self.tau,
+            ..FedOptConfig::default()
+        }
     }
 }
 

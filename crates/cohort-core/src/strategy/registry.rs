@@ -15,7 +15,7 @@ pub enum AlgorithmConfig {
     Fedavgm(fedavgm::FedAvgMConfig),
     Fedadam(fedopt::FedOptConfig),
     Fedyogi(fedopt::FedOptConfig),
-    Fedadagrad(fedopt::FedOptConfig),
+    Fedadagrad(fedopt::FedAdagradConfig),
     Fedprox(fedprox::FedProxConfig),
     Scaffold(scaffold::ScaffoldConfig),
     Median(robust::MedianConfig),
@@ -51,6 +51,12 @@ pub struct OptionError {
 }
 
 impl AlgorithmConfig {
+    /// Every registered `type`, in registration order (read from the serde
+    /// derive, so it cannot drift from the enum).
+    pub fn names() -> &'static [&'static str] {
+        crate::config::introspect::variants_of::<AlgorithmConfig>("type")
+    }
+
     /// The `type` this section was written with.
     pub fn name(&self) -> &'static str {
         match self {
@@ -74,9 +80,8 @@ impl AlgorithmConfig {
         match self {
             AlgorithmConfig::Fedavg(_) => Ok(()),
             AlgorithmConfig::Fedavgm(c) => c.check(run),
-            AlgorithmConfig::Fedadam(c)
-            | AlgorithmConfig::Fedyogi(c)
-            | AlgorithmConfig::Fedadagrad(c) => c.check(),
+            AlgorithmConfig::Fedadam(c) | AlgorithmConfig::Fedyogi(c) => c.check(),
+            AlgorithmConfig::Fedadagrad(c) => c.common().check(),
             AlgorithmConfig::Fedprox(c) => c.check(run),
             AlgorithmConfig::Scaffold(c) => c.check(run),
             AlgorithmConfig::Median(_) => Ok(()),
@@ -102,7 +107,7 @@ impl AlgorithmConfig {
             )),
             AlgorithmConfig::Fedadagrad(c) => Box::new(fedopt::FedOpt::new(
                 fedopt::ServerOptimizer::Adagrad,
-                c.clone(),
+                c.common(),
             )),
             AlgorithmConfig::Fedprox(c) => Box::new(fedprox::FedProx::new(c.clone())),
             AlgorithmConfig::Scaffold(c) => Box::new(scaffold::Scaffold::new(c.clone())),
