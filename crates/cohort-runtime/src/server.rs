@@ -1050,3 +1050,201 @@ pub fn new_run_dir(base: &Path, config_path: &Path, name: Option<&str>) -> PathB
     }
     candidate
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use cohort_core::processors::Pipeline;
+    use cohort_core::strategy::{AlgorithmConfig, fedprox::FedProxConfig};
+    use cohort_core::tree::Array;
+
+    use super::*;
+    use crate::client::ClientReply;
+    use crate::transport::{ClientOutcome, Delivered};
+
+    fn tree(values: &[f32]) -> ParamTree {
+        ParamTree::from_dotted([(
+            "w".to_owned(),
+            Array::f32(vec![values.len()], values.to_vec()).unwrap(),
+        )])
+    }
+
+    fn ctx(round: u32) -> RoundContext {
+        RoundContext {
+            round,
+            learning_rate: 0.1,
+            per_round: 3,
+            total_clients: 10,
+        }
+    }
+
+    /// Hands out canned outcomes in the order given.
+    #[derive(Default)]
+    struct ScriptedTransport {
+        dispatched: Vec<TaskSpec>,
+        outcomes: VecDeque<ClientOutcome>,
+    }
+
+    impl Transport for ScriptedTransport {
+        fn dispatch(&mut self, _payload: Arc<Vec<u8>>, tasks: Vec<TaskSpec>) -> anyhow::Result<()> {
+            self.dispatched.extend(tasks);
+            Ok(())
+        }
+
+        fn next_outcome(&mut self) -> anyhow::Result<ClientOutcome> {
+            self.outcomes
+                .pop_front()
+                .ok_or_else(|| anyhow::anyhow!("no outcome left"))
+        }
+
+        fn cancel(&mut self) {}
+    }
+
+    fn outcome(slot: usize, client_id: u32, payload: Result<Vec<u8>, &str>) -> ClientOutcome {
+        ClientOutcome {
+            slot,
+            task: ClientTask {
+                client_id,
+                round: 1,
+            },
+            worker: 0,
+            result: payload
+                .map(|payload| Delivered {
+                    reply: ClientReply {
+                        num_samples: 10 * client_id as u64,
+                        loss: 0.5,
+                        training_time: client_id as f64,
+                        processing_time: 0.0,
+                        local_steps: 3,
+                        test_samples: 4,
+                        test_correct: 3,
+                        payload,
+                    },
+                    comm_time: 0.0,
+                })
+                .map_err(str::to_owned),
+        }
+    }
+
+    fn collect(outcomes: Vec<ClientOutcome>) -> Collected {
+        let tasks = outcomes.len();
+        let mut transport = ScriptedTransport {
+            outcomes: outcomes.into(),
+            ..Default::default()
+        };
+        let inbound = Pipeline::receiver(
+            "server.inbound_processors",
+            &["safetensor_decode".to_owned()],
+        )
+        .unwrap();
+        collect_updates(
+            &mut transport,
+            tasks,
+            &inbound,
+            &DecodeLimits::default(),
+            &ProgressBar::hidden(),
+            1,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn plan_tasks_carries_each_clients_instructions_in_selection_order() {
+        let fedprox = AlgorithmConfig::Fedprox(FedProxConfig { mu: 0.25 }).build();
+        let tasks = plan_tasks(fedprox.as_ref(), &ctx(4), &[7, 2, 9], &tree(&[0.0])).unwrap();
+        let clients: Vec<(usize, u32, u32)> = tasks
+            .iter()
+            .map(|t| (t.slot, t.task.client_id, t.task.round))
+            .collect();
+        assert_eq!(clients, [(0, 7, 4), (1, 2, 4), (2, 9, 4)]);
+        assert!(tasks.iter().all(|t| t.instructions.proximal_mu == 0.25
+            && t.instructions.learning_rate == 0.1
+            && t.instructions.correction.is_none()));
+
+        // SCAFFOLD's correction travels as plain safetensors of the model's layout.
+        let scaffold = AlgorithmConfig::Scaffold(Default::default()).build();
+        let tasks = plan_tasks(scaffold.as_ref(), &ctx(1), &[1], &tree(&[5.0, 6.0])).unwrap();
+        let bytes = tasks[0].instructions.correction.as_ref().unwrap();
+        assert_eq!(tasks[0].instructions.extra_bytes(), bytes.len() as u64);
+        let correction = codec::decode(bytes, &DecodeLimits::default()).unwrap();
+        assert_eq!(correction, tree(&[0.0, 0.0]));
+    }
+
+    #[test]
+    fn collect_orders_updates_by_slot_and_drops_failed_and_malformed_clients() {
+        let good = |v: f32| Ok(codec::encode(&tree(&[v])).unwrap());
+        let collected = collect(vec![
+            outcome(3, 4, good(4.0)),
+            outcome(0, 1, Err("timed out")),
+            outcome(2, 3, Ok(b"not safetensors".to_vec())),
+            outcome(1, 2, good(2.0)),
+        ]);
+        let order: Vec<(usize, u32)> = collected
+            .updates
+            .iter()
+            .map(|a| (a.slot, a.report.client_id))
+            .collect();
+        assert_eq!(order, [(1, 2), (3, 4)]);
+        assert_eq!(collected.updates[0].tree, tree(&[2.0]));
+        assert_eq!(collected.updates[0].report.local_steps, 3);
+        assert_eq!(collected.failures.len(), 2, "{:?}", collected.failures);
+        assert!(collected.failures[0].contains("client 1: timed out"));
+        assert!(collected.failures[1].contains("client 3: malformed update"));
+        // Bytes that arrived count, also when they did not unpack.
+        let expected = 2 * codec::encode(&tree(&[0.0])).unwrap().len() as u64 + 15;
+        assert_eq!(collected.bytes_to_server, expected);
+    }
+
+    #[test]
+    fn hooked_payloads_keep_reports_and_arrivals_aligned() {
+        let good = |v: f32| Ok(codec::encode(&tree(&[v])).unwrap());
+        let collected = collect(vec![outcome(1, 8, good(8.0)), outcome(0, 5, good(5.0))]);
+        let (payloads, arrivals) =
+            hooked_payloads(1, collected, &mut NoHooks, &tree(&[0.0])).unwrap();
+        let ids: Vec<u32> = payloads.iter().map(|p| p.report.client_id).collect();
+        assert_eq!(ids, [5, 8]);
+        assert_eq!(payloads[1].tree(), &tree(&[8.0]));
+        assert_eq!(arrivals.len(), 2);
+    }
+
+    fn report(client_id: u32, num_samples: u64, loss: f64, training_time: f64) -> ClientReport {
+        ClientReport {
+            client_id,
+            num_samples,
+            loss,
+            training_time,
+            local_steps: 1,
+            worker: 0,
+        }
+    }
+
+    fn arrival(payload_bytes: u64, test: (u64, u64)) -> Arrival {
+        Arrival {
+            processing_time: 0.5,
+            comm_time: 2.0,
+            payload_bytes,
+            test_samples: test.0,
+            test_correct: test.1,
+        }
+    }
+
+    #[test]
+    fn round_numbers_by_hand() {
+        let reports = [report(1, 300, 1.0, 3.0), report(2, 100, 2.0, 1.0)];
+        // (300·1 + 100·2) / 400 = 1.25.
+        assert_eq!(weighted_loss(&reports), 1.25);
+        // 3 of 4 and 1 of 6 held-out samples: 4 / 10.
+        let arrivals = [arrival(1_000_000, (4, 3)), arrival(1_000_000, (6, 1))];
+        assert_eq!(federated_accuracy(&arrivals), Some(0.4));
+        assert_eq!(federated_accuracy(&[arrival(1, (0, 0))]), None);
+
+        let mut config = cohort_core::config::Config::default();
+        // Measured communication: the slowest is 3 + 0.5 + 2.
+        assert_eq!(slowest_client(&reports, &arrivals, 2_000_000, &config), 5.5);
+        // Bandwidths instead: 2 MB down at 8 Mbit/s is 2 s, 1 MB up at 4 is 2 s.
+        config.clients.downlink_mbps = Some(8.0);
+        config.clients.uplink_mbps = Some(4.0);
+        assert_eq!(slowest_client(&reports, &arrivals, 2_000_000, &config), 7.5);
+    }
+}
