@@ -9,6 +9,7 @@
 //! asked for; the CPU paths are covered by the unit tests.
 
 use cohort_core::compare::compare;
+use cohort_core::config::ModelName;
 use cohort_core::data::Dataset;
 use cohort_core::optim::OptimizerSpec;
 use cohort_train::device::{self, DeviceRequest};
@@ -62,12 +63,10 @@ fn the_gpu_answers_and_trains_like_the_cpu() {
     let cpu = device::select(DeviceRequest::Cpu).unwrap();
     let data = synthetic(256);
     let partition: Vec<u32> = (0..256).collect();
-    for model in ["lenet5", "cnn_bn"] {
-        let mut on_cpu = LocalTrainer::new(model, 10, &cpu.device, settings()).unwrap();
-        let mut on_gpu = LocalTrainer::new(model, 10, &gpu.device, settings()).unwrap();
-        let template = Evaluator::new(model, 10, &cpu.device, 64)
-            .unwrap()
-            .parameters();
+    for model in [ModelName::Lenet5, ModelName::CnnBn] {
+        let mut on_cpu = LocalTrainer::new(model, 10, &cpu.device, settings());
+        let mut on_gpu = LocalTrainer::new(model, 10, &gpu.device, settings());
+        let template = Evaluator::new(model, 10, &cpu.device, 64).parameters();
         let global = seeded_parameters(&template, 11);
         let task = ClientTask {
             client_id: 1,
@@ -88,7 +87,6 @@ fn the_gpu_answers_and_trains_like_the_cpu() {
 
         let accuracy = |selected: &device::Selected| {
             Evaluator::new(model, 10, &selected.device, 64)
-                .unwrap()
                 .accuracy(&a.tree, &data)
                 .unwrap()
         };
@@ -109,9 +107,7 @@ fn gpu_cpu_distance_by_number_of_steps() {
     let gpu = device::select(DeviceRequest::Gpu)
         .unwrap_or_else(|error| panic!("COHORT_TEST_PROFILE=gpu needs a working GPU: {error}"));
     let cpu = device::select(DeviceRequest::Cpu).unwrap();
-    let template = Evaluator::new("lenet5", 10, &cpu.device, 64)
-        .unwrap()
-        .parameters();
+    let template = Evaluator::new(ModelName::Lenet5, 10, &cpu.device, 64).parameters();
     let global = seeded_parameters(&template, 11);
     let data = synthetic(4096);
     for steps in [8usize, 32, 128] {
@@ -121,8 +117,7 @@ fn gpu_cpu_distance_by_number_of_steps() {
             round: 1,
         };
         let train = |selected: &device::Selected| {
-            LocalTrainer::new("lenet5", 10, &selected.device, settings())
-                .unwrap()
+            LocalTrainer::new(ModelName::Lenet5, 10, &selected.device, settings())
                 .train(task, &global, &data, &partition, &LocalPlan::plain(0.05))
                 .unwrap()
                 .tree
@@ -157,9 +152,7 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
     let gpu = device::select(DeviceRequest::Gpu)
         .unwrap_or_else(|error| panic!("COHORT_TEST_PROFILE=gpu needs a working GPU: {error}"));
     let cpu = device::select(DeviceRequest::Cpu).unwrap();
-    let template = Evaluator::new("lenet5", 10, &cpu.device, 64)
-        .unwrap()
-        .parameters();
+    let template = Evaluator::new(ModelName::Lenet5, 10, &cpu.device, 64).parameters();
     let global = seeded_parameters(&template, 1);
     let r1 = TrainSettings {
         epochs: 1,
@@ -181,8 +174,7 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
             round: 1,
         };
         let train = |selected: &device::Selected| {
-            LocalTrainer::new("lenet5", 10, &selected.device, r1.clone())
-                .unwrap()
+            LocalTrainer::new(ModelName::Lenet5, 10, &selected.device, r1.clone())
                 .train(
                     task,
                     &global,

@@ -10,11 +10,10 @@ use anyhow::Context;
 
 use cohort_core::codec::{self, DecodeLimits};
 use cohort_core::config::LoadedConfig;
-use cohort_core::data::{self, DataSource, Dataset, Fetch, Splits};
+use cohort_core::data::{self, Dataset, Fetch, Splits};
 use cohort_core::processors::{Pipeline, ProcessError};
 use cohort_train::device::Selected;
 use cohort_train::local::LocalPlan;
-use cohort_train::model::UnknownModel;
 use cohort_train::trainer::{ClientTask, LocalTrainer, TrainError, TrainSettings};
 
 use crate::transport::TaskInstructions;
@@ -82,8 +81,7 @@ pub fn load_data(
     data_root: Option<&Path>,
 ) -> anyhow::Result<(Splits, ClientPartitions)> {
     let config = &loaded.config;
-    let source =
-        DataSource::from_name(&config.data.datasource).expect("validated by the config loader");
+    let source = config.data.datasource;
     let data_root = data_root.unwrap_or(&config.data.data_path);
     let fetch = if config.data.download {
         Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
@@ -136,19 +134,19 @@ pub struct ClientRunner {
 }
 
 impl ClientRunner {
-    pub fn new(loaded: &LoadedConfig, device: &Selected) -> Result<Self, UnknownModel> {
+    pub fn new(loaded: &LoadedConfig, device: &Selected) -> Self {
         let pipelines = loaded.pipelines();
-        Ok(Self {
+        Self {
             trainer: LocalTrainer::new(
-                &loaded.config.trainer.model_name,
+                loaded.config.trainer.model_name,
                 loaded.config.parameters.model.num_classes,
                 &device.device,
                 train_settings(loaded),
-            )?,
+            ),
             inbound: pipelines.client_inbound,
             outbound: pipelines.client_outbound,
             limits: loaded.decode_limits(),
-        })
+        }
     }
 
     /// Runs one task: evaluates the global model on `held_out` (when not

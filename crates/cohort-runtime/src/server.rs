@@ -325,11 +325,11 @@ pub fn run_with_strategy(
         })
         .collect();
     let evaluator = Evaluator::new(
-        &config.trainer.model_name,
+        config.trainer.model_name,
         num_classes,
         &selected.device,
         config.trainer.eval_batch_size,
-    )?;
+    );
     tracing::info!(strategy = strategy.name(), "strategy");
     let start = if options.resume {
         resume_point(loaded, &options.run_dir, strategy.as_mut())?
@@ -383,7 +383,7 @@ fn start_transport(
     if config.clients.comm_simulation {
         let runners = (0..trainer.max_concurrency)
             .map(|_| ClientRunner::new(loaded, selected))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect();
         let pool = WorkerPool::start(
             runners,
             Arc::new(train),

@@ -153,7 +153,7 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     let config = &loaded.config;
     let selected = device::select(options.device)?;
     let (splits, partitions) = load_data(&loaded, options.data_root.as_deref())?;
-    let mut runner = ClientRunner::new(&loaded, &selected)?;
+    let mut runner = ClientRunner::new(&loaded, &selected);
     let compute = rayon::ThreadPoolBuilder::new()
         .num_threads(config.trainer.threads_per_worker as usize)
         .build()?;

@@ -60,12 +60,13 @@ mod tests {
     use super::*;
     use crate::model::Net;
     use crate::params::extract;
+    use cohort_core::config::ModelName;
 
     #[test]
     fn same_seed_same_parameters_other_seed_other_parameters() {
         let device = crate::device::cpu();
-        let template_a = extract(&Net::build("lenet5", 10, &device).unwrap());
-        let template_b = extract(&Net::build("lenet5", 10, &device).unwrap());
+        let template_a = extract(&Net::build(ModelName::Lenet5, 10, &device));
+        let template_b = extract(&Net::build(ModelName::Lenet5, 10, &device));
         assert_ne!(template_a, template_b, "unseeded construction differs");
         assert_eq!(
             seeded_parameters(&template_a, 17),
@@ -82,7 +83,7 @@ mod tests {
         assert_eq!(fan_in(&[6, 1, 5, 5]), 25);
         assert_eq!(fan_in(&[120, 84]), 120);
         let device = crate::device::cpu();
-        let tree = seeded_parameters(&extract(&Net::build("lenet5", 10, &device).unwrap()), 1);
+        let tree = seeded_parameters(&extract(&Net::build(ModelName::Lenet5, 10, &device)), 1);
         for (path, array) in tree.leaves() {
             let max = array
                 .as_f32()

@@ -13,6 +13,7 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor, TensorData};
+use cohort_core::config::ModelName;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
@@ -168,17 +169,13 @@ pub enum Net {
     CnnBn(CnnBn),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown model `{0}`; available: {names}", names = cohort_core::config::MODEL_NAMES.join(", "))]
-pub struct UnknownModel(pub String);
-
 impl Net {
-    pub fn build(name: &str, num_classes: usize, device: &Device) -> Result<Self, UnknownModel> {
-        match name {
-            "lenet5" => Ok(Net::LeNet5(LeNet5::new(num_classes, device))),
-            "lenet5_compact" => Ok(Net::LeNet5Compact(LeNet5Compact::new(num_classes, device))),
-            "cnn_bn" => Ok(Net::CnnBn(CnnBn::new(num_classes, device))),
-            other => Err(UnknownModel(other.to_owned())),
+    /// The model `trainer.model_name` names, freshly initialized.
+    pub fn build(model: ModelName, num_classes: usize, device: &Device) -> Self {
+        match model {
+            ModelName::Lenet5 => Net::LeNet5(LeNet5::new(num_classes, device)),
+            ModelName::Lenet5Compact => Net::LeNet5Compact(LeNet5Compact::new(num_classes, device)),
+            ModelName::CnnBn => Net::CnnBn(CnnBn::new(num_classes, device)),
         }
     }
 
@@ -202,17 +199,15 @@ mod tests {
     fn parameter_counts_match_the_reference_layouts() {
         let device = crate::device::cpu();
         assert_eq!(
-            Net::build("lenet5", 10, &device).unwrap().num_params(),
+            Net::build(ModelName::Lenet5, 10, &device).num_params(),
             61_706
         );
         assert_eq!(
-            Net::build("cnn_bn", 10, &device).unwrap().num_params(),
+            Net::build(ModelName::CnnBn, 10, &device).num_params(),
             207_018 + 96
         );
         assert_eq!(
-            Net::build("lenet5_compact", 10, &device)
-                .unwrap()
-                .num_params(),
+            Net::build(ModelName::Lenet5Compact, 10, &device).num_params(),
             44_426
         );
     }
@@ -220,19 +215,17 @@ mod tests {
     #[test]
     fn forward_gives_one_logit_row_per_image() {
         let device = crate::device::cpu();
-        for name in cohort_core::config::MODEL_NAMES {
-            let model = Net::build(name, 10, &device).unwrap();
+        for name in ModelName::all() {
+            let model = Net::build(name, 10, &device);
             let logits = model.forward(Tensor::zeros([3, 1, 28, 28], &device), None);
             assert_eq!(logits.dims(), [3, 10], "{name}");
         }
     }
 
     #[test]
-    fn unknown_model_lists_the_names() {
-        let error = Net::build("resnet", 10, &crate::device::cpu()).unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "unknown model `resnet`; available: lenet5, lenet5_compact, cnn_bn"
-        );
+    fn every_model_name_is_built() {
+        assert_eq!(ModelName::all().len(), 3);
+        let error = "resnet".parse::<ModelName>().unwrap_err();
+        assert!(error.contains("lenet5_compact"), "{error}");
     }
 }

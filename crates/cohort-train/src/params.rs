@@ -169,12 +169,13 @@ pub fn load<M: Module>(module: M, tree: &ParamTree) -> Result<M, LoadError> {
 mod tests {
     use super::*;
     use crate::model::Net;
+    use cohort_core::config::ModelName;
 
     #[test]
     fn extract_load_round_trip_and_names() {
         let device = crate::device::cpu();
-        let a = Net::build("lenet5", 10, &device).unwrap();
-        let b = Net::build("lenet5", 10, &device).unwrap();
+        let a = Net::build(ModelName::Lenet5, 10, &device);
+        let b = Net::build(ModelName::Lenet5, 10, &device);
         let tree = extract(&a);
         let names: Vec<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
         assert!(names.contains(&"conv1.weight".to_owned()), "{names:?}");
@@ -187,7 +188,7 @@ mod tests {
     #[test]
     fn extraction_is_a_snapshot() {
         let device = crate::device::cpu();
-        let model = Net::build("lenet5", 10, &device).unwrap();
+        let model = Net::build(ModelName::Lenet5, 10, &device);
         let before = extract(&model);
         let zeros = ParamTree::from_dotted(before.leaves().into_iter().map(|(p, a)| {
             (
@@ -208,8 +209,8 @@ mod tests {
     #[test]
     fn wrong_trees_are_refused() {
         let device = crate::device::cpu();
-        let tree = extract(&Net::build("lenet5_compact", 10, &device).unwrap());
-        let error = load(Net::build("lenet5", 10, &device).unwrap(), &tree).unwrap_err();
+        let tree = extract(&Net::build(ModelName::Lenet5Compact, 10, &device));
+        let error = load(Net::build(ModelName::Lenet5, 10, &device), &tree).unwrap_err();
         assert!(
             matches!(error, LoadError::Shape { .. } | LoadError::Missing(_)),
             "{error}"

@@ -23,8 +23,9 @@ use cohort_core::seeds::training_stream;
 use cohort_core::tree::ParamTree;
 
 use crate::local::{GradientTerms, LocalPlan};
-use crate::model::{Net, UnknownModel};
+use crate::model::Net;
 use crate::params::{self, LoadError};
+use cohort_core::config::ModelName;
 
 /// What local training needs besides the data.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,19 +105,19 @@ pub struct LocalTrainer {
 impl LocalTrainer {
     /// A trainer with its own model instance on the autodiff version of `device`.
     pub fn new(
-        model_name: &str,
+        model: ModelName,
         num_classes: usize,
         device: &Device,
         settings: TrainSettings,
-    ) -> Result<Self, UnknownModel> {
+    ) -> Self {
         let device = device.clone().autodiff();
-        Ok(Self {
-            model: Some(Net::build(model_name, num_classes, &device)?),
+        Self {
+            model: Some(Net::build(model, num_classes, &device)),
             device,
             settings,
             images: Vec::new(),
             labels: Vec::new(),
-        })
+        }
     }
 
     /// Trains the client on `partition` (indices into `data`) from `global`,
@@ -326,16 +327,11 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
-    pub fn new(
-        model_name: &str,
-        num_classes: usize,
-        device: &Device,
-        batch_size: usize,
-    ) -> Result<Self, UnknownModel> {
-        Ok(Self {
-            model: Some(Net::build(model_name, num_classes, device)?),
+    pub fn new(model: ModelName, num_classes: usize, device: &Device, batch_size: usize) -> Self {
+        Self {
+            model: Some(Net::build(model, num_classes, device)),
             batch_size,
-        })
+        }
     }
 
     /// The initial parameters of this evaluator's model instance.
@@ -476,7 +472,7 @@ mod tests {
 
     fn one_step(clip: Option<f64>, poison: bool) -> (ParamTree, Result<LocalUpdate, TrainError>) {
         let device = crate::device::cpu();
-        let mut trainer = LocalTrainer::new("lenet5", 10, &device, sgd(clip)).unwrap();
+        let mut trainer = LocalTrainer::new(ModelName::Lenet5, 10, &device, sgd(clip));
         let global =
             crate::init::seeded_parameters(&params::extract(trainer.model.as_ref().unwrap()), 3);
         let data = dataset(poison);
@@ -503,7 +499,7 @@ mod tests {
             epochs: steps,
             ..sgd(None)
         };
-        let mut trainer = LocalTrainer::new("lenet5", 10, &device, settings).unwrap();
+        let mut trainer = LocalTrainer::new(ModelName::Lenet5, 10, &device, settings);
         let global =
             crate::init::seeded_parameters(&params::extract(trainer.model.as_ref().unwrap()), 3);
         let partition: Vec<u32> = (0..32).collect();
@@ -668,7 +664,7 @@ mod tests {
             }
         }
         let device = crate::device::cpu().autodiff();
-        let model = Net::build("lenet5", 10, &device).unwrap();
+        let model = Net::build(ModelName::Lenet5, 10, &device);
         let mut first = None;
         model.visit(&mut FirstBias(&mut first));
         let mut values = vec![1.0f32; 6];
@@ -731,7 +727,7 @@ mod tests {
             nesterov: false,
         };
         settings.training_seed = Some(seed);
-        let trainer = LocalTrainer::new("cnn_bn", 10, &crate::device::cpu(), settings).unwrap();
+        let trainer = LocalTrainer::new(ModelName::CnnBn, 10, &crate::device::cpu(), settings);
         let global =
             crate::init::seeded_parameters(&params::extract(trainer.model.as_ref().unwrap()), 5);
         (trainer, global)

@@ -70,6 +70,30 @@ pub fn variant_fields_of<'de, T: Deserialize<'de>>(
     }
 }
 
+/// The names of a plain (unit-variant) enum, read by asking for one that does
+/// not exist.
+pub fn unit_variants_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    let probe = de::value::StrDeserializer::<Probe>::new(NO_SUCH_NAME);
+    match T::deserialize(probe) {
+        Err(Probe::Variants(names)) => names,
+        _ => &[],
+    }
+}
+
+/// A unit variant from its serialized name, with the valid names in the error.
+pub fn parse_unit_variant<T: serde::de::DeserializeOwned>(name: &str) -> Result<T, String> {
+    T::deserialize(de::value::StrDeserializer::<de::value::Error>::new(name))
+        .map_err(|error| error.to_string())
+}
+
+/// The serialized name of a unit variant.
+pub fn unit_variant_name<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(name)) => name,
+        other => format!("{other:?}"),
+    }
+}
+
 impl std::fmt::Display for Captured {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("field names captured")

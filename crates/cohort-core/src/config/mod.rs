@@ -229,7 +229,7 @@ impl LoadedConfig {
         flatten_value("", &value, &mut fields);
         // A cosine schedule is planned over `trainer.rounds`, so there the
         // number of rounds does change what every round computes.
-        let cosine = self.config.trainer.lr_scheduler == "cosine";
+        let cosine = self.config.trainer.lr_scheduler == LrScheduler::Cosine;
         fields.retain(|key, _| {
             !RESULT_NEUTRAL_KEYS.contains(&key.as_str()) || (cosine && key == "trainer.rounds")
         });
@@ -248,16 +248,16 @@ impl LoadedConfig {
     pub fn lr_schedule(&self) -> crate::schedule::LrSchedule {
         use crate::schedule::LrSchedule;
         let trainer = &self.config.trainer;
-        match trainer.lr_scheduler.as_str() {
-            "step" => LrSchedule::Step {
+        match trainer.lr_scheduler {
+            LrScheduler::Step => LrSchedule::Step {
                 step_size: trainer.lr_step_size,
                 gamma: trainer.lr_gamma,
             },
-            "cosine" => LrSchedule::Cosine {
+            LrScheduler::Cosine => LrSchedule::Cosine {
                 rounds: trainer.rounds,
                 min_lr: trainer.lr_min,
             },
-            _ => LrSchedule::Constant,
+            LrScheduler::None => LrSchedule::Constant,
         }
     }
 
@@ -403,7 +403,11 @@ fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigErr
                 .get(&key)
                 .cloned()
                 .unwrap_or_else(|| path.to_path_buf());
-            file_error(&file, Some(key), error.into_inner().to_string())
+            file_error(
+                &file,
+                Some(key),
+                suggest_variant(error.into_inner().to_string()),
+            )
         })?;
 
     let loaded_origins = origins;
@@ -425,6 +429,27 @@ fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigErr
     };
     validate(&loaded)?;
     Ok(loaded)
+}
+
+/// serde's "unknown variant `x`, expected one of `a`, `b`" with a
+/// did-you-mean among the names it lists, for every enum-valued key.
+fn suggest_variant(message: String) -> String {
+    let Some(rest) = message.strip_prefix("unknown variant `") else {
+        return message;
+    };
+    let Some((given, expected)) = rest.split_once('`') else {
+        return message;
+    };
+    let names: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    let suggestion = did_you_mean(given, names.iter().copied());
+    if suggestion.is_empty() {
+        message
+    } else {
+        format!(
+            "unknown value `{given}`{suggestion}; expected one of: {}",
+            names.join(", ")
+        )
+    }
 }
 
 /// Merges `include` files into a section body, recursively; the body's own keys
@@ -627,11 +652,6 @@ fn check_algorithm_keys(
     Ok(())
 }
 
-/// Names accepted in `data.datasource`.
-pub const DATASOURCES: &[&str] = &["MNIST", "FashionMNIST"];
-/// Names accepted in `trainer.model_name`.
-pub const MODEL_NAMES: &[&str] = &["lenet5", "lenet5_compact", "cnn_bn"];
-
 fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     let config = &loaded.config;
     let fail = |key: &str, message: String| -> Result<(), ConfigError> {
@@ -777,7 +797,6 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         fail(&key, error.message)?;
     }
     one_of("trainer.type", &config.trainer.kind, &["basic"])?;
-    one_of("data.datasource", &config.data.datasource, DATASOURCES)?;
     let data = &config.data;
     if data.sampler != Sampler::Iid {
         for (key, set) in [
@@ -851,7 +870,6 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         )?;
     }
     let trainer = &config.trainer;
-    one_of("trainer.model_name", &trainer.model_name, MODEL_NAMES)?;
     if trainer.rounds == 0 {
         fail("trainer.rounds", "must be at least 1".to_owned())?;
     }
@@ -864,11 +882,6 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     if trainer.eval_batch_size == 0 {
         fail("trainer.eval_batch_size", "must be at least 1".to_owned())?;
     }
-    one_of(
-        "trainer.lr_scheduler",
-        &trainer.lr_scheduler,
-        &["none", "step", "cosine"],
-    )?;
     if trainer.lr_step_size == 0 {
         fail(
             "trainer.lr_step_size",

@@ -150,7 +150,7 @@ impl Default for Server {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Data {
-    pub datasource: String,
+    pub datasource: crate::data::DataSource,
     pub data_path: PathBuf,
     /// How the training set is split among the clients.
     pub sampler: Sampler,
@@ -178,7 +178,7 @@ pub struct Data {
 impl Default for Data {
     fn default() -> Self {
         Self {
-            datasource: "MNIST".to_owned(),
+            datasource: crate::data::DataSource::Mnist,
             data_path: PathBuf::from("data"),
             sampler: Sampler::Iid,
             partition_size: None,
@@ -229,6 +229,56 @@ impl std::fmt::Display for Sampler {
     }
 }
 
+/// `trainer.model_name`: the models `cohort-train` builds. Adding a model is
+/// a variant here and its arm in `cohort_train::model::Net::build`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelName {
+    /// LeNet-5 as in the reference job (61,706 parameters).
+    Lenet5,
+    /// LeNet-5 with fewer filters (44,426 parameters).
+    Lenet5Compact,
+    /// A CNN with BatchNorm and seeded dropout.
+    CnnBn,
+}
+
+impl ModelName {
+    /// Every model, in declaration order (read from the serde derive).
+    pub fn all() -> Vec<ModelName> {
+        super::introspect::unit_variants_of::<ModelName>()
+            .iter()
+            .filter_map(|name| name.parse().ok())
+            .collect()
+    }
+}
+
+impl std::str::FromStr for ModelName {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        super::introspect::parse_unit_variant(name)
+    }
+}
+
+impl std::fmt::Display for ModelName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&super::introspect::unit_variant_name(self))
+    }
+}
+
+/// `trainer.lr_scheduler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrScheduler {
+    /// The configured rate every round.
+    #[default]
+    None,
+    /// Multiply by `lr_gamma` every `lr_step_size` rounds.
+    Step,
+    /// Cosine annealing to `lr_min` over `trainer.rounds`.
+    Cosine,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Trainer {
@@ -240,7 +290,7 @@ pub struct Trainer {
     pub epochs: u32,
     pub batch_size: usize,
     pub optimizer: String,
-    pub model_name: String,
+    pub model_name: ModelName,
     pub model_seed: Option<u64>,
     pub training_seed: Option<u64>,
     pub clip_grad_norm: Option<f64>,
@@ -249,7 +299,7 @@ pub struct Trainer {
     /// Batch size of the server's test-set evaluation.
     pub eval_batch_size: usize,
     /// Learning-rate schedule across rounds: `none`, `step` or `cosine`.
-    pub lr_scheduler: String,
+    pub lr_scheduler: LrScheduler,
     /// `step`: rounds between decays.
     pub lr_step_size: u32,
     /// `step`: factor applied at each decay.
@@ -268,13 +318,13 @@ impl Default for Trainer {
             epochs: 5,
             batch_size: 32,
             optimizer: "adam".to_owned(),
-            model_name: "lenet5".to_owned(),
+            model_name: ModelName::Lenet5,
             model_seed: None,
             training_seed: None,
             clip_grad_norm: None,
             threads_per_worker: 1,
             eval_batch_size: 1000,
-            lr_scheduler: "none".to_owned(),
+            lr_scheduler: LrScheduler::None,
             lr_step_size: 1,
             lr_gamma: 0.1,
             lr_min: 0.0,

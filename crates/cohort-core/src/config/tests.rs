@@ -473,7 +473,10 @@ fn noniid_dirichlet_reference_config_loads() {
     );
     assert_eq!(config.data.sampler, Sampler::Dirichlet);
     assert_eq!(config.data.concentration, 0.5);
-    assert_eq!(config.data.datasource, "FashionMNIST");
+    assert_eq!(
+        config.data.datasource,
+        crate::data::DataSource::FashionMnist
+    );
     assert_eq!(config.trainer.epochs, 1);
     // 100 clients fit Fashion-MNIST's 60,000 balanced training labels.
     let labels: Vec<u8> = (0..60_000).map(|i| (i % 10) as u8).collect();
@@ -481,4 +484,26 @@ fn noniid_dirichlet_reference_config_loads() {
     assert_eq!(parts.len(), 100);
     assert!(parts.iter().all(|p| p.len() >= 10));
     assert_eq!(parts.iter().map(Vec::len).sum::<usize>(), 60_000);
+}
+
+#[test]
+fn every_enum_valued_key_gets_a_suggestion_from_its_type() {
+    for (section, key, wrong, right) in [
+        ("trainer", "model_name", "lenet_5", "lenet5"),
+        ("trainer", "lr_scheduler", "cosin", "cosine"),
+        ("data", "sampler", "dirichlett", "dirichlet"),
+        ("clients", "attack", "signflip", "sign_flip"),
+    ] {
+        let error = error_of(&format!(
+            "[parameters.optimizer]\nlearning_rate = 0.01\n[{section}]\n{key} = \"{wrong}\"\n"
+        ));
+        assert_eq!(
+            error.key.as_deref(),
+            Some(format!("{section}.{key}").as_str())
+        );
+        assert!(
+            error.message.contains(&format!("did you mean `{right}`?")),
+            "{error}"
+        );
+    }
 }

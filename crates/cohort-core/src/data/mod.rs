@@ -9,11 +9,19 @@ pub use download::{DownloadError, Fetch};
 
 use idx::{IdxError, read_idx_gz};
 
-/// A dataset of the MNIST family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A dataset of the MNIST family: `data.datasource`, written as Plato writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DataSource {
+    #[serde(rename = "MNIST")]
     Mnist,
+    #[serde(rename = "FashionMNIST")]
     FashionMnist,
+}
+
+impl std::fmt::Display for DataSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::config::introspect::unit_variant_name(self))
+    }
 }
 
 /// One file of a dataset with its SHA-256.
@@ -24,13 +32,9 @@ pub struct DataFile {
 }
 
 impl DataSource {
-    /// From `data.datasource` (validated by the config loader).
+    /// From its `data.datasource` name.
     pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "MNIST" => Some(DataSource::Mnist),
-            "FashionMNIST" => Some(DataSource::FashionMnist),
-            _ => None,
-        }
+        crate::config::introspect::parse_unit_variant(name).ok()
     }
 
     /// Subfolder of `data_path` holding the files.
