@@ -154,6 +154,10 @@ struct ClientArgs {
     /// Seconds to keep trying to reach the server.
     #[arg(long, default_value_t = 60.0)]
     connect_timeout: f64,
+    /// Largest payload (global model, correction) this client accepts in
+    /// bytes, whatever the server's config says.
+    #[arg(long, default_value_t = 1 << 30)]
+    max_payload_bytes: usize,
     /// Train on the CPU, even when the build has a GPU backend.
     #[arg(long, conflicts_with = "gpu")]
     cpu: bool,
@@ -406,6 +410,7 @@ fn client(args: ClientArgs) -> anyhow::Result<()> {
             _ => DeviceRequest::Auto,
         },
         connect_timeout: std::time::Duration::from_secs_f64(args.connect_timeout),
+        max_payload_bytes: args.max_payload_bytes,
     };
     let summary = cohort_runtime::run_worker(&options)?;
     tracing::info!(

@@ -42,7 +42,13 @@ fn algorithm_section(name: &str) -> String {
     match name {
         // Noise of the default multiplier over five clients would swamp a
         // two-round test; the accounting is what is checked here.
-        "dp_fedavg" => "type = \"dp_fedavg\"\nnoise_multiplier = 0.001\nclip_norm = 5.0".into(),
+        // A fixed noise seed makes the uninterrupted and the resumed run
+        // comparable; the entropy key's own resume is a unit test in dp.rs.
+        "dp_fedavg" => {
+            "type = \"dp_fedavg\"\nnoise_multiplier = 0.001\nclip_norm = 5.0\nnoise_seed = 7".into()
+        }
+        // The default beta, 0.1, trims nothing from five updates (refused).
+        "trimmed_mean" => "type = \"trimmed_mean\"\nbeta = 0.2".into(),
         // The default momentum settles at FedAvg's step size over ~10 rounds;
         // two rounds need a faster start.
         "fedavgm" => "type = \"fedavgm\"\nserver_learning_rate = 1.0\nmomentum = 0.5".into(),
@@ -183,6 +189,9 @@ fn stateful_strategies_resume_bit_identically() {
             "{name}: {}",
             String::from_utf8_lossy(&resumed.stderr)
         );
+        // It continued from the checkpoint rather than starting over.
+        let log = std::fs::read_to_string(split.join("run.log")).unwrap();
+        assert!(log.contains("resuming after round 2"), "{name}: {log}");
         assert_eq!(
             std::fs::read(split.join("model.safetensors")).unwrap(),
             std::fs::read(whole.join("model.safetensors")).unwrap(),
@@ -198,8 +207,8 @@ fn stateful_strategies_resume_bit_identically() {
 
 #[test]
 fn a_resumed_stateful_run_needs_its_state() {
-    // Without the strategy's state the resumed model differs: the test above
-    // could not pass by accident.
+    // A checkpoint whose strategy state is gone is not resumed from (it would
+    // silently restart the moments at zero).
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &job(&algorithm_section("fedadam"), 3));
     let whole = dir.path().join("whole");
@@ -295,7 +304,7 @@ fn cohort_aggregate_applies_the_configured_strategy_once() {
     let (output, krum) = aggregate("type = \"krum\"\nbyzantine = 1", &updates);
     assert!(krum[0] <= 4.0, "{krum:?}");
     assert!(String::from_utf8_lossy(&output.stdout).contains("used"));
-    // Too few updates for f = 2 is a clear error, not a panic.
+    // Three updates are too few for f = 1 (n ≥ 2f + 3): a clear error, not a panic.
     let (output, _) = aggregate("type = \"krum\"\nbyzantine = 1", &updates[..3]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);

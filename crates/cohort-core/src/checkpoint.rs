@@ -140,6 +140,22 @@ fn write_strategy_state(
                 source: std::io::Error::other(error.to_string()),
             }
         })?;
+        // Refuse now what `latest` could not read back, rather than leave a
+        // run whose every checkpoint is unusable.
+        let limits = DecodeLimits::default();
+        if bytes.len() > limits.max_bytes || state.tensors.len() > limits.max_tensors {
+            return Err(CheckpointError::Write {
+                path,
+                source: std::io::Error::other(format!(
+                    "the strategy state has {} tensors in {} bytes, above what a checkpoint \
+                     holds ({} tensors, {} bytes); fewer clients or a smaller model",
+                    state.tensors.len(),
+                    bytes.len(),
+                    limits.max_tensors,
+                    limits.max_bytes
+                )),
+            });
+        }
         atomic_write(&path, &bytes).map_err(|source| CheckpointError::Write {
             path: path.clone(),
             source,

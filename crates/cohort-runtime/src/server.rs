@@ -40,7 +40,7 @@ use cohort_core::results::{ClientRow, ResultsWriter, RoundRow};
 use cohort_core::schedule::LrSchedule;
 use cohort_core::selection::{ClientSelector, SelectorState};
 use cohort_core::strategy::{ClientUpdate, PrivacySpent, RoundContext, Strategy};
-use cohort_core::tree::ParamTree;
+use cohort_core::tree::{ArrayData, DTypeRule, ParamTree, check_schema};
 use cohort_train::device::{self, DeviceRequest, Selected};
 use cohort_train::init::seeded_parameters;
 use cohort_train::trainer::{ClientTask, Evaluator};
@@ -336,6 +336,7 @@ pub fn run_with_strategy(
     } else {
         fresh_start(loaded, &options.run_dir, &evaluator)
     };
+    let expected = expected_reports(loaded, &partitions);
     let (transport, child_clients) =
         start_transport(loaded, options, &selected, splits.train, partitions)?;
     let rounds = options.rounds.unwrap_or(config.trainer.rounds);
@@ -347,7 +348,10 @@ pub fn run_with_strategy(
         transport,
         evaluator,
         splits.test,
-        histograms,
+        ClientFacts {
+            histograms,
+            expected,
+        },
         start,
         rounds,
     )?;
@@ -425,8 +429,21 @@ fn start_transport(
         .as_ref()
         .map_or(trainer.max_concurrency as usize, |spec| spec.count)
         .max(1);
-    grpc.wait_for_clients(expected)?;
+    if let Err(error) = grpc.wait_for_clients(expected) {
+        // The server goes first: closing its streams lets the children exit.
+        drop(grpc);
+        drop(children);
+        return Err(error);
+    }
     Ok((Box::new(grpc), children))
+}
+
+/// What the server knows of every client from the partitions it computed.
+struct ClientFacts {
+    /// Each client's training labels, for `clients.csv`.
+    histograms: Vec<Vec<u64>>,
+    /// What each client's report must say.
+    expected: Vec<ExpectedReport>,
 }
 
 /// Wall and simulated time of a run across rounds.
@@ -449,8 +466,7 @@ struct RoundLoop<'a> {
     /// workers' cores while the next round trains.
     evaluation_pool: rayon::ThreadPool,
     test: Dataset,
-    /// Each client's training labels, for `clients.csv`.
-    histograms: Vec<Vec<u64>>,
+    clients: ClientFacts,
     pipelines: Pipelines,
     limits: DecodeLimits,
     schedule: LrSchedule,
@@ -473,7 +489,7 @@ impl<'a> RoundLoop<'a> {
         transport: Box<dyn Transport>,
         evaluator: Evaluator,
         test: Dataset,
-        histograms: Vec<Vec<u64>>,
+        clients: ClientFacts,
         start: StartPoint,
         rounds: u32,
     ) -> anyhow::Result<Self> {
@@ -501,7 +517,7 @@ impl<'a> RoundLoop<'a> {
             evaluator,
             evaluation_pool,
             test,
-            histograms,
+            clients,
             pipelines: loaded.pipelines(),
             limits: loaded.decode_limits(),
             schedule: loaded.lr_schedule(),
@@ -622,6 +638,30 @@ impl<'a> RoundLoop<'a> {
             &self.progress,
             round,
         )?;
+        // One bad client is dropped from its round, never the end of the run.
+        let mut kept = Vec::with_capacity(collected.updates.len());
+        for arrived in collected.updates {
+            let client_id = arrived.report.client_id;
+            let verdict = (client_id as usize)
+                .checked_sub(1)
+                .and_then(|index| self.clients.expected.get(index))
+                .ok_or_else(|| "no such client".to_owned())
+                .and_then(|expected| check_update(&arrived, expected, &self.global));
+            match verdict {
+                Ok(()) => kept.push(arrived),
+                Err(reason) => {
+                    tracing::warn!(
+                        round,
+                        client = client_id,
+                        "update refused, client dropped: {reason}"
+                    );
+                    collected
+                        .failures
+                        .push(format!("client {client_id}: {reason}"));
+                }
+            }
+        }
+        collected.updates = kept;
         let min_per_round = self.loaded.min_per_round() as usize;
         if collected.updates.len() < min_per_round {
             bail!(
@@ -707,7 +747,9 @@ impl<'a> RoundLoop<'a> {
             privacy,
         } = aggregated;
         let config = &self.loaded.config;
-        let slowest = slowest_client(&reports, &arrivals, dispatched.payload_bytes, config);
+        let per_client_download = dispatched.payload_bytes
+            + dispatched.extra_bytes / dispatched.clients.len().max(1) as u64;
+        let slowest = slowest_client(&reports, &arrivals, per_client_download, config);
         let clock = &mut self.clock;
         let elapsed_time = clock.elapsed_before + clock.run_started.elapsed().as_secs_f64();
         let row = RoundRow {
@@ -775,7 +817,7 @@ impl<'a> RoundLoop<'a> {
                 payload_bytes: arrival.payload_bytes,
                 label_histogram: (r.client_id as usize)
                     .checked_sub(1)
-                    .and_then(|index| self.histograms.get(index))
+                    .and_then(|index| self.clients.histograms.get(index))
                     .cloned()
                     .unwrap_or_default(),
                 test_accuracy: (arrival.test_samples > 0)
@@ -940,6 +982,87 @@ fn hooked_payloads(
         .apply_hooks(hooks, global)?
         .into_payloads();
     Ok((payloads, arrivals))
+}
+
+/// What a client's report must say: the server computed the partitions, so
+/// it knows every client's sample counts and how many local steps they make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ExpectedReport {
+    train_samples: u64,
+    local_steps: u64,
+    test_samples: u64,
+}
+
+fn expected_reports(loaded: &LoadedConfig, partitions: &ClientPartitions) -> Vec<ExpectedReport> {
+    let trainer = &loaded.config.trainer;
+    partitions
+        .train
+        .iter()
+        .zip(&partitions.test)
+        .map(|(train, test)| ExpectedReport {
+            train_samples: train.len() as u64,
+            local_steps: trainer.epochs as u64 * train.len().div_ceil(trainer.batch_size) as u64,
+            test_samples: test.len() as u64,
+        })
+        .collect()
+}
+
+/// Why an update that unpacked cannot join the round: a layout other than
+/// the global model's, a value that is not finite, or numbers in its report
+/// other than the server knows them to be.
+fn check_update(
+    arrived: &Arrived,
+    expected: &ExpectedReport,
+    global: &ParamTree,
+) -> Result<(), String> {
+    check_schema(global, &arrived.tree, DTypeRule::AnyFloat)
+        .map_err(|mismatch| format!("the update does not match the global model: {mismatch}"))?;
+    let mut non_finite = None;
+    arrived.tree.for_each_leaf(&mut |path, array| {
+        if non_finite.is_some() {
+            return;
+        }
+        let bad = match array.data() {
+            ArrayData::F32(values) => values.iter().position(|x| !x.is_finite()),
+            ArrayData::F16(values) => values.iter().position(|x| !x.is_finite()),
+            _ => None,
+        };
+        if let Some(index) = bad {
+            non_finite = Some(format!("`{path}`[{index}] is not finite"));
+        }
+    });
+    if let Some(problem) = non_finite {
+        return Err(format!("the update is poisoned: {problem}"));
+    }
+    let report = &arrived.report;
+    let arrival = &arrived.arrival;
+    let claims = [
+        (
+            "training samples",
+            report.num_samples,
+            expected.train_samples,
+        ),
+        ("local steps", report.local_steps, expected.local_steps),
+        (
+            "held-out samples",
+            arrival.test_samples,
+            expected.test_samples,
+        ),
+    ];
+    for (what, claimed, known) in claims {
+        if claimed != known {
+            return Err(format!(
+                "reports {claimed} {what}, but its partition gives {known}"
+            ));
+        }
+    }
+    if arrival.test_correct > arrival.test_samples {
+        return Err(format!(
+            "reports {} of {} held-out samples correct",
+            arrival.test_correct, arrival.test_samples
+        ));
+    }
+    Ok(())
 }
 
 /// Accuracy of the global model the round's clients received, over all their
@@ -1206,6 +1329,49 @@ mod tests {
         assert_eq!(ids, [5, 8]);
         assert_eq!(payloads[1].tree(), &tree(&[8.0]));
         assert_eq!(arrivals.len(), 2);
+    }
+
+    #[test]
+    fn updates_are_checked_against_what_the_server_knows() {
+        let expected = ExpectedReport {
+            train_samples: 30,
+            local_steps: 3,
+            test_samples: 4,
+        };
+        let arrived = |tree: ParamTree, local_steps: u64| Arrived {
+            slot: 0,
+            report: ClientReport {
+                local_steps,
+                ..report(1, 30, 0.5, 1.0)
+            },
+            tree,
+            arrival: arrival(10, (4, 3)),
+        };
+        let global = tree(&[0.0, 0.0]);
+        assert_eq!(
+            check_update(&arrived(tree(&[1.0, 2.0]), 3), &expected, &global),
+            Ok(())
+        );
+        let transposed = check_update(&arrived(tree(&[1.0]), 3), &expected, &global);
+        assert!(
+            transposed
+                .unwrap_err()
+                .contains("does not match the global model")
+        );
+        let poisoned = check_update(&arrived(tree(&[1.0, f32::NAN]), 3), &expected, &global);
+        assert!(poisoned.unwrap_err().contains("`w`[1] is not finite"));
+        let steps = check_update(&arrived(tree(&[1.0, 2.0]), 0), &expected, &global);
+        assert_eq!(
+            steps.unwrap_err(),
+            "reports 0 local steps, but its partition gives 3"
+        );
+        let mut greedy = arrived(tree(&[1.0, 2.0]), 3);
+        greedy.report.num_samples = u64::MAX;
+        assert!(
+            check_update(&greedy, &expected, &global)
+                .unwrap_err()
+                .contains("training samples")
+        );
     }
 
     fn report(client_id: u32, num_samples: u64, loss: f64, training_time: f64) -> ClientReport {

@@ -37,6 +37,9 @@ pub struct WorkerOptions {
     pub tls_domain: Option<String>,
     /// Overrides the config's `data.data_path`.
     pub data_root: Option<PathBuf>,
+    /// Largest payload this client accepts, whatever the server's config says
+    /// (a server could announce anything).
+    pub max_payload_bytes: usize,
     pub device: DeviceRequest,
     /// How long to keep trying to reach the server.
     pub connect_timeout: Duration,
@@ -158,7 +161,10 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
         .num_threads(config.trainer.threads_per_worker as usize)
         .build()?;
     let train = Arc::new(splits.train);
-    let max_bytes = loaded.decode_limits().max_bytes;
+    let max_bytes = loaded
+        .decode_limits()
+        .max_bytes
+        .min(options.max_payload_bytes);
     tracing::info!(
         worker = welcome.worker,
         device = selected.name,
@@ -265,7 +271,7 @@ async fn receive_bytes(
         .with_context(|| {
             format!(
                 "the server announced a {what} of {announced} bytes, above \
-                 server.max_payload_bytes = {max_bytes}"
+                 the limit of {max_bytes} (server.max_payload_bytes, capped by --max-payload-bytes)"
             )
         })?;
     let mut bytes = Vec::with_capacity(size);

@@ -47,10 +47,20 @@
 //!   client), over all rounds.
 //! * **Trust.** Central DP: the server sees each clipped update. The
 //!   guarantee protects what the server releases (every global model).
-//! * **Seeded noise.** The noise is a deterministic function of `noise_seed`
-//!   and the round, so that runs are reproducible. Whoever knows the seed can
-//!   regenerate the noise and subtract it: the guarantee holds only against
-//!   parties that do not know `noise_seed`. Treat it as a secret.
+//! * **The noise key.** The noise is a deterministic function of a 256-bit
+//!   key and the round. By default the key comes from the operating system's
+//!   entropy when the run starts and lives only in the server's checkpoints
+//!   (so `--resume` continues identically), never in the config that client
+//!   processes receive. `noise_seed` derives the key from a number instead,
+//!   for reproducible experiments: whoever knows it can regenerate the noise
+//!   and subtract it, so the guarantee then holds only against parties that
+//!   do not know it (and client processes do: they receive the config).
+//! * **Re-released rounds.** A run that crashes after writing a round's
+//!   model but before its checkpoint redoes that round on `--resume` with the
+//!   same noise; if the clients' updates differ the second time (unseeded
+//!   training), both releases together reveal their difference without
+//!   noise. Keep `trainer.training_seed` set, or do not publish models of
+//!   rounds whose checkpoint is missing.
 //! * **Floating point.** Noise sampled in float64 and models stored in
 //!   float32 are not an exact Gaussian mechanism (Mironov 2012, "On
 //!   Significance of the Least Significant Bits for Differential Privacy");
@@ -58,16 +68,16 @@
 //! * A round refused with an error releases nothing but is still counted by
 //!   the next round's number: the report errs on the safe side.
 //!
-//! # No state
+//! # State
 //!
-//! Round `t`'s noise comes from its own stream,
-//! `derive_seed(noise_seed, "dp-noise", [t])`, and the privacy spent from `t`
-//! alone, so there is nothing to checkpoint: `--resume` continues
-//! identically.
+//! Round `t`'s noise comes from its own stream, seeded with
+//! `SHA-256("dp-noise" ‖ key ‖ t)` ([`round_stream`]), and the privacy spent
+//! from `t` alone: the key is the whole state, checkpointed as the strategy's
+//! scalar state.
 //!
 //! # The noise stream
 //!
-//! A ChaCha8 generator seeded with the round's seed gives pairs of float64
+//! A ChaCha8 generator seeded with the round's 256-bit seed gives pairs of float64
 //! uniforms `u₁, u₂` in `[0, 1)` (53 random bits each, `rand`'s
 //! `random::<f64>()`); Box–Muller turns each pair into two independent
 //! standard normals, `√(−2 ln(1 − u₁)) · (cos 2πu₂, sin 2πu₂)`, for
@@ -78,7 +88,7 @@
 
 use std::f64::consts::TAU;
 
-use rand::{Rng, SeedableRng};
+use rand::{Rng, SeedableRng, TryRngCore};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
@@ -87,10 +97,10 @@ use super::privacy::epsilon_after;
 use super::registry::{OptionError, RunShape};
 use super::{
     Aggregated, ClientInstructions, ClientUpdate, PrivacySpent, RoundContext, Strategy,
-    StrategyError,
+    StrategyError, StrategyState,
 };
-use crate::seeds::derive_seed;
 use crate::tree::ParamTree;
+use sha2::{Digest, Sha256};
 
 const NAME: &str = "dp_fedavg";
 
@@ -107,9 +117,10 @@ pub struct DpFedAvgConfig {
     /// `δ` of the reported `(ε, δ)`; should be well below
     /// `1 / clients.total_clients`. Default 1e-5.
     pub delta: f64,
-    /// Seed of the noise streams, one per round. Anyone who knows it can
-    /// remove the noise: keep it secret when the privacy matters. Default 1.
-    pub noise_seed: u64,
+    /// Derive the noise key from this number instead of the operating
+    /// system's entropy: reproducible runs, but anyone who knows it (client
+    /// processes receive the config) can remove the noise. Default: unset.
+    pub noise_seed: Option<u64>,
 }
 
 impl Default for DpFedAvgConfig {
@@ -118,7 +129,7 @@ impl Default for DpFedAvgConfig {
             clip_norm: 1.0,
             noise_multiplier: 1.0,
             delta: 1e-5,
-            noise_seed: 1,
+            noise_seed: None,
         }
     }
 }
@@ -167,13 +178,60 @@ fn positive(option: &'static str, value: f64) -> Result<(), OptionError> {
 /// The `dp_fedavg` strategy. See the module documentation.
 pub struct DpFedAvg {
     config: DpFedAvgConfig,
+    /// The noise key.
+    key: [u8; 32],
 }
 
 impl DpFedAvg {
-    /// Options are assumed checked ([`DpFedAvgConfig::check`]).
+    /// Options are assumed checked ([`DpFedAvgConfig::check`]). Without
+    /// `noise_seed` the key comes from the operating system's entropy.
     pub fn new(config: DpFedAvgConfig) -> Self {
-        Self { config }
+        let key = match config.noise_seed {
+            Some(seed) => key_from_seed(seed),
+            None => {
+                let mut key = [0u8; 32];
+                rand::rngs::OsRng
+                    .try_fill_bytes(&mut key)
+                    .expect("the operating system provides entropy");
+                key
+            }
+        };
+        Self { config, key }
     }
+}
+
+/// A noise key from a number (`noise_seed`).
+pub fn key_from_seed(seed: u64) -> [u8; 32] {
+    Sha256::new()
+        .chain_update(b"dp-noise-key")
+        .chain_update(seed.to_le_bytes())
+        .finalize()
+        .into()
+}
+
+/// The seed of round `round`'s noise stream under `key`.
+pub fn round_stream(key: &[u8; 32], round: u32) -> [u8; 32] {
+    Sha256::new()
+        .chain_update(b"dp-noise")
+        .chain_update(key)
+        .chain_update(round.to_le_bytes())
+        .finalize()
+        .into()
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn key_from_hex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    for (byte, pair) in key.iter_mut().zip(text.as_bytes().chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(key)
 }
 
 impl Strategy for DpFedAvg {
@@ -214,7 +272,7 @@ impl Strategy for DpFedAvg {
                 clip_norm: config.clip_norm,
                 noise_multiplier: config.noise_multiplier,
                 denominator,
-                stream_seed: noise_stream_seed(config.noise_seed, ctx.round),
+                stream_seed: round_stream(&self.key, ctx.round),
             },
         );
         Ok(Aggregated {
@@ -225,6 +283,31 @@ impl Strategy for DpFedAvg {
             }),
             selected: None,
         })
+    }
+
+    fn state(&self) -> StrategyState {
+        StrategyState {
+            scalars: serde_json::json!({ "noise_key": to_hex(&self.key) }),
+            tensors: Default::default(),
+        }
+    }
+
+    fn restore(&mut self, state: StrategyState) -> Result<(), StrategyError> {
+        let problem = |problem: &str| StrategyError::State {
+            strategy: NAME,
+            problem: problem.to_owned(),
+        };
+        if !state.tensors.is_empty() {
+            return Err(problem("dp_fedavg keeps no tensors"));
+        }
+        let key = state
+            .scalars
+            .get("noise_key")
+            .and_then(serde_json::Value::as_str)
+            .and_then(key_from_hex)
+            .ok_or_else(|| problem("no valid `noise_key` (64 hex digits)"))?;
+        self.key = key;
+        Ok(())
     }
 }
 
@@ -240,11 +323,6 @@ fn spent(ctx: &RoundContext, config: &DpFedAvgConfig) -> f64 {
     epsilon_after(q, z, u64::from(ctx.round), config.delta)
 }
 
-/// The seed of round `round`'s noise stream.
-pub fn noise_stream_seed(noise_seed: u64, round: u32) -> u64 {
-    derive_seed(noise_seed, "dp-noise", &[u64::from(round)])
-}
-
 /// The parameters of one [`private_mean_step`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NoisyMean {
@@ -255,8 +333,8 @@ pub struct NoisyMean {
     pub noise_multiplier: f64,
     /// `m`, the fixed denominator (at least 1).
     pub denominator: u32,
-    /// Seed of the ChaCha8 stream of the noise ([`noise_stream_seed`]).
-    pub stream_seed: u64,
+    /// Seed of the ChaCha8 stream of the noise ([`round_stream`]).
+    pub stream_seed: [u8; 32],
 }
 
 /// `global + (Σᵢ clip_S(modelᵢ − global) + N(0, (z·S)²)) / m` on flat vectors,
@@ -297,8 +375,8 @@ pub fn clip_scale(norm: f64, clip_norm: f64) -> f64 {
 
 /// The endless stream of standard normals of a seed (Box–Muller on ChaCha8,
 /// see the module documentation).
-pub fn standard_normals(seed: u64) -> impl Iterator<Item = f64> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+pub fn standard_normals(seed: [u8; 32]) -> impl Iterator<Item = f64> {
+    let mut rng = ChaCha8Rng::from_seed(seed);
     std::iter::repeat_with(move || {
         // 1 − u₁ is in (0, 1]: its logarithm is finite.
         let radius = (-2.0 * (1.0 - rng.random::<f64>()).ln()).sqrt();
@@ -318,7 +396,7 @@ mod tests {
             clip_norm,
             noise_multiplier: 0.0,
             denominator,
-            stream_seed: 0,
+            stream_seed: [0; 32],
         }
     }
 
@@ -388,17 +466,22 @@ mod tests {
 
     #[test]
     fn noise_depends_on_the_seed_and_the_round_only() {
-        let a: Vec<f64> = standard_normals(7).take(5).collect();
-        assert_eq!(a, standard_normals(7).take(5).collect::<Vec<_>>());
-        assert_ne!(a, standard_normals(8).take(5).collect::<Vec<_>>());
-        assert_eq!(noise_stream_seed(1, 3), noise_stream_seed(1, 3));
-        assert_ne!(noise_stream_seed(1, 3), noise_stream_seed(1, 4));
-        assert_ne!(noise_stream_seed(1, 3), noise_stream_seed(2, 3));
+        let (k1, k2) = (key_from_seed(1), key_from_seed(2));
+        let a: Vec<f64> = standard_normals(k1).take(5).collect();
+        assert_eq!(a, standard_normals(k1).take(5).collect::<Vec<_>>());
+        assert_ne!(a, standard_normals(k2).take(5).collect::<Vec<_>>());
+        assert_eq!(round_stream(&k1, 3), round_stream(&k1, 3));
+        assert_ne!(round_stream(&k1, 3), round_stream(&k1, 4));
+        assert_ne!(round_stream(&k1, 3), round_stream(&k2, 3));
 
         let global = leaf(vec![0.0; 64]);
         let model = leaf(vec![0.1; 64]);
+        let seeded = DpFedAvgConfig {
+            noise_seed: Some(1),
+            ..DpFedAvgConfig::default()
+        };
         let run = |round| {
-            let mut strategy = DpFedAvg::new(DpFedAvgConfig::default());
+            let mut strategy = DpFedAvg::new(seeded.clone());
             let out = strategy
                 .aggregate(&ctx(round, 2, 10), &global, &[update(0, &model)])
                 .unwrap();
@@ -418,7 +501,7 @@ mod tests {
             clip_norm: s,
             noise_multiplier: z,
             denominator: m,
-            stream_seed: noise_stream_seed(11, 1),
+            stream_seed: round_stream(&key_from_seed(11), 1),
         };
         let next = private_mean_step(&global, std::slice::from_ref(&global), &step);
         let expected = z * s / f64::from(m);
@@ -441,7 +524,7 @@ mod tests {
             clip_norm: 0.7,
             noise_multiplier: 1.1,
             delta: 1e-6,
-            noise_seed: 5,
+            noise_seed: Some(5),
         };
         let mut strategy = DpFedAvg::new(config.clone());
         assert_eq!(strategy.name(), "dp_fedavg");
@@ -464,7 +547,29 @@ mod tests {
         assert_eq!(privacy.delta, 1e-6);
         assert_eq!(privacy.epsilon, epsilon_after(0.1, 1.1, 9, 1e-6));
         assert!(privacy.epsilon > 0.0 && privacy.epsilon.is_finite());
-        assert!(strategy.state().is_empty());
+    }
+
+    #[test]
+    fn the_entropy_key_is_the_state_and_resumes_the_same_noise() {
+        let global = leaf(vec![0.0; 16]);
+        let model = leaf(vec![0.1; 16]);
+        let mut first = DpFedAvg::new(DpFedAvgConfig::default());
+        let mut other = DpFedAvg::new(DpFedAvgConfig::default());
+        assert_ne!(first.key, other.key, "fresh keys come from entropy");
+        let mut restored = DpFedAvg::new(DpFedAvgConfig::default());
+        restored.restore(first.state()).unwrap();
+        let step = |s: &mut DpFedAvg| {
+            s.aggregate(&ctx(4, 2, 10), &global, &[update(0, &model)])
+                .unwrap()
+                .model
+        };
+        assert_eq!(step(&mut first), step(&mut restored));
+        assert_ne!(step(&mut first), step(&mut other));
+        let broken = StrategyState {
+            scalars: serde_json::json!({ "noise_key": "zz" }),
+            tensors: Default::default(),
+        };
+        assert!(restored.restore(broken).is_err());
     }
 
     #[test]

@@ -95,14 +95,18 @@ impl TrimmedMeanConfig {
                 message: format!("must be a fraction in [0, 0.5), got {beta}"),
             });
         }
+        // Below one half, trimmed_per_side always leaves a value; the trap is
+        // the other end: a beta that trims nothing from the smallest rounds
+        // would be a plain mean there, without a word.
         let n = run.min_per_round as usize;
-        let trim = trimmed_per_side(beta, n);
-        if n < 2 * trim + 1 {
+        if beta > 0.0 && trimmed_per_side(beta, n) == 0 {
             return Err(OptionError {
                 option: "beta",
                 message: format!(
-                    "beta = {beta} trims {trim} per side, which leaves nothing of a round of \
-                     clients.min_per_round = {n} updates"
+                    "beta = {beta} trims nothing from a round of clients.min_per_round = {n} \
+                     updates (⌊beta · n⌋ = 0), which would make it a plain mean; raise beta to \
+                     at least {:.3} or set beta = 0 for the mean on purpose",
+                    1.0 / n.max(1) as f64
                 ),
             });
         }
@@ -838,8 +842,11 @@ mod tests {
     #[test]
     fn trimmed_mean_check_wants_beta_in_0_to_half() {
         for beta in [0.0, 0.1, 0.49] {
-            assert_eq!(TrimmedMeanConfig { beta }.check(&run(2)), Ok(()), "{beta}");
+            assert_eq!(TrimmedMeanConfig { beta }.check(&run(10)), Ok(()), "{beta}");
         }
+        // 0.1 of 9 updates trims nothing: refused, not a silent plain mean.
+        let error = TrimmedMeanConfig { beta: 0.1 }.check(&run(9)).unwrap_err();
+        assert!(error.message.contains("trims nothing"), "{}", error.message);
         for beta in [-0.1, 0.5, 0.7, f64::NAN, f64::INFINITY] {
             let error = TrimmedMeanConfig { beta }.check(&run(5)).unwrap_err();
             assert_eq!(error.option, "beta");

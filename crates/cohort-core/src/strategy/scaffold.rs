@@ -96,6 +96,23 @@ impl Scaffold {
     }
 }
 
+impl Scaffold {
+    /// A restored state must fit the model: a variate of another length would
+    /// be silently zipped short.
+    fn check_sizes(&self, len: usize) -> Result<(), StrategyError> {
+        let fits = self.server.as_ref().is_none_or(|c| c.len() == len)
+            && self.clients.values().all(|c| c.len() == len);
+        if fits {
+            Ok(())
+        } else {
+            Err(StrategyError::State {
+                strategy: "scaffold",
+                problem: format!("the control variates do not have the model's {len} elements"),
+            })
+        }
+    }
+}
+
 /// Option II's new client control variate:
 /// `cᵢ⁺ = cᵢ − c + (x − yᵢ) / (K · η_l)`.
 pub fn client_variate(
@@ -128,6 +145,7 @@ impl Strategy for Scaffold {
         global: &ParamTree,
     ) -> Result<ClientInstructions, StrategyError> {
         let layout = float_layout(self.name(), global)?;
+        self.check_sizes(layout.len())?;
         let zeros = layout.zeros();
         let server = self.server.as_deref().unwrap_or(&zeros);
         let client = self
@@ -147,6 +165,7 @@ impl Strategy for Scaffold {
         updates: &[ClientUpdate<'_>],
     ) -> Result<Aggregated, StrategyError> {
         let round = flatten_round(self.name(), global, updates)?;
+        self.check_sizes(round.global.len())?;
         if let Some(update) = updates.iter().find(|u| u.local_steps == 0) {
             return Err(StrategyError::BadUpdate {
                 client_id: update.client_id,
