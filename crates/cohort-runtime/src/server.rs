@@ -163,7 +163,9 @@ fn resume_point(
     if history.config_hash != loaded.result_hash() {
         bail!(
             "the config differs from the one {} was started with in a key that changes results \
-             (config hash {} vs checkpoint {}); resume with the run's own config.toml",
+             (config hash {} vs checkpoint {}); resume with the run's own config.toml. A run \
+             started by an older cohort, whose hash covered other keys, cannot be resumed by \
+             this one",
             run_dir.display(),
             loaded.result_hash(),
             history.config_hash
