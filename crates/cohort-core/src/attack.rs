@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::tree::{ArrayData, ParamTree};
+use crate::tree::ParamTree;
 
 /// `clients.attack`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -25,46 +25,13 @@ pub enum Attack {
     SignFlip,
 }
 
-/// `update` as an attacker would send it: float leaves changed, others kept.
-/// `global` has `update`'s schema (checked by the caller's schema validation
-/// later; leaves that do not line up are left as they are).
+/// `update` as an attacker would send it: float leaves moved, others kept.
 pub fn apply(attack: Attack, scale: f64, global: &ParamTree, update: ParamTree) -> ParamTree {
-    let factor = match attack {
-        Attack::None => return update,
-        Attack::Scale => scale,
-        Attack::SignFlip => -scale,
-    };
-    let anchors: Vec<Option<Vec<f32>>> = global
-        .leaves()
-        .iter()
-        .map(|(_, array)| match array.data() {
-            ArrayData::F32(values) => Some(values.clone()),
-            ArrayData::F16(values) => Some(values.iter().map(|x| x.to_f32()).collect()),
-            _ => None,
-        })
-        .collect();
-    let mut update = update;
-    for (array, anchor) in update.leaves_mut().into_iter().zip(&anchors) {
-        let Some(anchor) = anchor else { continue };
-        if anchor.len() != array.len() {
-            continue;
-        }
-        let moved = |x: f32, a: f32| (a as f64 + factor * (x as f64 - a as f64)) as f32;
-        match array.data_mut() {
-            ArrayData::F32(values) => {
-                for (x, &a) in values.iter_mut().zip(anchor) {
-                    *x = moved(*x, a);
-                }
-            }
-            ArrayData::F16(values) => {
-                for (x, &a) in values.iter_mut().zip(anchor) {
-                    *x = half::f16::from_f32(moved(x.to_f32(), a));
-                }
-            }
-            _ => {}
-        }
+    match attack {
+        Attack::None => update,
+        Attack::Scale => crate::strategy::scale_update(global, update, scale),
+        Attack::SignFlip => crate::strategy::scale_update(global, update, -scale),
     }
-    update
 }
 
 #[cfg(test)]

@@ -192,21 +192,7 @@ pub fn clip_update(global: &ParamTree, local: ParamTree, max_norm: f64) -> Param
     if norm <= max_norm {
         return local;
     }
-    let scale = max_norm / norm;
-    let globals: Vec<Vec<f32>> = global
-        .leaves()
-        .iter()
-        .map(|(_, a)| a.as_f32().map(<[f32]>::to_vec).unwrap_or_default())
-        .collect();
-    let mut local = local;
-    for (array, g) in local.leaves_mut().into_iter().zip(&globals) {
-        if let cohort_core::tree::ArrayData::F32(values) = array.data_mut() {
-            for (x, &anchor) in values.iter_mut().zip(g) {
-                *x = (anchor as f64 + (*x as f64 - anchor as f64) * scale) as f32;
-            }
-        }
-    }
-    local
+    cohort_core::strategy::scale_update(global, local, max_norm / norm)
 }
 
 #[cfg(test)]

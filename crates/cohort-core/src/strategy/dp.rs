@@ -138,8 +138,8 @@ impl DpFedAvgConfig {
     /// Checks every option, and that the sampling rate the accountant uses,
     /// `per_round / total_clients`, is a probability.
     pub fn check(&self, run: &RunShape) -> Result<(), OptionError> {
-        positive("clip_norm", self.clip_norm)?;
-        positive("noise_multiplier", self.noise_multiplier)?;
+        super::positive("clip_norm", self.clip_norm)?;
+        super::positive("noise_multiplier", self.noise_multiplier)?;
         if !(self.delta > 0.0 && self.delta < 1.0) {
             return Err(OptionError {
                 option: "delta",
@@ -161,17 +161,6 @@ impl DpFedAvgConfig {
             });
         }
         Ok(())
-    }
-}
-
-fn positive(option: &'static str, value: f64) -> Result<(), OptionError> {
-    if value.is_finite() && value > 0.0 {
-        Ok(())
-    } else {
-        Err(OptionError {
-            option,
-            message: format!("{option} must be a finite number above 0, got {value}"),
-        })
     }
 }
 

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError};
-use crate::aggregate::{Contribution, FedAvgOutcome, fedavg};
+use crate::aggregate::{FedAvgOutcome, fedavg};
 use crate::tree::ParamTree;
 
 /// `fedavg` has no options.
@@ -26,18 +26,12 @@ pub fn weighted_average(
     global: &ParamTree,
     updates: &[ClientUpdate<'_>],
 ) -> Result<Option<ParamTree>, StrategyError> {
-    let contributions: Vec<Contribution<'_>> = updates
-        .iter()
-        .map(|u| Contribution {
-            client_id: u.client_id,
-            weight: u.num_samples as f64,
-            tree: u.tree,
-        })
-        .collect();
-    Ok(match fedavg(global, &contributions)? {
-        FedAvgOutcome::Updated(tree) => Some(tree),
-        FedAvgOutcome::Unchanged => None,
-    })
+    Ok(
+        match fedavg(global, &super::flat::contributions(updates))? {
+            FedAvgOutcome::Updated(tree) => Some(tree),
+            FedAvgOutcome::Unchanged => None,
+        },
+    )
 }
 
 impl Strategy for FedAvg {
@@ -53,8 +47,7 @@ impl Strategy for FedAvg {
     ) -> Result<Aggregated, StrategyError> {
         Ok(Aggregated {
             model: weighted_average(global, updates)?,
-            privacy: None,
-            selected: None,
+            ..Aggregated::unchanged()
         })
     }
 }

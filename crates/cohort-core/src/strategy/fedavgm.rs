@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::flat::{flatten_round, weighted_mean};
+use super::flat::flatten_round;
 use super::registry::{OptionError, RunShape};
 use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError, StrategyState};
 use crate::tree::ParamTree;
@@ -42,15 +42,7 @@ impl Default for FedAvgMConfig {
 
 impl FedAvgMConfig {
     pub fn check(&self, _run: &RunShape) -> Result<(), OptionError> {
-        if !(self.server_learning_rate.is_finite() && self.server_learning_rate > 0.0) {
-            return Err(OptionError {
-                option: "server_learning_rate",
-                message: format!(
-                    "must be a finite number > 0, got {}",
-                    self.server_learning_rate
-                ),
-            });
-        }
+        super::positive("server_learning_rate", self.server_learning_rate)?;
         if !(0.0..1.0).contains(&self.momentum) {
             return Err(OptionError {
                 option: "momentum",
@@ -111,16 +103,9 @@ impl Strategy for FedAvgM {
         updates: &[ClientUpdate<'_>],
     ) -> Result<Aggregated, StrategyError> {
         let round = flatten_round(self.name(), global, updates)?;
-        let weights: Vec<f64> = updates.iter().map(|u| u.num_samples as f64).collect();
-        if weights.iter().sum::<f64>() == 0.0 {
-            return Ok(Aggregated {
-                model: None,
-                privacy: None,
-                selected: None,
-            });
-        }
-        let models: Vec<&[f32]> = round.updates.iter().map(Vec::as_slice).collect();
-        let average = weighted_mean(&models, &weights);
+        let Some(average) = round.sample_weighted_mean(updates) else {
+            return Ok(Aggregated::unchanged());
+        };
         let velocity = self.velocity.get_or_insert_with(|| round.layout.zeros());
         if velocity.len() != round.global.len() {
             return Err(StrategyError::State {

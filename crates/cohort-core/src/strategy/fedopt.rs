@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::flat::{flatten_round, weighted_mean};
+use super::flat::flatten_round;
 use super::registry::OptionError;
 use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError, StrategyState};
 use crate::tree::ParamTree;
@@ -52,18 +52,8 @@ impl Default for FedOptConfig {
 
 impl FedOptConfig {
     pub fn check(&self) -> Result<(), OptionError> {
-        let positive = |option, value: f64| {
-            if value.is_finite() && value > 0.0 {
-                Ok(())
-            } else {
-                Err(OptionError {
-                    option,
-                    message: format!("must be a finite number > 0, got {value}"),
-                })
-            }
-        };
-        positive("server_learning_rate", self.server_learning_rate)?;
-        positive("tau", self.tau)?;
+        super::positive("server_learning_rate", self.server_learning_rate)?;
+        super::positive("tau", self.tau)?;
         for (option, value) in [("beta1", self.beta1), ("beta2", self.beta2)] {
             if !(0.0..1.0).contains(&value) {
                 return Err(OptionError {
@@ -227,16 +217,9 @@ impl Strategy for FedOpt {
         updates: &[ClientUpdate<'_>],
     ) -> Result<Aggregated, StrategyError> {
         let round = flatten_round(self.name(), global, updates)?;
-        let weights: Vec<f64> = updates.iter().map(|u| u.num_samples as f64).collect();
-        if weights.iter().sum::<f64>() == 0.0 {
-            return Ok(Aggregated {
-                model: None,
-                privacy: None,
-                selected: None,
-            });
-        }
-        let models: Vec<&[f32]> = round.updates.iter().map(Vec::as_slice).collect();
-        let average = weighted_mean(&models, &weights);
+        let Some(average) = round.sample_weighted_mean(updates) else {
+            return Ok(Aggregated::unchanged());
+        };
         let tau = self.config.tau;
         let moments = self
             .moments

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::fedavg::weighted_average;
+use super::fedavg::FedAvg;
 use super::registry::{OptionError, RunShape};
 use super::{Aggregated, ClientInstructions, ClientUpdate, RoundContext, Strategy, StrategyError};
 use crate::tree::ParamTree;
@@ -73,15 +73,12 @@ impl Strategy for FedProx {
 
     fn aggregate(
         &mut self,
-        _ctx: &RoundContext,
+        ctx: &RoundContext,
         global: &ParamTree,
         updates: &[ClientUpdate<'_>],
     ) -> Result<Aggregated, StrategyError> {
-        Ok(Aggregated {
-            model: weighted_average(global, updates)?,
-            privacy: None,
-            selected: None,
-        })
+        // The server step is FedAvg's; only the clients' objective differs.
+        FedAvg.aggregate(ctx, global, updates)
     }
 }
 

@@ -114,20 +114,37 @@ pub(crate) struct FlatRound {
     pub updates: Vec<Vec<f32>>,
 }
 
-pub(crate) fn flatten_round(
-    strategy: &'static str,
-    global: &ParamTree,
-    updates: &[ClientUpdate<'_>],
-) -> Result<FlatRound, StrategyError> {
-    let contributions: Vec<Contribution<'_>> = updates
+impl FlatRound {
+    /// The mean of the updates weighted by their sample counts, or `None`
+    /// when the counts are all zero.
+    pub(crate) fn sample_weighted_mean(&self, updates: &[ClientUpdate<'_>]) -> Option<Vec<f32>> {
+        let weights: Vec<f64> = updates.iter().map(|u| u.num_samples as f64).collect();
+        if weights.iter().sum::<f64>() == 0.0 {
+            return None;
+        }
+        let models: Vec<&[f32]> = self.updates.iter().map(Vec::as_slice).collect();
+        Some(weighted_mean(&models, &weights))
+    }
+}
+
+/// FedAvg's view of the updates: weighted by their sample counts.
+pub(crate) fn contributions<'a>(updates: &[ClientUpdate<'a>]) -> Vec<Contribution<'a>> {
+    updates
         .iter()
         .map(|u| Contribution {
             client_id: u.client_id,
             weight: u.num_samples as f64,
             tree: u.tree,
         })
-        .collect();
-    validate(global, &contributions)?;
+        .collect()
+}
+
+pub(crate) fn flatten_round(
+    strategy: &'static str,
+    global: &ParamTree,
+    updates: &[ClientUpdate<'_>],
+) -> Result<FlatRound, StrategyError> {
+    validate(global, &contributions(updates))?;
     let layout = float_layout(strategy, global)?;
     let flats = updates
         .iter()

@@ -108,10 +108,68 @@ impl Aggregated {
     pub fn model(model: ParamTree) -> Self {
         Self {
             model: Some(model),
+            ..Self::unchanged()
+        }
+    }
+
+    /// The global model stays as it is (zero total weight).
+    pub fn unchanged() -> Self {
+        Self {
+            model: None,
             privacy: None,
             selected: None,
         }
     }
+}
+
+/// `value` when it is a finite number above 0, else the option's error.
+pub(crate) fn positive(option: &'static str, value: f64) -> Result<(), OptionError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(OptionError {
+            option,
+            message: format!("must be a finite number > 0, got {value}"),
+        })
+    }
+}
+
+/// `update` moved relative to `anchor`: every float element becomes
+/// `a + factor · (x − a)`, in float64, stored in the leaf's dtype; other
+/// leaves, and leaves whose size differs from the anchor's, stay as they are.
+/// Scaling an update (`factor < 1` clips, `factor < 0` flips) is this.
+pub fn scale_update(anchor: &ParamTree, update: ParamTree, factor: f64) -> ParamTree {
+    use crate::tree::ArrayData;
+    let anchors: Vec<Option<Vec<f32>>> = anchor
+        .leaves()
+        .iter()
+        .map(|(_, array)| match array.data() {
+            ArrayData::F32(values) => Some(values.clone()),
+            ArrayData::F16(values) => Some(values.iter().map(|x| x.to_f32()).collect()),
+            _ => None,
+        })
+        .collect();
+    let moved = |x: f32, a: f32| (a as f64 + factor * (x as f64 - a as f64)) as f32;
+    let mut update = update;
+    for (array, anchor) in update.leaves_mut().into_iter().zip(&anchors) {
+        let Some(anchor) = anchor.as_ref().filter(|a| a.len() == array.len()) else {
+            continue;
+        };
+        match array.data_mut() {
+            ArrayData::F32(values) => {
+                for (x, &a) in values.iter_mut().zip(anchor) {
+                    *x = moved(*x, a);
+                }
+            }
+            ArrayData::F16(values) => {
+                for (x, &a) in values.iter_mut().zip(anchor) {
+                    *x = half::f16::from_f32(moved(x.to_f32(), a));
+                }
+            }
+            _ => {}
+        }
+    }
+    update
 }
 
 /// `(ε, δ)` after the rounds so far.

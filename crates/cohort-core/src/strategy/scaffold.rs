@@ -53,15 +53,7 @@ impl Default for ScaffoldConfig {
 
 impl ScaffoldConfig {
     pub fn check(&self, run: &RunShape) -> Result<(), OptionError> {
-        if !(self.server_learning_rate.is_finite() && self.server_learning_rate > 0.0) {
-            return Err(OptionError {
-                option: "server_learning_rate",
-                message: format!(
-                    "must be a finite number > 0, got {}",
-                    self.server_learning_rate
-                ),
-            });
-        }
+        super::positive("server_learning_rate", self.server_learning_rate)?;
         if run.local_optimizer != "sgd" {
             return Err(OptionError {
                 option: "type",
