@@ -308,7 +308,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 .clone()
                 .or_else(|| config.results.result_path.clone())
                 .unwrap_or_else(|| config.general.base_path.clone());
-            let run_dir = new_run_dir(&base, path, config.general.run_name.as_deref());
+            let run_dir = new_run_dir(&base, path, config.general.run_name.as_deref())
+                .with_context(|| format!("cannot create a run folder under {}", base.display()))?;
             (loaded, run_dir)
         }
     };

@@ -170,6 +170,16 @@ fn write_strategy_state(
     }))
 }
 
+/// Whether `run_dir` holds any checkpoint sidecar, usable or not: a run
+/// killed before its first checkpoint has none and starts over on resume.
+pub fn any_written(run_dir: &Path) -> bool {
+    std::fs::read_dir(run_dir.join(FOLDER)).is_ok_and(|entries| {
+        entries
+            .filter_map(|e| e.ok())
+            .any(|e| sidecar_round(&e.path()).is_some())
+    })
+}
+
 /// A checkpoint that passed every check.
 #[derive(Debug, Clone)]
 pub struct Restored {
@@ -189,17 +199,14 @@ pub fn latest(run_dir: &Path) -> Result<Restored, CheckpointError> {
         path: folder.clone(),
         source,
     })?;
-    let mut sidecars: Vec<PathBuf> = entries
+    // By round number, not by text: round-10000 comes after round-9999.
+    let mut sidecars: Vec<(u32, PathBuf)> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "json")
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("round-"))
-        })
+        .filter_map(|p| sidecar_round(&p).map(|round| (round, p)))
         .collect();
     sidecars.sort();
     let mut skipped = Vec::new();
-    for sidecar in sidecars.iter().rev() {
+    for (_, sidecar) in sidecars.iter().rev() {
         match read_one(sidecar) {
             Ok((history, model, strategy_state)) => {
                 return Ok(Restored {
@@ -218,13 +225,61 @@ pub fn latest(run_dir: &Path) -> Result<Restored, CheckpointError> {
     })
 }
 
+/// The round of a sidecar's file name, `round-N.json`.
+fn sidecar_round(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    name.strip_prefix("round-")?
+        .strip_suffix(".json")?
+        .parse()
+        .ok()
+}
+
+/// Whether `name` is a plain file name beside the sidecar: a sidecar must not
+/// point anywhere else.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
+/// Largest round a checkpoint may record: the run goes on at `round + 1`.
+const MAX_ROUND: u32 = u32::MAX - 1;
+
+/// A sidecar's own numbers and file names must make sense before anything it
+/// names is read.
+fn check_history(sidecar: &Path, history: &History) -> Result<(), String> {
+    if history.format != FORMAT_VERSION {
+        return Err(format!("format {} is not {FORMAT_VERSION}", history.format));
+    }
+    if sidecar_round(sidecar) != Some(history.round) {
+        return Err(format!(
+            "records round {} but is named {}",
+            history.round,
+            sidecar.display()
+        ));
+    }
+    if history.round == 0 || history.round > MAX_ROUND {
+        return Err(format!("round {} is out of range", history.round));
+    }
+    let files = std::iter::once(history.model_file.as_str()).chain(
+        history
+            .algorithm_state
+            .iter()
+            .filter_map(|state| state.tensors_file.as_deref()),
+    );
+    for file in files {
+        if !is_plain_file_name(file) {
+            return Err(format!(
+                "names the file `{file}`, which is not a plain file name beside it"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn read_one(sidecar: &Path) -> Result<(History, ParamTree, StrategyState), String> {
     let text = std::fs::read(sidecar).map_err(|e| format!("unreadable ({e})"))?;
     let history: History =
         serde_json::from_slice(&text).map_err(|e| format!("not a valid sidecar ({e})"))?;
-    if history.format != FORMAT_VERSION {
-        return Err(format!("format {} is not {FORMAT_VERSION}", history.format));
-    }
+    check_history(sidecar, &history)?;
     let model_path = sidecar.with_file_name(&history.model_file);
     let bytes = std::fs::read(&model_path)
         .map_err(|e| format!("model {} unreadable ({e})", model_path.display()))?;
@@ -343,6 +398,45 @@ mod tests {
             Array::f32(vec![1], vec![value]).unwrap(),
         )]))
         .unwrap()
+    }
+
+    #[test]
+    fn rounds_sort_as_numbers_and_sidecars_cannot_point_away_or_wrap() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &model(1.0), history(9999), NONE).unwrap();
+        write(dir.path(), &model(2.0), history(10000), NONE).unwrap();
+        assert_eq!(latest(dir.path()).unwrap().history.round, 10000);
+
+        let folder = dir.path().join(FOLDER);
+        let sidecar = folder.join("round-10000.json");
+        let mut forged: History =
+            serde_json::from_slice(&std::fs::read(&sidecar).unwrap()).unwrap();
+        forged.model_file = "../../model.safetensors".into();
+        std::fs::write(&sidecar, serde_json::to_vec(&forged).unwrap()).unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.history.round, 9999);
+        assert!(
+            restored.skipped[0].contains("not a plain file name"),
+            "{:?}",
+            restored.skipped
+        );
+
+        // A sidecar claiming the last round there is cannot make the run wrap.
+        let mut wrapping = forged.clone();
+        wrapping.round = u32::MAX;
+        wrapping.model_file = "round-10000.safetensors".into();
+        std::fs::write(
+            folder.join(format!("round-{}.json", u32::MAX)),
+            serde_json::to_vec(&wrapping).unwrap(),
+        )
+        .unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.history.round, 9999);
+        assert!(
+            restored.skipped.iter().any(|s| s.contains("out of range")),
+            "{:?}",
+            restored.skipped
+        );
     }
 
     #[test]

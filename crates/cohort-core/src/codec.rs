@@ -57,6 +57,42 @@ pub enum CodecError {
     MetadataMismatch(String),
     #[error("two leaves share the tensor name `{0}`; rename a key so paths stay unique")]
     DuplicateName(String),
+    #[error(
+        "tensor name `{shown}` has {bytes} bytes and {segments} dot-separated segments; \
+         names are limited to {MAX_NAME_BYTES} bytes and {MAX_NAME_SEGMENTS} segments"
+    )]
+    NameTooLong {
+        /// The start of the name (names can be huge).
+        shown: String,
+        bytes: usize,
+        segments: usize,
+    },
+}
+
+/// Longest tensor name accepted, in bytes: a thousand times the longest name
+/// of cohort's models, and small enough that no path building it costs much.
+pub const MAX_NAME_BYTES: usize = 4096;
+/// Most dot-separated segments in a tensor name (the depth of the tree it
+/// builds): deep enough for any real model, shallow enough that nothing that
+/// walks, compares or drops a tree can exhaust the stack.
+pub const MAX_NAME_SEGMENTS: usize = 64;
+
+/// Refuses a name that would build a tree deeper or a path longer than the
+/// limits, before any tree is built from it.
+fn check_name(name: &str) -> Result<(), CodecError> {
+    let segments = name.bytes().filter(|&b| b == b'.').count() + 1;
+    if name.len() <= MAX_NAME_BYTES && segments <= MAX_NAME_SEGMENTS {
+        return Ok(());
+    }
+    let mut end = name.len().min(60);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    Err(CodecError::NameTooLong {
+        shown: format!("{}…", &name[..end]),
+        bytes: name.len(),
+        segments,
+    })
 }
 
 fn to_safetensors_dtype(dtype: DType) -> Dtype {
@@ -144,6 +180,9 @@ pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<ParamTree, CodecErr
             limit: limits.max_tensors,
         });
     }
+    for name in metadata.tensors().keys() {
+        check_name(name)?;
+    }
     let header = metadata.metadata().clone().unwrap_or_default();
     let tensors =
         SafeTensors::deserialize(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
@@ -207,6 +246,62 @@ mod tests {
                 Array::f32(vec![2], vec![0.5, -0.5]).unwrap(),
             ),
         ])
+    }
+
+    /// A safetensors file with one float32 scalar per name, written by hand.
+    fn file_with_names(names: &[String]) -> Vec<u8> {
+        let entries: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                format!(
+                    "\"{name}\":{{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[{},{}]}}",
+                    4 * i,
+                    4 * i + 4
+                )
+            })
+            .collect();
+        let header = format!("{{{}}}", entries.join(","));
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend(std::iter::repeat_n(0u8, 4 * names.len()));
+        bytes
+    }
+
+    #[test]
+    fn a_name_of_200000_segments_is_refused_before_any_tree_is_built() {
+        // The 400 KB file that overflowed the stack when its tree was built
+        // and dropped.
+        let deep = vec!["a"; 200_000].join(".");
+        let started = std::time::Instant::now();
+        let error = decode(&file_with_names(&[deep]), &DecodeLimits::default()).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                CodecError::NameTooLong {
+                    segments: 200_000,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert!(
+            error.to_string().len() < 300,
+            "the message shows only the start"
+        );
+        // 20,000 segments took 53 s and 14.6 GB before; now it is a check.
+        let medium = vec!["a"; 20_000].join(".");
+        assert!(decode(&file_with_names(&[medium]), &DecodeLimits::default()).is_err());
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // At the limits, names still decode.
+        let widest = vec!["a"; MAX_NAME_SEGMENTS].join(".");
+        let tree = decode(&file_with_names(&[widest]), &DecodeLimits::default()).unwrap();
+        assert_eq!(tree.leaves().len(), 1);
+        let long = "x".repeat(MAX_NAME_BYTES + 1);
+        assert!(matches!(
+            decode(&file_with_names(&[long]), &DecodeLimits::default()),
+            Err(CodecError::NameTooLong { .. })
+        ));
     }
 
     #[test]

@@ -128,7 +128,11 @@ pub fn iid_sized(
             available: num_samples,
         });
     }
-    let needed: usize = sizes.iter().sum();
+    // Sizes come from a config: their sum may not fit a usize.
+    let needed = sizes
+        .iter()
+        .try_fold(0usize, |total, &size| total.checked_add(size))
+        .unwrap_or(usize::MAX);
     if needed > num_samples {
         return Err(PartitionError::NotEnoughSamples {
             clients: sizes.len(),

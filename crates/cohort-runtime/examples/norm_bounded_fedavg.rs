@@ -78,7 +78,7 @@ fn main() -> anyhow::Result<()> {
             &loaded.config.general.base_path,
             std::path::Path::new(&path),
             None,
-        ),
+        )?,
         rounds: None,
         data_root: std::env::var_os("COHORT_DATA_DIR").map(Into::into),
         show_progress: true,

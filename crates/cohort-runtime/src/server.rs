@@ -333,9 +333,14 @@ pub fn run_with_strategy(
         config.trainer.eval_batch_size,
     );
     tracing::info!(strategy = strategy.name(), "strategy");
-    let start = if options.resume {
+    let start = if options.resume && checkpoint::any_written(&options.run_dir) {
         resume_point(loaded, &options.run_dir, strategy.as_mut())?
     } else {
+        if options.resume {
+            // Killed before its first checkpoint: nothing of it is kept, so
+            // starting over is exactly what an uninterrupted run does.
+            tracing::info!("no checkpoint yet: the run starts over from round 1");
+        }
         fresh_start(loaded, &options.run_dir, &evaluator)
     };
     let expected = expected_reports(loaded, &partitions);
@@ -1153,9 +1158,14 @@ fn toml_text(table: &toml::Table) -> String {
     toml::to_string_pretty(table).unwrap_or_else(|_| table.to_string())
 }
 
-/// A fresh run folder name under `base`: `<stem>-<unix seconds>`, with a
-/// counter when that exists already.
-pub fn new_run_dir(base: &Path, config_path: &Path, name: Option<&str>) -> PathBuf {
+/// Creates a fresh run folder under `base`, `<stem>-<unix seconds>` (or
+/// `name`), with a counter when that exists already. Creating is the claim:
+/// two runs started in the same second get two folders.
+pub fn new_run_dir(
+    base: &Path,
+    config_path: &Path,
+    name: Option<&str>,
+) -> std::io::Result<PathBuf> {
     let stem = name.map(str::to_owned).unwrap_or_else(|| {
         let stem = config_path
             .file_stem()
@@ -1167,13 +1177,19 @@ pub fn new_run_dir(base: &Path, config_path: &Path, name: Option<&str>) -> PathB
             .unwrap_or(0);
         format!("{stem}-{seconds}")
     });
+    std::fs::create_dir_all(base)?;
     let mut candidate = base.join(&stem);
     let mut counter = 2;
-    while candidate.exists() {
-        candidate = base.join(format!("{stem}-{counter}"));
-        counter += 1;
+    loop {
+        match std::fs::create_dir(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                candidate = base.join(format!("{stem}-{counter}"));
+                counter += 1;
+            }
+            Err(error) => return Err(error),
+        }
     }
-    candidate
 }
 
 #[cfg(test)]

@@ -581,6 +581,10 @@ fn check_unknown_keys(
     Ok(())
 }
 
+/// The longest timeout a config may set: a year, far below where a
+/// `Duration` of seconds overflows.
+pub const MAX_TIMEOUT_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
 /// `[algorithm]`: `type` names a registered strategy, and every other key is
 /// one of that strategy's options. Both lists come from the registry's serde
 /// derive, so they cannot drift from the code.
@@ -749,10 +753,28 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         ("server.payload_timeout", server.payload_timeout),
         ("server.registration_timeout", server.registration_timeout),
     ] {
-        if !(value.is_finite() && value > 0.0) {
+        if !(value.is_finite() && value > 0.0 && value <= MAX_TIMEOUT_SECONDS) {
             fail(
                 key,
-                format!("must be a finite number of seconds > 0, got {value}"),
+                format!(
+                    "must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS}] (a year), got {value}"
+                ),
+            )?;
+        }
+    }
+    if let Some(name) = &config.general.run_name {
+        let plain = !name.is_empty()
+            && name != "."
+            && name != ".."
+            && !name.contains(['/', '\\', '\0'])
+            && Path::new(name).components().count() == 1;
+        if !plain {
+            fail(
+                "general.run_name",
+                format!(
+                    "`{name}` is not a plain folder name: no `/`, `\\`, `..` or empty name; \
+                     the run folder goes under the base folder"
+                ),
             )?;
         }
     }
@@ -858,6 +880,20 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             fail(
                 "data.partition_sizes",
                 "every client needs at least 1 sample".to_owned(),
+            )?;
+        }
+        // No dataset holds more samples than a u32 indexes.
+        let total = sizes
+            .iter()
+            .try_fold(0u64, |total, &size| total.checked_add(size as u64))
+            .filter(|&total| total <= u32::MAX as u64);
+        if total.is_none() {
+            fail(
+                "data.partition_sizes",
+                format!(
+                    "the sizes add up to more than {} samples, more than any training set holds",
+                    u32::MAX
+                ),
             )?;
         }
     }

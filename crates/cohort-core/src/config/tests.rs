@@ -507,3 +507,28 @@ fn every_enum_valued_key_gets_a_suggestion_from_its_type() {
         );
     }
 }
+
+#[test]
+fn configs_that_used_to_panic_at_run_time_are_refused_at_load() {
+    let base = "[parameters.optimizer]\nlearning_rate = 0.01\n";
+    for (section, line, key) in [
+        ("server", "payload_timeout = 1e20", "server.payload_timeout"),
+        (
+            "server",
+            "registration_timeout = 1e20",
+            "server.registration_timeout",
+        ),
+        (
+            "data",
+            "partition_sizes = [9223372036854775807, 9223372036854775807]\n[clients]\ntotal_clients = 2",
+            "data.partition_sizes",
+        ),
+        ("general", "run_name = \"../../x\"", "general.run_name"),
+        ("general", "run_name = \"/tmp/x\"", "general.run_name"),
+        ("general", "run_name = \"..\"", "general.run_name"),
+    ] {
+        let error = error_of(&format!("{base}[{section}]\n{line}\n"));
+        assert_eq!(error.key.as_deref(), Some(key), "{error}");
+    }
+    assert!(load_text(&format!("{base}[general]\nrun_name = \"plain-name_1\"\n")).is_ok());
+}
