@@ -7,13 +7,38 @@ use std::path::{Path, PathBuf};
 /// fsyncs it, renames it over `path` and fsyncs the folder, so a crash at any
 /// point leaves either the previous content or the new one.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomically(path, bytes, false)
+}
+
+/// [`atomic_write`] for files with secrets (a config with an auth token):
+/// readable and writable by the owner only, from the first byte on (Unix).
+pub fn atomic_write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomically(path, bytes, true)
+}
+
+fn create(path: &Path, private: bool) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = private;
+    options.open(path)
+}
+
+fn write_atomically(path: &Path, bytes: &[u8], private: bool) -> std::io::Result<()> {
     let parent = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let temporary = temporary_sibling(path);
     let result = (|| {
-        let mut file = std::fs::File::create(&temporary)?;
+        // A leftover temporary of this process could carry other permissions.
+        let _ = std::fs::remove_file(&temporary);
+        let mut file = create(&temporary, private)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         drop(file);

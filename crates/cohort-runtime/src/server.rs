@@ -307,9 +307,15 @@ pub fn run_with_strategy(
     let config = &loaded.config;
     std::fs::create_dir_all(&options.run_dir)
         .with_context(|| format!("cannot create the run folder {}", options.run_dir.display()))?;
-    // A resumed run keeps the config it started with.
+    // A resumed run keeps the config it started with. A config with a token
+    // is a secret: only its owner may read it.
     if !options.resume {
-        atomic_write(
+        let write = if config.server.auth_token.is_some() {
+            cohort_core::fsutil::atomic_write_private
+        } else {
+            atomic_write
+        };
+        write(
             &options.run_dir.join("config.toml"),
             toml_text(&loaded.merged).as_bytes(),
         )
@@ -404,6 +410,12 @@ fn start_transport(
         return Ok((Box::new(pool), None));
     }
     let server = &config.server;
+    if server.auth_token.is_some() && server.tls_cert.is_none() {
+        tracing::warn!(
+            "server.auth_token is set but TLS is off: the token crosses the network in the \
+             clear (set server.tls_cert and server.tls_key)"
+        );
+    }
     let bind = format!("{}:{}", server.address, server.port);
     let bind = std::net::ToSocketAddrs::to_socket_addrs(&bind)
         .with_context(|| format!("server.address / server.port: cannot resolve `{bind}`"))?

@@ -316,9 +316,27 @@ fn file_error(file: &Path, key: Option<String>, message: impl Into<String>) -> C
     }
 }
 
+/// Largest config file read, a thousand times a real one.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Most `include` files one config may pull in, all sections together.
+pub const MAX_INCLUDES: usize = 64;
+
 fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| file_error(path, None, format!("cannot read config file: {e}")))?;
+    use std::io::Read;
+    let cannot =
+        |e: std::io::Error| file_error(path, None, format!("cannot read config file: {e}"));
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(file_error(
+            path,
+            None,
+            format!("is larger than {MAX_CONFIG_BYTES} bytes; a config is a few kilobytes"),
+        ));
+    }
     parse_table(&text, path)
 }
 
@@ -347,6 +365,7 @@ const SECTIONS: &[&str] = &[
 fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigError> {
     let mut origins = BTreeMap::new();
     let mut merged = toml::Table::new();
+    let mut included = 0usize;
     for (section, value) in table {
         if !SECTIONS.contains(&section.as_str()) {
             return Err(file_error(
@@ -383,13 +402,26 @@ fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigErr
                         ),
                     ));
                 };
-                let resolved =
-                    resolve_includes(sub_body, path, &key, &mut origins, &mut Vec::new())?;
+                let resolved = resolve_includes(
+                    sub_body,
+                    path,
+                    &key,
+                    &mut origins,
+                    &mut Vec::new(),
+                    &mut included,
+                )?;
                 parameters.insert(sub, toml::Value::Table(resolved));
             }
             parameters
         } else {
-            resolve_includes(body, path, &section, &mut origins, &mut Vec::new())?
+            resolve_includes(
+                body,
+                path,
+                &section,
+                &mut origins,
+                &mut Vec::new(),
+                &mut included,
+            )?
         };
         merged.insert(section, toml::Value::Table(body));
     }
@@ -460,6 +492,7 @@ fn resolve_includes(
     section: &str,
     origins: &mut BTreeMap<String, PathBuf>,
     chain: &mut Vec<PathBuf>,
+    included: &mut usize,
 ) -> Result<toml::Table, ConfigError> {
     let include_key = format!("{section}.include");
     let includes = match body.remove("include") {
@@ -508,9 +541,17 @@ fn resolve_includes(
                 ),
             ));
         }
-        let included = read_table(&target)?;
+        *included += 1;
+        if *included > MAX_INCLUDES {
+            return Err(file_error(
+                file,
+                Some(include_key.clone()),
+                format!("more than {MAX_INCLUDES} included files in one config"),
+            ));
+        }
+        let table = read_table(&target)?;
         chain.push(canonical);
-        let resolved = resolve_includes(included, &target, section, origins, chain)?;
+        let resolved = resolve_includes(table, &target, section, origins, chain, included)?;
         chain.pop();
         merged.extend(resolved);
     }

@@ -532,3 +532,30 @@ fn configs_that_used_to_panic_at_run_time_are_refused_at_load() {
     }
     assert!(load_text(&format!("{base}[general]\nrun_name = \"plain-name_1\"\n")).is_ok());
 }
+
+#[test]
+fn includes_and_config_files_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    // A chain of 100 distinct files, each including the next.
+    for i in 0..100 {
+        let next = format!("include = \"part{}.toml\"\n", i + 1);
+        let body = if i < 99 { next } else { String::new() };
+        std::fs::write(dir.path().join(format!("part{i}.toml")), body).unwrap();
+    }
+    let main = dir.path().join("run.toml");
+    std::fs::write(
+        &main,
+        "[clients]\ninclude = \"part0.toml\"\n[parameters.optimizer]\nlearning_rate = 0.1\n",
+    )
+    .unwrap();
+    let error = load(&main).unwrap_err();
+    assert!(
+        error.message.contains("more than 64 included files"),
+        "{error}"
+    );
+
+    let huge = dir.path().join("huge.toml");
+    std::fs::write(&huge, vec![b'#'; (MAX_CONFIG_BYTES + 10) as usize]).unwrap();
+    let error = load(&huge).unwrap_err();
+    assert!(error.message.contains("larger than"), "{error}");
+}

@@ -42,21 +42,35 @@ pub fn read_idx_gz(path: &Path, expected_rank: usize) -> Result<IdxArray, IdxErr
         path: path.to_path_buf(),
         source,
     })?;
-    let mut raw = Vec::new();
-    GzDecoder::new(std::io::BufReader::new(file))
+    // The header is read and checked before the body is inflated, and the
+    // body only up to the size the header claims (plus one byte to notice
+    // trailing data): a small gzip bomb cannot fill memory.
+    let format_error = |reason: String| IdxError::Format {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let corrupt =
+        |e: std::io::Error| format_error(format!("gzip stream is corrupt or truncated ({e})"));
+    let mut stream = GzDecoder::new(std::io::BufReader::new(file));
+    let mut raw = vec![0u8; 4];
+    stream.read_exact(&mut raw).map_err(corrupt)?;
+    let rank = raw[3] as usize;
+    raw.resize(4 + 4 * rank, 0);
+    stream.read_exact(&mut raw[4..]).map_err(corrupt)?;
+    let (_, count) = parse_header(&raw, expected_rank).map_err(format_error)?;
+    stream
+        .take(count.saturating_add(1))
         .read_to_end(&mut raw)
-        .map_err(|e| IdxError::Format {
-            path: path.to_path_buf(),
-            reason: format!("gzip stream is corrupt or truncated ({e})"),
-        })?;
+        .map_err(corrupt)?;
     parse_idx(&raw, expected_rank).map_err(|reason| IdxError::Format {
         path: path.to_path_buf(),
         reason,
     })
 }
 
-/// Parses uncompressed IDX bytes.
-pub fn parse_idx(raw: &[u8], expected_rank: usize) -> Result<IdxArray, String> {
+/// Checks the magic number and dimensions at the start of `raw`; returns the
+/// dimensions and the number of elements they claim.
+fn parse_header(raw: &[u8], expected_rank: usize) -> Result<(Vec<usize>, u64), String> {
     let header = raw.get(..4).ok_or_else(|| {
         format!(
             "file is {} bytes, shorter than the 4-byte magic number",
@@ -96,6 +110,13 @@ pub fn parse_idx(raw: &[u8], expected_rank: usize) -> Result<IdxArray, String> {
             "dimensions {dims:?} claim {count} elements, more than any dataset of this kind"
         ));
     }
+    Ok((dims, count))
+}
+
+/// Parses uncompressed IDX bytes.
+pub fn parse_idx(raw: &[u8], expected_rank: usize) -> Result<IdxArray, String> {
+    let (dims, count) = parse_header(raw, expected_rank)?;
+    let dims_end = 4 + 4 * dims.len();
     let body = &raw[dims_end..];
     if body.len() as u64 != count {
         return Err(format!(
@@ -125,6 +146,38 @@ mod tests {
         }
         raw.extend(body);
         raw
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_read_only_as_far_as_its_header_claims() {
+        use std::io::Write;
+        // 10 claimed elements, then 256 MiB of zeros (a ~250 KB gzip file).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bomb.gz");
+        let mut encoder = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).unwrap(),
+            flate2::Compression::best(),
+        );
+        encoder.write_all(&idx(&[10], &[])).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..256 {
+            encoder.write_all(&zeros).unwrap();
+        }
+        encoder.finish().unwrap();
+        let started = std::time::Instant::now();
+        let error = read_idx_gz(&path, 1).unwrap_err().to_string();
+        assert!(error.contains("trailing bytes"), "{error}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        // A header claiming more than any dataset is refused before the body.
+        let path = dir.path().join("claims.gz");
+        let mut encoder = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).unwrap(),
+            flate2::Compression::best(),
+        );
+        encoder.write_all(&idx(&[u32::MAX, u32::MAX], &[])).unwrap();
+        encoder.finish().unwrap();
+        let error = read_idx_gz(&path, 2).unwrap_err().to_string();
+        assert!(error.contains("more than any dataset"), "{error}");
     }
 
     #[test]
