@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio::sync::Notify;
 use tokio_stream::Stream;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::client::ClientReply;
@@ -59,7 +59,12 @@ pub struct ServerSettings {
     pub payload_timeout: Duration,
     pub registration_timeout: Duration,
     pub max_payload_bytes: usize,
+    /// Limits on connections that have not (yet) registered.
+    pub admission: crate::admission::Admission,
 }
+
+/// How long a new stream may take to send its Register message.
+const REGISTER_WITHIN: Duration = Duration::from_secs(10);
 
 struct Job {
     spec: TaskSpec,
@@ -128,7 +133,10 @@ impl Federation for Service {
             .remote_addr()
             .map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
         let mut inbound = request.into_inner();
-        let register = match inbound.message().await? {
+        let first = tokio::time::timeout(REGISTER_WITHIN, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no Register message within 10 s"))?;
+        let register = match first? {
             Some(ClientMessage {
                 kind: Some(ClientKind::Register(register)),
             }) => register,
@@ -372,7 +380,12 @@ impl GrpcTransport {
                 )
             })?;
         let local_addr = listener.local_addr()?;
-        let mut builder = tonic::transport::Server::builder();
+        // Pings find peers that vanished without closing; a client needs one
+        // stream, so a few per connection are plenty.
+        let mut builder = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .max_concurrent_streams(Some(4));
         if let Some((cert, key)) = &settings.tls {
             let read = |path: &PathBuf, what: &str| {
                 std::fs::read(path).with_context(|| {
@@ -388,6 +401,7 @@ impl GrpcTransport {
                 .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
                 .context("invalid TLS certificate or key (server.tls_cert / server.tls_key)")?;
         }
+        let admission = settings.admission;
         let (outcome_sender, outcomes) = mpsc::channel();
         let shared = Arc::new(Shared {
             settings,
@@ -404,7 +418,7 @@ impl GrpcTransport {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = builder.add_service(service);
         let serving = runtime.spawn(async move {
-            let incoming = TcpListenerStream::new(listener);
+            let incoming = crate::admission::incoming(listener, admission);
             if let Err(error) = router
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = stopped.await;

@@ -6,6 +6,7 @@
 //! Payloads go through the configured processors in simulation as on a
 //! network, so byte counts and processing costs are real.
 
+pub mod admission;
 pub mod client;
 pub mod grpc;
 pub mod pool;

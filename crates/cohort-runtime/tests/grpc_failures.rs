@@ -23,6 +23,7 @@ fn settings(timeout: Duration) -> ServerSettings {
         payload_timeout: timeout,
         registration_timeout: Duration::from_secs(20),
         max_payload_bytes: 1000,
+        admission: Default::default(),
     }
 }
 
@@ -175,4 +176,50 @@ fn a_training_failure_is_reported_with_its_reason() {
         reason.contains("the client's training failed: gradient norm is NaN"),
         "{reason}"
     );
+}
+
+/// Connections that never send a byte: more than the server admits at once
+/// are closed at once, the others when their first-byte deadline passes, and
+/// an honest client registers after them. Also a client that sends only the
+/// HTTP/2 preface and then nothing is not kept forever.
+#[test]
+fn silent_connections_are_capped_and_closed_and_honest_clients_still_register() {
+    use std::io::{Read, Write};
+    let mut settings = settings(Duration::from_secs(10));
+    settings.admission = cohort_runtime::admission::Admission {
+        max_connections: 8,
+        first_byte_within: Duration::from_millis(500),
+    };
+    let transport = GrpcTransport::start(settings).unwrap();
+    let address = transport.local_addr();
+    let started = std::time::Instant::now();
+    let silent: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| std::net::TcpStream::connect(address).unwrap())
+        .collect();
+    for mut connection in silent {
+        connection
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        match connection.read(&mut byte) {
+            Ok(0) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("a silent connection was kept open: {other:?}"),
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // The preface alone passes the first-byte check; the Register deadline
+    // and HTTP/2 keep the rest bounded. It holds a slot meanwhile, and an
+    // honest client still gets in.
+    let mut preface_only = std::net::TcpStream::connect(address).unwrap();
+    preface_only
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .unwrap();
+    rogue_client(address, Vec::new(), Duration::from_secs(2));
+    transport.wait_for_clients(1).unwrap();
 }
