@@ -59,6 +59,9 @@ pub struct ServerSettings {
     pub payload_timeout: Duration,
     pub registration_timeout: Duration,
     pub max_payload_bytes: usize,
+    /// Update bytes all clients together may have in flight to the server;
+    /// a client whose upload would exceed it waits for room.
+    pub max_inflight_bytes: usize,
     /// Limits on connections that have not (yet) registered.
     pub admission: crate::admission::Admission,
 }
@@ -79,6 +82,13 @@ struct Shared {
     registered: AtomicUsize,
     alive: AtomicUsize,
     outcomes: Mutex<mpsc::Sender<ClientOutcome>>,
+    /// Room for uploads in flight, in KiB.
+    inflight: Arc<tokio::sync::Semaphore>,
+}
+
+/// Semaphore permits count KiB, so a u32 of them covers any payload.
+fn kib(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX)
 }
 
 impl Shared {
@@ -313,7 +323,14 @@ async fn run_task(
             report.payload_bytes, shared.settings.max_payload_bytes
         )));
     }
-    let mut payload = Vec::with_capacity(size);
+    // Room is reserved for the announced size before anything is buffered,
+    // and the buffer grows only as bytes arrive.
+    let _room = shared
+        .inflight
+        .acquire_many(kib(size))
+        .await
+        .map_err(|_| TaskError::Broken("the server is stopping".to_owned()))?;
+    let mut payload = Vec::with_capacity(size.min(CHUNK_BYTES));
     while payload.len() < size {
         match next_message(inbound).await? {
             ClientKind::Chunk(chunk) if payload.len() + chunk.data.len() <= size => {
@@ -402,6 +419,9 @@ impl GrpcTransport {
                 .context("invalid TLS certificate or key (server.tls_cert / server.tls_key)")?;
         }
         let admission = settings.admission;
+        let inflight = Arc::new(tokio::sync::Semaphore::new(
+            kib(settings.max_inflight_bytes) as usize,
+        ));
         let (outcome_sender, outcomes) = mpsc::channel();
         let shared = Arc::new(Shared {
             settings,
@@ -411,6 +431,7 @@ impl GrpcTransport {
             registered: AtomicUsize::new(0),
             alive: AtomicUsize::new(0),
             outcomes: Mutex::new(outcome_sender),
+            inflight,
         });
         let service = FederationServer::new(Service {
             shared: Arc::clone(&shared),

@@ -429,6 +429,7 @@ fn start_transport(
         payload_timeout: std::time::Duration::from_secs_f64(server.payload_timeout),
         registration_timeout: std::time::Duration::from_secs_f64(server.registration_timeout),
         max_payload_bytes: loaded.decode_limits().max_bytes,
+        max_inflight_bytes: usize::try_from(server.max_inflight_bytes).unwrap_or(usize::MAX),
         admission: Default::default(),
     })?;
     progress_note(

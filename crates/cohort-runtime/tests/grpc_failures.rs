@@ -23,6 +23,7 @@ fn settings(timeout: Duration) -> ServerSettings {
         payload_timeout: timeout,
         registration_timeout: Duration::from_secs(20),
         max_payload_bytes: 1000,
+        max_inflight_bytes: 1 << 20,
         admission: Default::default(),
     }
 }

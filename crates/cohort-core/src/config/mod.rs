@@ -215,6 +215,7 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "server.tls_cert",
     "server.tls_key",
     "server.max_payload_bytes",
+    "server.max_inflight_bytes",
     "results.keep_client_updates",
     // An alias that must equal algorithm.type: writing it or not changes nothing.
     "server.type",
@@ -821,6 +822,16 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     }
     if server.max_payload_bytes == 0 {
         fail("server.max_payload_bytes", "must be at least 1".to_owned())?;
+    }
+    if server.max_inflight_bytes < server.max_payload_bytes {
+        fail(
+            "server.max_inflight_bytes",
+            format!(
+                "{} is below server.max_payload_bytes = {}: one largest update could never \
+                 be received",
+                server.max_inflight_bytes, server.max_payload_bytes
+            ),
+        )?;
     }
     if server.tls_cert.is_some() != server.tls_key.is_some() {
         fail(

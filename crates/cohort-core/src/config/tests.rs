@@ -559,3 +559,11 @@ fn includes_and_config_files_are_bounded() {
     let error = load(&huge).unwrap_err();
     assert!(error.message.contains("larger than"), "{error}");
 }
+
+#[test]
+fn inflight_room_must_hold_one_largest_update() {
+    let error = error_of(
+        "[parameters.optimizer]\nlearning_rate = 0.1\n[server]\nmax_payload_bytes = 1000\nmax_inflight_bytes = 999\n",
+    );
+    assert_eq!(error.key.as_deref(), Some("server.max_inflight_bytes"));
+}
