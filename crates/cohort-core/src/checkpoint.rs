@@ -117,9 +117,12 @@ pub fn write(
     history.model_sha256 = format!("{:x}", Sha256::digest(model));
     let sidecar = folder.join(format!("{}.json", stem(history.round)));
     let json = serde_json::to_vec_pretty(&history).expect("histories serialize");
-    atomic_write(&sidecar, &json).map_err(|source| CheckpointError::Write {
-        path: sidecar.clone(),
-        source,
+    // The sidecar may hold a strategy's secret (dp_fedavg's noise key).
+    crate::fsutil::atomic_write_private(&sidecar, &json).map_err(|source| {
+        CheckpointError::Write {
+            path: sidecar.clone(),
+            source,
+        }
     })?;
     Ok(sidecar)
 }
@@ -156,9 +159,11 @@ fn write_strategy_state(
                 )),
             });
         }
-        atomic_write(&path, &bytes).map_err(|source| CheckpointError::Write {
-            path: path.clone(),
-            source,
+        crate::fsutil::atomic_write_private(&path, &bytes).map_err(|source| {
+            CheckpointError::Write {
+                path: path.clone(),
+                source,
+            }
         })?;
         (Some(file), Some(format!("{:x}", Sha256::digest(&bytes))))
     };

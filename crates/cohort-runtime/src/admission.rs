@@ -5,12 +5,15 @@
 //! byte pile up until the process runs out of file descriptors, and then the
 //! accept loop fails in a tight loop. This stream sits in front: at most
 //! `max_connections` open at once (one more is closed at once), a connection
-//! that sends nothing within `first_byte_within` is closed, and an accept
-//! error backs off instead of spinning.
+//! that sends nothing within `first_byte_within` is closed, one that has not
+//! registered a client within `register_within` is closed too (whatever bytes
+//! it trickles), and an accept error backs off instead of spinning.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -28,6 +31,8 @@ pub struct Admission {
     pub max_connections: usize,
     /// A connection must send its first byte within this.
     pub first_byte_within: Duration,
+    /// A connection must have registered a client process within this.
+    pub register_within: Duration,
 }
 
 impl Default for Admission {
@@ -35,6 +40,7 @@ impl Default for Admission {
         Self {
             max_connections: 256,
             first_byte_within: Duration::from_secs(10),
+            register_within: Duration::from_secs(20),
         }
     }
 }
@@ -47,13 +53,27 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub struct Admitted {
     stream: TcpStream,
     _slot: OwnedSemaphorePermit,
+    registered: Arc<AtomicBool>,
+    /// When an unregistered connection is cut off.
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// What a request learns of its connection: the peer, and a flag the
+/// registration sets so the connection may stay.
+#[derive(Debug, Clone)]
+pub struct AdmittedInfo {
+    pub tcp: TcpConnectInfo,
+    pub registered: Arc<AtomicBool>,
 }
 
 impl Connected for Admitted {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = AdmittedInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        AdmittedInfo {
+            tcp: self.stream.connect_info(),
+            registered: Arc::clone(&self.registered),
+        }
     }
 }
 
@@ -63,6 +83,14 @@ impl AsyncRead for Admitted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        // Polling the deadline arms its timer, so a silent peer is woken and
+        // cut off on time, not only when it next sends a byte.
+        if !self.registered.load(Ordering::Relaxed) && self.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no client registered on this connection in time",
+            )));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
@@ -85,6 +113,29 @@ impl AsyncWrite for Admitted {
     }
 }
 
+/// Refused connections, logged at most once every ten seconds with a count, so
+/// a flood of connections cannot flood `run.log`.
+#[derive(Default)]
+struct Refusals {
+    last: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl Refusals {
+    fn note(&mut self, what: &str) {
+        self.unlogged += 1;
+        if self
+            .last
+            .is_some_and(|last| last.elapsed() < Duration::from_secs(10))
+        {
+            return;
+        }
+        tracing::warn!(times = self.unlogged, "{what}");
+        self.unlogged = 0;
+        self.last = Some(std::time::Instant::now());
+    }
+}
+
 /// The admitted connections of `listener`, for `serve_with_incoming`. Must be
 /// called inside a tokio runtime; the accept loop ends when the stream is
 /// dropped.
@@ -95,24 +146,29 @@ pub fn incoming(
     let (admitted, stream) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(admission.max_connections));
     tokio::spawn(async move {
+        let mut refusals = Refusals::default();
         loop {
-            let stream = match listener.accept().await {
+            // Stop at once when the server drops the stream, so the socket
+            // closes with it.
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = admitted.closed() => break,
+            };
+            let stream = match accepted {
                 Ok((stream, _)) => stream,
                 Err(error) => {
-                    tracing::warn!(%error, "cannot accept a connection; retrying shortly");
+                    refusals.note(&format!(
+                        "cannot accept a connection ({error}); backing off"
+                    ));
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             };
-            if admitted.is_closed() {
-                break;
-            }
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                tracing::warn!(
-                    peer = ?stream.peer_addr().ok(),
-                    limit = admission.max_connections,
-                    "connection closed: the server has its maximum of open connections"
-                );
+                refusals.note(&format!(
+                    "connection closed: the server has its maximum of {} open connections",
+                    admission.max_connections
+                ));
                 continue;
             };
             let admitted = admitted.clone();
@@ -122,14 +178,15 @@ pub fn incoming(
                     tokio::time::timeout(admission.first_byte_within, stream.peek(&mut first))
                         .await;
                 if let Ok(Ok(1..)) = spoke {
-                    let _ = admitted
-                        .send(Ok(Admitted {
-                            stream,
-                            _slot: slot,
-                        }))
-                        .await;
+                    let connection = Admitted {
+                        stream,
+                        _slot: slot,
+                        registered: Arc::new(AtomicBool::new(false)),
+                        deadline: Box::pin(tokio::time::sleep(admission.register_within)),
+                    };
+                    let _ = admitted.send(Ok(connection)).await;
                 } else {
-                    tracing::info!(
+                    tracing::debug!(
                         peer = ?stream.peer_addr().ok(),
                         "connection closed: nothing sent within {:?}",
                         admission.first_byte_within

@@ -139,8 +139,19 @@ impl Federation for Service {
         &self,
         request: Request<Streaming<ClientMessage>>,
     ) -> Result<Response<Self::JoinStream>, Status> {
-        let peer = request
-            .remote_addr()
+        // Over TLS, tonic wraps the connection's info in its own.
+        let extensions = request.extensions();
+        let connection = extensions
+            .get::<crate::admission::AdmittedInfo>()
+            .or_else(|| {
+                extensions
+                    .get::<tonic::transport::server::TlsConnectInfo<crate::admission::AdmittedInfo>>()
+                    .map(|tls| tls.get_ref())
+            })
+            .cloned();
+        let peer = connection
+            .as_ref()
+            .and_then(|c| c.tcp.remote_addr())
             .map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(REGISTER_WITHIN, inbound.message())
@@ -169,6 +180,10 @@ impl Federation for Service {
             return Err(Status::unauthenticated(
                 "wrong or missing token (cohort client --token, or COHORT_TOKEN)",
             ));
+        }
+        // A registered client process may keep its connection.
+        if let Some(connection) = &connection {
+            connection.registered.store(true, Ordering::Relaxed);
         }
         let worker = self.shared.registered.fetch_add(1, Ordering::SeqCst);
         self.shared.alive.fetch_add(1, Ordering::SeqCst);
@@ -415,13 +430,17 @@ impl GrpcTransport {
             let identity =
                 tonic::transport::Identity::from_pem(read(cert, "cert")?, read(key, "key")?);
             builder = builder
-                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .tls_config(
+                    tonic::transport::ServerTlsConfig::new()
+                        .identity(identity)
+                        .timeout(Duration::from_secs(10)),
+                )
                 .context("invalid TLS certificate or key (server.tls_cert / server.tls_key)")?;
         }
         let admission = settings.admission;
-        let inflight = Arc::new(tokio::sync::Semaphore::new(
-            kib(settings.max_inflight_bytes) as usize,
-        ));
+        // One largest update must always fit, or its client would wait forever.
+        let room = settings.max_inflight_bytes.max(settings.max_payload_bytes);
+        let inflight = Arc::new(tokio::sync::Semaphore::new(kib(room) as usize));
         let (outcome_sender, outcomes) = mpsc::channel();
         let shared = Arc::new(Shared {
             settings,

@@ -342,6 +342,18 @@ pub fn run_with_strategy(
     let start = if options.resume && checkpoint::any_written(&options.run_dir) {
         resume_point(loaded, &options.run_dir, strategy.as_mut())?
     } else {
+        // Starting over would release the rounds already published again,
+        // with fresh noise: together the two releases leak what the noise hid.
+        if options.resume
+            && strategy.name() == "dp_fedavg"
+            && options.run_dir.join(MODEL_FILE).exists()
+        {
+            bail!(
+                "{} released models but wrote no checkpoint; dp_fedavg cannot start it over \
+                 without releasing those rounds twice with fresh noise. Start a new run",
+                options.run_dir.display()
+            );
+        }
         if options.resume {
             // Killed before its first checkpoint: nothing of it is kept, so
             // starting over is exactly what an uninterrupted run does.
@@ -429,8 +441,12 @@ fn start_transport(
         payload_timeout: std::time::Duration::from_secs_f64(server.payload_timeout),
         registration_timeout: std::time::Duration::from_secs_f64(server.registration_timeout),
         max_payload_bytes: loaded.decode_limits().max_bytes,
-        max_inflight_bytes: usize::try_from(server.max_inflight_bytes).unwrap_or(usize::MAX),
-        admission: Default::default(),
+        max_inflight_bytes: usize::try_from(loaded.max_inflight_bytes()).unwrap_or(usize::MAX),
+        // Room for every client process the run waits for, and then some.
+        admission: crate::admission::Admission {
+            max_connections: 256.max(expected_clients(options, trainer) + 64),
+            ..Default::default()
+        },
     })?;
     progress_note(
         options.show_progress,
@@ -445,11 +461,7 @@ fn start_transport(
         )?),
         None => None,
     };
-    let expected = options
-        .local_clients
-        .as_ref()
-        .map_or(trainer.max_concurrency as usize, |spec| spec.count)
-        .max(1);
+    let expected = expected_clients(options, trainer);
     if let Err(error) = grpc.wait_for_clients(expected) {
         // The server goes first: closing its streams lets the children exit.
         drop(grpc);
@@ -465,6 +477,16 @@ struct ClientFacts {
     histograms: Vec<Vec<u64>>,
     /// What each client's report must say.
     expected: Vec<ExpectedReport>,
+}
+
+/// How many client processes network mode waits for: those it starts, or
+/// `trainer.max_concurrency` started elsewhere.
+fn expected_clients(options: &RunOptions, trainer: &cohort_core::config::Trainer) -> usize {
+    options
+        .local_clients
+        .as_ref()
+        .map_or(trainer.max_concurrency as usize, |spec| spec.count)
+        .max(1)
 }
 
 /// Wall and simulated time of a run across rounds.
@@ -1075,6 +1097,15 @@ fn check_update(
             return Err(format!(
                 "reports {claimed} {what}, but its partition gives {known}"
             ));
+        }
+    }
+    for (what, value) in [
+        ("loss", report.loss),
+        ("training time", report.training_time),
+        ("processing time", arrival.processing_time),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(format!("reports a {what} of {value}"));
         }
     }
     if arrival.test_correct > arrival.test_samples {

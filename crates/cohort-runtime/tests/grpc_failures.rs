@@ -190,6 +190,7 @@ fn silent_connections_are_capped_and_closed_and_honest_clients_still_register() 
     settings.admission = cohort_runtime::admission::Admission {
         max_connections: 8,
         first_byte_within: Duration::from_millis(500),
+        register_within: Duration::from_secs(1),
     };
     let transport = GrpcTransport::start(settings).unwrap();
     let address = transport.local_addr();
@@ -214,13 +215,37 @@ fn silent_connections_are_capped_and_closed_and_honest_clients_still_register() 
         started.elapsed()
     );
 
-    // The preface alone passes the first-byte check; the Register deadline
-    // and HTTP/2 keep the rest bounded. It holds a slot meanwhile, and an
-    // honest client still gets in.
+    // Bytes that never register a client (here the HTTP/2 preface and
+    // nothing more) hold a slot only until the registration deadline.
     let mut preface_only = std::net::TcpStream::connect(address).unwrap();
     preface_only
         .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
         .unwrap();
-    rogue_client(address, Vec::new(), Duration::from_secs(2));
+    preface_only
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let cut_off = std::time::Instant::now();
+    let mut sink = [0u8; 256];
+    loop {
+        match preface_only.read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(error) => panic!("the preface-only connection was kept open: {error}"),
+        }
+    }
+    assert!(
+        cut_off.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        cut_off.elapsed()
+    );
+    // A registered client keeps its connection past the deadline.
+    rogue_client(address, Vec::new(), Duration::from_secs(3));
     transport.wait_for_clients(1).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        transport.connected(),
+        1,
+        "the registered client was cut off"
+    );
 }

@@ -158,6 +158,14 @@ impl LoadedConfig {
         }
     }
 
+    /// Update bytes all clients together may have in flight to the server.
+    pub fn max_inflight_bytes(&self) -> u64 {
+        let server = &self.config.server;
+        server
+            .max_inflight_bytes
+            .unwrap_or((1u64 << 32).max(server.max_payload_bytes))
+    }
+
     /// Reports a round needs before it aggregates.
     pub fn min_per_round(&self) -> u32 {
         self.config
@@ -823,13 +831,15 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     if server.max_payload_bytes == 0 {
         fail("server.max_payload_bytes", "must be at least 1".to_owned())?;
     }
-    if server.max_inflight_bytes < server.max_payload_bytes {
+    if let Some(room) = server.max_inflight_bytes
+        && room < server.max_payload_bytes
+    {
         fail(
             "server.max_inflight_bytes",
             format!(
-                "{} is below server.max_payload_bytes = {}: one largest update could never \
+                "{room} is below server.max_payload_bytes = {}: one largest update could never \
                  be received",
-                server.max_inflight_bytes, server.max_payload_bytes
+                server.max_payload_bytes
             ),
         )?;
     }

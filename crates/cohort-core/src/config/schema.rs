@@ -114,8 +114,9 @@ pub struct Server {
     pub outbound_processors: Vec<String>,
     /// Largest payload accepted in either direction, after decompression.
     pub max_payload_bytes: u64,
-    /// Update bytes all clients together may have in flight to the server.
-    pub max_inflight_bytes: u64,
+    /// Update bytes all clients together may have in flight to the server;
+    /// default: 4 GiB, or `max_payload_bytes` when that is larger.
+    pub max_inflight_bytes: Option<u64>,
     /// Seconds a client may take for one task (download, train, upload) before
     /// it is dropped from the round.
     pub payload_timeout: f64,
@@ -140,7 +141,7 @@ impl Default for Server {
             inbound_processors: vec!["safetensor_decode".to_owned()],
             outbound_processors: vec!["safetensor_encode".to_owned()],
             max_payload_bytes: 1 << 30,
-            max_inflight_bytes: 1 << 32,
+            max_inflight_bytes: None,
             payload_timeout: 600.0,
             registration_timeout: 120.0,
             auth_token: None,
