@@ -81,3 +81,27 @@ pub fn only_run_dir(base: &std::path::Path) -> std::path::PathBuf {
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     dirs.pop().unwrap()
 }
+
+/// A loopback port that was free a moment ago (the OS picks it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `cohort run --config CONFIG --cpu --quiet --base BASE EXTRA...` on the fixture.
+pub fn run_config(config: &Path, base: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--cpu",
+        "--quiet",
+        "--base",
+        base.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    cohort(&args, &fixture_data())
+}

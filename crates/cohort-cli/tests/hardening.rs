@@ -13,16 +13,8 @@ use cohort_runtime::grpc::proto::federation_client::FederationClient;
 use cohort_runtime::grpc::proto::server_message::Kind as ServerKind;
 use cohort_runtime::grpc::proto::{self, ClientMessage};
 use cohort_runtime::grpc::{CHUNK_BYTES, PROTOCOL_VERSION};
-use common::{cohort, fixture_data, only_run_dir, write_config};
+use common::{cohort, fixture_data, free_port, only_run_dir, run_config, write_config};
 use tokio_stream::wrappers::ReceiverStream;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Two logical clients of 100 samples, one round; a round needs one update.
 fn network_job(port: u16) -> String {
@@ -302,18 +294,7 @@ fn a_run_killed_before_its_first_checkpoint_resumes_from_the_start() {
         "[clients]\ntotal_clients = 2\n[data]\ndatasource = \"FashionMNIST\"\ndownload = false\npartition_size = 50\n[trainer]\nrounds = 2\nepochs = 1\nmodel_seed = 1\ntraining_seed = 1\n[parameters.optimizer]\nlearning_rate = 0.01\n",
     );
     let whole = dir.path().join("whole");
-    let output = cohort(
-        &[
-            "run",
-            "--config",
-            config.to_str().unwrap(),
-            "--cpu",
-            "--quiet",
-            "--base",
-            whole.to_str().unwrap(),
-        ],
-        &fixture_data(),
-    );
+    let output = run_config(&config, &whole, &[]);
     assert!(output.status.success());
     let whole = only_run_dir(&whole);
     // What a kill right after start leaves: the run folder and its config.

@@ -7,16 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::{fixture_data, only_run_dir, write_config};
-
-/// A port that was free a moment ago (the OS picks it; loopback only).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{fixture_data, free_port, only_run_dir, write_config};
 
 fn cohort_command(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_cohort"));

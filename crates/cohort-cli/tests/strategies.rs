@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use cohort_core::strategy::AlgorithmConfig;
 use cohort_core::tree::{Array, ParamTree};
-use common::{cohort, fixture_data, only_run_dir, repo_root, run_job, write_config};
+use common::{cohort, fixture_data, only_run_dir, repo_root, run_config, run_job, write_config};
 
 /// Six clients of 100 samples, five per round (Krum with f = 1 needs five).
 fn job(algorithm: &str, rounds: u32) -> String {
@@ -119,20 +119,6 @@ fn every_strategy_trains_on_the_fixture() {
     }
 }
 
-fn run_in(base: &Path, config: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec![
-        "run",
-        "--config",
-        config.to_str().unwrap(),
-        "--cpu",
-        "--quiet",
-        "--base",
-        base.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    cohort(&args, &fixture_data())
-}
-
 /// round, accuracy, bytes, loss, extra bytes, federated accuracy, epsilon.
 fn results_without_times(run_dir: &Path) -> Vec<String> {
     results(run_dir)
@@ -158,12 +144,16 @@ fn stateful_strategies_resume_bit_identically() {
         let dir = tempfile::tempdir().unwrap();
         let config = write_config(dir.path(), &job(&algorithm_section(name), 4));
         let whole = dir.path().join("whole");
-        assert!(run_in(&whole, &config, &[]).status.success(), "{name}");
+        assert!(run_config(&config, &whole, &[]).status.success(), "{name}");
         let whole = only_run_dir(&whole);
 
         // Stop after round 2, then continue to round 4 from the checkpoint.
         let split = dir.path().join("split");
-        assert!(run_in(&split, &config, &["--rounds", "2"]).status.success());
+        assert!(
+            run_config(&config, &split, &["--rounds", "2"])
+                .status
+                .success()
+        );
         let split = only_run_dir(&split);
         let state = split.join("checkpoints/round-0002.state.safetensors");
         assert_eq!(
@@ -212,9 +202,13 @@ fn a_resumed_stateful_run_needs_its_state() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &job(&algorithm_section("fedadam"), 3));
     let whole = dir.path().join("whole");
-    assert!(run_in(&whole, &config, &[]).status.success());
+    assert!(run_config(&config, &whole, &[]).status.success());
     let split = dir.path().join("split");
-    assert!(run_in(&split, &config, &["--rounds", "2"]).status.success());
+    assert!(
+        run_config(&config, &split, &["--rounds", "2"])
+            .status
+            .success()
+    );
     let split = only_run_dir(&split);
     let checkpoints = split.join("checkpoints");
     std::fs::remove_file(checkpoints.join("round-0002.state.safetensors")).unwrap();
