@@ -221,17 +221,15 @@ fn one_spoiled_update_is_dropped_and_the_round_aggregates_the_honest_one() {
         assert!(log.contains("update refused, client dropped"), "{log}");
         assert!(log.contains(reason), "{reason}: {log}");
         // The round is the honest update alone: FedAvg of one model is that model.
+        // clients.csv: the honest row, and the rogue's with the reason.
         let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
-        assert_eq!(clients.lines().count(), 2, "{clients}");
-        let honest_id: u32 = clients
-            .lines()
-            .nth(1)
-            .unwrap()
-            .split(',')
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap();
+        assert_eq!(clients.lines().count(), 3, "{clients}");
+        let (used, dropped): (Vec<&str>, Vec<&str>) =
+            clients.lines().skip(1).partition(|row| row.ends_with(','));
+        assert_eq!((used.len(), dropped.len()), (1, 1), "{clients}");
+        assert!(dropped[0].contains("update refused"), "{clients}");
+        assert!(dropped[0].contains(reason), "{reason}: {clients}");
+        let honest_id: u32 = used[0].split(',').nth(1).unwrap().parse().unwrap();
         let kept = run_dir.join(format!(
             "updates/round-0001/client-{honest_id:04}.safetensors"
         ));

@@ -279,10 +279,11 @@ fn a_killed_client_process_is_dropped_and_the_round_goes_on_with_min_per_round_2
     let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
     assert_eq!(results.lines().count(), 3, "both rounds ran: {results}");
     let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    // Aggregated rows end with an empty `dropped` field.
     let per_round = |round: &str| {
         clients
             .lines()
-            .filter(|l| l.starts_with(&format!("{round},")))
+            .filter(|l| l.starts_with(&format!("{round},")) && l.ends_with(','))
             .count()
     };
     assert_eq!(
@@ -290,6 +291,13 @@ fn a_killed_client_process_is_dropped_and_the_round_goes_on_with_min_per_round_2
         2,
         "round 1 aggregated the two survivors: {clients}"
     );
+    let dropped: Vec<&str> = clients.lines().filter(|l| !l.ends_with(',')).collect();
+    assert_eq!(
+        dropped.len(),
+        2,
+        "the header and the killed client: {clients}"
+    );
+    assert!(dropped[1].starts_with("1,"), "{clients}");
     assert_eq!(
         per_round("2"),
         3,

@@ -70,12 +70,37 @@ pub struct ClientRow {
     /// (`clients.do_test`).
     #[serde(default)]
     pub test_accuracy: Option<f64>,
+    /// Why the client's update did not join the round (it failed, vanished,
+    /// timed out or sent something refused); `None` for updates that were
+    /// aggregated. The numbers of a dropped row are left blank in the file.
+    #[serde(default)]
+    pub dropped: Option<String>,
+}
+
+impl ClientRow {
+    /// A row with only its round and client filled in.
+    pub fn empty(round: u32, client_id: u32) -> Self {
+        Self {
+            round,
+            client_id,
+            worker: 0,
+            samples: 0,
+            loss: 0.0,
+            training_time: 0.0,
+            processing_time: 0.0,
+            comm_time: 0.0,
+            payload_bytes: 0,
+            label_histogram: Vec::new(),
+            test_accuracy: None,
+            dropped: None,
+        }
+    }
 }
 
 pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon";
 /// The header before the strategy columns; such files still parse.
 const RESULTS_HEADER_V1: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
-pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy";
+pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy,dropped";
 
 /// Accumulates rows and keeps the CSV files current.
 #[derive(Debug)]
@@ -233,9 +258,26 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
 pub fn render_clients(rows: &[ClientRow]) -> String {
     let mut out = format!("{CLIENTS_HEADER}\n");
     for r in rows {
+        let histogram = r
+            .label_histogram
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" ");
+        if let Some(reason) = &r.dropped {
+            let _ = writeln!(
+                out,
+                "{},{},{},,,,,,,{histogram},,{}",
+                r.round,
+                r.client_id,
+                r.worker,
+                csv_field(reason)
+            );
+            continue;
+        }
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.6},{:.3},{:.4},{:.4},{},{},{}",
+            "{},{},{},{},{:.6},{:.3},{:.4},{:.4},{},{histogram},{},",
             r.round,
             r.client_id,
             r.worker,
@@ -245,15 +287,20 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
             r.processing_time,
             r.comm_time,
             r.payload_bytes,
-            r.label_histogram
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(" "),
             optional(r.test_accuracy, 4),
         );
     }
     out
+}
+
+/// `text` as one CSV field (RFC 4180): quoted when it holds a comma, a
+/// quote or a line break, with quotes doubled. Reasons quote client input.
+fn csv_field(text: &str) -> String {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_owned()
+    }
 }
 
 #[cfg(test)]
@@ -325,8 +372,15 @@ mod tests {
                 payload_bytes: 1000,
                 label_histogram: vec![4, 2],
                 test_accuracy: None,
+                dropped: None,
             };
-            writer.record(row, vec![client]).unwrap();
+            let dropped = ClientRow {
+                worker: 1,
+                label_histogram: vec![1, 0],
+                dropped: Some("update refused: reports \"5\" samples, not 6".to_owned()),
+                ..ClientRow::empty(round, 4)
+            };
+            writer.record(row, vec![client, dropped]).unwrap();
         }
         let csv = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
         assert_eq!(csv.lines().count(), 3);
@@ -334,7 +388,14 @@ mod tests {
         let clients = std::fs::read_to_string(dir.path().join("clients.csv")).unwrap();
         assert_eq!(
             clients.lines().nth(1).unwrap(),
-            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000,4 2,"
+            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000,4 2,,"
         );
+        // A dropped client's row: no numbers, the reason as one quoted field.
+        assert_eq!(
+            clients.lines().nth(2).unwrap(),
+            "1,4,1,,,,,,,1 0,,\"update refused: reports \"\"5\"\" samples, not 6\""
+        );
+        let columns = CLIENTS_HEADER.split(',').count();
+        assert_eq!(clients.lines().nth(1).unwrap().split(',').count(), columns);
     }
 }

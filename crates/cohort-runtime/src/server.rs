@@ -254,11 +254,26 @@ struct Arrived {
     arrival: Arrival,
 }
 
+/// A client dropped from its round, and why.
+#[derive(Debug, Clone, PartialEq)]
+struct Dropped {
+    client_id: u32,
+    /// The worker that ran the task, when it got that far.
+    worker: Option<usize>,
+    reason: String,
+}
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "client {}: {}", self.client_id, self.reason)
+    }
+}
+
 /// What came back in a round, in selection order.
 #[derive(Debug, Default)]
 struct Collected {
     updates: Vec<Arrived>,
-    failures: Vec<String>,
+    failures: Vec<Dropped>,
     bytes_to_server: u64,
 }
 
@@ -266,6 +281,7 @@ struct Collected {
 struct Aggregated {
     reports: Vec<ClientReport>,
     arrivals: Vec<Arrival>,
+    dropped: Vec<Dropped>,
     privacy: Option<PrivacySpent>,
 }
 
@@ -698,9 +714,11 @@ impl<'a> RoundLoop<'a> {
                         client = client_id,
                         "update refused, client dropped: {reason}"
                     );
-                    collected
-                        .failures
-                        .push(format!("client {client_id}: {reason}"));
+                    collected.failures.push(Dropped {
+                        client_id,
+                        worker: Some(arrived.report.worker),
+                        reason: format!("update refused: {reason}"),
+                    });
                 }
             }
         }
@@ -714,7 +732,12 @@ impl<'a> RoundLoop<'a> {
                 collected.updates.len(),
                 clients.len(),
                 round - 1,
-                collected.failures.join("; ")
+                collected
+                    .failures
+                    .iter()
+                    .map(Dropped::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
             );
         }
         let clients_config = &self.loaded.config.clients;
@@ -734,7 +757,8 @@ impl<'a> RoundLoop<'a> {
     }
 
     /// Server hooks under their contract, then the strategy's aggregation.
-    fn aggregate(&mut self, round: u32, collected: Collected) -> anyhow::Result<Aggregated> {
+    fn aggregate(&mut self, round: u32, mut collected: Collected) -> anyhow::Result<Aggregated> {
+        let dropped = std::mem::take(&mut collected.failures);
         let (payloads, arrivals) =
             hooked_payloads(round, collected, &mut *self.hooks, &self.global)?;
         if self.loaded.config.results.keep_client_updates {
@@ -763,6 +787,7 @@ impl<'a> RoundLoop<'a> {
         Ok(Aggregated {
             reports: payloads.into_iter().map(|p| p.into_parts().0).collect(),
             arrivals,
+            dropped,
             privacy: outcome.privacy,
         })
     }
@@ -787,6 +812,7 @@ impl<'a> RoundLoop<'a> {
         let Aggregated {
             reports,
             arrivals,
+            dropped,
             privacy,
         } = aggregated;
         let config = &self.loaded.config;
@@ -817,7 +843,13 @@ impl<'a> RoundLoop<'a> {
         };
         clock.simulated_before = row.simulated_time;
         clock.previous_round_end = Instant::now();
-        let client_rows = self.client_rows(round, &reports, &arrivals);
+        let mut client_rows = self.client_rows(round, &reports, &arrivals);
+        client_rows.extend(dropped.into_iter().map(|d| ClientRow {
+            worker: d.worker.unwrap_or_default(),
+            label_histogram: self.histogram(d.client_id),
+            dropped: Some(d.reason),
+            ..ClientRow::empty(round, d.client_id)
+        }));
         tracing::info!(
             round,
             accuracy,
@@ -858,15 +890,20 @@ impl<'a> RoundLoop<'a> {
                 processing_time: arrival.processing_time,
                 comm_time: arrival.comm_time,
                 payload_bytes: arrival.payload_bytes,
-                label_histogram: (r.client_id as usize)
-                    .checked_sub(1)
-                    .and_then(|index| self.clients.histograms.get(index))
-                    .cloned()
-                    .unwrap_or_default(),
+                label_histogram: self.histogram(r.client_id),
                 test_accuracy: (arrival.test_samples > 0)
                     .then(|| arrival.test_correct as f64 / arrival.test_samples as f64),
+                dropped: None,
             })
             .collect()
+    }
+
+    fn histogram(&self, client_id: u32) -> Vec<u64> {
+        (client_id as usize)
+            .checked_sub(1)
+            .and_then(|index| self.clients.histograms.get(index))
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn checkpoint(
@@ -942,9 +979,11 @@ fn collect_updates(
             Ok(delivered) => delivered,
             Err(reason) => {
                 tracing::warn!(round, client = client_id, "client dropped: {reason}");
-                collected
-                    .failures
-                    .push(format!("client {client_id}: {reason}"));
+                collected.failures.push(Dropped {
+                    client_id,
+                    worker: Some(outcome.worker),
+                    reason,
+                });
                 continue;
             }
         };
@@ -959,9 +998,11 @@ fn collect_updates(
                     client = client_id,
                     "malformed update, client dropped: {error}"
                 );
-                collected
-                    .failures
-                    .push(format!("client {client_id}: malformed update: {error}"));
+                collected.failures.push(Dropped {
+                    client_id,
+                    worker: Some(outcome.worker),
+                    reason: format!("malformed update: {error}"),
+                });
                 continue;
             }
         };
@@ -1375,8 +1416,12 @@ mod tests {
         assert_eq!(collected.updates[0].tree, tree(&[2.0]));
         assert_eq!(collected.updates[0].report.local_steps, 3);
         assert_eq!(collected.failures.len(), 2, "{:?}", collected.failures);
-        assert!(collected.failures[0].contains("client 1: timed out"));
-        assert!(collected.failures[1].contains("client 3: malformed update"));
+        assert_eq!(collected.failures[0].to_string(), "client 1: timed out");
+        assert!(
+            collected.failures[1]
+                .to_string()
+                .starts_with("client 3: malformed update")
+        );
         // Bytes that arrived count, also when they did not unpack.
         let expected = 2 * codec::encode(&tree(&[0.0])).unwrap().len() as u64 + 15;
         assert_eq!(collected.bytes_to_server, expected);

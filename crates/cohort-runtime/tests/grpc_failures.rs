@@ -41,6 +41,17 @@ fn task(client_id: u32) -> TaskSpec {
 
 /// A client that registers, takes one task and answers with `reply`.
 fn rogue_client(address: std::net::SocketAddr, reply: Vec<Kind>, linger: Duration) {
+    let mut steps: Vec<(Duration, Kind)> = reply.into_iter().map(|k| (Duration::ZERO, k)).collect();
+    scripted_client(address, linger, move |_| std::mem::take(&mut steps));
+}
+
+/// A client that registers, takes one task, and sends what `script` makes of
+/// the task's client id, each message after its delay; then stays `linger`.
+fn scripted_client(
+    address: std::net::SocketAddr,
+    linger: Duration,
+    mut script: impl FnMut(u32) -> Vec<(Duration, Kind)> + Send + 'static,
+) {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async move {
@@ -64,15 +75,16 @@ fn rogue_client(address: std::net::SocketAddr, reply: Vec<Kind>, linger: Duratio
                 .unwrap()
                 .into_inner();
             // Welcome, then the task and its payload chunk.
-            let mut seen_task = false;
+            let mut task = None;
             while let Ok(Some(message)) = inbound.message().await {
                 match message.kind {
-                    Some(ServerKind::Task(_)) => seen_task = true,
-                    Some(ServerKind::Chunk(_)) if seen_task => break,
+                    Some(ServerKind::Task(t)) => task = Some(t.client_id),
+                    Some(ServerKind::Chunk(_)) if task.is_some() => break,
                     _ => {}
                 }
             }
-            for kind in reply {
+            for (delay, kind) in script(task.unwrap_or_default()) {
+                tokio::time::sleep(delay).await;
                 let _ = sender.send(ClientMessage { kind: Some(kind) }).await;
             }
             tokio::time::sleep(linger).await;
@@ -247,5 +259,72 @@ fn silent_connections_are_capped_and_closed_and_honest_clients_still_register() 
         transport.connected(),
         1,
         "the registered client was cut off"
+    );
+}
+
+fn chunk(byte: u8, len: usize) -> Kind {
+    Kind::Chunk(proto::Chunk {
+        data: vec![byte; len],
+    })
+}
+
+/// Two uploads of 4 KiB each: A announces its update first and then trickles
+/// it over 1.5 s; B announces 0.3 s after A and sends its update at once.
+/// Returns the payload byte of each outcome in the order they came back, and
+/// the seconds until the second one.
+fn two_uploads(max_inflight_bytes: usize) -> (Vec<u8>, f64) {
+    let mut settings = settings(Duration::from_secs(20));
+    settings.max_payload_bytes = 4096;
+    settings.max_inflight_bytes = max_inflight_bytes;
+    let mut transport = GrpcTransport::start(settings).unwrap();
+    let address = transport.local_addr();
+    let slow = |id| {
+        vec![
+            (Duration::ZERO, report(id, 4096)),
+            (Duration::ZERO, chunk(0xAA, 2048)),
+            (Duration::from_millis(1500), chunk(0xAA, 2048)),
+        ]
+    };
+    let quick = |id| {
+        vec![
+            (Duration::from_millis(300), report(id, 4096)),
+            (Duration::ZERO, chunk(0xBB, 4096)),
+        ]
+    };
+    scripted_client(address, Duration::from_secs(5), slow);
+    transport.wait_for_clients(1).unwrap();
+    // The slow client takes the first task before the quick one registers.
+    transport
+        .dispatch(Arc::new(vec![1, 2, 3]), vec![task(1), task(2)])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = std::time::Instant::now();
+    scripted_client(address, Duration::from_secs(5), quick);
+    let mut order = Vec::new();
+    for _ in 0..2 {
+        let outcome = transport.next_outcome().unwrap();
+        let delivered = outcome.result.expect("both uploads are honest");
+        assert_eq!(delivered.reply.payload.len(), 4096);
+        order.push(delivered.reply.payload[0]);
+    }
+    (order, started.elapsed().as_secs_f64())
+}
+
+/// With room for one update in flight, the second upload waits for the
+/// first to finish instead of being buffered beside it; with room for both,
+/// the quick one finishes first. Both are delivered either way.
+#[test]
+fn uploads_past_the_inflight_room_wait_for_it() {
+    let (order, seconds) = two_uploads(4096);
+    assert_eq!(order, [0xAA, 0xBB], "the quick upload did not wait");
+    assert!(
+        seconds >= 1.0,
+        "the second upload came back after {seconds} s"
+    );
+    let (order, _) = two_uploads(1 << 20);
+    assert_eq!(
+        order,
+        [0xBB, 0xAA],
+        "with room for both, the quick one is first"
     );
 }
