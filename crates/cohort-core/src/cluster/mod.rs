@@ -6,10 +6,12 @@
 //! [`Topology::new`] validates it; every error names the file, the key, the
 //! bad value and what was expected.
 
+mod backend;
 mod file;
 mod size;
 mod topology;
 
+pub use backend::{Backend, BackendError, built_backends, check_backend};
 pub use file::{
     ClusterError, ClusterSpec, InterfaceSpec, LinkEnd, LinkSpec, MAX_CLUSTER_BYTES, NodeSpec, load,
     parse,
