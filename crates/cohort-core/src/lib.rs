@@ -12,10 +12,12 @@
 //! * config schema and loader: [`config`]
 //! * safetensors payloads: [`codec`]
 //! * iid partitions: [`partition`]; client selection: [`selection`]
+//! * cluster files and placement of ranks on nodes: [`cluster::place`]
 
 pub mod aggregate;
 pub mod attack;
 pub mod checkpoint;
+pub mod cluster;
 pub mod codec;
 pub mod compare;
 pub mod config;
