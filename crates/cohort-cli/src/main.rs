@@ -11,9 +11,11 @@ use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+use cohort_core::config::LoadedConfig;
 use cohort_runtime::{RunOptions, new_run_dir};
 
 mod plot;
+mod rank;
 mod tools;
 use cohort_train::device::DeviceRequest;
 
@@ -36,6 +38,10 @@ struct Cli {
 enum Command {
     /// Run a federated training job described by a TOML config.
     Run(RunArgs),
+    /// One rank of a distributed simulation: trains its block of clients and
+    /// meets the other ranks as the plan says (`cohort place --emit`). Same
+    /// flags as `run`; --plan is required.
+    Worker(RunArgs),
     /// Draw accuracy by round and by wall time of one or more run folders into a PNG.
     Plot {
         /// Run folders; each becomes one line.
@@ -134,6 +140,17 @@ struct RunArgs {
     /// clients started elsewhere.
     #[arg(long, value_name = "N")]
     local_clients: Option<usize>,
+    /// Distributed simulation: the folder of host files that `cohort place
+    /// --emit` wrote; this process is one rank of that plan.
+    #[arg(long, value_name = "DIR")]
+    plan: Option<PathBuf>,
+    /// The plan's instance [default: the only one in --plan].
+    #[arg(long, requires = "plan")]
+    instance: Option<String>,
+    /// This process's rank in the plan [default: from the launcher: mpirun,
+    /// srun, or a Kubernetes Indexed Job's JOB_COMPLETION_INDEX].
+    #[arg(long, requires = "plan")]
+    rank: Option<u32>,
 }
 
 #[derive(Args)]
@@ -189,6 +206,13 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args),
+        Command::Worker(args) => {
+            anyhow::ensure!(
+                args.plan.is_some(),
+                "cohort worker needs --plan DIR (the host files of `cohort place --emit`)"
+            );
+            run(args)
+        }
         Command::Aggregate {
             config,
             global,
@@ -273,49 +297,34 @@ fn compare_models(
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
-    let (loaded, run_dir) = match &args.resume {
-        Some(run_dir) => {
-            let saved_path = run_dir.join("config.toml");
-            let saved = cohort_core::config::load(&saved_path)
-                .with_context(|| format!("{} is not a resumable run folder", run_dir.display()))?;
-            let loaded = match &args.config {
-                Some(path) => {
-                    let given = cohort_core::config::load(path)?;
-                    let differences = saved.result_differences(&given);
-                    if !differences.is_empty() {
-                        anyhow::bail!(
-                            "{} differs from the config {} was started with in keys that change results:\n  {}",
-                            path.display(),
-                            run_dir.display(),
-                            differences.join("\n  ")
-                        );
-                    }
-                    given
-                }
-                None => saved,
-            };
-            (loaded, run_dir.clone())
-        }
-        None => {
-            let path = args
-                .config
-                .as_ref()
-                .expect("clap requires --config without --resume");
-            let loaded = cohort_core::config::load(path)?;
-            let config = &loaded.config;
-            let base = args
-                .base
-                .clone()
-                .or_else(|| config.results.result_path.clone())
-                .unwrap_or_else(|| config.general.base_path.clone());
-            let run_dir = new_run_dir(&base, path, config.general.run_name.as_deref())
-                .with_context(|| format!("cannot create a run folder under {}", base.display()))?;
-            (loaded, run_dir)
-        }
+    let loaded = load_for_run(&args)?;
+    let distributed = match &args.plan {
+        Some(plan) => Some(rank::seat(
+            plan,
+            args.instance.as_deref(),
+            args.rank,
+            &loaded,
+        )?),
+        None => None,
     };
-    std::fs::create_dir_all(&run_dir)
-        .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
-    init_logging(&run_dir, args.quiet, args.verbose, args.resume.is_some())?;
+    let follower = distributed.as_ref().is_some_and(|d| d.ring.rank != 0);
+    let run_dir = if follower {
+        // Rank 0 writes the run folder; the others only read it to resume.
+        rank::follower_dir(args.resume.as_ref())
+    } else {
+        let run_dir = match &args.resume {
+            Some(run_dir) => run_dir.clone(),
+            None => fresh_run_dir(&args, &loaded)?,
+        };
+        std::fs::create_dir_all(&run_dir)
+            .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
+        run_dir
+    };
+    if follower {
+        init_stderr_logging(args.quiet, args.verbose)?;
+    } else {
+        init_logging(&run_dir, args.quiet, args.verbose, args.resume.is_some())?;
+    }
     tracing::info!(config = %loaded.path.display(), run_dir = %run_dir.display(), hash = loaded.result_hash(), "run started");
     let device = match (args.cpu, args.gpu) {
         (true, _) => DeviceRequest::Cpu,
@@ -357,6 +366,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         show_progress: !args.quiet,
         resume: args.resume.is_some(),
         local_clients,
+        distributed,
     };
     let summary = cohort_runtime::run(&loaded, &options)?;
     if args.plot && !summary.rounds.is_empty() {
@@ -383,6 +393,59 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The config of a new run, or of the run `--resume` continues (checked
+/// against `--config` when both are given).
+fn load_for_run(args: &RunArgs) -> anyhow::Result<LoadedConfig> {
+    let Some(run_dir) = &args.resume else {
+        let path = args
+            .config
+            .as_ref()
+            .expect("clap requires --config without --resume");
+        return Ok(cohort_core::config::load(path)?);
+    };
+    let saved_path = run_dir.join("config.toml");
+    let saved = cohort_core::config::load(&saved_path)
+        .with_context(|| format!("{} is not a resumable run folder", run_dir.display()))?;
+    let Some(path) = &args.config else {
+        return Ok(saved);
+    };
+    let given = cohort_core::config::load(path)?;
+    let differences = saved.result_differences(&given);
+    if !differences.is_empty() {
+        anyhow::bail!(
+            "{} differs from the config {} was started with in keys that change results:\n  {}",
+            path.display(),
+            run_dir.display(),
+            differences.join("\n  ")
+        );
+    }
+    Ok(given)
+}
+
+/// A new run folder under `--base` (or the config's result or base path).
+fn fresh_run_dir(args: &RunArgs, loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
+    let config = &loaded.config;
+    let base = args
+        .base
+        .clone()
+        .or_else(|| config.results.result_path.clone())
+        .unwrap_or_else(|| config.general.base_path.clone());
+    new_run_dir(&base, &loaded.path, config.general.run_name.as_deref())
+        .with_context(|| format!("cannot create a run folder under {}", base.display()))
+}
+
+/// Logging of a rank that writes no run folder: stderr only.
+fn init_stderr_logging(quiet: bool, verbose: bool) -> anyhow::Result<()> {
+    let level = if quiet || !verbose { "warn" } else { "info" };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level)),
+        )
+        .try_init()
+        .map_err(|error| anyhow::anyhow!("cannot start logging: {error}"))
 }
 
 fn client(args: ClientArgs) -> anyhow::Result<()> {

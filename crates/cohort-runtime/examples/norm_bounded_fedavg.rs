@@ -84,6 +84,7 @@ fn main() -> anyhow::Result<()> {
         show_progress: true,
         resume: false,
         local_clients: None,
+        distributed: None,
     };
     let strategy = Box::new(NormBoundedFedAvg {
         bound: 1.0,
@@ -180,6 +181,7 @@ learning_rate = 0.05
             show_progress: false,
             resume: false,
             local_clients: None,
+            distributed: None,
         };
         let mut hooks = cohort_core::hooks::NoHooks;
         let summary = cohort_runtime::run_with_strategy(

@@ -8,6 +8,8 @@
 
 pub mod admission;
 pub mod client;
+pub mod collective;
+pub mod distributed;
 pub mod grpc;
 pub mod pool;
 pub mod server;
@@ -15,7 +17,7 @@ pub mod transport;
 pub mod worker_process;
 
 pub use server::{
-    LocalClients, MODEL_FILE, RunOptions, RunSummary, new_run_dir, run, run_with_hooks,
-    run_with_strategy,
+    DistributedRun, LocalClients, MODEL_FILE, RunOptions, RunSummary, new_run_dir, run,
+    run_with_hooks, run_with_strategy,
 };
 pub use worker_process::{WorkerOptions, WorkerSummary, run_worker};

@@ -46,6 +46,8 @@ use cohort_train::init::seeded_parameters;
 use cohort_train::trainer::{ClientTask, Evaluator};
 
 use crate::client::{ClientPartitions, ClientRunner, load_data};
+use crate::collective::ring::RingCollective;
+use crate::distributed::{DistributedTransport, SharedCollective, share_accuracy};
 use crate::grpc::{GrpcTransport, ServerSettings};
 use crate::pool::WorkerPool;
 use crate::transport::{TaskInstructions, TaskSpec, Transport};
@@ -65,6 +67,25 @@ pub struct RunOptions {
     pub resume: bool,
     /// Network mode: client processes this run starts itself on this machine.
     pub local_clients: Option<LocalClients>,
+    /// This process is one rank of a distributed simulation.
+    pub distributed: Option<DistributedRun>,
+}
+
+/// One rank of a distributed simulation (`cohort worker`, or `cohort run`
+/// under mpirun/srun with a plan): which clients it trains and how it meets
+/// the other ranks.
+#[derive(Debug, Clone)]
+pub struct DistributedRun {
+    /// The logical clients this rank trains, every round.
+    pub clients: cohort_core::cluster::ClientBlock,
+    /// The ring it joins; `world_size` and `rank` are the run's.
+    pub ring: crate::collective::ring::RingSettings,
+}
+
+impl DistributedRun {
+    fn leader(&self) -> bool {
+        self.ring.rank == 0
+    }
 }
 
 /// Client processes `cohort run` starts for network mode.
@@ -321,11 +342,18 @@ pub fn run_with_strategy(
     mut strategy: Box<dyn Strategy>,
 ) -> anyhow::Result<RunSummary> {
     let config = &loaded.config;
-    std::fs::create_dir_all(&options.run_dir)
-        .with_context(|| format!("cannot create the run folder {}", options.run_dir.display()))?;
+    let leader = options
+        .distributed
+        .as_ref()
+        .is_none_or(DistributedRun::leader);
+    if leader {
+        std::fs::create_dir_all(&options.run_dir).with_context(|| {
+            format!("cannot create the run folder {}", options.run_dir.display())
+        })?;
+    }
     // A resumed run keeps the config it started with. A config with a token
     // is a secret: only its owner may read it.
-    if !options.resume {
+    if leader && !options.resume {
         let write = if config.server.auth_token.is_some() {
             cohort_core::fsutil::atomic_write_private
         } else {
@@ -378,8 +406,16 @@ pub fn run_with_strategy(
         fresh_start(loaded, &options.run_dir, &evaluator)
     };
     let expected = expected_reports(loaded, &partitions);
-    let (transport, child_clients) =
+    let (mut transport, child_clients) =
         start_transport(loaded, options, &selected, splits.train, partitions)?;
+    let peers = match &options.distributed {
+        Some(distributed) => {
+            let (distributed_transport, peers) = join_ranks(loaded, distributed, transport)?;
+            transport = distributed_transport;
+            Some(peers)
+        }
+        None => None,
+    };
     let rounds = options.rounds.unwrap_or(config.trainer.rounds);
     let mut server = RoundLoop::new(
         loaded,
@@ -396,6 +432,8 @@ pub fn run_with_strategy(
         start,
         rounds,
     )?;
+    server.peers = peers;
+    server.leader = leader;
     let reached_target = server.run()?;
     let RoundLoop {
         results, transport, ..
@@ -403,7 +441,7 @@ pub fn run_with_strategy(
     // The transport goes first: closing the streams lets client processes exit.
     drop(transport);
     drop(child_clients);
-    if results.rounds().is_empty() {
+    if leader && results.rounds().is_empty() {
         bail!("no round ran");
     }
     Ok(RunSummary {
@@ -412,6 +450,31 @@ pub fn run_with_strategy(
         model_path: options.run_dir.join(MODEL_FILE),
         reached_target,
     })
+}
+
+/// Joins the other ranks and wraps this rank's worker pool so that each round
+/// trains this rank's clients and gathers everyone's outcomes.
+fn join_ranks(
+    loaded: &LoadedConfig,
+    distributed: &DistributedRun,
+    local: Box<dyn Transport>,
+) -> anyhow::Result<(Box<dyn Transport>, SharedCollective)> {
+    if !loaded.config.clients.comm_simulation {
+        bail!(
+            "a distributed simulation trains each rank's clients on its own workers; set \
+             clients.comm_simulation = true (network mode is the grpc backend)"
+        );
+    }
+    let ring = RingCollective::connect(distributed.ring.clone())?;
+    let collective: SharedCollective = Arc::new(std::sync::Mutex::new(Box::new(ring)));
+    let transport = DistributedTransport::new(
+        local,
+        Arc::clone(&collective),
+        distributed.clients,
+        loaded.config.trainer.max_concurrency as usize,
+        loaded.decode_limits().max_bytes as u64,
+    );
+    Ok((Box::new(transport), collective))
 }
 
 /// The transport `clients.comm_simulation` asks for: worker threads, or a
@@ -536,6 +599,10 @@ struct RoundLoop<'a> {
     rounds: u32,
     clock: Clock,
     progress: ProgressBar,
+    /// The other ranks of a distributed simulation.
+    peers: Option<SharedCollective>,
+    /// Whether this process evaluates and writes the run's files (rank 0).
+    leader: bool,
 }
 
 impl<'a> RoundLoop<'a> {
@@ -592,6 +659,8 @@ impl<'a> RoundLoop<'a> {
                 previous_round_end: Instant::now(),
             },
             progress,
+            peers: None,
+            leader: true,
         })
     }
 
@@ -620,7 +689,7 @@ impl<'a> RoundLoop<'a> {
             let target = self.loaded.config.trainer.target_accuracy;
             let target_reached = target.is_some_and(|target| accuracy >= target);
             let interval = self.loaded.config.server.checkpoint_interval;
-            if round % interval == 0 || round == self.rounds || target_reached {
+            if self.leader && (round % interval == 0 || round == self.rounds || target_reached) {
                 self.checkpoint(round, &packed.model_bytes, selector_state)?;
             }
             if target_reached {
@@ -761,7 +830,7 @@ impl<'a> RoundLoop<'a> {
         let dropped = std::mem::take(&mut collected.failures);
         let (payloads, arrivals) =
             hooked_payloads(round, collected, &mut *self.hooks, &self.global)?;
-        if self.loaded.config.results.keep_client_updates {
+        if self.leader && self.loaded.config.results.keep_client_updates {
             keep_updates(&self.run_dir, round, &payloads)?;
         }
         let updates: Vec<ClientUpdate<'_>> = payloads
@@ -800,6 +869,16 @@ impl<'a> RoundLoop<'a> {
         aggregated: Aggregated,
         packed: &Packed,
     ) -> anyhow::Result<f64> {
+        if !self.leader {
+            let peers = self
+                .peers
+                .as_ref()
+                .context("a follower rank without peers")?;
+            let accuracy = share_accuracy(peers, None)?;
+            self.clock.previous_round_end = Instant::now();
+            tracing::info!(round, accuracy, "round finished (evaluated by rank 0)");
+            return Ok(accuracy);
+        }
         let evaluation_started = Instant::now();
         let (evaluator, global, test) = (&mut self.evaluator, &self.global, &self.test);
         let accuracy = self
@@ -868,6 +947,9 @@ impl<'a> RoundLoop<'a> {
         self.results
             .record(row, client_rows)
             .context("cannot write results.csv")?;
+        if let Some(peers) = &self.peers {
+            share_accuracy(peers, Some(accuracy))?;
+        }
         Ok(accuracy)
     }
 

@@ -35,6 +35,7 @@ fn options(run_dir: PathBuf, rounds: u32) -> RunOptions {
         show_progress: false,
         resume: false,
         local_clients: None,
+        distributed: None,
     }
 }
 

@@ -28,6 +28,7 @@
 
 mod backend;
 mod file;
+mod launcher;
 mod place;
 mod plan;
 mod ports;
@@ -40,6 +41,7 @@ pub use file::{
     ClusterError, ClusterSpec, InterfaceSpec, LinkEnd, LinkSpec, MAX_CLUSTER_BYTES, NodeSpec, load,
     parse,
 };
+pub use launcher::{LauncherRank, launcher_rank};
 pub use place::{MemoryNeed, MemoryShortfall, PlacementError, RankCount, Request, place};
 pub use plan::{
     HostFile, Launch, LaunchSpec, Peer, PlacedNode, Plan, RankCommand, RankFile, RankPlan,
@@ -47,7 +49,7 @@ pub use plan::{
 };
 pub use ports::{DEFAULT_BASE_PORT, PORT_SPAN};
 pub use size::format_bytes;
-pub use split::ClientBlock;
+pub use split::{ClientBlock, client_blocks};
 pub use topology::{
     Endpoint, Interface, InterfaceKind, Link, LinkKind, MAX_NODES, Node, Topology, TopologyError,
 };

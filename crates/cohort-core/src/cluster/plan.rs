@@ -127,6 +127,13 @@ pub struct RankFile {
     pub rdma_devices: Option<Vec<Vec<Option<String>>>>,
 }
 
+impl RankFile {
+    /// Reads a host file's contents (JSON, as [`Plan::host_files`] writes them).
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+}
+
 /// A file to write: its name (no directory) and contents.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFile {
@@ -372,7 +379,8 @@ impl Plan {
                 rank: rank.rank,
                 host: rank.host.clone(),
                 command: format!(
-                    "{program} worker --plan {} --instance {instance} --rank {}",
+                    "{program} worker --config {} --plan {} --instance {instance} --rank {}",
+                    shell_word(&spec.config),
                     shell_word(dir),
                     rank.rank
                 ),

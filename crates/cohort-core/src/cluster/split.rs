@@ -83,7 +83,7 @@ impl ClientBlock {
 /// Contiguous blocks of client ids `1..=num_clients`, one per rank, sized in
 /// proportion to `capacities`. They depend on nothing but these inputs, so
 /// every round of a plan keeps each client's data on the same rank.
-pub(crate) fn client_blocks(num_clients: u32, capacities: &[u64]) -> Vec<ClientBlock> {
+pub fn client_blocks(num_clients: u32, capacities: &[u64]) -> Vec<ClientBlock> {
     let mut next = 1;
     split_proportional(num_clients, capacities)
         .into_iter()

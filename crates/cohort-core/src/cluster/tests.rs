@@ -635,7 +635,7 @@ fn launch_lines_in_plain_mpirun_and_srun_forms() {
     assert_eq!(launch.plain[2].host, "beta");
     assert_eq!(
         launch.plain[2].command,
-        "cohort worker --plan /shared/plans --instance exp-1 --rank 2"
+        "cohort worker --config 'my run.toml' --plan /shared/plans --instance exp-1 --rank 2"
     );
 }
 

@@ -1,0 +1,158 @@
+//! Which rank of a plan this process is (`cohort worker`, or `cohort run
+//! --plan` under mpirun/srun/a Kubernetes Indexed Job), and its seat in the
+//! ring, read from the host file `cohort place --emit` wrote for it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use cohort_core::cluster::{Backend, RankFile, host_file_name, launcher_rank};
+use cohort_core::config::LoadedConfig;
+use cohort_runtime::DistributedRun;
+use cohort_runtime::collective::ring::{RingPeer, RingSettings};
+
+/// Host files larger than this are not plans.
+const MAX_HOST_FILE_BYTES: u64 = 1 << 20;
+
+/// The seat of this process in `plan_dir`'s plan.
+pub fn seat(
+    plan_dir: &Path,
+    instance: Option<&str>,
+    rank: Option<u32>,
+    loaded: &LoadedConfig,
+) -> anyhow::Result<DistributedRun> {
+    let launched = launcher_rank(|key| std::env::var(key).ok())
+        .map_err(|problem| anyhow::anyhow!("{problem}"))?;
+    let rank = match (rank, &launched) {
+        (Some(rank), _) => rank,
+        (None, Some(launched)) => launched.rank,
+        (None, None) => bail!(
+            "--plan needs this process's rank: --rank R, or start it with mpirun, srun or a \
+             Kubernetes Indexed Job (JOB_COMPLETION_INDEX with COHORT_WORLD_SIZE)"
+        ),
+    };
+    let instance = match instance {
+        Some(instance) => instance.to_owned(),
+        None => only_instance(plan_dir, rank)?,
+    };
+    let path = plan_dir.join(host_file_name(&instance, rank));
+    let file = read_host_file(&path)?;
+    if let Some(launched) = launched
+        && launched.world_size != file.world_size
+    {
+        bail!(
+            "{}: the plan has {} ranks, but the launcher started {} ({})",
+            path.display(),
+            file.world_size,
+            launched.world_size,
+            launched.source
+        );
+    }
+    let clients = &loaded.config.clients;
+    if file.num_clients != clients.total_clients {
+        bail!(
+            "{}: the plan is for {} clients, the config has clients.total_clients = {}",
+            path.display(),
+            file.num_clients,
+            clients.total_clients
+        );
+    }
+    ring_seat(&path, file, loaded)
+}
+
+fn ring_seat(path: &Path, file: RankFile, loaded: &LoadedConfig) -> anyhow::Result<DistributedRun> {
+    match file.backend {
+        Backend::Ring => {}
+        other => bail!(
+            "{}: backend `{other}`: distributed simulation in this build runs on the `ring` \
+             backend; place with --backend ring (MPI is not built in yet)",
+            path.display()
+        ),
+    }
+    let rank = &file.rank;
+    let (left, right) = match &rank.ring {
+        Some(ring) => (ring.left, ring.right),
+        // One rank: its own neighbour; nothing is ever sent.
+        None if file.world_size == 1 => {
+            let me = cohort_core::cluster::Peer {
+                rank: 0,
+                address: rank.listen,
+            };
+            (me, me)
+        }
+        None => bail!(
+            "{}: rank {} has no ring neighbours",
+            path.display(),
+            rank.rank
+        ),
+    };
+    let peer = |p: cohort_core::cluster::Peer| RingPeer {
+        rank: p.rank,
+        address: p.address,
+        // Host files name neighbours by address only.
+        node: String::new(),
+    };
+    let server = &loaded.config.server;
+    Ok(DistributedRun {
+        clients: rank.clients,
+        ring: RingSettings {
+            instance: file.instance.clone(),
+            rank: rank.rank,
+            world_size: file.world_size,
+            listen: rank.listen,
+            left: peer(left),
+            right: peer(right),
+            connect_timeout: Duration::from_secs_f64(server.registration_timeout),
+            io_timeout: Duration::from_secs_f64(server.payload_timeout),
+        },
+    })
+}
+
+fn read_host_file(path: &Path) -> anyhow::Result<RankFile> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("cannot read the host file {}", path.display()))?
+        .len();
+    if size > MAX_HOST_FILE_BYTES {
+        bail!(
+            "{}: {size} bytes is too large for a host file",
+            path.display()
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the host file {}", path.display()))?;
+    RankFile::parse(&text)
+        .with_context(|| format!("{} is not a host file of `cohort place`", path.display()))
+}
+
+/// The instance of the single plan in `dir` that has a host file for `rank`.
+fn only_instance(dir: &Path, rank: u32) -> anyhow::Result<String> {
+    let suffix = format!("-{rank}.json");
+    let mut instances: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the plan folder {}", dir.display()))?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter_map(|name| {
+            let instance = name.strip_prefix("hosts-")?.strip_suffix(&suffix)?;
+            (host_file_name(instance, rank) == name).then(|| instance.to_owned())
+        })
+        .collect();
+    instances.sort();
+    match instances.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => bail!(
+            "{} has no host file for rank {rank}; write the plan with `cohort place --emit {}`",
+            dir.display(),
+            dir.display()
+        ),
+        many => bail!(
+            "{} holds plans of several instances ({}); pick one with --instance",
+            dir.display(),
+            many.join(", ")
+        ),
+    }
+}
+
+/// The folder a follower rank names in its options: the run folder when
+/// resuming (it reads the checkpoints), else one it never creates or writes.
+pub fn follower_dir(resume: Option<&PathBuf>) -> PathBuf {
+    resume.cloned().unwrap_or_default()
+}

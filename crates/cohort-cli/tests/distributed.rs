@@ -1,0 +1,251 @@
+//! Distributed simulation on one machine: three `cohort worker` ranks of a
+//! plan meet in a TCP ring over loopback, each trains its block of clients,
+//! and the final model equals, bit for bit, the model of the same config run
+//! in one process, for FedAvg and for the median (which cannot be split into
+//! partial sums). A rank that dies mid-run ends the others with an error that
+//! names it, and rank 0's checkpoints let the run resume.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use cohort_core::cluster::{Backend, MemoryNeed, RankCount, Request, place};
+use common::{cohort, fixture_data, only_run_dir, write_config};
+
+fn job(algorithm: &str, rounds: u32) -> String {
+    format!(
+        r#"
+[clients]
+total_clients = 6
+per_round = 4
+[server]
+random_seed = 7
+payload_timeout = 20
+registration_timeout = 30
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_size = 40
+[trainer]
+rounds = {rounds}
+epochs = 1
+batch_size = 10
+max_concurrency = 2
+optimizer = "sgd"
+model_seed = 3
+training_seed = 5
+[parameters.optimizer]
+learning_rate = 0.05
+[algorithm]
+type = "{algorithm}"
+"#
+    )
+}
+
+/// Host files of a 3-rank ring plan on this machine, written into `dir`.
+fn write_plan(dir: &Path, instance: &str) {
+    let cluster = common::repo_root().join("configs/clusters/one_machine.toml");
+    let topology = cohort_core::cluster::load(&cluster).unwrap();
+    let mut request = Request::new(instance, 6, MemoryNeed::estimate(62_006, 4, 40 * 785));
+    request.backend = Backend::Ring;
+    request.ranks = RankCount::Exactly(3);
+    // Away from other tests' ports; the plan picks within 1,024 of it.
+    request.base_port = 40_000 + (std::process::id() % 20_000) as u16;
+    let plan = place(&topology, &request).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    for file in plan.host_files() {
+        std::fs::write(dir.join(file.name), file.contents).unwrap();
+    }
+}
+
+fn start_rank(config: &Path, plan: &Path, base: &Path, rank: u32, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(["worker", "--config", config.to_str().unwrap()])
+        .args([
+            "--plan",
+            plan.to_str().unwrap(),
+            "--rank",
+            &rank.to_string(),
+        ])
+        .args(["--base", base.to_str().unwrap(), "--cpu", "--quiet"])
+        .args(extra)
+        .env("COHORT_DATA_DIR", fixture_data())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn single_process_model(dir: &Path, config: &Path) -> Vec<u8> {
+    let base = dir.join("single");
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--base",
+            base.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+        ],
+        &fixture_data(),
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::read(only_run_dir(&base).join("model.safetensors")).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn three_ranks_in_a_ring_give_the_single_process_model_bit_for_bit() {
+    for algorithm in ["fedavg", "median"] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(dir.path(), &job(algorithm, 3));
+        let expected = single_process_model(dir.path(), &config);
+        let plan = dir.path().join("plan");
+        write_plan(&plan, &format!("t-{algorithm}"));
+        let base = dir.path().join("ranks");
+        let ranks: Vec<Child> = (0..3)
+            .map(|rank| start_rank(&config, &plan, &base, rank, &[]))
+            .collect();
+        let outputs: Vec<Output> = ranks
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        for (rank, output) in outputs.iter().enumerate() {
+            assert!(
+                output.status.success(),
+                "{algorithm}: rank {rank}: {}",
+                stderr(output)
+            );
+        }
+        // Only rank 0 writes a run folder.
+        let run_dir = only_run_dir(&base);
+        let model = std::fs::read(run_dir.join("model.safetensors")).unwrap();
+        assert!(
+            model == expected,
+            "{algorithm}: the 3-rank model differs from the single-process one"
+        );
+        let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
+        assert_eq!(results.lines().count(), 4, "{results}");
+        // Every rank trained: workers of rank r are numbered from 2r.
+        let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+        let workers: std::collections::BTreeSet<u32> = clients
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').nth(2).unwrap().parse::<u32>().unwrap() / 2)
+            .collect();
+        assert_eq!(
+            workers.len(),
+            3,
+            "ranks that trained: {workers:?}\n{clients}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_dies_is_named_and_the_run_resumes_from_rank_0s_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &job("fedavg", 40));
+    std::fs::create_dir_all(dir.path().join("short")).unwrap();
+    let expected_config = write_config(&dir.path().join("short"), &job("fedavg", 40));
+    let plan = dir.path().join("plan");
+    write_plan(&plan, "t-dies");
+    let base = dir.path().join("ranks");
+    let mut ranks: Vec<Child> = (0..3)
+        .map(|rank| start_rank(&config, &plan, &base, rank, &[]))
+        .collect();
+    // Let some rounds finish, then kill rank 2 mid-run.
+    let run_dir = wait_for_rounds(&base, 2);
+    ranks[2].kill().unwrap();
+    let _ = ranks.pop().unwrap().wait();
+    let outputs: Vec<Output> = ranks
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    // Rank 0 receives from rank 2; rank 1 sends to it, or hears rank 0 stop.
+    for (rank, output) in outputs.iter().enumerate() {
+        assert!(
+            !output.status.success(),
+            "rank {rank} went on without rank 2"
+        );
+    }
+    let first = stderr(&outputs[0]);
+    assert!(
+        first.contains("its left neighbour rank 2 (at 127.0.0.1:"),
+        "{first}"
+    );
+    let second = stderr(&outputs[1]);
+    assert!(
+        second.contains("rank 2 (at ") || second.contains("rank 0 (at "),
+        "{second}"
+    );
+
+    // All three resume from rank 0's folder; the run ends as an unbroken one would.
+    let resume = ["--resume", run_dir.to_str().unwrap()];
+    let ranks: Vec<Child> = (0..3)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_cohort"))
+                .args([
+                    "worker",
+                    "--plan",
+                    plan.to_str().unwrap(),
+                    "--rank",
+                    &rank.to_string(),
+                ])
+                .args(["--cpu", "--quiet"])
+                .args(resume)
+                .env("COHORT_DATA_DIR", fixture_data())
+                .env_remove("RUST_LOG")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "resumed rank {rank}: {}",
+            stderr(&output)
+        );
+    }
+    let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
+    assert_eq!(results.lines().count(), 41, "{results}");
+    let expected = single_process_model(&dir.path().join("short"), &expected_config);
+    let model = std::fs::read(run_dir.join("model.safetensors")).unwrap();
+    assert!(
+        model == expected,
+        "the resumed 3-rank model differs from the single-process one"
+    );
+}
+
+/// Rank 0's run folder once `rounds` rounds are in its results.
+fn wait_for_rounds(base: &Path, rounds: usize) -> PathBuf {
+    let started = std::time::Instant::now();
+    loop {
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "no progress within 120 s"
+        );
+        if let Ok(mut entries) = std::fs::read_dir(base)
+            && let Some(Ok(entry)) = entries.next()
+        {
+            let results =
+                std::fs::read_to_string(entry.path().join("results.csv")).unwrap_or_default();
+            if results.lines().count() > rounds {
+                return entry.path();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,440 @@
+//! Distributed simulation: the ranks of a plan each train the selected
+//! clients of their own block (the same block every round, so data stays
+//! put) on their own worker pool, then all-gather the round's outcomes, so
+//! every rank sees every update in the selection order and runs the same
+//! checks, hooks and strategy as a single process would. That makes the model
+//! of every rank equal, bit for bit, to a single-process run's, for every
+//! strategy (median and Krum included), at the cost of each rank receiving
+//! every update of the round: the same bytes the star of network mode moves
+//! to its one server. Rank 0 evaluates and writes the results; the others
+//! learn the accuracy from it, so they stop at the same round.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, bail};
+use cohort_core::cluster::ClientBlock;
+use cohort_train::trainer::ClientTask;
+
+use crate::client::ClientReply;
+use crate::collective::Collective;
+use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
+
+/// The collective of a run, shared by the transport and the round loop.
+pub type SharedCollective = Arc<Mutex<Box<dyn Collective>>>;
+
+/// Bytes an outcome takes beside its payload and reason.
+const OUTCOME_HEAD_BYTES: u64 = 128;
+/// Longest failure reason carried between ranks.
+const MAX_REASON_BYTES: usize = 4096;
+
+/// A [`Transport`] for one rank: its own clients go to `local`, and the
+/// outcomes of all ranks come back.
+pub struct DistributedTransport {
+    local: Box<dyn Transport>,
+    collective: SharedCollective,
+    block: ClientBlock,
+    rank: u32,
+    /// Worker ids of rank r start at r × this, so `clients.csv` tells them apart.
+    workers_per_rank: usize,
+    /// Largest update payload a rank may pass on.
+    max_payload_bytes: u64,
+    round: Option<Round>,
+}
+
+struct Round {
+    tasks: usize,
+    local: usize,
+    gathered: Option<VecDeque<ClientOutcome>>,
+}
+
+impl DistributedTransport {
+    pub fn new(
+        local: Box<dyn Transport>,
+        collective: SharedCollective,
+        block: ClientBlock,
+        workers_per_rank: usize,
+        max_payload_bytes: u64,
+    ) -> Self {
+        let rank = collective.lock().map_or(0, |c| c.rank());
+        Self {
+            local,
+            collective,
+            block,
+            rank,
+            workers_per_rank,
+            max_payload_bytes,
+            round: None,
+        }
+    }
+
+    /// Waits for this rank's outcomes, then swaps them for everyone's.
+    fn gather(&mut self, tasks: usize, local: usize) -> anyhow::Result<VecDeque<ClientOutcome>> {
+        let mut mine = Vec::with_capacity(local);
+        for _ in 0..local {
+            let mut outcome = self.local.next_outcome()?;
+            outcome.worker += self.rank as usize * self.workers_per_rank;
+            mine.push(outcome);
+        }
+        let bytes = encode_outcomes(&mine);
+        let per_outcome = self.max_payload_bytes + OUTCOME_HEAD_BYTES + MAX_REASON_BYTES as u64;
+        let limit = per_outcome.saturating_mul(tasks as u64).saturating_add(8);
+        let blocks = self
+            .collective
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the collective was poisoned by a panic"))?
+            .all_gather(bytes, limit)?;
+        let mut all = Vec::with_capacity(tasks);
+        for (rank, block) in blocks.iter().enumerate() {
+            let outcomes = decode_outcomes(block, tasks, self.max_payload_bytes).map_err(|e| {
+                anyhow::anyhow!("rank {rank} sent outcomes that do not decode: {e}")
+            })?;
+            all.extend(outcomes);
+        }
+        check_slots(&all, tasks)?;
+        Ok(all.into())
+    }
+}
+
+/// Every slot of the round exactly once: no rank skipped or repeated a task.
+fn check_slots(outcomes: &[ClientOutcome], tasks: usize) -> anyhow::Result<()> {
+    let mut seen = vec![false; tasks];
+    for outcome in outcomes {
+        match seen.get_mut(outcome.slot) {
+            Some(seen) if !*seen => *seen = true,
+            Some(_) => bail!("two ranks returned slot {} of the round", outcome.slot),
+            None => bail!(
+                "a rank returned slot {} of a {tasks}-task round",
+                outcome.slot
+            ),
+        }
+    }
+    if let Some(missing) = seen.iter().position(|s| !s) {
+        bail!("no rank returned slot {missing} of the round: the ranks' client blocks disagree");
+    }
+    Ok(())
+}
+
+impl Transport for DistributedTransport {
+    fn dispatch(
+        &mut self,
+        global_payload: Arc<Vec<u8>>,
+        tasks: Vec<TaskSpec>,
+    ) -> anyhow::Result<()> {
+        let count = tasks.len();
+        let mine: Vec<TaskSpec> = tasks
+            .into_iter()
+            .filter(|t| self.block.contains(t.task.client_id))
+            .collect();
+        let local = mine.len();
+        self.local.dispatch(global_payload, mine)?;
+        self.round = Some(Round {
+            tasks: count,
+            local,
+            gathered: None,
+        });
+        Ok(())
+    }
+
+    fn next_outcome(&mut self) -> anyhow::Result<ClientOutcome> {
+        let Some(round) = self.round.as_ref() else {
+            bail!("no round was dispatched");
+        };
+        if round.gathered.is_none() {
+            let (tasks, local) = (round.tasks, round.local);
+            let gathered = self.gather(tasks, local)?;
+            if let Some(round) = self.round.as_mut() {
+                round.gathered = Some(gathered);
+            }
+        }
+        self.round
+            .as_mut()
+            .and_then(|r| r.gathered.as_mut())
+            .and_then(VecDeque::pop_front)
+            .context("more outcomes asked for than the round had tasks")
+    }
+
+    fn cancel(&mut self) {
+        self.local.cancel();
+    }
+}
+
+/// Outcomes as bytes: a count, then each outcome's fields, little-endian.
+fn encode_outcomes(outcomes: &[ClientOutcome]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(outcomes.len() as u64).to_le_bytes());
+    for outcome in outcomes {
+        out.extend_from_slice(&(outcome.slot as u64).to_le_bytes());
+        out.extend_from_slice(&outcome.task.client_id.to_le_bytes());
+        out.extend_from_slice(&outcome.task.round.to_le_bytes());
+        out.extend_from_slice(&(outcome.worker as u64).to_le_bytes());
+        match &outcome.result {
+            Ok(delivered) => {
+                let reply = &delivered.reply;
+                out.push(1);
+                for value in [
+                    reply.num_samples,
+                    reply.local_steps,
+                    reply.test_samples,
+                    reply.test_correct,
+                ] {
+                    out.extend_from_slice(&value.to_le_bytes());
+                }
+                for value in [
+                    reply.loss,
+                    reply.training_time,
+                    reply.processing_time,
+                    delivered.comm_time,
+                ] {
+                    out.extend_from_slice(&value.to_le_bytes());
+                }
+                out.extend_from_slice(&(reply.payload.len() as u64).to_le_bytes());
+                out.extend_from_slice(&reply.payload);
+            }
+            Err(reason) => {
+                out.push(0);
+                let reason = truncated(reason, MAX_REASON_BYTES);
+                out.extend_from_slice(&(reason.len() as u64).to_le_bytes());
+                out.extend_from_slice(reason.as_bytes());
+            }
+        }
+    }
+    out
+}
+
+fn truncated(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Reads what [`encode_outcomes`] wrote, refusing more than `max_outcomes`
+/// outcomes, payloads over `max_payload_bytes` and anything truncated.
+fn decode_outcomes(
+    bytes: &[u8],
+    max_outcomes: usize,
+    max_payload_bytes: u64,
+) -> Result<Vec<ClientOutcome>, String> {
+    let mut reader = Reader { bytes, at: 0 };
+    let count = reader.u64()?;
+    if count > max_outcomes as u64 {
+        return Err(format!(
+            "{count} outcomes in a round of {max_outcomes} tasks"
+        ));
+    }
+    let mut outcomes = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let slot = usize::try_from(reader.u64()?).map_err(|_| "slot out of range")?;
+        let task = ClientTask {
+            client_id: reader.u32()?,
+            round: reader.u32()?,
+        };
+        let worker = usize::try_from(reader.u64()?).map_err(|_| "worker out of range")?;
+        let result = match reader.byte()? {
+            1 => Ok(read_delivered(&mut reader, max_payload_bytes)?),
+            0 => {
+                let length = reader.u64()?;
+                if length > MAX_REASON_BYTES as u64 {
+                    return Err(format!("a failure reason of {length} bytes"));
+                }
+                let text = reader.take(length as usize)?;
+                Err(String::from_utf8_lossy(text).into_owned())
+            }
+            other => return Err(format!("outcome tag {other}")),
+        };
+        outcomes.push(ClientOutcome {
+            slot,
+            task,
+            worker,
+            result,
+        });
+    }
+    if reader.at != bytes.len() {
+        return Err(format!(
+            "{} bytes after the last outcome",
+            bytes.len() - reader.at
+        ));
+    }
+    Ok(outcomes)
+}
+
+fn read_delivered(reader: &mut Reader<'_>, max_payload_bytes: u64) -> Result<Delivered, String> {
+    let [num_samples, local_steps, test_samples, test_correct] =
+        [reader.u64()?, reader.u64()?, reader.u64()?, reader.u64()?];
+    let [loss, training_time, processing_time, comm_time] =
+        [reader.f64()?, reader.f64()?, reader.f64()?, reader.f64()?];
+    let length = reader.u64()?;
+    if length > max_payload_bytes {
+        return Err(format!(
+            "an update of {length} bytes, over server.max_payload_bytes = {max_payload_bytes}"
+        ));
+    }
+    let payload = reader.take(length as usize)?.to_vec();
+    Ok(Delivered {
+        reply: ClientReply {
+            num_samples,
+            loss,
+            training_time,
+            processing_time,
+            local_steps,
+            test_samples,
+            test_correct,
+            payload,
+        },
+        comm_time,
+    })
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, count: usize) -> Result<&'a [u8], String> {
+        let end = self
+            .at
+            .checked_add(count)
+            .filter(|&end| end <= self.bytes.len())
+            .ok_or_else(|| format!("truncated at byte {} (wanted {count} more)", self.at))?;
+        let taken = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(taken)
+    }
+
+    fn byte(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn f64(&mut self) -> Result<f64, String> {
+        Ok(f64::from_bits(self.u64()?))
+    }
+}
+
+/// Rank 0's accuracy of the round, on every rank: the ranks stop together.
+pub fn share_accuracy(collective: &SharedCollective, mine: Option<f64>) -> anyhow::Result<f64> {
+    let bytes = mine.map_or_else(Vec::new, |a| a.to_le_bytes().to_vec());
+    let blocks = collective
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the collective was poisoned by a panic"))?
+        .all_gather(bytes, 8)?;
+    let leader: [u8; 8] = blocks
+        .first()
+        .and_then(|b| b.as_slice().try_into().ok())
+        .context("rank 0 did not send the round's accuracy")?;
+    Ok(f64::from_le_bytes(leader))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(slot: usize, client_id: u32, payload: Result<Vec<u8>, &str>) -> ClientOutcome {
+        ClientOutcome {
+            slot,
+            task: ClientTask {
+                client_id,
+                round: 3,
+            },
+            worker: 1,
+            result: payload
+                .map(|payload| Delivered {
+                    reply: ClientReply {
+                        num_samples: 12,
+                        loss: 0.25,
+                        training_time: 1.5,
+                        processing_time: 0.125,
+                        local_steps: 3,
+                        test_samples: 4,
+                        test_correct: 2,
+                        payload,
+                    },
+                    comm_time: 0.5,
+                })
+                .map_err(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn outcomes_round_trip_and_bounds_hold() {
+        let outcomes = vec![
+            outcome(0, 7, Ok(vec![1, 2, 3])),
+            outcome(1, 9, Err("it died")),
+        ];
+        let bytes = encode_outcomes(&outcomes);
+        let back = decode_outcomes(&bytes, 2, 3).unwrap();
+        assert_eq!(back.len(), 2);
+        let delivered = back[0].result.as_ref().unwrap();
+        assert_eq!(delivered.reply.payload, [1, 2, 3]);
+        assert_eq!(
+            (delivered.reply.num_samples, delivered.reply.loss),
+            (12, 0.25)
+        );
+        assert_eq!(delivered.comm_time, 0.5);
+        assert_eq!(back[1].result.as_ref().unwrap_err(), "it died");
+        assert_eq!(
+            (back[1].slot, back[1].task.client_id, back[1].task.round),
+            (1, 9, 3)
+        );
+
+        assert!(
+            decode_outcomes(&bytes, 1, 3)
+                .unwrap_err()
+                .contains("2 outcomes")
+        );
+        assert!(
+            decode_outcomes(&bytes, 2, 2)
+                .unwrap_err()
+                .contains("update of 3 bytes")
+        );
+        for cut in [0, 5, bytes.len() - 1] {
+            assert!(
+                decode_outcomes(&bytes[..cut], 2, 3).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(
+            decode_outcomes(&longer, 2, 3)
+                .unwrap_err()
+                .contains("after the last")
+        );
+    }
+
+    #[test]
+    fn every_slot_exactly_once() {
+        let ok = [outcome(1, 1, Err("x")), outcome(0, 2, Err("x"))];
+        assert!(check_slots(&ok, 2).is_ok());
+        let twice = [outcome(0, 1, Err("x")), outcome(0, 2, Err("x"))];
+        assert!(
+            check_slots(&twice, 2)
+                .unwrap_err()
+                .to_string()
+                .contains("two ranks")
+        );
+        let missing = [outcome(0, 1, Err("x"))];
+        assert!(
+            check_slots(&missing, 2)
+                .unwrap_err()
+                .to_string()
+                .contains("slot 1")
+        );
+        let outside = [outcome(5, 1, Err("x"))];
+        assert!(check_slots(&outside, 1).is_err());
+    }
+}
