@@ -298,16 +298,13 @@ fn compare_models(
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let loaded = load_for_run(&args)?;
-    let distributed = match &args.plan {
-        Some(plan) => Some(rank::seat(
-            plan,
-            args.instance.as_deref(),
-            args.rank,
-            &loaded,
-        )?),
-        None => None,
-    };
-    let follower = distributed.as_ref().is_some_and(|d| d.ring.rank != 0);
+    let distributed = rank::seat(
+        args.plan.as_deref(),
+        args.instance.as_deref(),
+        args.rank,
+        &loaded,
+    )?;
+    let follower = distributed.as_ref().is_some_and(|d| !d.leader());
     let run_dir = if follower {
         // Rank 0 writes the run folder; the others only read it to resume.
         rank::follower_dir(args.resume.as_ref())

@@ -6,23 +6,34 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use cohort_core::cluster::{Backend, RankFile, host_file_name, launcher_rank};
+use cohort_core::cluster::{
+    Backend, LauncherRank, RankFile, client_blocks, host_file_name, launcher_rank,
+};
 use cohort_core::config::LoadedConfig;
-use cohort_runtime::DistributedRun;
 use cohort_runtime::collective::ring::{RingPeer, RingSettings};
+use cohort_runtime::{DistributedRun, RankLink};
 
 /// Host files larger than this are not plans.
 const MAX_HOST_FILE_BYTES: u64 = 1 << 20;
 
-/// The seat of this process in `plan_dir`'s plan.
+/// This process's seat in a distributed simulation, or `None` for a plain
+/// single-process run: with `--plan`, the plan's host file for this rank
+/// (ring or MPI backend); without it, the ranks mpirun or srun started (MPI),
+/// each training an even block of the clients.
 pub fn seat(
-    plan_dir: &Path,
+    plan_dir: Option<&Path>,
     instance: Option<&str>,
     rank: Option<u32>,
     loaded: &LoadedConfig,
-) -> anyhow::Result<DistributedRun> {
+) -> anyhow::Result<Option<DistributedRun>> {
     let launched = launcher_rank(|key| std::env::var(key).ok())
         .map_err(|problem| anyhow::anyhow!("{problem}"))?;
+    let Some(plan_dir) = plan_dir else {
+        return match launched {
+            Some(launched) if launched.world_size > 1 => launched_seat(&launched, loaded).map(Some),
+            _ => Ok(None),
+        };
+    };
     let rank = match (rank, &launched) {
         (Some(rank), _) => rank,
         (None, Some(launched)) => launched.rank,
@@ -57,18 +68,57 @@ pub fn seat(
             clients.total_clients
         );
     }
-    ring_seat(&path, file, loaded)
+    planned_seat(&path, file, loaded).map(Some)
 }
 
-fn ring_seat(path: &Path, file: RankFile, loaded: &LoadedConfig) -> anyhow::Result<DistributedRun> {
-    match file.backend {
-        Backend::Ring => {}
-        other => bail!(
-            "{}: backend `{other}`: distributed simulation in this build runs on the `ring` \
-             backend; place with --backend ring (MPI is not built in yet)",
+/// Ranks started by mpirun or srun without a plan: MPI, even client blocks.
+fn launched_seat(launched: &LauncherRank, loaded: &LoadedConfig) -> anyhow::Result<DistributedRun> {
+    let total = loaded.config.clients.total_clients;
+    if launched.world_size > total {
+        bail!(
+            "{} ranks were started ({}), but clients.total_clients = {total}: every rank \
+             needs a client",
+            launched.world_size,
+            launched.source
+        );
+    }
+    let blocks = client_blocks(total, &vec![1; launched.world_size as usize]);
+    Ok(DistributedRun {
+        rank: launched.rank,
+        world_size: launched.world_size,
+        clients: blocks[launched.rank as usize],
+        link: RankLink::Mpi,
+    })
+}
+
+fn planned_seat(
+    path: &Path,
+    file: RankFile,
+    loaded: &LoadedConfig,
+) -> anyhow::Result<DistributedRun> {
+    let rank = &file.rank;
+    let link = match file.backend {
+        Backend::Ring => RankLink::Ring(ring_settings(path, &file, loaded)?),
+        Backend::Mpi | Backend::Rdma => RankLink::Mpi,
+        Backend::Grpc => bail!(
+            "{}: backend `grpc` is network mode (`cohort run` with clients.comm_simulation = \
+             false and `cohort client` processes), not ranks; place with --backend ring or mpi",
             path.display()
         ),
-    }
+    };
+    Ok(DistributedRun {
+        rank: rank.rank,
+        world_size: file.world_size,
+        clients: rank.clients,
+        link,
+    })
+}
+
+fn ring_settings(
+    path: &Path,
+    file: &RankFile,
+    loaded: &LoadedConfig,
+) -> anyhow::Result<RingSettings> {
     let rank = &file.rank;
     let (left, right) = match &rank.ring {
         Some(ring) => (ring.left, ring.right),
@@ -93,18 +143,15 @@ fn ring_seat(path: &Path, file: RankFile, loaded: &LoadedConfig) -> anyhow::Resu
         node: String::new(),
     };
     let server = &loaded.config.server;
-    Ok(DistributedRun {
-        clients: rank.clients,
-        ring: RingSettings {
-            instance: file.instance.clone(),
-            rank: rank.rank,
-            world_size: file.world_size,
-            listen: rank.listen,
-            left: peer(left),
-            right: peer(right),
-            connect_timeout: Duration::from_secs_f64(server.registration_timeout),
-            io_timeout: Duration::from_secs_f64(server.payload_timeout),
-        },
+    Ok(RingSettings {
+        instance: file.instance.clone(),
+        rank: rank.rank,
+        world_size: file.world_size,
+        listen: rank.listen,
+        left: peer(left),
+        right: peer(right),
+        connect_timeout: Duration::from_secs_f64(server.registration_timeout),
+        io_timeout: Duration::from_secs_f64(server.payload_timeout),
     })
 }
 

@@ -9,8 +9,10 @@
 //! to its one server. Rank 0 evaluates and writes the results; the others
 //! learn the accuracy from it, so they stop at the same round.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::rc::Rc;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use cohort_core::cluster::ClientBlock;
@@ -20,8 +22,9 @@ use crate::client::ClientReply;
 use crate::collective::Collective;
 use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
 
-/// The collective of a run, shared by the transport and the round loop.
-pub type SharedCollective = Arc<Mutex<Box<dyn Collective>>>;
+/// The collective of a run, shared by the transport and the round loop, both
+/// on the thread that runs the rounds.
+pub type SharedCollective = Rc<RefCell<Box<dyn Collective>>>;
 
 /// Bytes an outcome takes beside its payload and reason.
 const OUTCOME_HEAD_BYTES: u64 = 128;
@@ -56,7 +59,7 @@ impl DistributedTransport {
         workers_per_rank: usize,
         max_payload_bytes: u64,
     ) -> Self {
-        let rank = collective.lock().map_or(0, |c| c.rank());
+        let rank = collective.borrow().rank();
         Self {
             local,
             collective,
@@ -79,11 +82,7 @@ impl DistributedTransport {
         let bytes = encode_outcomes(&mine);
         let per_outcome = self.max_payload_bytes + OUTCOME_HEAD_BYTES + MAX_REASON_BYTES as u64;
         let limit = per_outcome.saturating_mul(tasks as u64).saturating_add(8);
-        let blocks = self
-            .collective
-            .lock()
-            .map_err(|_| anyhow::anyhow!("the collective was poisoned by a panic"))?
-            .all_gather(bytes, limit)?;
+        let blocks = self.collective.borrow_mut().all_gather(bytes, limit)?;
         let mut all = Vec::with_capacity(tasks);
         for (rank, block) in blocks.iter().enumerate() {
             let outcomes = decode_outcomes(block, tasks, self.max_payload_bytes).map_err(|e| {
@@ -328,10 +327,7 @@ impl<'a> Reader<'a> {
 /// Rank 0's accuracy of the round, on every rank: the ranks stop together.
 pub fn share_accuracy(collective: &SharedCollective, mine: Option<f64>) -> anyhow::Result<f64> {
     let bytes = mine.map_or_else(Vec::new, |a| a.to_le_bytes().to_vec());
-    let blocks = collective
-        .lock()
-        .map_err(|_| anyhow::anyhow!("the collective was poisoned by a panic"))?
-        .all_gather(bytes, 8)?;
+    let blocks = collective.borrow_mut().all_gather(bytes, 8)?;
     let leader: [u8; 8] = blocks
         .first()
         .and_then(|b| b.as_slice().try_into().ok())

@@ -17,7 +17,7 @@ pub mod transport;
 pub mod worker_process;
 
 pub use server::{
-    DistributedRun, LocalClients, MODEL_FILE, RunOptions, RunSummary, new_run_dir, run,
+    DistributedRun, LocalClients, MODEL_FILE, RankLink, RunOptions, RunSummary, new_run_dir, run,
     run_with_hooks, run_with_strategy,
 };
 pub use worker_process::{WorkerOptions, WorkerSummary, run_worker};

@@ -46,6 +46,7 @@ use cohort_train::init::seeded_parameters;
 use cohort_train::trainer::{ClientTask, Evaluator};
 
 use crate::client::{ClientPartitions, ClientRunner, load_data};
+use crate::collective::Collective;
 use crate::collective::ring::RingCollective;
 use crate::distributed::{DistributedTransport, SharedCollective, share_accuracy};
 use crate::grpc::{GrpcTransport, ServerSettings};
@@ -76,16 +77,58 @@ pub struct RunOptions {
 /// the other ranks.
 #[derive(Debug, Clone)]
 pub struct DistributedRun {
+    pub rank: u32,
+    pub world_size: u32,
     /// The logical clients this rank trains, every round.
     pub clients: cohort_core::cluster::ClientBlock,
-    /// The ring it joins; `world_size` and `rank` are the run's.
-    pub ring: crate::collective::ring::RingSettings,
+    pub link: RankLink,
+}
+
+/// How a rank meets the others.
+#[derive(Debug, Clone)]
+pub enum RankLink {
+    /// The built-in TCP ring, from a plan's host file.
+    Ring(crate::collective::ring::RingSettings),
+    /// Open MPI's world communicator (builds with the `mpi` feature).
+    Mpi,
 }
 
 impl DistributedRun {
-    fn leader(&self) -> bool {
-        self.ring.rank == 0
+    pub fn leader(&self) -> bool {
+        self.rank == 0
     }
+}
+
+/// The collective of `distributed`: joins the ring, or initializes MPI and
+/// checks that it agrees with the launcher's rank and size.
+fn connect_collective(distributed: &DistributedRun) -> anyhow::Result<Box<dyn Collective>> {
+    match &distributed.link {
+        RankLink::Ring(settings) => Ok(Box::new(RingCollective::connect(settings.clone())?)),
+        RankLink::Mpi => mpi_collective(distributed),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_collective(distributed: &DistributedRun) -> anyhow::Result<Box<dyn Collective>> {
+    let world = crate::collective::mpi::MpiCollective::initialize()?;
+    if (world.rank(), world.world_size()) != (distributed.rank, distributed.world_size) {
+        bail!(
+            "MPI says rank {} of {}, the launcher's environment rank {} of {}",
+            world.rank(),
+            world.world_size(),
+            distributed.rank,
+            distributed.world_size
+        );
+    }
+    Ok(Box::new(world))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_collective(_: &DistributedRun) -> anyhow::Result<Box<dyn Collective>> {
+    bail!(
+        "backend `mpi`: this build of cohort has no MPI; rebuild with `--features mpi` \
+         (needs libopenmpi-dev and libclang-dev), or place the run with `--backend ring`"
+    )
 }
 
 /// Client processes `cohort run` starts for network mode.
@@ -465,11 +508,11 @@ fn join_ranks(
              clients.comm_simulation = true (network mode is the grpc backend)"
         );
     }
-    let ring = RingCollective::connect(distributed.ring.clone())?;
-    let collective: SharedCollective = Arc::new(std::sync::Mutex::new(Box::new(ring)));
+    let collective: SharedCollective =
+        std::rc::Rc::new(std::cell::RefCell::new(connect_collective(distributed)?));
     let transport = DistributedTransport::new(
         local,
-        Arc::clone(&collective),
+        std::rc::Rc::clone(&collective),
         distributed.clients,
         loaded.config.trainer.max_concurrency as usize,
         loaded.decode_limits().max_bytes as u64,

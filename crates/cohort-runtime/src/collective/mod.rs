@@ -4,9 +4,11 @@
 //! the same deterministic aggregation and end the round with the same model.
 //!
 //! Backends: [`ring::RingCollective`] (TCP, built in, for machines without
-//! MPI) and, in builds with the `mpi` feature, MPI (not in this build yet:
-//! [`crate::backends::available_backends`] says what a build has).
+//! MPI) and, in builds with the `mpi` feature, `mpi::MpiCollective` (Open
+//! MPI through rsmpi).
 
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod ring;
 
 use std::fmt;
@@ -25,7 +27,9 @@ impl fmt::Display for CollectiveError {
 
 impl std::error::Error for CollectiveError {}
 
-pub trait Collective: Send {
+/// Not `Send`: MPI's communicators belong to the thread that made them, and
+/// the round loop drives every collective from one thread.
+pub trait Collective {
     fn rank(&self) -> u32;
     fn world_size(&self) -> u32;
     /// Every rank's `mine`, indexed by rank; all ranks get the same list.
