@@ -10,6 +10,11 @@
 //! The memory need is an estimate from the model's size and the partition
 //! sizes the config names, not a measurement; when nothing fits, the error
 //! says what it assumed per rank, worker and client.
+//!
+//! A backend this build lacks fails before anything is written, but after the
+//! cluster has been asked whether it could hold the run with that backend:
+//! `rdma` on a partial mesh is refused for the missing link, not sent to a
+//! rebuild with `--features mpi` that would end at the same wall.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -694,3 +694,28 @@ fn where_the_ranks_run_does_not_change_the_result_hash() {
     assert_eq!(base.result_hash(), spread.result_hash());
     assert_ne!(base.hash(), spread.hash());
 }
+
+#[test]
+fn config_md_documents_exactly_the_cluster_keys() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/CONFIG.md"))
+            .unwrap();
+    let section = doc
+        .split("## `[cluster]`")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/CONFIG.md has a `[cluster]` section");
+    let documented: Vec<&str> = section
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `")?.split_once("` |"))
+        .map(|(key, _)| key)
+        .collect();
+    let mut keys = introspect::fields_of::<Cluster>().to_vec();
+    keys.sort_unstable();
+    let mut sorted = documented.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted, keys,
+        "docs/CONFIG.md's [cluster] table and `Cluster`"
+    );
+}
