@@ -14,6 +14,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use cohort_core::config::LoadedConfig;
 use cohort_runtime::{RunOptions, new_run_dir};
 
+mod place;
 mod plot;
 mod rank;
 mod tools;
@@ -92,6 +93,10 @@ enum Command {
         #[arg(required = true, value_name = "FILE=SAMPLES", value_parser = tools::parse_update)]
         updates: Vec<tools::UpdateArg>,
     },
+    /// Plan where a run's ranks go on a cluster (nodes, workers, clients,
+    /// addresses, ports); print it as a table or JSON, and with --emit write
+    /// each rank's host file and the command lines that start the ranks.
+    Place(place::PlaceArgs),
     /// Print each client's sample count and label histogram under the config's
     /// partitioner (`data.sampler`); --png draws them.
     Partitions {
@@ -200,7 +205,7 @@ fn main() -> ExitCode {
 fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Check { config } => {
-            let loaded = cohort_core::config::load(&config)?;
+            let loaded = load_config(&config)?;
             println!("# {} is valid (hash {})", config.display(), loaded.hash());
             println!("{}", cohort_core::config::to_toml(&loaded.config)?);
             Ok(())
@@ -237,6 +242,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Client(args) => client(args),
+        Command::Place(args) => place::place(&args),
         Command::Compare {
             reference,
             candidate,
@@ -249,6 +255,15 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Loads and checks a config, then holds `cluster.backend` against the
+/// backends of this build: a run that could not start fails now, naming the
+/// key, not once its ranks are up.
+fn load_config(path: &std::path::Path) -> anyhow::Result<cohort_core::config::LoadedConfig> {
+    let loaded = cohort_core::config::load(path)?;
+    loaded.check_cluster_backend(&cohort_runtime::available_backends())?;
+    Ok(loaded)
 }
 
 fn read_model(path: &std::path::Path) -> anyhow::Result<cohort_core::tree::ParamTree> {
@@ -400,15 +415,16 @@ fn load_for_run(args: &RunArgs) -> anyhow::Result<LoadedConfig> {
             .config
             .as_ref()
             .expect("clap requires --config without --resume");
-        return Ok(cohort_core::config::load(path)?);
+        return load_config(path);
     };
     let saved_path = run_dir.join("config.toml");
     let saved = cohort_core::config::load(&saved_path)
         .with_context(|| format!("{} is not a resumable run folder", run_dir.display()))?;
     let Some(path) = &args.config else {
+        saved.check_cluster_backend(&cohort_runtime::available_backends())?;
         return Ok(saved);
     };
-    let given = cohort_core::config::load(path)?;
+    let given = load_config(path)?;
     let differences = saved.result_differences(&given);
     if !differences.is_empty() {
         anyhow::bail!(

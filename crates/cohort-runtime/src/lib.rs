@@ -7,6 +7,7 @@
 //! network, so byte counts and processing costs are real.
 
 pub mod admission;
+pub mod backends;
 pub mod client;
 pub mod collective;
 pub mod distributed;
@@ -16,6 +17,7 @@ pub mod server;
 pub mod transport;
 pub mod worker_process;
 
+pub use backends::available_backends;
 pub use server::{
     DistributedRun, LocalClients, MODEL_FILE, RankLink, RunOptions, RunSummary, new_run_dir, run,
     run_with_hooks, run_with_strategy,

@@ -182,6 +182,33 @@ impl LoadedConfig {
         }
     }
 
+    /// `cluster.file` resolved against the folder of the file that set it, as
+    /// `include` paths are; `None` when unset.
+    pub fn cluster_file(&self) -> Option<PathBuf> {
+        let file = self.config.cluster.file.as_ref()?;
+        let folder = self.origin_of("cluster.file").parent();
+        Some(folder.unwrap_or(Path::new("")).join(file))
+    }
+
+    /// Fails unless this build, whose backends are `available` (the runtime's
+    /// list: core has no cargo features), has `cluster.backend`. The error
+    /// names the file and the key, and what would enable the backend.
+    pub fn check_cluster_backend(
+        &self,
+        available: &[crate::cluster::Backend],
+    ) -> Result<(), ConfigError> {
+        let Some(backend) = self.config.cluster.backend else {
+            return Ok(());
+        };
+        crate::cluster::check_backend(backend, available).map_err(|error| {
+            file_error(
+                self.origin_of("cluster.backend"),
+                Some("cluster.backend".to_owned()),
+                error.to_string(),
+            )
+        })
+    }
+
     /// The file that set `key` (dotted), or the top-level file.
     pub fn origin_of(&self, key: &str) -> &Path {
         self.origins.get(key).unwrap_or(&self.path)
@@ -227,6 +254,12 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "results.keep_client_updates",
     // An alias that must equal algorithm.type: writing it or not changes nothing.
     "server.type",
+    // Where the ranks run: a distributed run computes the single-process
+    // run's model (issue 11), and `--resume` may continue on another plan.
+    "cluster.backend",
+    "cluster.file",
+    "cluster.ranks",
+    "cluster.min_nodes",
 ];
 
 impl LoadedConfig {
@@ -369,6 +402,7 @@ const SECTIONS: &[&str] = &[
     "algorithm",
     "parameters",
     "results",
+    "cluster",
 ];
 
 fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigError> {
@@ -588,6 +622,7 @@ fn check_unknown_keys(
             introspect::fields_of::<ModelParameters>(),
         ),
         ("results", introspect::fields_of::<Results>()),
+        ("cluster", introspect::fields_of::<Cluster>()),
     ]);
     let check = |section: &str, body: &toml::Table| -> Result<(), ConfigError> {
         let fields = known[section];
@@ -1036,6 +1071,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             format!("must be a finite number >= 0, got {norm}"),
         )?;
     }
+    validate_cluster(loaded)?;
     if config.parameters.model.num_classes != 10 {
         fail(
             "parameters.model.num_classes",
@@ -1044,6 +1080,63 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                 config.parameters.model.num_classes, config.data.datasource
             ),
         )?;
+    }
+    Ok(())
+}
+
+/// `[cluster]`'s ranges; which backends the build has is the caller's check
+/// ([`LoadedConfig::check_cluster_backend`]), and whether the cluster can
+/// hold the run is `cohort place`'s.
+fn validate_cluster(loaded: &LoadedConfig) -> Result<(), ConfigError> {
+    let cluster = &loaded.config.cluster;
+    let clients = loaded.config.clients.total_clients;
+    let fail = |key: &str, message: String| {
+        Err(file_error(
+            loaded.origin_of(key),
+            Some(key.to_owned()),
+            message,
+        ))
+    };
+    if cluster
+        .file
+        .as_ref()
+        .is_some_and(|f| f.as_os_str().is_empty())
+    {
+        return fail(
+            "cluster.file",
+            "is empty; name a cluster file or leave the key out".to_owned(),
+        );
+    }
+    for (key, value, what) in [
+        ("cluster.ranks", cluster.ranks, "ranks"),
+        // A node runs at least one rank.
+        (
+            "cluster.min_nodes",
+            cluster.min_nodes,
+            "nodes run at least as many ranks, which",
+        ),
+    ] {
+        match value {
+            Some(0) => return fail(key, "must be at least 1".to_owned()),
+            Some(count) if count > clients => {
+                return fail(
+                    key,
+                    format!(
+                        "{count} {what} need at least {count} logical clients, but \
+                         clients.total_clients = {clients}; every rank trains at least one"
+                    ),
+                );
+            }
+            _ => {}
+        }
+    }
+    if let (Some(ranks), Some(nodes)) = (cluster.ranks, cluster.min_nodes)
+        && nodes > ranks
+    {
+        return fail(
+            "cluster.min_nodes",
+            format!("{nodes} nodes cannot be filled by ranks = {ranks}; a node runs at least one"),
+        );
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ pub struct Config {
     pub algorithm: crate::strategy::AlgorithmConfig,
     pub parameters: Parameters,
     pub results: Results,
+    pub cluster: Cluster,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -365,4 +366,46 @@ pub struct Results {
     /// Also write every client update the server received, as
     /// `updates/round-NNNN/client-CCCC.safetensors` (for audits and debugging).
     pub keep_client_updates: bool,
+}
+
+/// `[cluster]`: how a run spreads over ranks and machines (`cohort place`
+/// plans it from a cluster file). Without a backend the run is one process,
+/// as it always was. Where the run goes does not change what it computes, so
+/// these keys are result-neutral ([`super::RESULT_NEUTRAL_KEYS`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Cluster {
+    /// The collective backend: `grpc`, `ring`, `mpi` or `rdma`. Default: none,
+    /// one process. A name cohort does not know is refused at load with the
+    /// valid ones; one this build lacks (`mpi` without `--features mpi`) is
+    /// refused by the command that loads the config, which knows the build.
+    #[serde(
+        deserialize_with = "backend_name",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub backend: Option<crate::cluster::Backend>,
+    /// The cluster file (`cohort place`'s `--cluster`), relative to the config
+    /// file that sets it, as `include` is. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    /// Exactly this many ranks, at least 1 and at most
+    /// `clients.total_clients`. Default: one rank per node of the smallest set
+    /// of nodes that fits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<u32>,
+    /// Fewest nodes to spread over, at least 1 and at most `ranks`. Default: 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_nodes: Option<u32>,
+}
+
+/// `cluster.backend` through [`crate::cluster::Backend::parse`], whose error
+/// lists the valid names with a did-you-mean and says what a foreign name
+/// (`nccl`, `jaccl`, `gloo`) is.
+fn backend_name<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<crate::cluster::Backend>, D::Error> {
+    let name = String::deserialize(deserializer)?;
+    crate::cluster::Backend::parse(&name)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }

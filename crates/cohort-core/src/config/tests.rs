@@ -567,3 +567,155 @@ fn inflight_room_must_hold_one_largest_update() {
     );
     assert_eq!(error.key.as_deref(), Some("server.max_inflight_bytes"));
 }
+
+#[test]
+fn cluster_section_is_optional_and_loads_every_key() {
+    assert_eq!(
+        load_text(MINIMAL).unwrap().config.cluster,
+        Cluster::default()
+    );
+    let loaded = load_text(&format!(
+        "{MINIMAL}\n[cluster]\nbackend = \"ring\"\nfile = \"clusters/lab.toml\"\nranks = 3\nmin_nodes = 2\n"
+    ))
+    .unwrap();
+    let cluster = &loaded.config.cluster;
+    assert_eq!(cluster.backend, Some(crate::cluster::Backend::Ring));
+    assert_eq!((cluster.ranks, cluster.min_nodes), (Some(3), Some(2)));
+    // What `cohort check` prints loads back to the same section.
+    let printed = to_toml(&loaded.config).unwrap();
+    let again = from_str(&printed, Path::new("run.toml")).unwrap();
+    assert_eq!(&again.config.cluster, cluster);
+}
+
+#[test]
+fn the_cluster_file_resolves_against_the_file_that_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("main.toml");
+    let lr = "[parameters.optimizer]\nlearning_rate = 0.01\n";
+    std::fs::write(&main, format!("{lr}[cluster]\nfile = \"lab.toml\"\n")).unwrap();
+    assert_eq!(
+        load(&main).unwrap().cluster_file(),
+        Some(dir.path().join("lab.toml"))
+    );
+    // Set in an included file, it is relative to that file, like `include`.
+    std::fs::create_dir(dir.path().join("shared")).unwrap();
+    std::fs::write(
+        dir.path().join("shared/cluster.toml"),
+        "file = \"lab.toml\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &main,
+        format!("{lr}[cluster]\ninclude = \"shared/cluster.toml\"\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        load(&main).unwrap().cluster_file(),
+        Some(dir.path().join("shared/lab.toml"))
+    );
+    assert_eq!(load_text(MINIMAL).unwrap().cluster_file(), None);
+}
+
+#[test]
+fn an_unknown_backend_gets_a_did_you_mean_and_the_valid_names() {
+    let error = error_of(&format!("{MINIMAL}\n[cluster]\nbackend = \"rnig\"\n"));
+    assert_eq!(error.file, Path::new("run.toml"));
+    assert_eq!(error.key.as_deref(), Some("cluster.backend"));
+    assert!(error.message.contains("did you mean `ring`?"), "{error}");
+    assert!(error.message.contains("grpc, ring, mpi, rdma"), "{error}");
+    let error = error_of(&format!("{MINIMAL}\n[cluster]\nbackend = \"nccl\"\n"));
+    assert!(error.message.contains("NCCL"), "{error}");
+    let error = error_of(&format!("{MINIMAL}\n[cluster]\nbackends = \"ring\"\n"));
+    assert_eq!(error.key.as_deref(), Some("cluster.backends"));
+    assert!(error.message.contains("did you mean `backend`?"), "{error}");
+}
+
+#[test]
+fn cluster_ranges_are_checked_at_load() {
+    for (lines, key, expected) in [
+        ("ranks = 0", "cluster.ranks", "at least 1"),
+        ("min_nodes = 0", "cluster.min_nodes", "at least 1"),
+        ("ranks = 11", "cluster.ranks", "clients.total_clients = 10"),
+        (
+            "min_nodes = 11",
+            "cluster.min_nodes",
+            "clients.total_clients = 10",
+        ),
+        ("ranks = 2\nmin_nodes = 3", "cluster.min_nodes", "ranks = 2"),
+        ("file = \"\"", "cluster.file", "is empty"),
+    ] {
+        let error = error_of(&format!("{MINIMAL}\n[cluster]\n{lines}\n"));
+        assert_eq!(error.key.as_deref(), Some(key), "{lines}: {error}");
+        assert!(error.message.contains(expected), "{lines}: {error}");
+    }
+    assert!(
+        load_text(&format!(
+            "{MINIMAL}\n[cluster]\nranks = 10\nmin_nodes = 10\n"
+        ))
+        .is_ok()
+    );
+}
+
+#[test]
+fn a_backend_this_build_lacks_names_the_file_the_key_and_the_feature() {
+    use crate::cluster::Backend;
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("main.toml");
+    std::fs::write(
+        &main,
+        "[parameters.optimizer]\nlearning_rate = 0.01\n[cluster]\ninclude = \"c.toml\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("c.toml"), "backend = \"mpi\"\n").unwrap();
+    let loaded = load(&main).unwrap();
+    let error = loaded
+        .check_cluster_backend(&[Backend::Grpc, Backend::Ring])
+        .unwrap_err();
+    assert_eq!(error.file, dir.path().join("c.toml"));
+    assert_eq!(error.key.as_deref(), Some("cluster.backend"));
+    assert!(error.message.contains("--features mpi"), "{error}");
+    assert!(error.message.contains("grpc and ring"), "{error}");
+    assert!(loaded.check_cluster_backend(&[Backend::Mpi]).is_ok());
+    assert!(
+        load_text(MINIMAL)
+            .unwrap()
+            .check_cluster_backend(&[])
+            .is_ok()
+    );
+}
+
+#[test]
+fn where_the_ranks_run_does_not_change_the_result_hash() {
+    let base = load_text(MINIMAL).unwrap();
+    let spread = load_text(&format!(
+        "{MINIMAL}\n[cluster]\nbackend = \"ring\"\nfile = \"lab.toml\"\nranks = 2\nmin_nodes = 2\n"
+    ))
+    .unwrap();
+    assert_eq!(base.result_hash(), spread.result_hash());
+    assert_ne!(base.hash(), spread.hash());
+}
+
+#[test]
+fn config_md_documents_exactly_the_cluster_keys() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/CONFIG.md"))
+            .unwrap();
+    let section = doc
+        .split("## `[cluster]`")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/CONFIG.md has a `[cluster]` section");
+    let documented: Vec<&str> = section
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `")?.split_once("` |"))
+        .map(|(key, _)| key)
+        .collect();
+    let mut keys = introspect::fields_of::<Cluster>().to_vec();
+    keys.sort_unstable();
+    let mut sorted = documented.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted, keys,
+        "docs/CONFIG.md's [cluster] table and `Cluster`"
+    );
+}

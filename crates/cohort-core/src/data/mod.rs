@@ -101,6 +101,21 @@ impl DataSource {
         }
     }
 
+    /// Images in the published training set (60,000 for both), for estimates
+    /// made before the files are read, such as `cohort place`'s memory need.
+    pub fn train_samples(self) -> usize {
+        match self {
+            DataSource::Mnist | DataSource::FashionMnist => 60_000,
+        }
+    }
+
+    /// Pixels of one image (28 × 28 for both).
+    pub fn pixels_per_image(self) -> usize {
+        match self {
+            DataSource::Mnist | DataSource::FashionMnist => 28 * 28,
+        }
+    }
+
     /// Mean and standard deviation of the pixel intensities in [0, 1].
     ///
     /// Both use MNIST's statistics (0.1307, 0.3081), as Plato does for both
