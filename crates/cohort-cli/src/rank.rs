@@ -98,7 +98,7 @@ fn planned_seat(
 ) -> anyhow::Result<DistributedRun> {
     let rank = &file.rank;
     let link = match file.backend {
-        Backend::Ring => RankLink::Ring(ring_settings(path, &file, loaded)?),
+        Backend::Ring => RankLink::Ring(Box::new(ring_settings(path, &file, loaded)?)),
         Backend::Mpi | Backend::Rdma => RankLink::Mpi,
         Backend::Grpc => bail!(
             "{}: backend `grpc` is network mode (`cohort run` with clients.comm_simulation = \

@@ -149,10 +149,8 @@ fn two_instances_emitted_into_one_folder_keep_their_own_files_and_ports() {
         let launch =
             String::from_utf8_lossy(&after[&format!("launch-{instance}.txt")]).into_owned();
         for line in [
-            format!(
-                "cohort worker --plan {} --instance {instance} --rank 2",
-                dir.display()
-            ),
+            format!("--plan {} --instance {instance} --rank 2", dir.display()),
+            "cohort worker --config ".to_owned(),
             "mpirun -n 3 --host alpha.lab:1,beta.lab:1,gamma.lab:1".to_owned(),
             "srun --ntasks=3".to_owned(),
         ] {

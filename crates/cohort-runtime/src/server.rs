@@ -88,7 +88,7 @@ pub struct DistributedRun {
 #[derive(Debug, Clone)]
 pub enum RankLink {
     /// The built-in TCP ring, from a plan's host file.
-    Ring(crate::collective::ring::RingSettings),
+    Ring(Box<crate::collective::ring::RingSettings>),
     /// Open MPI's world communicator (builds with the `mpi` feature).
     Mpi,
 }
@@ -103,7 +103,7 @@ impl DistributedRun {
 /// checks that it agrees with the launcher's rank and size.
 fn connect_collective(distributed: &DistributedRun) -> anyhow::Result<Box<dyn Collective>> {
     match &distributed.link {
-        RankLink::Ring(settings) => Ok(Box::new(RingCollective::connect(settings.clone())?)),
+        RankLink::Ring(settings) => Ok(Box::new(RingCollective::connect((**settings).clone())?)),
         RankLink::Mpi => mpi_collective(distributed),
     }
 }
