@@ -121,14 +121,15 @@ fn ring_settings(
 ) -> anyhow::Result<RingSettings> {
     let rank = &file.rank;
     let (left, right) = match &rank.ring {
-        Some(ring) => (ring.left, ring.right),
+        Some(ring) => (ring.left.clone(), ring.right.clone()),
         // One rank: its own neighbour; nothing is ever sent.
         None if file.world_size == 1 => {
             let me = cohort_core::cluster::Peer {
                 rank: 0,
                 address: rank.listen,
+                node: rank.node.clone(),
             };
-            (me, me)
+            (me.clone(), me)
         }
         None => bail!(
             "{}: rank {} has no ring neighbours",
@@ -139,8 +140,7 @@ fn ring_settings(
     let peer = |p: cohort_core::cluster::Peer| RingPeer {
         rank: p.rank,
         address: p.address,
-        // Host files name neighbours by address only.
-        node: String::new(),
+        node: p.node,
     };
     let server = &loaded.config.server;
     Ok(RingSettings {

@@ -180,12 +180,12 @@ fn a_rank_that_dies_is_named_and_the_run_resumes_from_rank_0s_checkpoint() {
     }
     let first = stderr(&outputs[0]);
     assert!(
-        first.contains("its left neighbour rank 2 (at 127.0.0.1:"),
+        first.contains("its left neighbour rank 2 (local at 127.0.0.1:"),
         "{first}"
     );
     let second = stderr(&outputs[1]);
     assert!(
-        second.contains("rank 2 (at ") || second.contains("rank 0 (at "),
+        second.contains("rank 2 (local at ") || second.contains("rank 0 (local at "),
         "{second}"
     );
 

@@ -306,7 +306,7 @@ fn a_ring_across_three_namespaces_survives_a_cut_link_by_resuming() {
     // Rank 2 hears nothing from rank 1 over the dead link.
     let rank2 = text(&outputs[2]);
     assert!(
-        rank2.contains("its left neighbour rank 1 (at 10.77.2.1:"),
+        rank2.contains("its left neighbour rank 1 (n1 at 10.77.2.1:"),
         "{rank2}"
     );
     assert!(rank2.contains("I/O timeout"), "{rank2}");

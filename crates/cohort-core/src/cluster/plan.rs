@@ -100,12 +100,15 @@ pub struct RingPeers {
 }
 
 /// Another rank as one rank reaches it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Peer {
     /// Its rank.
     pub rank: u32,
     /// Its address and port, from this rank's side.
     pub address: SocketAddr,
+    /// Id of its node, so that errors about it can name the machine.
+    #[serde(default)]
+    pub node: String,
 }
 
 /// What one rank's host file holds: its part of the plan and what it shares.
@@ -234,6 +237,7 @@ fn ring_peers(topology: &Topology, layout: &Layout, ports: &[u16], rank: usize) 
     let peer = |other: usize| Peer {
         rank: other as u32,
         address: reach(topology, layout, ports, rank, other),
+        node: topology.nodes()[layout.rank_node[other]].id.clone(),
     };
     let hosts = (0..size)
         .map(|other| match other {

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Distributed simulation on one machine: 1,000 Fashion-MNIST clients of 60
+# samples, 100 per round, on 1, 2 and 3 ranks (one worker each). One rank is a
+# plain `cohort run`; more are `cohort worker` ranks of a ring plan from
+# `cohort place` on configs/clusters/one_machine.toml. Prints, per rank count,
+# the median round time, the wall time, each rank's peak RSS and whether the
+# final model equals the single-process one. Results in docs/SCALING.md.
+#
+#   COHORT_DATA_DIR=../shared/data bash bench/scaling.sh [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds="${1:-4}"
+cohort="${COHORT_BIN:-target/release/cohort}"
+[ -x "$cohort" ] || { echo "build first: cargo build --release --workspace" >&2; exit 1; }
+[ -d "${COHORT_DATA_DIR:-}" ] || { echo "set COHORT_DATA_DIR" >&2; exit 1; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+cat > "$work/scale.toml" <<EOF
+[clients]
+total_clients = 1000
+per_round = 100
+[server]
+random_seed = 1
+payload_timeout = 600
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_size = 60
+[trainer]
+rounds = $rounds
+epochs = 1
+batch_size = 32
+max_concurrency = 1
+optimizer = "sgd"
+model_name = "lenet5"
+model_seed = 1
+training_seed = 1
+[parameters.optimizer]
+learning_rate = 0.01
+momentum = 0.9
+EOF
+
+median_round() {
+  # round_time of every round but the first (which also loads and warms up).
+  tail -n +3 "$1/results.csv" | cut -d, -f4 | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'
+}
+
+printf '%-6s %-12s %-8s %-28s %s\n' ranks median_round wall peak_rss_MiB_per_rank same_model
+for ranks in 1 2 3; do
+  base="$work/runs-$ranks"
+  start=$(date +%s.%N)
+  if [ "$ranks" = 1 ]; then
+    /usr/bin/time -f '%M' -o "$work/rss-1-0" "$cohort" run --config "$work/scale.toml" --base "$base" --cpu --quiet
+  else
+    plan="$work/plan-$ranks"
+    "$cohort" place --cluster configs/clusters/one_machine.toml --config "$work/scale.toml" \
+      --backend ring --ranks "$ranks" --instance "scale$ranks" --emit "$plan" > /dev/null 2>&1
+    pids=()
+    for ((r = 0; r < ranks; r++)); do
+      /usr/bin/time -f '%M' -o "$work/rss-$ranks-$r" "$cohort" worker --config "$work/scale.toml" \
+        --plan "$plan" --rank "$r" --base "$base" --cpu --quiet &
+      pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid"; done
+  fi
+  wall=$(echo "$(date +%s.%N) - $start" | bc)
+  run_dir=$(ls -d "$base"/*/)
+  rss=$(for ((r = 0; r < ranks; r++)); do echo $(( $(cat "$work/rss-$ranks-$r") / 1024 )); done | paste -sd/)
+  if [ "$ranks" = 1 ]; then
+    cp "$run_dir/model.safetensors" "$work/single.safetensors"; same="(reference)"
+  elif cmp -s "$run_dir/model.safetensors" "$work/single.safetensors"; then
+    same="bit for bit"
+  else
+    same="DIFFERS"
+  fi
+  printf '%-6s %-12s %-8.1f %-28s %s\n' "$ranks" "$(median_round "$run_dir")" "$wall" "$rss" "$same"
+done
+nproc | sed 's/^/cores: /'
