@@ -151,6 +151,72 @@ fn three_ranks_in_a_ring_give_the_single_process_model_bit_for_bit() {
     }
 }
 
+/// `cluster.reduce = partial`: each rank sends one partial sum. FedAvg
+/// matches the single process to float rounding (float64 partials added in
+/// rank order vs float32 accumulation in selection order), and every client
+/// still has its row; the median, which needs every update, is refused.
+#[test]
+fn partial_sums_match_the_single_process_to_rounding_and_refuse_the_median() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_text = format!("{}\n[cluster]\nreduce = \"partial\"\n", job("fedavg", 3));
+    let config = write_config(dir.path(), &config_text);
+    let single_base = dir.path().join("single");
+    single_process_model(dir.path(), &config);
+    let plan = dir.path().join("plan");
+    write_plan(&plan, "t-partial");
+    let base = dir.path().join("ranks");
+    let ranks: Vec<Child> = (0..3)
+        .map(|rank| start_rank(&config, &plan, &base, rank, &[]))
+        .collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "rank {rank}: {}", stderr(&output));
+    }
+    let run_dir = only_run_dir(&base);
+    let model = run_dir.join("model.safetensors");
+    let reference = only_run_dir(&single_base).join("model.safetensors");
+    let compared = cohort(
+        &[
+            "compare",
+            reference.to_str().unwrap(),
+            model.to_str().unwrap(),
+            "--tolerance",
+            "1e-6",
+        ],
+        &fixture_data(),
+    );
+    eprintln!(
+        "partial vs single process: {}",
+        String::from_utf8_lossy(&compared.stdout)
+    );
+    assert!(
+        compared.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&compared.stdout),
+        stderr(&compared)
+    );
+    // 3 rounds of 4 clients: every client's row came across from its rank.
+    let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    assert_eq!(clients.lines().count(), 1 + 12, "{clients}");
+
+    let median = write_config(
+        &dir.path().join("plan"),
+        &format!("{}\n[cluster]\nreduce = \"partial\"\n", job("median", 1)),
+    );
+    let refused: Vec<Output> = (0..3)
+        .map(|rank| start_rank(&median, &plan, &dir.path().join("median"), rank, &[]))
+        .map(|child| child.wait_with_output().unwrap())
+        .collect();
+    for output in &refused {
+        assert!(!output.status.success());
+        assert!(
+            stderr(output).contains("`median` needs every update"),
+            "{}",
+            stderr(output)
+        );
+    }
+}
+
 #[test]
 fn a_rank_that_dies_is_named_and_the_run_resumes_from_rank_0s_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

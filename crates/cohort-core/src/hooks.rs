@@ -176,6 +176,13 @@ impl RoundPayloads {
 /// Extension points between receipt and aggregation. Every method has a
 /// do-nothing default.
 pub trait ServerHooks {
+    /// Whether these hooks leave every payload as it is and observe nothing,
+    /// so a round may be aggregated without ever holding all its payloads in
+    /// one place (`cluster.reduce = partial`). Only [`NoHooks`] says yes.
+    fn passes_through(&self) -> bool {
+        false
+    }
+
     /// May replace trees (through [`ReceivedPayload::replace_tree`]); must
     /// return every payload at its index.
     fn weights_received(&mut self, payloads: Vec<ReceivedPayload>) -> Vec<ReceivedPayload> {
@@ -196,7 +203,11 @@ pub trait ServerHooks {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoHooks;
 
-impl ServerHooks for NoHooks {}
+impl ServerHooks for NoHooks {
+    fn passes_through(&self) -> bool {
+        true
+    }
+}
 
 /// A hook broke the positional contract or the schema.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

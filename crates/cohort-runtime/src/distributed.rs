@@ -42,6 +42,9 @@ pub struct DistributedTransport {
     workers_per_rank: usize,
     /// Largest update payload a rank may pass on.
     max_payload_bytes: u64,
+    /// `cluster.reduce = partial`: outcomes stay on their rank; the round
+    /// loop exchanges partial sums instead.
+    local_only: bool,
     round: Option<Round>,
 }
 
@@ -58,6 +61,7 @@ impl DistributedTransport {
         block: ClientBlock,
         workers_per_rank: usize,
         max_payload_bytes: u64,
+        local_only: bool,
     ) -> Self {
         let rank = collective.borrow().rank();
         Self {
@@ -67,6 +71,7 @@ impl DistributedTransport {
             rank,
             workers_per_rank,
             max_payload_bytes,
+            local_only,
             round: None,
         }
     }
@@ -139,6 +144,11 @@ impl Transport for DistributedTransport {
         let Some(round) = self.round.as_ref() else {
             bail!("no round was dispatched");
         };
+        if self.local_only {
+            let mut outcome = self.local.next_outcome()?;
+            outcome.worker += self.rank as usize * self.workers_per_rank;
+            return Ok(outcome);
+        }
         if round.gathered.is_none() {
             let (tasks, local) = (round.tasks, round.local);
             let gathered = self.gather(tasks, local)?;
@@ -324,6 +334,162 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// One accepted update of a rank's clients, as `cluster.reduce = partial`
+/// shares it: the numbers of its results row, not its tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedRow {
+    pub slot: u64,
+    pub client_id: u32,
+    pub worker: u64,
+    pub num_samples: u64,
+    pub local_steps: u64,
+    pub payload_bytes: u64,
+    pub test_samples: u64,
+    pub test_correct: u64,
+    pub loss: f64,
+    pub training_time: f64,
+    pub processing_time: f64,
+    pub comm_time: f64,
+}
+
+/// A client a rank dropped, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedDrop {
+    pub client_id: u32,
+    pub worker: u64,
+    pub reason: String,
+}
+
+/// A rank's round under `cluster.reduce = partial`: its rows, its drops and
+/// its partial sum (already encoded).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankShare {
+    pub rows: Vec<SharedRow>,
+    pub dropped: Vec<SharedDrop>,
+    pub partial: Vec<u8>,
+}
+
+impl RankShare {
+    pub fn encode(&self) -> Vec<u8> {
+        fn put(out: &mut Vec<u8>, value: u64) {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        let mut out = Vec::new();
+        put(&mut out, self.rows.len() as u64);
+        for r in &self.rows {
+            let integers = [
+                r.slot,
+                u64::from(r.client_id),
+                r.worker,
+                r.num_samples,
+                r.local_steps,
+                r.payload_bytes,
+                r.test_samples,
+                r.test_correct,
+            ];
+            for value in integers {
+                put(&mut out, value);
+            }
+            for value in [r.loss, r.training_time, r.processing_time, r.comm_time] {
+                put(&mut out, value.to_bits());
+            }
+        }
+        put(&mut out, self.dropped.len() as u64);
+        for d in &self.dropped {
+            let reason = truncated(&d.reason, MAX_REASON_BYTES);
+            for value in [u64::from(d.client_id), d.worker, reason.len() as u64] {
+                put(&mut out, value);
+            }
+            out.extend_from_slice(reason.as_bytes());
+        }
+        out.extend_from_slice(&(self.partial.len() as u64).to_le_bytes());
+        out.extend_from_slice(&self.partial);
+        out
+    }
+
+    /// Reads a share of a round of `tasks` clients whose partial sum takes
+    /// `partial_bytes`; refuses anything else.
+    pub fn decode(bytes: &[u8], tasks: usize, partial_bytes: usize) -> Result<Self, String> {
+        let mut reader = Reader { bytes, at: 0 };
+        let count = reader.u64()?;
+        if count > tasks as u64 {
+            return Err(format!("{count} rows in a round of {tasks} tasks"));
+        }
+        let mut rows = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let [
+                slot,
+                client_id,
+                worker,
+                num_samples,
+                local_steps,
+                payload_bytes,
+                test_samples,
+                test_correct,
+            ] = [(); 8].map(|()| reader.u64());
+            let [loss, training_time, processing_time, comm_time] = [(); 4].map(|()| reader.f64());
+            rows.push(SharedRow {
+                slot: slot?,
+                client_id: u32::try_from(client_id?).map_err(|_| "client id out of range")?,
+                worker: worker?,
+                num_samples: num_samples?,
+                local_steps: local_steps?,
+                payload_bytes: payload_bytes?,
+                test_samples: test_samples?,
+                test_correct: test_correct?,
+                loss: loss?,
+                training_time: training_time?,
+                processing_time: processing_time?,
+                comm_time: comm_time?,
+            });
+        }
+        let count = reader.u64()?;
+        if count > tasks as u64 {
+            return Err(format!(
+                "{count} dropped clients in a round of {tasks} tasks"
+            ));
+        }
+        let mut dropped = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let client_id = u32::try_from(reader.u64()?).map_err(|_| "client id out of range")?;
+            let worker = reader.u64()?;
+            let length = reader.u64()?;
+            if length > MAX_REASON_BYTES as u64 {
+                return Err(format!("a reason of {length} bytes"));
+            }
+            let reason = String::from_utf8_lossy(reader.take(length as usize)?).into_owned();
+            dropped.push(SharedDrop {
+                client_id,
+                worker,
+                reason,
+            });
+        }
+        if reader.u64()? != partial_bytes as u64 {
+            return Err(format!(
+                "a partial sum of another size than {partial_bytes} bytes"
+            ));
+        }
+        let partial = reader.take(partial_bytes)?.to_vec();
+        if reader.at != bytes.len() {
+            return Err(format!(
+                "{} bytes after the partial sum",
+                bytes.len() - reader.at
+            ));
+        }
+        Ok(Self {
+            rows,
+            dropped,
+            partial,
+        })
+    }
+
+    /// Largest encoding of a share in a round of `tasks` clients.
+    pub fn max_bytes(tasks: usize, partial_bytes: usize) -> u64 {
+        let per_task = 12 * 8 + 3 * 8 + MAX_REASON_BYTES as u64;
+        per_task * tasks as u64 + 24 + partial_bytes as u64
+    }
+}
+
 /// Rank 0's accuracy of the round, on every rank: the ranks stop together.
 pub fn share_accuracy(collective: &SharedCollective, mine: Option<f64>) -> anyhow::Result<f64> {
     let bytes = mine.map_or_else(Vec::new, |a| a.to_le_bytes().to_vec());
@@ -410,6 +576,42 @@ mod tests {
                 .unwrap_err()
                 .contains("after the last")
         );
+    }
+
+    #[test]
+    fn shares_round_trip_and_bounds_hold() {
+        let share = RankShare {
+            rows: vec![SharedRow {
+                slot: 3,
+                client_id: 7,
+                worker: 2,
+                num_samples: 40,
+                local_steps: 4,
+                payload_bytes: 900,
+                test_samples: 0,
+                test_correct: 0,
+                loss: 0.5,
+                training_time: 1.25,
+                processing_time: 0.0,
+                comm_time: 0.0,
+            }],
+            dropped: vec![SharedDrop {
+                client_id: 9,
+                worker: 1,
+                reason: "it died".to_owned(),
+            }],
+            partial: vec![1, 2, 3, 4],
+        };
+        let bytes = share.encode();
+        assert!(bytes.len() as u64 <= RankShare::max_bytes(2, 4));
+        assert_eq!(RankShare::decode(&bytes, 2, 4).unwrap(), share);
+        assert!(RankShare::decode(&bytes, 2, 5).is_err());
+        assert!(
+            RankShare::decode(&bytes, 0, 4)
+                .unwrap_err()
+                .contains("1 rows")
+        );
+        assert!(RankShare::decode(&bytes[..bytes.len() - 1], 2, 4).is_err());
     }
 
     #[test]

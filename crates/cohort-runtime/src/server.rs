@@ -349,6 +349,52 @@ struct Aggregated {
     privacy: Option<PrivacySpent>,
 }
 
+fn shared_row(arrived: &Arrived) -> crate::distributed::SharedRow {
+    let (report, arrival) = (&arrived.report, &arrived.arrival);
+    crate::distributed::SharedRow {
+        slot: arrived.slot as u64,
+        client_id: report.client_id,
+        worker: report.worker as u64,
+        num_samples: report.num_samples,
+        local_steps: report.local_steps,
+        payload_bytes: arrival.payload_bytes,
+        test_samples: arrival.test_samples,
+        test_correct: arrival.test_correct,
+        loss: report.loss,
+        training_time: report.training_time,
+        processing_time: arrival.processing_time,
+        comm_time: arrival.comm_time,
+    }
+}
+
+fn unshared_row(row: &crate::distributed::SharedRow) -> (ClientReport, Arrival) {
+    (
+        ClientReport {
+            client_id: row.client_id,
+            num_samples: row.num_samples,
+            loss: row.loss,
+            training_time: row.training_time,
+            local_steps: row.local_steps,
+            worker: row.worker as usize,
+        },
+        Arrival {
+            processing_time: row.processing_time,
+            comm_time: row.comm_time,
+            payload_bytes: row.payload_bytes,
+            test_samples: row.test_samples,
+            test_correct: row.test_correct,
+        },
+    )
+}
+
+fn shared_drop(dropped: &Dropped) -> crate::distributed::SharedDrop {
+    crate::distributed::SharedDrop {
+        client_id: dropped.client_id,
+        worker: dropped.worker.unwrap_or_default() as u64,
+        reason: dropped.reason.clone(),
+    }
+}
+
 /// Seconds to move `bytes` at `mbps` Mbit/s.
 fn transfer_seconds(bytes: u64, mbps: f64) -> f64 {
     bytes as f64 * 8.0 / (mbps * 1e6)
@@ -451,9 +497,11 @@ pub fn run_with_strategy(
     let expected = expected_reports(loaded, &partitions);
     let (mut transport, child_clients) =
         start_transport(loaded, options, &selected, splits.train, partitions)?;
+    let partial = partial_reduce(loaded, options, strategy.as_ref(), hooks)?;
     let peers = match &options.distributed {
         Some(distributed) => {
-            let (distributed_transport, peers) = join_ranks(loaded, distributed, transport)?;
+            let (distributed_transport, peers) =
+                join_ranks(loaded, distributed, transport, partial.is_some())?;
             transport = distributed_transport;
             Some(peers)
         }
@@ -477,6 +525,7 @@ pub fn run_with_strategy(
     )?;
     server.peers = peers;
     server.leader = leader;
+    server.partial = partial;
     let reached_target = server.run()?;
     let RoundLoop {
         results, transport, ..
@@ -495,12 +544,42 @@ pub fn run_with_strategy(
     })
 }
 
+/// This rank's client block when the ranks exchange partial sums
+/// (`cluster.reduce = partial`); refused for strategies and hooks that need
+/// every update.
+fn partial_reduce(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    strategy: &dyn Strategy,
+    hooks: &dyn ServerHooks,
+) -> anyhow::Result<Option<cohort_core::cluster::ClientBlock>> {
+    let wanted = loaded.config.cluster.reduce == Some(cohort_core::config::Reduce::Partial);
+    let Some(distributed) = options.distributed.as_ref().filter(|_| wanted) else {
+        return Ok(None);
+    };
+    if !strategy.aggregates_by_mean() {
+        bail!(
+            "cluster.reduce = \"partial\" needs a strategy that aggregates by the weighted mean \
+             (fedavg, fedprox); `{}` needs every update: use reduce = \"gather\"",
+            strategy.name()
+        );
+    }
+    if !hooks.passes_through() {
+        bail!(
+            "cluster.reduce = \"partial\": server hooks see every payload of a round, which no \
+             rank holds; use reduce = \"gather\""
+        );
+    }
+    Ok(Some(distributed.clients))
+}
+
 /// Joins the other ranks and wraps this rank's worker pool so that each round
 /// trains this rank's clients and gathers everyone's outcomes.
 fn join_ranks(
     loaded: &LoadedConfig,
     distributed: &DistributedRun,
     local: Box<dyn Transport>,
+    partial: bool,
 ) -> anyhow::Result<(Box<dyn Transport>, SharedCollective)> {
     if !loaded.config.clients.comm_simulation {
         bail!(
@@ -516,6 +595,7 @@ fn join_ranks(
         distributed.clients,
         loaded.config.trainer.max_concurrency as usize,
         loaded.decode_limits().max_bytes as u64,
+        partial,
     );
     Ok((Box::new(transport), collective))
 }
@@ -646,6 +726,8 @@ struct RoundLoop<'a> {
     peers: Option<SharedCollective>,
     /// Whether this process evaluates and writes the run's files (rank 0).
     leader: bool,
+    /// `cluster.reduce = partial`: this rank's client block.
+    partial: Option<cohort_core::cluster::ClientBlock>,
 }
 
 impl<'a> RoundLoop<'a> {
@@ -704,6 +786,7 @@ impl<'a> RoundLoop<'a> {
             progress,
             peers: None,
             leader: true,
+            partial: None,
         })
     }
 
@@ -718,8 +801,22 @@ impl<'a> RoundLoop<'a> {
         for round in self.first_round..=self.rounds {
             self.progress
                 .set_message(format!("round {round}/{}", self.rounds));
-            let collected = self.collect(round, &dispatched.clients)?;
-            let aggregated = self.aggregate(round, collected)?;
+            let aggregated = match self.partial {
+                Some(block) => {
+                    let mine: Vec<u32> = dispatched
+                        .clients
+                        .iter()
+                        .copied()
+                        .filter(|&c| block.contains(c))
+                        .collect();
+                    let collected = self.collect(round, &mine, false)?;
+                    self.reduce_partials(round, dispatched.clients.len(), collected)?
+                }
+                None => {
+                    let collected = self.collect(round, &dispatched.clients, true)?;
+                    self.aggregate(round, collected)?
+                }
+            };
             // The checkpoint must hold the selector as it was before the next
             // round's draw, so a resumed run draws the same clients.
             let selector_state = self.selector.state(self.loaded.config.server.random_seed);
@@ -800,7 +897,12 @@ impl<'a> RoundLoop<'a> {
     }
 
     /// Waits for every dispatched task; keeps the updates that unpack.
-    fn collect(&mut self, round: u32, clients: &[u32]) -> anyhow::Result<Collected> {
+    fn collect(
+        &mut self,
+        round: u32,
+        clients: &[u32],
+        whole_round: bool,
+    ) -> anyhow::Result<Collected> {
         let mut collected = collect_updates(
             self.transport.as_mut(),
             clients.len(),
@@ -835,22 +937,13 @@ impl<'a> RoundLoop<'a> {
             }
         }
         collected.updates = kept;
-        let min_per_round = self.loaded.min_per_round() as usize;
-        if collected.updates.len() < min_per_round {
-            bail!(
-                "round {round}: only {} of {} clients returned an update, and \
-                 clients.min_per_round = {min_per_round}; the global model stays at round {}. \
-                 Dropped: {}",
+        if whole_round {
+            self.require_min(
+                round,
                 collected.updates.len(),
                 clients.len(),
-                round - 1,
-                collected
-                    .failures
-                    .iter()
-                    .map(Dropped::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            );
+                &collected.failures,
+            )?;
         }
         let clients_config = &self.loaded.config.clients;
         for arrived in &mut collected.updates {
@@ -866,6 +959,104 @@ impl<'a> RoundLoop<'a> {
             }
         }
         Ok(collected)
+    }
+
+    /// Fewer than `clients.min_per_round` updates stop the run.
+    fn require_min(
+        &self,
+        round: u32,
+        updates: usize,
+        selected: usize,
+        failures: &[Dropped],
+    ) -> anyhow::Result<()> {
+        let min_per_round = self.loaded.min_per_round() as usize;
+        if updates < min_per_round {
+            bail!(
+                "round {round}: only {updates} of {selected} clients returned an update, and \
+                 clients.min_per_round = {min_per_round}; the global model stays at round {}. \
+                 Dropped: {}",
+                round - 1,
+                failures
+                    .iter()
+                    .map(Dropped::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        Ok(())
+    }
+
+    /// `cluster.reduce = partial`: this rank's checked updates become one
+    /// partial sum; the ranks swap partials and rows, and every rank adds the
+    /// partials in rank order into the round's mean and the strategy's step.
+    fn reduce_partials(
+        &mut self,
+        round: u32,
+        selected: usize,
+        mut collected: Collected,
+    ) -> anyhow::Result<Aggregated> {
+        use cohort_core::strategy::partial::{PartialSum, combine, partial_layout};
+        let dropped = std::mem::take(&mut collected.failures);
+        let updates: Vec<ClientUpdate<'_>> = collected
+            .updates
+            .iter()
+            .map(|a| ClientUpdate {
+                client_id: a.report.client_id,
+                num_samples: a.report.num_samples,
+                local_steps: a.report.local_steps,
+                tree: &a.tree,
+            })
+            .collect();
+        let partial = PartialSum::of(&self.global, &updates)
+            .with_context(|| format!("round {round}: this rank's updates"))?;
+        let share = crate::distributed::RankShare {
+            rows: collected.updates.iter().map(shared_row).collect(),
+            dropped: dropped.iter().map(shared_drop).collect(),
+            partial: partial.encode(),
+        };
+        let elements = partial_layout(&self.global)?.len();
+        let partial_bytes = 16 + 8 * elements;
+        let peers = self
+            .peers
+            .as_ref()
+            .context("partial reduce without peers")?;
+        let blocks = peers.borrow_mut().all_gather(
+            share.encode(),
+            crate::distributed::RankShare::max_bytes(selected, partial_bytes),
+        )?;
+        let mut rows = Vec::new();
+        let mut all_dropped = Vec::new();
+        let mut partials = Vec::with_capacity(blocks.len());
+        for (rank, block) in blocks.iter().enumerate() {
+            let share = crate::distributed::RankShare::decode(block, selected, partial_bytes)
+                .and_then(|s| Ok((PartialSum::decode(&s.partial, elements)?, s)))
+                .map_err(|e| anyhow::anyhow!("round {round}: rank {rank}'s share: {e}"))?;
+            partials.push(share.0);
+            rows.extend(share.1.rows);
+            all_dropped.extend(share.1.dropped.into_iter().map(|d| Dropped {
+                client_id: d.client_id,
+                worker: Some(d.worker as usize),
+                reason: d.reason,
+            }));
+        }
+        rows.sort_by_key(|r| r.slot);
+        self.require_min(round, rows.len(), selected, &all_dropped)?;
+        let mean = combine(&self.global, &partials)?;
+        let outcome = self
+            .strategy
+            .aggregate_mean(&self.context(round), &self.global, mean)
+            .with_context(|| format!("round {round}: aggregation refused"))?;
+        match outcome.model {
+            Some(model) => self.global = model,
+            None => tracing::warn!(round, "total sample weight is zero; global model unchanged"),
+        }
+        let (reports, arrivals) = rows.iter().map(unshared_row).unzip();
+        Ok(Aggregated {
+            reports,
+            arrivals,
+            dropped: all_dropped,
+            privacy: outcome.privacy,
+        })
     }
 
     /// Server hooks under their contract, then the strategy's aggregation.

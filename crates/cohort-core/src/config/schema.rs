@@ -396,6 +396,25 @@ pub struct Cluster {
     /// Fewest nodes to spread over, at least 1 and at most `ranks`. Default: 1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_nodes: Option<u32>,
+    /// How ranks combine a round. Default: `gather`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reduce: Option<Reduce>,
+}
+
+/// How the ranks of a distributed simulation combine a round's updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reduce {
+    /// Every rank receives every update and aggregates as one process would:
+    /// the model equals the single-process one bit for bit, for any strategy.
+    #[default]
+    Gather,
+    /// Each rank sends one partial sum (`Σ nᵢ·xᵢ`, `Σ nᵢ`) instead of its
+    /// updates: one model's worth per rank, whatever its number of clients.
+    /// Only for strategies that aggregate by the weighted mean (`fedavg`,
+    /// `fedprox`) and runs without server hooks; equal to the single-process
+    /// model up to rounding (float64 partial sums in rank order).
+    Partial,
 }
 
 /// `cluster.backend` through [`crate::cluster::Backend::parse`], whose error

@@ -50,6 +50,22 @@ impl Strategy for FedAvg {
             ..Aggregated::unchanged()
         })
     }
+
+    fn aggregates_by_mean(&self) -> bool {
+        true
+    }
+
+    fn aggregate_mean(
+        &mut self,
+        _ctx: &RoundContext,
+        _global: &ParamTree,
+        mean: Option<ParamTree>,
+    ) -> Result<Aggregated, StrategyError> {
+        Ok(Aggregated {
+            model: mean,
+            ..Aggregated::unchanged()
+        })
+    }
 }
 
 #[cfg(test)]

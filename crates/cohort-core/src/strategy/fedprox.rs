@@ -80,6 +80,22 @@ impl Strategy for FedProx {
         // The server step is FedAvg's; only the clients' objective differs.
         FedAvg.aggregate(ctx, global, updates)
     }
+
+    fn aggregates_by_mean(&self) -> bool {
+        true
+    }
+
+    fn aggregate_mean(
+        &mut self,
+        _ctx: &RoundContext,
+        _global: &ParamTree,
+        mean: Option<ParamTree>,
+    ) -> Result<Aggregated, StrategyError> {
+        Ok(Aggregated {
+            model: mean,
+            ..Aggregated::unchanged()
+        })
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub mod fedavgm;
 pub mod fedopt;
 pub mod fedprox;
 mod flat;
+pub mod partial;
 pub mod privacy;
 mod registry;
 pub mod robust;
@@ -253,6 +254,30 @@ pub trait Strategy: Send {
         global: &ParamTree,
         updates: &[ClientUpdate<'_>],
     ) -> Result<Aggregated, StrategyError>;
+
+    /// Whether the next model depends on the round only through the
+    /// sample-weighted mean of the updates. Such a strategy lets the ranks of
+    /// a distributed simulation exchange partial sums ([`partial`]) instead
+    /// of every update.
+    fn aggregates_by_mean(&self) -> bool {
+        false
+    }
+
+    /// The next global model from the round's sample-weighted mean (`None`:
+    /// zero total weight), for strategies that [`aggregates_by_mean`].
+    ///
+    /// [`aggregates_by_mean`]: Strategy::aggregates_by_mean
+    fn aggregate_mean(
+        &mut self,
+        _ctx: &RoundContext,
+        _global: &ParamTree,
+        _mean: Option<ParamTree>,
+    ) -> Result<Aggregated, StrategyError> {
+        Err(StrategyError::State {
+            strategy: self.name(),
+            problem: "this strategy needs every update, not their mean".to_owned(),
+        })
+    }
 
     /// The state to checkpoint after a round. Stateless strategies keep none.
     fn state(&self) -> StrategyState {
