@@ -45,11 +45,15 @@ type = "{algorithm}"
 
 /// Host files of a 3-rank ring plan on this machine, written into `dir`.
 fn write_plan(dir: &Path, instance: &str) {
+    write_plan_of(dir, instance, 3);
+}
+
+fn write_plan_of(dir: &Path, instance: &str, ranks: u32) {
     let cluster = common::repo_root().join("configs/clusters/one_machine.toml");
     let topology = cohort_core::cluster::load(&cluster).unwrap();
     let mut request = Request::new(instance, 6, MemoryNeed::estimate(62_006, 4, 40 * 785));
     request.backend = Backend::Ring;
-    request.ranks = RankCount::Exactly(3);
+    request.ranks = RankCount::Exactly(ranks);
     // Away from other tests' ports; the plan picks within 1,024 of it.
     request.base_port = 40_000 + (std::process::id() % 20_000) as u16;
     let plan = place(&topology, &request).unwrap();
@@ -218,7 +222,7 @@ fn partial_sums_match_the_single_process_to_rounding_and_refuse_the_median() {
 }
 
 #[test]
-fn a_rank_that_dies_is_named_and_the_run_resumes_from_rank_0s_checkpoint() {
+fn a_rank_that_dies_is_named_and_the_run_resumes_on_a_smaller_plan() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &job("fedavg", 40));
     std::fs::create_dir_all(dir.path().join("short")).unwrap();
@@ -255,9 +259,13 @@ fn a_rank_that_dies_is_named_and_the_run_resumes_from_rank_0s_checkpoint() {
         "{second}"
     );
 
-    // All three resume from rank 0's folder; the run ends as an unbroken one would.
+    // It resumes on a smaller plan, two ranks, from rank 0's folder; the run
+    // ends as an unbroken one would.
+    let smaller = dir.path().join("smaller");
+    write_plan_of(&smaller, "t-smaller", 2);
+    let plan = smaller;
     let resume = ["--resume", run_dir.to_str().unwrap()];
-    let ranks: Vec<Child> = (0..3)
+    let ranks: Vec<Child> = (0..2)
         .map(|rank| {
             Command::new(env!("CARGO_BIN_EXE_cohort"))
                 .args([
