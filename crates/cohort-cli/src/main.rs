@@ -388,6 +388,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         )?;
         tracing::info!(plot = %written.display(), "chart written");
     }
+    if follower {
+        if !args.quiet {
+            println!("this rank is done; rank 0 wrote the results");
+        }
+        return Ok(());
+    }
     if !args.quiet {
         match summary.rounds.last() {
             Some(last) => println!(
