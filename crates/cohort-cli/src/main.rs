@@ -111,8 +111,9 @@ enum Command {
 
 #[derive(Args)]
 struct RunArgs {
-    /// The config file (TOML); see docs/CONFIG.md for every key. With --resume it
-    /// defaults to the run folder's config.toml.
+    /// The config file (TOML); see docs/CONFIG.md for every key. Required,
+    /// unless --resume is given: then it defaults to the run folder's
+    /// config.toml.
     #[arg(long, short, required_unless_present = "resume")]
     config: Option<PathBuf>,
     /// Continue the run in RUN_DIR from its newest complete checkpoint; the final
@@ -128,8 +129,8 @@ struct RunArgs {
     /// Folder under which the run folder is created [default: `general.base_path`, i.e. runs/].
     #[arg(long)]
     base: Option<PathBuf>,
-    /// Number of rounds, overriding `trainer.rounds`.
-    #[arg(long)]
+    /// Number of rounds, overriding `trainer.rounds`; at least 1.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: Option<u32>,
     /// No progress bar and only warnings on stderr (for scripts).
     #[arg(long, short)]
@@ -380,7 +381,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         local_clients,
         distributed,
     };
-    let summary = cohort_runtime::run(&loaded, &options)?;
+    let fresh = args.resume.is_none() && !follower;
+    let summary = match cohort_runtime::run(&loaded, &options) {
+        Ok(summary) => summary,
+        // A run that never finished a round leaves nothing to keep or resume.
+        Err(error) if fresh && !options.run_dir.join("results.csv").exists() => {
+            let _ = std::fs::remove_dir_all(&options.run_dir);
+            return Err(error.context(format!(
+                "the run failed before its first round; its folder {} was removed",
+                options.run_dir.display()
+            )));
+        }
+        Err(error) => return Err(error),
+    };
     if args.plot && !summary.rounds.is_empty() {
         let written = plot_runs(
             std::slice::from_ref(&summary.run_dir),

@@ -264,6 +264,49 @@ fn missing_data_without_download_says_what_to_do() {
     assert!(stderr.contains("train-images-idx3-ubyte.gz"), "{stderr}");
     assert!(stderr.contains("COHORT_DATA_DIR"), "{stderr}");
     assert!(stderr.contains("Put these files in"), "{stderr}");
+    // The run never started: no folder is left for it.
+    let left = std::fs::read_dir(dir.path().join("runs")).map_or(0, |entries| entries.count());
+    assert_eq!(left, 0, "{stderr}");
+}
+
+#[test]
+fn zero_rounds_are_refused_and_help_says_config_is_required() {
+    let output = cohort(
+        &["run", "--config", "x.toml", "--rounds", "0"],
+        &fixture_data(),
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--rounds"), "{stderr}");
+    assert!(stderr.contains("0 is not in 1.."), "{stderr}");
+    let help = cohort(&["run", "--help"], &fixture_data());
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        text.contains("Required, unless --resume is given"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_run_says_what_it_runs_before_round_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SMALL_JOB);
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--base",
+            dir.path().join("runs").to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(first.contains("runs/"), "{stderr}");
+    assert!(first.contains("fedavg, on cpu"), "{stderr}");
 }
 
 #[test]

@@ -472,6 +472,25 @@ pub fn run_with_strategy(
         config.trainer.eval_batch_size,
     );
     tracing::info!(strategy = strategy.name(), "strategy");
+    if leader {
+        let clients = &config.clients;
+        progress_note(
+            options.show_progress,
+            &format!(
+                "{}: {} rounds of {} of {} clients, {}, on {}{}",
+                options.run_dir.display(),
+                options.rounds.unwrap_or(config.trainer.rounds),
+                clients.per_round,
+                clients.total_clients,
+                strategy.name(),
+                selected.name,
+                options
+                    .distributed
+                    .as_ref()
+                    .map_or(String::new(), |d| format!(", {} ranks", d.world_size)),
+            ),
+        );
+    }
     let start = if options.resume && checkpoint::any_written(&options.run_dir) {
         resume_point(loaded, &options.run_dir, strategy.as_mut())?
     } else {
