@@ -579,7 +579,7 @@ fn partial_reduce(
     if !strategy.aggregates_by_mean() {
         bail!(
             "cluster.reduce = \"partial\" needs a strategy that aggregates by the weighted mean \
-             (fedavg, fedprox); `{}` needs every update: use reduce = \"gather\"",
+             (fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad); `{}` needs every update: use reduce = \"gather\"",
             strategy.name()
         );
     }

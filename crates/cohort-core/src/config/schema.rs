@@ -412,7 +412,8 @@ pub enum Reduce {
     /// Each rank sends one partial sum (`Σ nᵢ·xᵢ`, `Σ nᵢ`) instead of its
     /// updates: one model's worth per rank, whatever its number of clients.
     /// Only for strategies that aggregate by the weighted mean (`fedavg`,
-    /// `fedprox`) and runs without server hooks; equal to the single-process
+    /// `fedprox`, `fedavgm`, `fedadam`, `fedyogi`, `fedadagrad`) and runs
+    /// without server hooks; equal to the single-process
     /// model up to rounding (float64 partial sums in rank order).
     Partial,
 }

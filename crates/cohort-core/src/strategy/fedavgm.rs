@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::flat::flatten_round;
+use super::flat::{FloatLayout, flatten_round, float_layout};
 use super::registry::{OptionError, RunShape};
 use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError, StrategyState};
 use crate::tree::ParamTree;
@@ -91,6 +91,33 @@ pub fn momentum_step(
         .collect()
 }
 
+impl FedAvgM {
+    /// The momentum step from the round's sample-weighted average.
+    fn step(
+        &mut self,
+        global: &ParamTree,
+        layout: &FloatLayout,
+        current: &[f32],
+        average: &[f32],
+    ) -> Result<Aggregated, StrategyError> {
+        let velocity = self.velocity.get_or_insert_with(|| layout.zeros());
+        if velocity.len() != current.len() {
+            return Err(StrategyError::State {
+                strategy: "fedavgm",
+                problem: "the momentum does not have the model's size".to_owned(),
+            });
+        }
+        let next = momentum_step(
+            current,
+            average,
+            velocity,
+            self.config.server_learning_rate,
+            self.config.momentum,
+        );
+        Ok(Aggregated::model(layout.rebuild(global, &next)))
+    }
+}
+
 impl Strategy for FedAvgM {
     fn name(&self) -> &'static str {
         "fedavgm"
@@ -106,21 +133,25 @@ impl Strategy for FedAvgM {
         let Some(average) = round.sample_weighted_mean(updates) else {
             return Ok(Aggregated::unchanged());
         };
-        let velocity = self.velocity.get_or_insert_with(|| round.layout.zeros());
-        if velocity.len() != round.global.len() {
-            return Err(StrategyError::State {
-                strategy: "fedavgm",
-                problem: "the momentum does not have the model's size".to_owned(),
-            });
-        }
-        let next = momentum_step(
-            &round.global,
-            &average,
-            velocity,
-            self.config.server_learning_rate,
-            self.config.momentum,
-        );
-        Ok(Aggregated::model(round.layout.rebuild(global, &next)))
+        self.step(global, &round.layout, &round.global, &average)
+    }
+
+    fn aggregates_by_mean(&self) -> bool {
+        true
+    }
+
+    fn aggregate_mean(
+        &mut self,
+        _ctx: &RoundContext,
+        global: &ParamTree,
+        mean: Option<ParamTree>,
+    ) -> Result<Aggregated, StrategyError> {
+        let Some(mean) = mean else {
+            return Ok(Aggregated::unchanged());
+        };
+        let layout = float_layout(self.name(), global)?;
+        let (current, average) = (layout.flatten(global), layout.flatten(&mean));
+        self.step(global, &layout, &current, &average)
     }
 
     fn state(&self) -> StrategyState {

@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::flat::flatten_round;
+use super::flat::{FloatLayout, flatten_round, float_layout};
 use super::registry::OptionError;
 use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError, StrategyState};
 use crate::tree::ParamTree;
@@ -205,6 +205,30 @@ impl FedOpt {
     }
 }
 
+impl FedOpt {
+    /// The adaptive server step from the round's sample-weighted average.
+    fn step(
+        &mut self,
+        global: &ParamTree,
+        layout: &FloatLayout,
+        current: &[f32],
+        average: &[f32],
+    ) -> Result<Aggregated, StrategyError> {
+        let tau = self.config.tau;
+        let moments = self
+            .moments
+            .get_or_insert_with(|| Moments::new(current.len(), tau));
+        if moments.m.len() != current.len() || moments.v.len() != current.len() {
+            return Err(StrategyError::State {
+                strategy: self.rule.name(),
+                problem: "the moments do not have the model's size".to_owned(),
+            });
+        }
+        let next = adaptive_step(self.rule, &self.config, current, average, moments);
+        Ok(Aggregated::model(layout.rebuild(global, &next)))
+    }
+}
+
 impl Strategy for FedOpt {
     fn name(&self) -> &'static str {
         self.rule.name()
@@ -220,18 +244,25 @@ impl Strategy for FedOpt {
         let Some(average) = round.sample_weighted_mean(updates) else {
             return Ok(Aggregated::unchanged());
         };
-        let tau = self.config.tau;
-        let moments = self
-            .moments
-            .get_or_insert_with(|| Moments::new(round.global.len(), tau));
-        if moments.m.len() != round.global.len() || moments.v.len() != round.global.len() {
-            return Err(StrategyError::State {
-                strategy: self.rule.name(),
-                problem: "the moments do not have the model's size".to_owned(),
-            });
-        }
-        let next = adaptive_step(self.rule, &self.config, &round.global, &average, moments);
-        Ok(Aggregated::model(round.layout.rebuild(global, &next)))
+        self.step(global, &round.layout, &round.global, &average)
+    }
+
+    fn aggregates_by_mean(&self) -> bool {
+        true
+    }
+
+    fn aggregate_mean(
+        &mut self,
+        _ctx: &RoundContext,
+        global: &ParamTree,
+        mean: Option<ParamTree>,
+    ) -> Result<Aggregated, StrategyError> {
+        let Some(mean) = mean else {
+            return Ok(Aggregated::unchanged());
+        };
+        let layout = float_layout(self.name(), global)?;
+        let (current, average) = (layout.flatten(global), layout.flatten(&mean));
+        self.step(global, &layout, &current, &average)
     }
 
     fn state(&self) -> StrategyState {

@@ -1,6 +1,7 @@
 //! Partial sums: how ranks of a distributed simulation combine the updates
 //! of strategies whose server step sees the round only through the
-//! sample-weighted mean (`fedavg`, `fedprox`). Each rank sums `nᵢ · xᵢ` over
+//! sample-weighted mean (`fedavg`, `fedprox`, and the server optimizers
+//! `fedavgm`, `fedadam`, `fedyogi`, `fedadagrad`, which step from it). Each rank sums `nᵢ · xᵢ` over
 //! its own clients' checked updates in float64 with the total `Σ nᵢ`; the
 //! ranks exchange those partials (one model's worth each, whatever their
 //! number of clients) and every rank adds them in rank order and divides.
@@ -161,6 +162,65 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(mean, single);
+    }
+
+    /// The server-optimizer strategies step from the mean alone: fed the
+    /// partials' mean, they follow their own aggregation over two rounds
+    /// (state carried) to float rounding.
+    #[test]
+    fn server_optimizers_step_the_same_from_the_mean() {
+        use crate::strategy::{AlgorithmConfig, RoundContext};
+        let ctx = RoundContext {
+            round: 1,
+            learning_rate: 0.1,
+            per_round: 2,
+            total_clients: 2,
+        };
+        let configs = [
+            AlgorithmConfig::Fedavgm(Default::default()),
+            AlgorithmConfig::Fedadam(Default::default()),
+            AlgorithmConfig::Fedyogi(Default::default()),
+            AlgorithmConfig::Fedadagrad(Default::default()),
+            AlgorithmConfig::Fedprox(Default::default()),
+        ];
+        for config in configs {
+            let (mut whole, mut by_mean) = (config.build(), config.build());
+            assert!(by_mean.aggregates_by_mean(), "{}", whole.name());
+            let (mut a, mut b) = (tree(&[0.5, -1.0, 2.0]), tree(&[0.5, -1.0, 2.0]));
+            for round in 0..2 {
+                let shift = round as f32;
+                let x = tree(&[1.0 + shift, 0.0, 3.0]);
+                let y = tree(&[0.0, -2.0 - shift, 1.0]);
+                let updates = [update(1, 3, &x), update(2, 1, &y)];
+                let next_a = whole.aggregate(&ctx, &a, &updates).unwrap().model.unwrap();
+                let partial = PartialSum::of(&b, &updates).unwrap();
+                let mean = combine(&b, &[partial]).unwrap();
+                let next_b = by_mean
+                    .aggregate_mean(&ctx, &b, mean)
+                    .unwrap()
+                    .model
+                    .unwrap();
+                let (fa, fb) = (next_a.clone().flatten(), next_b.clone().flatten());
+                for ((_, x), (_, y)) in fa.leaves.iter().zip(&fb.leaves) {
+                    let (crate::tree::ArrayData::F32(x), crate::tree::ArrayData::F32(y)) =
+                        (x.data(), y.data())
+                    else {
+                        panic!("float32 leaves");
+                    };
+                    for (p, q) in x.iter().zip(y) {
+                        assert!(
+                            (p - q).abs() <= 1e-6 * p.abs().max(1.0),
+                            "{}: {p} vs {q}",
+                            whole.name()
+                        );
+                    }
+                }
+                (a, b) = (next_a, next_b);
+            }
+        }
+        // The strategies that need every update say so.
+        let median = AlgorithmConfig::Median(Default::default()).build();
+        assert!(!median.aggregates_by_mean());
     }
 
     #[test]
