@@ -2,7 +2,8 @@
 # Distributed simulation on one machine: 1,000 Fashion-MNIST clients of 60
 # samples, 100 per round, on 1, 2 and 3 ranks (one worker each). One rank is a
 # plain `cohort run`; more are `cohort worker` ranks of a ring plan from
-# `cohort place` on configs/clusters/one_machine.toml. Prints, per rank count,
+# `cohort place` on a one-node cluster file with one core per rank (so one
+# worker per rank). Prints, per rank count,
 # the median round time, the wall time, each rank's peak RSS and whether the
 # final model equals the single-process one. Results in docs/SCALING.md.
 #
@@ -54,7 +55,10 @@ for ranks in 1 2 3; do
     /usr/bin/time -f '%M' -o "$work/rss-1-0" "$cohort" run --config "$work/scale.toml" --base "$base" --cpu --quiet
   else
     plan="$work/plan-$ranks"
-    "$cohort" place --cluster configs/clusters/one_machine.toml --config "$work/scale.toml" \
+    # One core per rank: the plan gives each rank one worker.
+    printf '[[nodes]]\nid = "local"\nhost = "localhost"\nmemory = "16 GiB"\ncores = %d\n' \
+      "$ranks" > "$work/cluster-$ranks.toml"
+    "$cohort" place --cluster "$work/cluster-$ranks.toml" --config "$work/scale.toml" \
       --backend ring --ranks "$ranks" --instance "scale$ranks" --emit "$plan" > /dev/null 2>&1
     pids=()
     for ((r = 0; r < ranks; r++)); do

@@ -87,6 +87,7 @@ fn launched_seat(launched: &LauncherRank, loaded: &LoadedConfig) -> anyhow::Resu
         rank: launched.rank,
         world_size: launched.world_size,
         clients: blocks[launched.rank as usize],
+        workers: None,
         link: RankLink::Mpi,
     })
 }
@@ -106,10 +107,23 @@ fn planned_seat(
             path.display()
         ),
     };
+    let workers = usize::try_from(rank.workers)
+        .ok()
+        .filter(|&w| (1..cohort_runtime::distributed::WORKER_ID_STRIDE).contains(&w))
+        .with_context(|| {
+            format!(
+                "{}: rank {} has {} workers; a rank runs 1 to {}",
+                path.display(),
+                rank.rank,
+                rank.workers,
+                cohort_runtime::distributed::WORKER_ID_STRIDE - 1
+            )
+        })?;
     Ok(DistributedRun {
         rank: rank.rank,
         world_size: file.world_size,
         clients: rank.clients,
+        workers: Some(workers as u32),
         link,
     })
 }

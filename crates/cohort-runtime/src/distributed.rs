@@ -26,6 +26,10 @@ use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
 /// on the thread that runs the rounds.
 pub type SharedCollective = Rc<RefCell<Box<dyn Collective>>>;
 
+/// Worker ids of rank r start at r × this in `clients.csv` (rank 2's third
+/// worker is 2002); a rank has fewer workers than this.
+pub const WORKER_ID_STRIDE: usize = 1000;
+
 /// Bytes an outcome takes beside its payload and reason.
 const OUTCOME_HEAD_BYTES: u64 = 128;
 /// Longest failure reason carried between ranks.

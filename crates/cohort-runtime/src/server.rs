@@ -81,6 +81,8 @@ pub struct DistributedRun {
     pub world_size: u32,
     /// The logical clients this rank trains, every round.
     pub clients: cohort_core::cluster::ClientBlock,
+    /// Its workers, as its plan gave them; `None`: `trainer.max_concurrency`.
+    pub workers: Option<u32>,
     pub link: RankLink,
 }
 
@@ -612,7 +614,7 @@ fn join_ranks(
         local,
         std::rc::Rc::clone(&collective),
         distributed.clients,
-        loaded.config.trainer.max_concurrency as usize,
+        crate::distributed::WORKER_ID_STRIDE,
         loaded.decode_limits().max_bytes as u64,
         partial,
     );
@@ -631,7 +633,13 @@ fn start_transport(
     let config = &loaded.config;
     let trainer = &config.trainer;
     if config.clients.comm_simulation {
-        let runners = (0..trainer.max_concurrency)
+        // A rank of a plan runs the workers the plan gave it.
+        let workers = options
+            .distributed
+            .as_ref()
+            .and_then(|d| d.workers)
+            .unwrap_or(trainer.max_concurrency);
+        let runners = (0..workers)
             .map(|_| ClientRunner::new(loaded, selected))
             .collect();
         let pool = WorkerPool::start(
