@@ -994,6 +994,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             )?;
         }
     }
+    check_iid_fits(config, &fail)?;
     if let Some(mirrors) = &config.data.mirrors
         && mirrors.is_empty()
     {
@@ -1137,6 +1138,42 @@ fn validate_cluster(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             "cluster.min_nodes",
             format!("{nodes} nodes cannot be filled by ranks = {ranks}; a node runs at least one"),
         );
+    }
+    Ok(())
+}
+
+/// Iid partitions are disjoint, so together they cannot take more samples
+/// than the published training set has; `cohort check` says so before a run
+/// reads the files (which are checked again then, smaller fixtures included).
+fn check_iid_fits<E>(
+    config: &Config,
+    fail: &impl Fn(&str, String) -> Result<(), E>,
+) -> Result<(), E> {
+    if config.data.sampler != schema::Sampler::Iid {
+        return Ok(());
+    }
+    let clients = u64::from(config.clients.total_clients);
+    let (key, needed) = match (&config.data.partition_sizes, config.data.partition_size) {
+        (Some(sizes), _) => (
+            "data.partition_sizes",
+            sizes
+                .iter()
+                .fold(0u64, |sum, &s| sum.saturating_add(s as u64)),
+        ),
+        (None, Some(size)) => ("data.partition_size", (size as u64).saturating_mul(clients)),
+        (None, None) => return Ok(()),
+    };
+    let source = config.data.datasource;
+    let available = source.train_samples() as u64;
+    if needed > available {
+        fail(
+            key,
+            format!(
+                "{clients} clients need {needed} training samples in all, but {} has {available}; \
+                 make the partitions smaller or the clients fewer",
+                source.folder()
+            ),
+        )?;
     }
     Ok(())
 }

@@ -719,3 +719,38 @@ fn config_md_documents_exactly_the_cluster_keys() {
         "docs/CONFIG.md's [cluster] table and `Cluster`"
     );
 }
+
+#[test]
+fn iid_partitions_larger_than_the_training_set_are_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.toml");
+    std::fs::write(
+        &path,
+        "[clients]\ntotal_clients = 100\nper_round = 10\n[data]\ndatasource = \"FashionMNIST\"\n\
+         partition_size = 601\n[parameters.optimizer]\nlearning_rate = 0.1\n",
+    )
+    .unwrap();
+    let message = load(&path).unwrap_err().to_string();
+    assert!(message.contains("big.toml"), "{message}");
+    assert!(message.contains("`data.partition_size`"), "{message}");
+    assert!(
+        message.contains(
+            "100 clients need 60100 training samples in all, but fashion-mnist has 60000"
+        ),
+        "{message}"
+    );
+    // Exactly the training set fits; other samplers are not held to it.
+    std::fs::write(
+        &path,
+        "[clients]\ntotal_clients = 100\nper_round = 10\n[data]\npartition_size = 600\n[parameters.optimizer]\nlearning_rate = 0.1\n",
+    )
+    .unwrap();
+    assert!(load(&path).is_ok());
+    std::fs::write(
+        &path,
+        "[clients]\ntotal_clients = 2\nper_round = 2\n[data]\npartition_sizes = [60000, 1]\n[parameters.optimizer]\nlearning_rate = 0.1\n",
+    )
+    .unwrap();
+    let message = load(&path).unwrap_err().to_string();
+    assert!(message.contains("`data.partition_sizes`"), "{message}");
+}
