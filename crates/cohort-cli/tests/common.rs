@@ -105,3 +105,48 @@ pub fn run_config(config: &Path, base: &Path, extra: &[&str]) -> Output {
     args.extend_from_slice(extra);
     cohort(&args, &fixture_data())
 }
+
+/// The model file of `config` run in one process on the CPU, under `base`,
+/// with datasets from `data`: the reference distributed runs must equal.
+pub fn single_process_model(config: &Path, base: &Path, data: &Path) -> Vec<u8> {
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--base",
+            base.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+        ],
+        data,
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::read(only_run_dir(base).join("model.safetensors")).unwrap()
+}
+
+/// The run folder under `base` once its `results.csv` has more than
+/// `rounds` rounds; fails after 120 s.
+pub fn run_dir_after_rounds(base: &Path, rounds: usize) -> PathBuf {
+    let started = std::time::Instant::now();
+    loop {
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "no progress within 120 s"
+        );
+        if let Ok(mut entries) = std::fs::read_dir(base)
+            && let Some(Ok(entry)) = entries.next()
+        {
+            let results =
+                std::fs::read_to_string(entry.path().join("results.csv")).unwrap_or_default();
+            if results.lines().count() > rounds {
+                return entry.path();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

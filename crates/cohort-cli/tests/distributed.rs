@@ -7,11 +7,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 use cohort_core::cluster::{Backend, MemoryNeed, RankCount, Request, place};
-use common::{cohort, fixture_data, only_run_dir, write_config};
+use common::{
+    cohort, fixture_data, only_run_dir, run_dir_after_rounds, single_process_model, write_config,
+};
 
 fn job(algorithm: &str, rounds: u32) -> String {
     format!(
@@ -82,28 +84,6 @@ fn start_rank(config: &Path, plan: &Path, base: &Path, rank: u32, extra: &[&str]
         .unwrap()
 }
 
-fn single_process_model(dir: &Path, config: &Path) -> Vec<u8> {
-    let base = dir.join("single");
-    let output = cohort(
-        &[
-            "run",
-            "--config",
-            config.to_str().unwrap(),
-            "--base",
-            base.to_str().unwrap(),
-            "--cpu",
-            "--quiet",
-        ],
-        &fixture_data(),
-    );
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    std::fs::read(only_run_dir(&base).join("model.safetensors")).unwrap()
-}
-
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
@@ -113,7 +93,7 @@ fn three_ranks_in_a_ring_give_the_single_process_model_bit_for_bit() {
     for algorithm in ["fedavg", "median"] {
         let dir = tempfile::tempdir().unwrap();
         let config = write_config(dir.path(), &job(algorithm, 3));
-        let expected = single_process_model(dir.path(), &config);
+        let expected = single_process_model(&config, &dir.path().join("single"), &fixture_data());
         let plan = dir.path().join("plan");
         write_plan(&plan, &format!("t-{algorithm}"));
         let base = dir.path().join("ranks");
@@ -168,7 +148,7 @@ fn partial_sums_match_the_single_process_to_rounding_and_refuse_the_median() {
     let config_text = format!("{}\n[cluster]\nreduce = \"partial\"\n", job("fedavg", 3));
     let config = write_config(dir.path(), &config_text);
     let single_base = dir.path().join("single");
-    single_process_model(dir.path(), &config);
+    single_process_model(&config, &dir.path().join("single"), &fixture_data());
     let plan = dir.path().join("plan");
     write_plan(&plan, "t-partial");
     let base = dir.path().join("ranks");
@@ -237,7 +217,7 @@ fn a_rank_that_dies_is_named_and_the_run_resumes_on_a_smaller_plan() {
         .map(|rank| start_rank(&config, &plan, &base, rank, &[]))
         .collect();
     // Let some rounds finish, then kill rank 2 mid-run.
-    let run_dir = wait_for_rounds(&base, 2);
+    let run_dir = run_dir_after_rounds(&base, 2);
     ranks[2].kill().unwrap();
     let _ = ranks.pop().unwrap().wait();
     let outputs: Vec<Output> = ranks
@@ -298,31 +278,14 @@ fn a_rank_that_dies_is_named_and_the_run_resumes_on_a_smaller_plan() {
     }
     let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
     assert_eq!(results.lines().count(), 41, "{results}");
-    let expected = single_process_model(&dir.path().join("short"), &expected_config);
+    let expected = single_process_model(
+        &expected_config,
+        &dir.path().join("short/single"),
+        &fixture_data(),
+    );
     let model = std::fs::read(run_dir.join("model.safetensors")).unwrap();
     assert!(
         model == expected,
         "the resumed 3-rank model differs from the single-process one"
     );
-}
-
-/// Rank 0's run folder once `rounds` rounds are in its results.
-fn wait_for_rounds(base: &Path, rounds: usize) -> PathBuf {
-    let started = std::time::Instant::now();
-    loop {
-        assert!(
-            started.elapsed().as_secs() < 120,
-            "no progress within 120 s"
-        );
-        if let Ok(mut entries) = std::fs::read_dir(base)
-            && let Some(Ok(entry)) = entries.next()
-        {
-            let results =
-                std::fs::read_to_string(entry.path().join("results.csv")).unwrap_or_default();
-            if results.lines().count() > rounds {
-                return entry.path();
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
 }

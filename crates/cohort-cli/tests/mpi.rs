@@ -9,7 +9,9 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{cohort, fixture_data, only_run_dir, real_data_dir, repo_root, write_config};
+use common::{
+    fixture_data, only_run_dir, real_data_dir, repo_root, single_process_model, write_config,
+};
 
 /// `mpirun -n ranks cohort run --config CONFIG --base BASE --cpu --quiet`.
 fn mpirun(ranks: u32, config: &Path, base: &Path, data: &Path) -> Output {
@@ -31,30 +33,9 @@ fn mpirun(ranks: u32, config: &Path, base: &Path, data: &Path) -> Output {
         .expect("mpirun runs (install openmpi-bin; this test is built with --features mpi)")
 }
 
-fn single_process(config: &Path, base: &Path, data: &Path) -> Vec<u8> {
-    let output = cohort(
-        &[
-            "run",
-            "--config",
-            config.to_str().unwrap(),
-            "--base",
-            base.to_str().unwrap(),
-            "--cpu",
-            "--quiet",
-        ],
-        data,
-    );
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    std::fs::read(only_run_dir(base).join("model.safetensors")).unwrap()
-}
-
 fn assert_same_model_under_mpirun(config: &Path, data: &Path, rounds: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let expected = single_process(config, &dir.path().join("single"), data);
+    let expected = single_process_model(config, &dir.path().join("single"), data);
     let base = dir.path().join("mpi");
     let output = mpirun(3, config, &base, data);
     assert!(

@@ -12,10 +12,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use common::{cohort, fixture_data, only_run_dir, write_config};
+use common::{
+    cohort, fixture_data, only_run_dir, run_dir_after_rounds, single_process_model, write_config,
+};
 
 /// The namespaces and veth pairs of one test; removed on drop.
 struct Hosts {
@@ -185,44 +186,6 @@ fn text(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-fn single_process_model(dir: &Path, config: &Path) -> Vec<u8> {
-    let base = dir.join("single");
-    let output = cohort(
-        &[
-            "run",
-            "--config",
-            config.to_str().unwrap(),
-            "--base",
-            base.to_str().unwrap(),
-            "--cpu",
-            "--quiet",
-        ],
-        &fixture_data(),
-    );
-    assert!(output.status.success(), "{}", text(&output));
-    std::fs::read(only_run_dir(&base).join("model.safetensors")).unwrap()
-}
-
-fn run_dir_after(base: &Path, rounds: usize) -> PathBuf {
-    let started = std::time::Instant::now();
-    loop {
-        assert!(
-            started.elapsed().as_secs() < 120,
-            "no progress within 120 s"
-        );
-        if let Ok(mut entries) = std::fs::read_dir(base)
-            && let Some(Ok(entry)) = entries.next()
-        {
-            let results =
-                std::fs::read_to_string(entry.path().join("results.csv")).unwrap_or_default();
-            if results.lines().count() > rounds {
-                return entry.path();
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_ring_across_three_namespaces_survives_a_cut_link_by_resuming() {
     let Some(hosts) = hosts_or_skip() else {
@@ -270,7 +233,7 @@ fn a_ring_across_three_namespaces_survives_a_cut_link_by_resuming() {
         let output = child.wait_with_output().unwrap();
         assert!(output.status.success(), "rank {rank}: {}", text(&output));
     }
-    let expected = single_process_model(&dir.path().join("short"), &short);
+    let expected = single_process_model(&short, &dir.path().join("short/single"), &fixture_data());
     let model = std::fs::read(only_run_dir(&base).join("model.safetensors")).unwrap();
     assert!(
         model == expected,
@@ -291,7 +254,7 @@ fn a_ring_across_three_namespaces_survives_a_cut_link_by_resuming() {
         base.to_str().unwrap(),
     ];
     let ranks: Vec<Child> = (0..3).map(|r| rank_in(&hosts, r, &long_args)).collect();
-    let run_dir = run_dir_after(&base, 2);
+    let run_dir = run_dir_after_rounds(&base, 2);
     hosts.set_link(1, 2, false);
     let outputs: Vec<Output> = ranks
         .into_iter()
@@ -327,7 +290,7 @@ fn a_ring_across_three_namespaces_survives_a_cut_link_by_resuming() {
             text(&output)
         );
     }
-    let expected = single_process_model(&long_dir, &long);
+    let expected = single_process_model(&long, &long_dir.join("single"), &fixture_data());
     let model = std::fs::read(run_dir.join("model.safetensors")).unwrap();
     assert!(
         model == expected,

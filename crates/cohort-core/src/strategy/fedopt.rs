@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::flat::{FloatLayout, flatten_round, float_layout};
+use super::flat::{FloatLayout, flatten_mean, flatten_round};
 use super::registry::OptionError;
 use super::{Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError, StrategyState};
 use crate::tree::ParamTree;
@@ -260,8 +260,7 @@ impl Strategy for FedOpt {
         let Some(mean) = mean else {
             return Ok(Aggregated::unchanged());
         };
-        let layout = float_layout(self.name(), global)?;
-        let (current, average) = (layout.flatten(global), layout.flatten(&mean));
+        let (layout, current, average) = flatten_mean(self.name(), global, &mean)?;
         self.step(global, &layout, &current, &average)
     }
 

@@ -87,14 +87,11 @@ impl Strategy for FedProx {
 
     fn aggregate_mean(
         &mut self,
-        _ctx: &RoundContext,
-        _global: &ParamTree,
+        ctx: &RoundContext,
+        global: &ParamTree,
         mean: Option<ParamTree>,
     ) -> Result<Aggregated, StrategyError> {
-        Ok(Aggregated {
-            model: mean,
-            ..Aggregated::unchanged()
-        })
+        FedAvg.aggregate_mean(ctx, global, mean)
     }
 }
 

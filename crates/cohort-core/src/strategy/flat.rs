@@ -166,6 +166,18 @@ pub(crate) fn flatten_round(
     })
 }
 
+/// For server steps from the round's mean (`Strategy::aggregate_mean`): the
+/// layout, the global model and the mean as flat vectors.
+pub(crate) fn flatten_mean(
+    strategy: &'static str,
+    global: &ParamTree,
+    mean: &ParamTree,
+) -> Result<(FloatLayout, Vec<f32>, Vec<f32>), StrategyError> {
+    let layout = float_layout(strategy, global)?;
+    let (current, average) = (layout.flatten(global), layout.flatten(mean));
+    Ok((layout, current, average))
+}
+
 /// `a − b`, element-wise.
 pub(crate) fn difference(a: &[f32], b: &[f32]) -> Vec<f32> {
     a.iter().zip(b).map(|(x, y)| x - y).collect()

@@ -73,6 +73,14 @@ impl RingCollective {
     /// Joins the ring: binds, connects to the right neighbour (retrying until
     /// it listens), then accepts the left one. One rank needs no sockets.
     pub fn connect(settings: RingSettings) -> Result<Self, CollectiveError> {
+        // The hello carries the instance; a name the peer would refuse is
+        // refused here, before anything is sent.
+        if settings.instance.len() > MAX_INSTANCE_BYTES {
+            return Err(error(format!(
+                "instance name of {} bytes; at most {MAX_INSTANCE_BYTES}",
+                settings.instance.len()
+            )));
+        }
         if settings.world_size <= 1 {
             return Ok(Self {
                 settings,
@@ -109,6 +117,7 @@ fn connect_right(settings: &RingSettings, deadline: Instant) -> Result<TcpStream
     let right = &settings.right;
     let mut hello = HELLO.to_vec();
     hello.extend_from_slice(&settings.rank.to_le_bytes());
+    // Bounded in connect(): fits a u16.
     hello.extend_from_slice(&(settings.instance.len() as u16).to_le_bytes());
     hello.extend_from_slice(settings.instance.as_bytes());
     loop {
@@ -426,6 +435,18 @@ mod tests {
         );
         assert!(errors[0].starts_with("rank 0:"), "{}", errors[0]);
         assert!(errors[1].starts_with("rank 1:"), "{}", errors[1]);
+    }
+
+    #[test]
+    fn an_overlong_instance_name_is_refused_before_anything_is_sent() {
+        let ports = free_ports(2);
+        let mut settings = settings(2, &ports, 0);
+        settings.instance = "x".repeat(70_000);
+        let message = RingCollective::connect(settings).unwrap_err().to_string();
+        assert!(
+            message.contains("instance name of 70000 bytes; at most 256"),
+            "{message}"
+        );
     }
 
     #[test]
