@@ -442,9 +442,11 @@ pub fn run_with_strategy(
             format!("cannot create the run folder {}", options.run_dir.display())
         })?;
     }
-    // A resumed run keeps the config it started with. A config with a token
-    // is a secret: only its owner may read it.
-    if leader && !options.resume {
+    // What runs is what the folder says: a resumed run rewrites config.toml
+    // too, since it may have changed keys that do not change results (the
+    // number of rounds, ports, paths), and a later --resume must see them. A
+    // config with a token is a secret: only its owner may read it.
+    if leader {
         let write = if config.server.auth_token.is_some() {
             cohort_core::fsutil::atomic_write_private
         } else {
