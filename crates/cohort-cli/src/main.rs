@@ -379,11 +379,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         (count > 0).then(|| cohort_runtime::LocalClients {
             program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cohort")),
             count,
-            args: device_flag
-                .into_iter()
-                .chain(args.quiet.then_some("--quiet"))
-                .map(str::to_owned)
-                .collect(),
+            // Their output goes to log files in the run folder, at info level
+            // whatever the server's terminal shows.
+            args: device_flag.into_iter().map(str::to_owned).collect(),
         })
     };
     let options = RunOptions {
@@ -518,6 +516,8 @@ fn client(args: ClientArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|_| EnvFilter::new(if args.quiet { "warn" } else { "info" }));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // No colour codes in the log files a server gives its own clients.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter)
         .try_init()
         .map_err(|error| anyhow::anyhow!("cannot start logging: {error}"))?;

@@ -133,6 +133,10 @@ fn mpi_collective(_: &DistributedRun) -> anyhow::Result<Box<dyn Collective>> {
     )
 }
 
+/// Folder of the run folder where the client processes a network-mode run
+/// starts write their output.
+pub const CLIENT_LOGS: &str = "logs";
+
 /// Client processes `cohort run` starts for network mode.
 #[derive(Debug, Clone)]
 pub struct LocalClients {
@@ -147,15 +151,29 @@ pub struct LocalClients {
 struct ChildClients(Vec<std::process::Child>);
 
 impl ChildClients {
+    /// Starts `spec.count` clients of the server at `server`; each writes its
+    /// output to `logs/client-N.log` in the run folder, appended on resume,
+    /// so the server's terminal shows the server alone.
     fn spawn(
         spec: &LocalClients,
         server: std::net::SocketAddr,
         loaded: &LoadedConfig,
         tls: bool,
+        run_dir: &Path,
     ) -> anyhow::Result<Self> {
+        let logs = run_dir.join(CLIENT_LOGS);
+        std::fs::create_dir_all(&logs)
+            .with_context(|| format!("cannot create {}", logs.display()))?;
         let mut children = Vec::new();
-        for _ in 0..spec.count {
+        for index in 0..spec.count {
+            let path = logs.join(format!("client-{index}.log"));
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .with_context(|| format!("cannot open the client log {}", path.display()))?;
             let mut command = std::process::Command::new(&spec.program);
+            command.stdout(log.try_clone()?).stderr(log);
             command
                 .arg("client")
                 .arg("--server")
@@ -689,6 +707,7 @@ fn start_transport(
             grpc.local_addr(),
             loaded,
             server.tls_cert.is_some(),
+            &options.run_dir,
         )?),
         None => None,
     };
@@ -1606,10 +1625,18 @@ fn banner<'a>(
         ),
         (None, true) => "one process (clients simulated in the worker pool)".to_owned(),
         (None, false) => format!(
-            "gRPC on {}:{}, {} local client processes",
+            "gRPC on {}:{}, {} local client processes{}",
             config.server.address,
             config.server.port,
-            options.local_clients.as_ref().map_or(0, |c| c.count)
+            options.local_clients.as_ref().map_or(0, |c| c.count),
+            if options.local_clients.is_some() {
+                format!(
+                    " (output in {})",
+                    options.run_dir.join(CLIENT_LOGS).display()
+                )
+            } else {
+                String::new()
+            }
         ),
     };
     Banner {
