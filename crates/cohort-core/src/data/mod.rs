@@ -2,6 +2,7 @@
 
 pub mod download;
 pub mod idx;
+pub mod survey;
 
 use std::path::{Path, PathBuf};
 
@@ -25,7 +26,7 @@ impl std::fmt::Display for DataSource {
 }
 
 /// One file of a dataset with its SHA-256.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataFile {
     pub name: &'static str,
     pub sha256: &'static str,
