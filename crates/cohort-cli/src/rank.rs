@@ -140,7 +140,7 @@ fn ring_settings(
         None if file.world_size == 1 => {
             let me = cohort_core::cluster::Peer {
                 rank: 0,
-                address: rank.listen,
+                address: rank.listen.into(),
                 node: rank.node.clone(),
             };
             (me.clone(), me)

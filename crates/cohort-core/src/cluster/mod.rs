@@ -26,6 +26,7 @@
 //! are what the file says, and ports free when planned may be taken by the
 //! time the ranks bind them; the runtime reports those when they happen.
 
+mod address;
 mod backend;
 mod file;
 mod launcher;
@@ -36,6 +37,7 @@ mod size;
 mod split;
 mod topology;
 
+pub use address::{Host, HostPort};
 pub use backend::{Backend, BackendError, built_backends, check_backend};
 pub use file::{
     ClusterError, ClusterSpec, InterfaceSpec, LinkEnd, LinkSpec, MAX_CLUSTER_BYTES, NodeSpec, load,

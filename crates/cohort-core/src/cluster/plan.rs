@@ -13,6 +13,8 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+use super::address::{Host, HostPort};
+
 use serde::{Deserialize, Serialize};
 
 use super::backend::Backend;
@@ -73,8 +75,9 @@ pub struct RankPlan {
     /// coordinator port).
     pub listen: SocketAddr,
     /// Rank 0's coordinator as this rank reaches it (`0.0.0.0:port` for rank 0
-    /// itself, which binds it).
-    pub coordinator: SocketAddr,
+    /// itself, which binds it): an IP address, or the DNS name the cluster
+    /// file gave rank 0's interface.
+    pub coordinator: HostPort,
     /// Workers: clients trained at once.
     pub workers: u32,
     /// The logical clients it trains, every round.
@@ -96,7 +99,7 @@ pub struct RingPeers {
     /// One entry per rank, as MLX's ring reads it: `0.0.0.0:port` for itself,
     /// the neighbours' addresses as this rank reaches them, `None` for ranks it
     /// never talks to.
-    pub hosts: Vec<Option<SocketAddr>>,
+    pub hosts: Vec<Option<HostPort>>,
 }
 
 /// Another rank as one rank reaches it.
@@ -104,8 +107,8 @@ pub struct RingPeers {
 pub struct Peer {
     /// Its rank.
     pub rank: u32,
-    /// Its address and port, from this rank's side.
-    pub address: SocketAddr,
+    /// Its address (or DNS name) and port, from this rank's side.
+    pub address: HostPort,
     /// Id of its node, so that errors about it can name the machine.
     #[serde(default)]
     pub node: String,
@@ -212,23 +215,18 @@ const ANY: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Rank `to` as rank `from` reaches it.
-fn reach(
-    topology: &Topology,
-    layout: &Layout,
-    ports: &[u16],
-    from: usize,
-    to: usize,
-) -> SocketAddr {
+fn reach(topology: &Topology, layout: &Layout, ports: &[u16], from: usize, to: usize) -> HostPort {
     let (a, b) = (layout.rank_node[from], layout.rank_node[to]);
-    let ip = if a == b {
-        LOOPBACK
+    let host = if a == b {
+        Host::Ip(LOOPBACK)
     } else {
         // place() chose only sets whose every pair has a socket link.
         topology
             .address_of(b, a)
             .expect("placement checked a socket link between every pair of nodes")
+            .clone()
     };
-    SocketAddr::new(ip, ports[to])
+    HostPort::new(host, ports[to])
 }
 
 fn ring_peers(topology: &Topology, layout: &Layout, ports: &[u16], rank: usize) -> RingPeers {
@@ -241,7 +239,7 @@ fn ring_peers(topology: &Topology, layout: &Layout, ports: &[u16], rank: usize) 
     };
     let hosts = (0..size)
         .map(|other| match other {
-            _ if other == rank => Some(SocketAddr::new(ANY, ports[rank])),
+            _ if other == rank => Some(HostPort::new(ANY, ports[rank])),
             _ if other == left || other == right => Some(peer(other).address),
             _ => None,
         })
@@ -286,7 +284,7 @@ pub(crate) fn build(
                 host: node.host.clone(),
                 listen: SocketAddr::new(ANY, ports[rank]),
                 coordinator: match rank {
-                    0 => SocketAddr::new(ANY, ports[0]),
+                    0 => HostPort::new(ANY, ports[0]),
                     _ => reach(topology, layout, ports, rank, 0),
                 },
                 workers: layout.workers[rank],

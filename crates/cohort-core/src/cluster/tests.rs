@@ -2,7 +2,6 @@
 //! request, and assertions on the plan. No I/O.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 
 use proptest::prelude::*;
 
@@ -129,7 +128,7 @@ fn request(instance: &str, clients: u32, per_rank_gib: u64) -> Request {
     Request::new(instance, clients, memory)
 }
 
-fn addr(text: &str) -> SocketAddr {
+fn addr(text: &str) -> HostPort {
     text.parse().unwrap()
 }
 
@@ -225,23 +224,27 @@ fn rank_0_binds_everywhere_and_others_reach_it_by_interface_priority() {
     let plan = place(&three_nodes(), &spread("r", Backend::Grpc)).unwrap();
     assert_eq!(nodes_of(&plan), ["alpha", "beta", "gamma"]);
     let port = plan.coordinator_port;
-    let coordinators: Vec<SocketAddr> = plan.ranks.iter().map(|r| r.coordinator).collect();
+    let coordinators: Vec<String> = plan
+        .ranks
+        .iter()
+        .map(|r| r.coordinator.to_string())
+        .collect();
     assert_eq!(
         coordinators,
         [
             // rank 0 binds its coordinator on every interface
-            SocketAddr::new("0.0.0.0".parse().unwrap(), port),
+            format!("0.0.0.0:{port}"),
             // beta reaches alpha over Thunderbolt, preferred to Ethernet
-            SocketAddr::new("169.254.0.1".parse().unwrap(), port),
+            format!("169.254.0.1:{port}"),
             // gamma has only Ethernet to alpha
-            SocketAddr::new("10.0.0.1".parse().unwrap(), port),
+            format!("10.0.0.1:{port}"),
         ]
     );
     // Two ranks on one node meet over the loopback.
     let mut local = request("r", 10, 1);
     local.ranks = RankCount::Exactly(2);
     let plan = place(&three_nodes(), &local).unwrap();
-    assert_eq!(plan.ranks[1].coordinator.ip().to_string(), "127.0.0.1");
+    assert_eq!(plan.ranks[1].coordinator.host.to_string(), "127.0.0.1");
 }
 
 #[test]
@@ -276,18 +279,18 @@ fn among_links_of_one_kind_the_faster_carries_the_coordinator() {
     let mut req = request("r", 4, 1);
     req.min_nodes = 2;
     let plan = place(&Topology::new(&spec).unwrap(), &req).unwrap();
-    assert_eq!(plan.ranks[1].coordinator.ip().to_string(), "10.9.0.1");
+    assert_eq!(plan.ranks[1].coordinator.host.to_string(), "10.9.0.1");
 }
 
 /// The (left, right) neighbour ranks and addresses of every rank.
-fn neighbours(plan: &Plan) -> Vec<((u32, SocketAddr), (u32, SocketAddr))> {
+fn neighbours(plan: &Plan) -> Vec<((u32, HostPort), (u32, HostPort))> {
     plan.ranks
         .iter()
         .map(|r| {
             let ring = r.ring.as_ref().expect("a ring plan has neighbours");
             (
-                (ring.left.rank, ring.left.address),
-                (ring.right.rank, ring.right.address),
+                (ring.left.rank, ring.left.address.clone()),
+                (ring.right.rank, ring.right.address.clone()),
             )
         })
         .collect()
@@ -344,9 +347,9 @@ fn rings_of_4_and_5_nodes_link_each_rank_to_its_two_neighbours() {
             );
             // Node n_i is 10.1.0.(i+1), and rank i runs on node n_i.
             let ip = |i: usize| format!("10.1.0.{}", i + 1);
-            assert_eq!(ring.right.address.ip().to_string(), ip(right));
-            assert_eq!(ring.left.address.ip().to_string(), ip(left));
-            assert_eq!(ring.right.address.port(), plan.ranks[right].listen.port());
+            assert_eq!(ring.right.address.host.to_string(), ip(right));
+            assert_eq!(ring.left.address.host.to_string(), ip(left));
+            assert_eq!(ring.right.address.port, plan.ranks[right].listen.port());
             for (other, host) in ring.hosts.iter().enumerate() {
                 let expected = other == rank || other == left || other == right;
                 assert_eq!(
@@ -355,7 +358,10 @@ fn rings_of_4_and_5_nodes_link_each_rank_to_its_two_neighbours() {
                     "{size} nodes, rank {rank}, host {other}"
                 );
             }
-            assert_eq!(ring.hosts[rank].unwrap().ip().to_string(), "0.0.0.0");
+            assert_eq!(
+                ring.hosts[rank].as_ref().unwrap().host.to_string(),
+                "0.0.0.0"
+            );
         }
     }
 }
@@ -370,7 +376,7 @@ fn ranks_that_share_a_node_are_ring_neighbours_over_the_loopback() {
     assert_eq!(nodes_of(&plan), ["n0", "n0", "n1", "n1"]);
     let ips: Vec<(String, String)> = neighbours(&plan)
         .iter()
-        .map(|(l, r)| (l.1.ip().to_string(), r.1.ip().to_string()))
+        .map(|(l, r)| (l.1.host.to_string(), r.1.host.to_string()))
         .collect();
     let pair = |l: &str, r: &str| (l.to_owned(), r.to_owned());
     assert_eq!(
@@ -446,7 +452,7 @@ fn three_nodes_spec() -> ClusterSpec {
                 .iter()
                 .map(|i| InterfaceSpec {
                     name: i.name.clone(),
-                    address: i.address.map(|a| a.to_string()),
+                    address: i.address.as_ref().map(|a| a.to_string()),
                     kind: i.kind,
                 })
                 .collect(),

@@ -6,8 +6,8 @@
 //! can index it without checks. It also keeps, for each ordered pair of
 //! nodes, the link that carries their traffic, chosen once here.
 
+use super::address::Host;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -53,8 +53,8 @@ pub enum LinkKind {
 pub struct Interface {
     /// Name, unique within its node.
     pub name: String,
-    /// Its IP address; `None` only for an RDMA device without one.
-    pub address: Option<IpAddr>,
+    /// Its IP address or DNS name; `None` only for an RDMA device without one.
+    pub address: Option<Host>,
     /// What hardware it is.
     pub kind: InterfaceKind,
 }
@@ -192,10 +192,10 @@ impl Topology {
 
     /// The address of `to` that `from` reaches it at: `to`'s end of their best
     /// socket link.
-    pub fn address_of(&self, to: usize, from: usize) -> Option<IpAddr> {
+    pub fn address_of(&self, to: usize, from: usize) -> Option<&Host> {
         let link = self.route(LinkKind::Socket, from, to)?;
         let end = link.ends.iter().find(|end| end.node == to)?;
-        self.nodes[to].interfaces[end.interface].address
+        self.nodes[to].interfaces[end.interface].address.as_ref()
     }
 
     /// The RDMA device on `from` that reaches `to`.
@@ -359,16 +359,13 @@ fn check_interface(
     })
 }
 
-fn check_address(key: &str, text: &str) -> Result<IpAddr, TopologyError> {
-    let address: IpAddr = text.parse().map_err(|_| {
-        invalid(
-            key,
-            format!(
-                "`{text}` is not an IP address; expected IPv4 such as 10.0.0.1 or IPv6 such as fe80::1"
-            ),
-        )
-    })?;
-    if address.is_unspecified() || address.is_multicast() {
+/// An interface's address: an IP address another node can reach, or a DNS
+/// name (resolved by the rank that connects, when it connects).
+fn check_address(key: &str, text: &str) -> Result<Host, TopologyError> {
+    let host: Host = text.parse().map_err(|message| invalid(key, message))?;
+    if let Host::Ip(address) = &host
+        && (address.is_unspecified() || address.is_multicast())
+    {
         return Err(invalid(
             key,
             format!(
@@ -376,7 +373,7 @@ fn check_address(key: &str, text: &str) -> Result<IpAddr, TopologyError> {
             ),
         ));
     }
-    Ok(address)
+    Ok(host)
 }
 
 fn resolve_end(key: &str, end: &LinkEnd, nodes: &[Node]) -> Result<Endpoint, TopologyError> {
@@ -447,8 +444,8 @@ fn check_link(index: usize, spec: &LinkSpec, nodes: &[Node]) -> Result<Link, Top
             }
         }
         LinkKind::Socket => {
-            let [a, b] = ends.map(|(name, end)| (name, interface(end).address));
-            for (name, address) in [a, b] {
+            let [a, b] = ends.map(|(name, end)| (name, interface(end).address.clone()));
+            for (name, address) in [&a, &b] {
                 if address.is_none() {
                     return Err(invalid(
                         key("kind"),
@@ -456,7 +453,13 @@ fn check_link(index: usize, spec: &LinkSpec, nodes: &[Node]) -> Result<Link, Top
                     ));
                 }
             }
-            if a.1.map(|x| x.is_ipv4()) != b.1.map(|x| x.is_ipv4()) {
+            // A name's family is known only once it resolves.
+            let family = |address: Option<&Host>| match address {
+                Some(Host::Ip(ip)) => Some(ip.is_ipv4()),
+                _ => None,
+            };
+            let (fa, fb) = (family(a.1.as_ref()), family(b.1.as_ref()));
+            if fa.is_some() && fb.is_some() && fa != fb {
                 return Err(invalid(
                     key("to"),
                     format!(
@@ -562,7 +565,18 @@ to = "beta.en0"
     fn bad_addresses_and_empty_nodes_are_refused() {
         let (key, message) = error_with("10.0.0.2", "10.0.0.300");
         assert_eq!(key, "nodes[1].interfaces[0].address");
-        assert!(message.starts_with("`10.0.0.300` is not an IP address; expected IPv4"));
+        assert!(
+            message
+                .starts_with("`10.0.0.300` is neither an IP address nor a DNS name; expected IPv4"),
+            "{message}"
+        );
+        // A name is an address too: the rank that connects resolves it.
+        let text = TWO.replacen("10.0.0.2", "node-2.cohort", 1);
+        let topology = parse(&text, Path::new("two.toml")).unwrap();
+        assert_eq!(
+            topology.address_of(1, 0).unwrap().to_string(),
+            "node-2.cohort"
+        );
         let (_, message) = error_with("10.0.0.2", "0.0.0.0");
         assert!(
             message.contains("not an address another node can reach"),

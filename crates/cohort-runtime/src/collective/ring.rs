@@ -13,6 +13,8 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+
+use cohort_core::cluster::HostPort;
 use std::time::{Duration, Instant};
 
 use super::{Collective, CollectiveError};
@@ -26,7 +28,9 @@ const MAX_INSTANCE_BYTES: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingPeer {
     pub rank: u32,
-    pub address: SocketAddr,
+    /// An IP address, or a DNS name resolved at each connection attempt (a
+    /// Kubernetes pod's name resolves only once the pod is up).
+    pub address: HostPort,
     /// Its node, for error messages; may be empty.
     pub node: String,
 }
@@ -121,7 +125,7 @@ fn connect_right(settings: &RingSettings, deadline: Instant) -> Result<TcpStream
     hello.extend_from_slice(&(settings.instance.len() as u16).to_le_bytes());
     hello.extend_from_slice(settings.instance.as_bytes());
     loop {
-        let attempt = TcpStream::connect_timeout(&right.address, Duration::from_secs(2))
+        let attempt = connect_any(&right.address)
             .and_then(|mut stream| stream.write_all(&hello).map(|()| stream));
         match attempt {
             Ok(stream) => return Ok(stream),
@@ -135,6 +139,23 @@ fn connect_right(settings: &RingSettings, deadline: Instant) -> Result<TcpStream
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
+}
+
+/// The first of `address`'s resolved socket addresses that accepts a
+/// connection; a name that does not resolve (yet) is an error like a refused
+/// connection, so the caller retries it until its deadline.
+fn connect_any(address: &HostPort) -> std::io::Result<TcpStream> {
+    let mut last = std::io::Error::new(
+        std::io::ErrorKind::NotFound,
+        format!("{} resolves to no address", address.host),
+    );
+    for candidate in address.resolve()? {
+        match TcpStream::connect_timeout(&candidate, Duration::from_secs(2)) {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = error,
+        }
+    }
+    Err(last)
 }
 
 /// Accepts connections until one says hello as the left neighbour of this
@@ -356,7 +377,7 @@ mod tests {
     fn settings(world: u32, ports: &[u16], rank: u32) -> RingSettings {
         let peer = |r: u32| RingPeer {
             rank: r,
-            address: SocketAddr::from(([127, 0, 0, 1], ports[r as usize])),
+            address: HostPort::from(SocketAddr::from(([127, 0, 0, 1], ports[r as usize]))),
             node: format!("node{r}"),
         };
         RingSettings {
