@@ -52,8 +52,9 @@ enum Command {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
-    /// Compare two model files (safetensors) leaf by leaf: largest absolute
-    /// difference and relative L2 distance. Exits non-zero above --tolerance.
+    /// Compare two model files (safetensors, PyTorch's layout) leaf by leaf:
+    /// largest absolute difference and relative L2 distance. Exits non-zero
+    /// above --tolerance. BatchNorm's num_batches_tracked is not compared.
     Compare {
         /// The reference model.
         reference: PathBuf,
@@ -78,7 +79,9 @@ enum Command {
     },
     /// Apply the config's strategy (`[algorithm]`) once to model files, from
     /// fresh strategy state: for audits and for checking cohort against other
-    /// implementations. Client ids are the updates' positions, from 1.
+    /// implementations. Client ids are the updates' positions, from 1. Files
+    /// are in PyTorch's layout (a `state_dict` saved with safetensors); the
+    /// output is too, with num_batches_tracked 0.
     Aggregate {
         /// The config whose `[algorithm]` (and clients, learning rate) to use.
         #[arg(long, short)]
@@ -282,6 +285,8 @@ fn load_config(
     Ok(loaded)
 }
 
+/// A model file (PyTorch's layout) as the tree runs train and aggregate:
+/// BatchNorm's `num_batches_tracked` counters dropped.
 fn read_model(path: &std::path::Path) -> anyhow::Result<cohort_core::tree::ParamTree> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let limits = cohort_core::codec::DecodeLimits {
@@ -289,6 +294,7 @@ fn read_model(path: &std::path::Path) -> anyhow::Result<cohort_core::tree::Param
         ..Default::default()
     };
     cohort_core::codec::decode(&bytes, &limits)
+        .map(cohort_core::layout::from_model_file)
         .with_context(|| format!("{} is not a readable safetensors model", path.display()))
 }
 

@@ -34,7 +34,9 @@ pub fn parse_update(text: &str) -> Result<UpdateArg, String> {
 }
 
 /// Applies the configured strategy, with fresh state, to `updates` from
-/// `global`, and writes the result to `output` atomically. Client ids are the
+/// `global` (model files in PyTorch's layout: `state_dict` names and shapes,
+/// BatchNorm's `num_batches_tracked` dropped on reading and written as 0), and
+/// writes the result to `output` atomically. Client ids are the
 /// updates' positions, from 1; every update reports `local_steps` steps.
 pub fn aggregate(
     loaded: &LoadedConfig,
@@ -76,7 +78,8 @@ pub fn aggregate(
         .aggregate(&ctx, &global, &client_updates)
         .with_context(|| format!("{} refused the updates", strategy.name()))?;
     let model = outcome.model.unwrap_or(global);
-    let bytes = cohort_core::codec::encode(&model)?;
+    let file = cohort_core::layout::to_model_file(&model);
+    let bytes = cohort_core::codec::encode(file.as_ref().unwrap_or(&model))?;
     cohort_core::fsutil::atomic_write(output, &bytes)
         .with_context(|| format!("cannot write {}", output.display()))?;
     let mut summary = format!(

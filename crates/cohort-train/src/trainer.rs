@@ -771,7 +771,9 @@ mod tests {
         let (mut trainer, global) = bn_trainer(1);
         assert_eq!(leaf(&global, "bn1.running_mean"), vec![0.0; 16]);
         assert_eq!(leaf(&global, "bn1.running_var"), vec![1.0; 16]);
-        assert_eq!(leaf(&global, "bn1.gamma"), vec![1.0; 16]);
+        // PyTorch's names: weight and bias, not burn's gamma and beta.
+        assert_eq!(leaf(&global, "bn1.weight"), vec![1.0; 16]);
+        assert_eq!(leaf(&global, "bn1.bias"), vec![0.0; 16]);
         let trained = bn_train(&mut trainer, &global);
         assert_ne!(leaf(&trained, "bn1.running_mean"), vec![0.0; 16]);
         assert_ne!(leaf(&trained, "bn2.running_var"), vec![1.0; 32]);
