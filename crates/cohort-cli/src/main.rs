@@ -99,6 +99,30 @@ enum Command {
         #[arg(required = true, value_name = "FILE=SAMPLES", value_parser = tools::parse_update)]
         updates: Vec<tools::UpdateArg>,
     },
+    /// Evaluate a model file (safetensors in PyTorch's layout, as runs write
+    /// model.safetensors) on the config's test set, as a run evaluates its
+    /// global model: prints the correct count and the accuracy.
+    Evaluate {
+        /// The config: its model (`trainer.model_name`) and data set.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The model file.
+        #[arg(long, value_name = "FILE")]
+        model: PathBuf,
+        /// Only the first N samples of the test set [default: all].
+        #[arg(long, value_name = "N")]
+        first: Option<usize>,
+        /// Also write each sample's logits (`logits`, [N, classes] float32) and
+        /// label (`labels`, int64) to this safetensors file.
+        #[arg(long, value_name = "FILE")]
+        logits: Option<PathBuf>,
+        /// Evaluate on the CPU, even when the build has a GPU backend.
+        #[arg(long, conflicts_with = "gpu")]
+        cpu: bool,
+        /// Evaluate on the GPU; fail if there is none.
+        #[arg(long)]
+        gpu: bool,
+    },
     /// Plan where a run's ranks go on a cluster (nodes, workers, clients,
     /// addresses, ports); print it as a table or JSON, and with --emit write
     /// each rank's host file and the command lines that start the ranks.
@@ -255,6 +279,42 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 plot::draw_partitions(&histograms, &png)?;
                 println!("wrote {}", png.display());
             }
+            Ok(())
+        }
+        Command::Evaluate {
+            config,
+            model,
+            first,
+            logits,
+            cpu,
+            gpu,
+        } => {
+            let loaded = cohort_core::config::load(&config)?;
+            let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
+            let device = match (cpu, gpu) {
+                (true, _) => DeviceRequest::Cpu,
+                (_, true) => DeviceRequest::Gpu,
+                _ => DeviceRequest::Auto,
+            };
+            let result = tools::evaluate(
+                &loaded,
+                data_root.as_deref(),
+                &model,
+                first,
+                logits.as_deref(),
+                device,
+            )?;
+            println!(
+                "{}: {} of {} correct, accuracy {:.4} ({} {}, first {} of {} test samples)",
+                model.display(),
+                result.correct,
+                result.samples,
+                result.correct as f64 / result.samples as f64,
+                loaded.config.trainer.model_name,
+                loaded.config.data.datasource,
+                result.samples,
+                result.test_samples
+            );
             Ok(())
         }
         Command::Client(args) => client(args),
