@@ -11,7 +11,7 @@
 //!
 //! Needs python3 with numpy and safetensors; without them these tests fail
 //! rather than pass having checked nothing, so they are `#[ignore]`d and
-//! `.ci/run` runs them.
+//! `.ci/run` runs them (`--include-ignored`).
 
 mod common;
 
@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use common::{cohort, fixture_data, only_run_dir, repo_root, run_job};
+use common::{cohort, fixture_data, only_run_dir, repo_root, require_python, run_job};
 
 /// Prints `{name: [shape, dtype]}` of a safetensors file, as numpy reads it.
 const LIST_TENSORS: &str = r#"
@@ -49,19 +49,6 @@ print(json.dumps({
     "largest_logit": float(np.abs(cohort["logits"]).max()),
 }))
 "#;
-
-/// Fails the test when the Python side is missing: a test that passes without
-/// checking anything would count as a pass.
-fn require_python() {
-    let ok = Command::new("python3")
-        .args(["-c", "import numpy, safetensors.numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ok,
-        "these tests need python3 with numpy and safetensors (pip install numpy safetensors)"
-    );
-}
 
 fn python(script: &str, args: &[&str]) -> serde_json::Value {
     let output = Command::new("python3")
@@ -113,7 +100,7 @@ fn assert_success(output: &std::process::Output) {
 #[test]
 #[ignore = "needs python3 with numpy and safetensors: .ci/run runs ignored tests"]
 fn a_numpy_lenet5_from_pytorchs_definitions_classifies_as_cohort_does() {
-    require_python();
+    require_python(&["numpy", "safetensors.numpy"]);
     let (dir, base, output) = run_job(&job("lenet5", 3));
     assert_success(&output);
     let run = only_run_dir(&base);
@@ -266,7 +253,7 @@ fn tensors_of(file: &Path) -> BTreeMap<String, (Vec<usize>, String)> {
 #[test]
 #[ignore = "needs python3 with numpy and safetensors: .ci/run runs ignored tests"]
 fn every_built_in_model_file_is_its_pytorch_state_dict() {
-    require_python();
+    require_python(&["numpy", "safetensors.numpy"]);
     for name in cohort_core::config::ModelName::all() {
         let name = name.to_string();
         let expected: BTreeMap<String, (Vec<usize>, String)> = pytorch_state_dict(&name)
