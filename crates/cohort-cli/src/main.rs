@@ -53,8 +53,9 @@ enum Command {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
-    /// Compare two model files (safetensors) leaf by leaf: largest absolute
-    /// difference and relative L2 distance. Exits non-zero above --tolerance.
+    /// Compare two model files (safetensors, PyTorch's layout) leaf by leaf:
+    /// largest absolute difference and relative L2 distance. Exits non-zero
+    /// above --tolerance. BatchNorm's num_batches_tracked is not compared.
     Compare {
         /// The reference model.
         reference: PathBuf,
@@ -82,7 +83,9 @@ enum Command {
     },
     /// Apply the config's strategy (`[algorithm]`) once to model files, from
     /// fresh strategy state: for audits and for checking cohort against other
-    /// implementations. Client ids are the updates' positions, from 1.
+    /// implementations. Client ids are the updates' positions, from 1. Files
+    /// are in PyTorch's layout (a `state_dict` saved with safetensors); the
+    /// output is too, with num_batches_tracked 0.
     Aggregate {
         /// The config whose `[algorithm]` (and clients, learning rate) to use.
         #[arg(long, short)]
@@ -99,6 +102,30 @@ enum Command {
         /// The clients' models, each as FILE=SAMPLES.
         #[arg(required = true, value_name = "FILE=SAMPLES", value_parser = tools::parse_update)]
         updates: Vec<tools::UpdateArg>,
+    },
+    /// Evaluate a model file (safetensors in PyTorch's layout, as runs write
+    /// model.safetensors) on the config's test set, as a run evaluates its
+    /// global model: prints the correct count and the accuracy.
+    Evaluate {
+        /// The config: its model (`trainer.model_name`) and data set.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The model file.
+        #[arg(long, value_name = "FILE")]
+        model: PathBuf,
+        /// Only the first N samples of the test set [default: all].
+        #[arg(long, value_name = "N")]
+        first: Option<usize>,
+        /// Also write each sample's logits (`logits`, [N, classes] float32) and
+        /// label (`labels`, int64) to this safetensors file.
+        #[arg(long, value_name = "FILE")]
+        logits: Option<PathBuf>,
+        /// Evaluate on the CPU, even when the build has a GPU backend.
+        #[arg(long, conflicts_with = "gpu")]
+        cpu: bool,
+        /// Evaluate on the GPU; fail if there is none.
+        #[arg(long)]
+        gpu: bool,
     },
     /// Plan where a run's ranks go on a cluster (nodes, workers, clients,
     /// addresses, ports); print it as a table or JSON, and with --emit write
@@ -260,6 +287,42 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Evaluate {
+            config,
+            model,
+            first,
+            logits,
+            cpu,
+            gpu,
+        } => {
+            let loaded = cohort_core::config::load(&config)?;
+            let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
+            let device = match (cpu, gpu) {
+                (true, _) => DeviceRequest::Cpu,
+                (_, true) => DeviceRequest::Gpu,
+                _ => DeviceRequest::Auto,
+            };
+            let result = tools::evaluate(
+                &loaded,
+                data_root.as_deref(),
+                &model,
+                first,
+                logits.as_deref(),
+                device,
+            )?;
+            println!(
+                "{}: {} of {} correct, accuracy {:.4} ({} {}, first {} of {} test samples)",
+                model.display(),
+                result.correct,
+                result.samples,
+                result.correct as f64 / result.samples as f64,
+                loaded.config.trainer.model_name,
+                loaded.config.data.datasource,
+                result.samples,
+                result.test_samples
+            );
+            Ok(())
+        }
         Command::Client(args) => client(args),
         Command::Place(args) => place::place(&args),
         Command::Compare {
@@ -288,6 +351,8 @@ fn load_config(
     Ok(loaded)
 }
 
+/// A model file (PyTorch's layout) as the tree runs train and aggregate:
+/// BatchNorm's `num_batches_tracked` counters dropped.
 fn read_model(path: &std::path::Path) -> anyhow::Result<cohort_core::tree::ParamTree> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let limits = cohort_core::codec::DecodeLimits {
@@ -295,6 +360,7 @@ fn read_model(path: &std::path::Path) -> anyhow::Result<cohort_core::tree::Param
         ..Default::default()
     };
     cohort_core::codec::decode(&bytes, &limits)
+        .map(cohort_core::layout::from_model_file)
         .with_context(|| format!("{} is not a readable safetensors model", path.display()))
 }
 

@@ -34,7 +34,9 @@ pub fn parse_update(text: &str) -> Result<UpdateArg, String> {
 }
 
 /// Applies the configured strategy, with fresh state, to `updates` from
-/// `global`, and writes the result to `output` atomically. Client ids are the
+/// `global` (model files in PyTorch's layout: `state_dict` names and shapes,
+/// BatchNorm's `num_batches_tracked` dropped on reading and written as 0), and
+/// writes the result to `output` atomically. Client ids are the
 /// updates' positions, from 1; every update reports `local_steps` steps.
 pub fn aggregate(
     loaded: &LoadedConfig,
@@ -76,7 +78,8 @@ pub fn aggregate(
         .aggregate(&ctx, &global, &client_updates)
         .with_context(|| format!("{} refused the updates", strategy.name()))?;
     let model = outcome.model.unwrap_or(global);
-    let bytes = cohort_core::codec::encode(&model)?;
+    let file = cohort_core::layout::to_model_file(&model);
+    let bytes = cohort_core::codec::encode(file.as_ref().unwrap_or(&model))?;
     cohort_core::fsutil::atomic_write(output, &bytes)
         .with_context(|| format!("cannot write {}", output.display()))?;
     let mut summary = format!(
@@ -99,6 +102,87 @@ pub fn aggregate(
         ));
     }
     Ok(summary)
+}
+
+/// What `cohort evaluate` reports.
+pub struct Evaluation {
+    pub correct: u64,
+    pub samples: usize,
+    pub test_samples: usize,
+}
+
+/// The accuracy of the model file `model` (PyTorch's layout) on the first
+/// `first` samples (all by default) of the config's test set, counted as a
+/// run counts it; with `logits`, also writes each sample's logits
+/// (`[samples, classes]` float32) and label (int64) there as safetensors.
+pub fn evaluate(
+    loaded: &LoadedConfig,
+    data_root: Option<&Path>,
+    model: &Path,
+    first: Option<usize>,
+    logits: Option<&Path>,
+    device: cohort_train::device::DeviceRequest,
+) -> anyhow::Result<Evaluation> {
+    let config = &loaded.config;
+    let tree = crate::read_model(model)?;
+    let fetch = if config.data.download {
+        cohort_core::data::Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
+    } else {
+        cohort_core::data::Fetch::Never
+    };
+    let data_root = data_root.unwrap_or(&config.data.data_path);
+    let test = cohort_core::data::load(config.data.datasource, data_root, &fetch)?.test;
+    let samples = first.unwrap_or(test.len());
+    if samples == 0 || samples > test.len() {
+        bail!(
+            "--first {samples}: the test set of {} has {} samples; give 1 to {}",
+            config.data.datasource,
+            test.len(),
+            test.len()
+        );
+    }
+    let selected = cohort_train::device::select(device)?;
+    let mut evaluator = cohort_train::trainer::Evaluator::new(
+        config.trainer.model_name,
+        config.parameters.model.num_classes,
+        &selected.device,
+        config.trainer.eval_batch_size,
+    );
+    let indices: Vec<u32> = (0..samples as u32).collect();
+    let predictions = evaluator
+        .predictions(&tree, &test, &indices)
+        .with_context(|| {
+            format!(
+                "{} is not a {} model in PyTorch's layout (trainer.model_name of {})",
+                model.display(),
+                config.trainer.model_name,
+                loaded.path.display()
+            )
+        })?;
+    if let Some(path) = logits {
+        let shape = vec![samples, predictions.classes];
+        let labels = predictions.labels.iter().map(|&l| l as i64).collect();
+        let out = ParamTree::from_dotted([
+            (
+                "logits".to_owned(),
+                cohort_core::tree::Array::f32(shape, predictions.logits)?,
+            ),
+            (
+                "labels".to_owned(),
+                cohort_core::tree::Array::new(
+                    vec![samples],
+                    cohort_core::tree::ArrayData::I64(labels),
+                )?,
+            ),
+        ]);
+        cohort_core::fsutil::atomic_write(path, &cohort_core::codec::encode(&out)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(Evaluation {
+        correct: predictions.correct,
+        samples,
+        test_samples: test.len(),
+    })
 }
 
 /// Each client's label histogram under the config's partitioner.

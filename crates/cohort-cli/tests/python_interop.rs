@@ -1,5 +1,7 @@
 //! The models cohort writes are plain safetensors that Python reads: names,
-//! shapes and values, checked with `safetensors` + `numpy`.
+//! shapes and values, checked with `safetensors` + `numpy`. They are in
+//! PyTorch's layout (linear weights `[out, in]`; docs/ARCHITECTURE.md,
+//! "Tensor layout"); `pytorch_layout.rs` checks that layout model by model.
 //! Ignored by a plain `cargo test` (a fresh clone may lack the packages);
 //! `.ci/run` runs it, and there a missing package fails it.
 
@@ -84,5 +86,8 @@ learning_rate = 0.05
             );
         }
         assert!(seen.get("conv1.weight").is_some() && seen.get("fc5.bias").is_some());
+        // PyTorch's [out, in], not burn's [in, out].
+        assert_eq!(seen["fc4.weight"]["shape"], serde_json::json!([84, 120]));
+        assert_eq!(seen["fc5.weight"]["shape"], serde_json::json!([10, 84]));
     }
 }

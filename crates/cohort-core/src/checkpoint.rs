@@ -28,8 +28,9 @@ use crate::selection::SelectorState;
 use crate::strategy::StrategyState;
 use crate::tree::ParamTree;
 
-/// Version of the sidecar layout.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the checkpoint: its sidecar layout and its tensors' layout.
+/// 2: models and strategy tensors in PyTorch's layout ([`crate::layout`]).
+pub const FORMAT_VERSION: u32 = 2;
 /// Folder of the checkpoints inside a run folder.
 pub const FOLDER: &str = "checkpoints";
 
@@ -251,6 +252,16 @@ const MAX_ROUND: u32 = u32::MAX - 1;
 /// A sidecar's own numbers and file names must make sense before anything it
 /// names is read.
 fn check_history(sidecar: &Path, history: &History) -> Result<(), String> {
+    if history.format == 1 {
+        // Converting would need to know which leaves were burn's linear
+        // weights, and a strategy's tensors (moments, control variates) would
+        // need the same: a run that old starts over instead.
+        return Err(format!(
+            "format 1 was written by a cohort from before models were stored in PyTorch's \
+             layout (linear weights [in, out], BatchNorm gamma/beta; now [out, in] and \
+             weight/bias); this cohort reads format {FORMAT_VERSION}: start the run again"
+        ));
+    }
     if history.format != FORMAT_VERSION {
         return Err(format!("format {} is not {FORMAT_VERSION}", history.format));
     }
@@ -441,6 +452,24 @@ mod tests {
             restored.skipped.iter().any(|s| s.contains("out of range")),
             "{:?}",
             restored.skipped
+        );
+    }
+
+    #[test]
+    fn checkpoints_from_before_the_pytorch_layout_are_refused_naming_the_change() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &model(1.0), history(1), NONE).unwrap();
+        let sidecar = dir.path().join(FOLDER).join("round-0001.json");
+        let mut old: History = serde_json::from_slice(&std::fs::read(&sidecar).unwrap()).unwrap();
+        old.format = 1;
+        std::fs::write(&sidecar, serde_json::to_vec(&old).unwrap()).unwrap();
+        let error = latest(dir.path()).unwrap_err().to_string();
+        assert!(
+            error.contains("round-0001.json")
+                && error.contains("format 1")
+                && error.contains("PyTorch's layout")
+                && error.contains("[in, out]"),
+            "{error}"
         );
     }
 

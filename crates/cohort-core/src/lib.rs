@@ -8,7 +8,7 @@
 //!
 //! Where to look:
 //! * FedAvg: [`aggregate::fedavg`]
-//! * parameter trees: [`tree::ParamTree`]
+//! * parameter trees: [`tree::ParamTree`]; their tensor layout (PyTorch's): [`layout`]
 //! * config schema and loader: [`config`]
 //! * safetensors payloads: [`codec`]
 //! * iid partitions: [`partition`]; client selection: [`selection`]
@@ -24,6 +24,7 @@ pub mod config;
 pub mod data;
 pub mod fsutil;
 pub mod hooks;
+pub mod layout;
 pub mod optim;
 pub mod partition;
 pub mod processors;

@@ -34,6 +34,7 @@ use cohort_core::config::{LoadedConfig, Pipelines};
 use cohort_core::data::Dataset;
 use cohort_core::fsutil::atomic_write;
 use cohort_core::hooks::{ClientReport, NoHooks, ReceivedPayload, RoundPayloads, ServerHooks};
+use cohort_core::layout;
 use cohort_core::processors::Processor;
 use cohort_core::results::{ClientRow, ResultsWriter, RoundRow};
 use cohort_core::schedule::LrSchedule;
@@ -276,7 +277,7 @@ fn resume_point(
         history.round
     );
     Ok(StartPoint {
-        global: restored.model,
+        global: layout::from_model_file(restored.model),
         selector: ClientSelector::from_state(history.selector),
         elapsed_before: history.rounds.last().map_or(0.0, |r| r.elapsed_time),
         first_round: history.round + 1,
@@ -310,7 +311,8 @@ struct Dispatched {
 
 /// The global model of a round, packed once.
 struct Packed {
-    /// Plain safetensors: the model file and the checkpoint.
+    /// Plain safetensors with BatchNorm counters ([`layout::to_model_file`]):
+    /// the model file and the checkpoint.
     model_bytes: Arc<Vec<u8>>,
     /// After `server.outbound_processors`: what the clients receive (the same
     /// allocation when the pipeline is plain `safetensor_encode`).
@@ -902,13 +904,19 @@ impl<'a> RoundLoop<'a> {
         }
     }
 
-    /// The global model as plain safetensors and as the wire pipeline makes it;
-    /// with the default pipeline the two are the same bytes, packed once.
+    /// The global model as a model file and as the wire pipeline makes it;
+    /// with the default pipeline and no BatchNorm the two are the same bytes,
+    /// packed once.
     fn pack(&self) -> anyhow::Result<Packed> {
-        let model_bytes = Arc::new(codec::encode(&self.global)?);
+        let file_tree = layout::to_model_file(&self.global);
+        let model_bytes = Arc::new(codec::encode(file_tree.as_ref().unwrap_or(&self.global))?);
         let outbound = &self.pipelines.server_outbound;
         let wire = if outbound.steps() == [Processor::SafetensorEncode] {
-            Arc::clone(&model_bytes)
+            match file_tree {
+                // The file's BatchNorm counters are not part of the tree that travels.
+                Some(_) => Arc::new(codec::encode(&self.global)?),
+                None => Arc::clone(&model_bytes),
+            }
         } else {
             Arc::new(
                 outbound
@@ -1673,7 +1681,9 @@ fn keep_updates(
             "client-{:04}.safetensors",
             payload.report.client_id
         ));
-        atomic_write(&path, &codec::encode(payload.tree())?)
+        let tree = payload.tree();
+        let file = layout::to_model_file(tree);
+        atomic_write(&path, &codec::encode(file.as_ref().unwrap_or(tree))?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())

@@ -3,8 +3,8 @@
 //! Every parameter is drawn from its own ChaCha8 stream derived from the model
 //! seed and the parameter's path, with PyTorch's default initialization for
 //! convolutions and linear layers (uniform in ±1/√fan_in for weights and
-//! biases). Other leaves (BatchNorm's gamma, beta and running statistics) keep
-//! the constructor's constants, as in PyTorch. Two trainers built
+//! biases). Other leaves (BatchNorm's weight, bias and running statistics)
+//! keep the constructor's constants, as in PyTorch. Two trainers built
 //! independently from the same seed start from identical parameters, and no
 //! global RNG is touched.
 
@@ -14,40 +14,51 @@ use rand_chacha::ChaCha8Rng;
 use cohort_core::seeds::derive_seed;
 use cohort_core::tree::{Array, ParamTree};
 
-/// Fan-in of a weight in burn's layouts: convolution `[out, in, kh, kw]`,
-/// linear `[in, out]`.
-fn fan_in(shape: &[usize]) -> usize {
+/// Fan-in of a convolution (`[out, in, kh, kw]`) or linear (`[out, in]`)
+/// weight in PyTorch's layout; `None` for one-dimensional weights (BatchNorm),
+/// which are not drawn.
+fn fan_in(shape: &[usize]) -> Option<usize> {
     match shape {
-        [input, _output] => *input,
-        [_out, rest @ ..] if !rest.is_empty() => rest.iter().product(),
-        _ => 1,
+        [_out, rest @ ..] if !rest.is_empty() => Some(rest.iter().product()),
+        _ => None,
     }
 }
 
-/// A tree with the schema of `template` and seeded values.
+/// A tree with the schema of `template` (PyTorch's layout) and seeded values.
 pub fn seeded_parameters(template: &ParamTree, seed: u64) -> ParamTree {
     let leaves = template.leaves();
-    let weight_fan_in = |path: &str| -> Option<usize> {
-        let layer = path.strip_suffix(".bias")?;
+    let layer_fan_in = |name: &str| -> Option<usize> {
+        let layer = name
+            .strip_suffix(".weight")
+            .or_else(|| name.strip_suffix(".bias"))?;
         leaves
             .iter()
             .find(|(p, _)| p.to_string() == format!("{layer}.weight"))
-            .map(|(_, a)| fan_in(a.shape()))
+            .and_then(|(_, a)| fan_in(a.shape()))
     };
     ParamTree::from_dotted(leaves.iter().map(|(path, array)| {
         let name = path.to_string();
-        if !(name.ends_with("weight") || name.ends_with("bias")) {
+        let Some(fan) = layer_fan_in(&name) else {
             return (name, (*array).clone());
-        }
-        let fan = weight_fan_in(&name)
-            .unwrap_or_else(|| fan_in(array.shape()))
-            .max(1);
-        let bound = 1.0 / (fan as f32).sqrt();
+        };
+        let bound = 1.0 / (fan.max(1) as f32).sqrt();
         let mut rng =
             ChaCha8Rng::seed_from_u64(derive_seed(seed, &format!("model-init/{name}"), &[]));
-        let values = (0..array.len())
+        let mut values: Vec<f32> = (0..array.len())
             .map(|_| rng.random_range(-bound..bound))
             .collect();
+        // Linear weights are drawn in [in, out] order, the order cohort drew
+        // them in before it used PyTorch's layout, so a seed gives the same
+        // model (and runs the same results) as it always did.
+        if let &[output, input] = array.shape() {
+            let mut transposed = vec![0.0; values.len()];
+            for i in 0..input {
+                for o in 0..output {
+                    transposed[o * input + i] = values[i * output + o];
+                }
+            }
+            values = transposed;
+        }
         (
             name,
             Array::f32(array.shape().to_vec(), values).expect("same shape as the template"),
@@ -80,8 +91,9 @@ mod tests {
 
     #[test]
     fn bounds_follow_fan_in() {
-        assert_eq!(fan_in(&[6, 1, 5, 5]), 25);
-        assert_eq!(fan_in(&[120, 84]), 120);
+        assert_eq!(fan_in(&[6, 1, 5, 5]), Some(25));
+        assert_eq!(fan_in(&[84, 120]), Some(120));
+        assert_eq!(fan_in(&[16]), None);
         let device = crate::device::cpu();
         let tree = seeded_parameters(&extract(&Net::build(ModelName::Lenet5, 10, &device)), 1);
         for (path, array) in tree.leaves() {

@@ -20,7 +20,7 @@ use cohort_core::strategy::ClientInstructions;
 use cohort_core::tree::{Array, ParamTree};
 
 use crate::model::Net;
-use crate::params::{LoadError, PathStack};
+use crate::params::{LoadError, PathStack, to_burn};
 
 /// What the strategy asks of one local run.
 pub type LocalPlan = ClientInstructions;
@@ -91,8 +91,9 @@ impl ModuleVisitor for AddTerms<'_> {
     }
 }
 
-/// Each parameter's leaf of `tree` as a flat tensor on the parameter's
-/// (non-autodiff) device. The tree must have exactly the model's parameters.
+/// Each parameter's leaf of `tree` (PyTorch's layout) as a flat tensor in
+/// burn's order on the parameter's (non-autodiff) device. The tree must have
+/// exactly the model's parameters.
 fn tensors_by_param(
     model: &Net,
     tree: &ParamTree,
@@ -153,24 +154,17 @@ impl ModuleVisitor for Collector<'_> {
             self.error = Some(LoadError::Missing(path));
             return;
         };
-        if array.shape() != shape.as_slice() {
-            self.error = Some(LoadError::Shape {
-                path,
-                model: shape,
-                tree: array.shape().to_vec(),
-            });
-            return;
-        }
-        let Some(values) = array.as_f32() else {
-            self.error = Some(LoadError::DType {
-                path,
-                dtype: array.dtype(),
-            });
-            return;
+        // In burn's order, so the flat tensor reshapes to the gradient's shape.
+        let values = match to_burn(&path, &shape, array, self.path.in_burn_order()) {
+            Ok(values) => values,
+            Err(error) => {
+                self.error = Some(error);
+                return;
+            }
         };
         let device = tensor.device().inner();
-        let flat =
-            Tensor::<1>::from_data(TensorData::new(values.to_vec(), [values.len()]), &device);
+        let length = values.len();
+        let flat = Tensor::<1>::from_data(TensorData::new(values, [length]), &device);
         self.tensors.insert(param.id, flat);
     }
 }

@@ -44,6 +44,11 @@ impl LeNet5 {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn fc5_for_tests(&self) -> &Linear {
+        &self.fc5
+    }
+
     pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
         let x = self.pool.forward(relu(self.conv1.forward(images)));
         let x = self.pool.forward(relu(self.conv2.forward(x)));

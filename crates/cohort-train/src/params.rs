@@ -1,8 +1,24 @@
 //! Moving parameters between a burn module and a host [`ParamTree`].
 //!
+//! This is the one place where burn's layout meets cohort's. Every tree outside
+//! a burn module (what strategies aggregate, what travels on the wire, model
+//! files and checkpoints) is in **PyTorch's layout**: a module's `state_dict`
+//! names and shapes. burn differs in two ways, both undone here and nowhere
+//! else:
+//!
+//! * a linear layer's weight is `[in, out]` in burn and `[out, in]` in PyTorch:
+//!   transposed on the way out and back on the way in. A transpose only moves
+//!   elements, so element-wise aggregation gives the same numbers either way;
+//! * BatchNorm's affine parameters are `gamma`/`beta` in burn and
+//!   `weight`/`bias` in PyTorch: renamed. `running_mean` and `running_var`
+//!   have the same names in both.
+//!
+//! PyTorch's `num_batches_tracked` counter has no burn counterpart and is not in
+//! the tree; model files add it ([`cohort_core::layout`]).
+//!
 //! Extraction copies every float parameter to host memory, so the tree is a
 //! snapshot that later training cannot change. Loading checks that the tree has
-//! exactly the module's parameters, with the same shapes, in float32 (the
+//! exactly the module's parameters, with PyTorch's shapes, in float32 (the
 //! training dtype; nothing is cast silently), before the module is changed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,9 +31,13 @@ use cohort_core::tree::{Array, DType, ParamTree};
 pub enum LoadError {
     #[error("the model has parameter `{0}` but the tree has no such leaf")]
     Missing(String),
-    #[error("the tree has leaf `{0}`, which the model does not have")]
+    #[error("the tree has leaf `{leaf}`, which the model does not have{hint}", leaf = .0, hint = renamed_hint(.0))]
     Unexpected(String),
-    #[error("parameter `{path}`: model shape {model:?}, tree shape {tree:?}")]
+    #[error(
+        "parameter `{path}`: the model's shape in PyTorch layout is {model:?}, the tree's is \
+         {tree:?}{}",
+        transposed_hint(model, tree)
+    )]
     Shape {
         path: String,
         model: Vec<usize>,
@@ -27,32 +47,131 @@ pub enum LoadError {
     DType { path: String, dtype: DType },
 }
 
-/// Dotted paths of a module's fields, without enum variant names, so the same
-/// layer has the same name whichever [`crate::model::Net`] variant holds it.
+/// BatchNorm's burn names are what a model file written before cohort used
+/// PyTorch's layout holds.
+fn renamed_hint(path: &str) -> String {
+    let pytorch = if path.ends_with(".gamma") {
+        "weight"
+    } else if path.ends_with(".beta") {
+        "bias"
+    } else {
+        return String::new();
+    };
+    format!(
+        " (BatchNorm's `{}` is `{pytorch}` in PyTorch's layout, which cohort uses; files \
+         written by cohort before it used PyTorch's layout have burn's names)",
+        path.rsplit('.').next().unwrap_or_default()
+    )
+}
+
+/// A weight stored the other way round is what a model file written before
+/// cohort used PyTorch's layout holds; say so rather than leave the user to
+/// spot the swapped numbers.
+fn transposed_hint(model: &[usize], tree: &[usize]) -> &'static str {
+    if model.len() == 2 && model.iter().rev().eq(tree.iter()) {
+        " (transposed: a linear weight must be [out, in], PyTorch's layout; files written \
+         by cohort before it used PyTorch's layout hold [in, out])"
+    } else {
+        ""
+    }
+}
+
+/// Dotted paths of a module's fields in PyTorch's naming, without enum variant
+/// names, so the same layer has the same name whichever
+/// [`crate::model::Net`] variant holds it.
 #[derive(Default)]
 pub(crate) struct PathStack {
     segments: Vec<String>,
     skipped: Vec<bool>,
+    /// The struct type holding each entered field, innermost last: burn calls
+    /// `enter_module(field, holder)`.
+    holders: Vec<String>,
 }
 
 impl PathStack {
     pub(crate) fn enter(&mut self, name: &str, container_type: &str) {
         let skip = container_type.starts_with("Enum:");
         self.skipped.push(skip);
+        self.holders.push(container_type.to_owned());
         if !skip {
+            let name = match (container_type, name) {
+                ("Struct:BatchNorm", "gamma") => "weight",
+                ("Struct:BatchNorm", "beta") => "bias",
+                _ => name,
+            };
             self.segments.push(name.to_owned());
         }
     }
 
     pub(crate) fn exit(&mut self) {
+        self.holders.pop();
         if !self.skipped.pop().unwrap_or(false) {
             self.segments.pop();
         }
     }
 
+    /// The current parameter's name in PyTorch's layout.
     pub(crate) fn current(&self) -> String {
         self.segments.join(".")
     }
+
+    /// Whether the current parameter is a linear layer's weight, which burn
+    /// stores transposed.
+    pub(crate) fn in_burn_order(&self) -> bool {
+        self.holders.last().is_some_and(|h| h == "Struct:Linear")
+            && self.segments.last().is_some_and(|s| s == "weight")
+    }
+}
+
+/// A row-major `[rows, cols]` matrix as row-major `[cols, rows]`.
+fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; values.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = values[r * cols + c];
+        }
+    }
+    out
+}
+
+/// A burn parameter of `shape` as the tree holds it.
+fn to_external(shape: Vec<usize>, values: Vec<f32>, linear_weight: bool) -> Array {
+    let (shape, values) = match (linear_weight, shape.as_slice()) {
+        (true, &[input, output]) => (vec![output, input], transpose(&values, input, output)),
+        _ => (shape, values),
+    };
+    Array::f32(shape, values).expect("burn tensors hold shape-product elements")
+}
+
+/// The values of the tree's leaf `array` in burn's order for the parameter
+/// `path` of burn shape `model_shape`, after checking shape and dtype.
+pub(crate) fn to_burn(
+    path: &str,
+    model_shape: &[usize],
+    array: &Array,
+    linear_weight: bool,
+) -> Result<Vec<f32>, LoadError> {
+    let external: Vec<usize> = match (linear_weight, model_shape) {
+        (true, &[input, output]) => vec![output, input],
+        _ => model_shape.to_vec(),
+    };
+    if array.shape() != external.as_slice() {
+        return Err(LoadError::Shape {
+            path: path.to_owned(),
+            model: external,
+            tree: array.shape().to_vec(),
+        });
+    }
+    let Some(values) = array.as_f32() else {
+        return Err(LoadError::DType {
+            path: path.to_owned(),
+            dtype: array.dtype(),
+        });
+    };
+    Ok(match (linear_weight, model_shape) {
+        (true, &[input, output]) => transpose(values, output, input),
+        _ => values.to_vec(),
+    })
 }
 
 struct Extractor {
@@ -76,12 +195,12 @@ impl ModuleVisitor for Extractor {
         let values = data
             .try_to_vec::<f32>()
             .expect("float parameters of a float32 model convert to f32");
-        let array = Array::f32(shape, values).expect("burn tensors hold shape-product elements");
+        let array = to_external(shape, values, self.path.in_burn_order());
         self.leaves.push((self.path.current(), array));
     }
 }
 
-/// A host snapshot of every float parameter of `module`.
+/// A host snapshot of every float parameter of `module`, in PyTorch's layout.
 pub fn extract<M: Module>(module: &M) -> ParamTree {
     let mut extractor = Extractor {
         path: PathStack::default(),
@@ -117,38 +236,38 @@ impl ModuleMapper for Loader<'_> {
             return param;
         };
         let model_shape = param.lazy_shape().to_vec();
-        if array.shape() != model_shape.as_slice() {
-            self.error = Some(LoadError::Shape {
-                path,
-                model: model_shape,
-                tree: array.shape().to_vec(),
-            });
-            return param;
-        }
-        let Some(values) = array.as_f32() else {
-            self.error = Some(LoadError::DType {
-                path,
-                dtype: array.dtype(),
-            });
-            return param;
+        let values = match to_burn(&path, &model_shape, array, self.path.in_burn_order()) {
+            Ok(values) => values,
+            Err(error) => {
+                self.error = Some(error);
+                return param;
+            }
         };
         let device = param.lazy_device();
-        let tensor = Tensor::<D>::from_data(TensorData::new(values.to_vec(), model_shape), &device);
+        let tensor = Tensor::<D>::from_data(TensorData::new(values, model_shape), &device);
         let id = param.id;
         self.used.insert(path);
         param.transform_for_load(tensor, id)
     }
 }
 
-/// Checks `tree` against the module's parameters, then loads it. On error the
-/// returned module is not produced, and the caller's module was consumed: keep a
-/// clone when a failure must leave the model usable.
+/// Checks `tree` (PyTorch's layout) against the module's parameters, then
+/// loads it. On error the returned module is not produced, and the caller's
+/// module was consumed: keep a clone when a failure must leave the model usable.
 pub fn load<M: Module>(module: M, tree: &ParamTree) -> Result<M, LoadError> {
     let leaves: BTreeMap<String, &Array> = tree
         .leaves()
         .into_iter()
         .map(|(path, array)| (path.to_string(), array))
         .collect();
+    // burn's BatchNorm names never appear in PyTorch's layout: name the old
+    // file's leaf rather than the new name it lacks.
+    if let Some(old) = leaves
+        .keys()
+        .find(|k| k.ends_with(".gamma") || k.ends_with(".beta"))
+    {
+        return Err(LoadError::Unexpected(old.clone()));
+    }
     let mut loader = Loader {
         path: PathStack::default(),
         leaves,
@@ -183,6 +302,102 @@ mod tests {
         assert_eq!(tree.num_elements(), 61_706);
         let b = load(b, &tree).unwrap();
         assert_eq!(extract(&b), tree);
+    }
+
+    #[test]
+    fn every_model_round_trips_in_pytorch_names_and_shapes() {
+        let device = crate::device::cpu();
+        for name in ModelName::all() {
+            let a = Net::build(name, 10, &device);
+            let tree = extract(&a);
+            let names: Vec<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
+            assert!(
+                names
+                    .iter()
+                    .all(|n| !n.ends_with("gamma") && !n.ends_with("beta")),
+                "{name}: {names:?}"
+            );
+            let b = load(Net::build(name, 10, &device), &tree).unwrap();
+            assert_eq!(extract(&b), tree, "{name}");
+        }
+        let shapes: BTreeMap<String, Vec<usize>> =
+            extract(&Net::build(ModelName::CnnBn, 10, &device))
+                .leaves()
+                .into_iter()
+                .map(|(p, a)| (p.to_string(), a.shape().to_vec()))
+                .collect();
+        assert_eq!(shapes["fc3.weight"], vec![128, 1568]);
+        assert_eq!(shapes["bn2.weight"], vec![32]);
+        assert_eq!(shapes["bn2.bias"], vec![32]);
+    }
+
+    #[test]
+    fn a_linear_weight_is_out_by_in_as_pytorch_computes_x_w_transposed_plus_b() {
+        let device = crate::device::cpu();
+        let model = Net::build(ModelName::Lenet5, 10, &device);
+        let tree = extract(&model);
+        let leaf = |path: &str| {
+            tree.leaves()
+                .into_iter()
+                .find(|(p, _)| p.to_string() == path)
+                .map(|(_, a)| a.clone())
+                .unwrap()
+        };
+        let (weight, bias) = (leaf("fc5.weight"), leaf("fc5.bias"));
+        assert_eq!(weight.shape(), &[10, 84]);
+        let Net::LeNet5(lenet) = &model else {
+            unreachable!()
+        };
+        let x: Vec<f32> = (0..84).map(|i| (i as f32 * 0.37).sin()).collect();
+        let burn_out = lenet
+            .fc5_for_tests()
+            .forward(Tensor::<2>::from_data(
+                TensorData::new(x.clone(), [1, 84]),
+                &device,
+            ))
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let (w, b) = (weight.as_f32().unwrap(), bias.as_f32().unwrap());
+        for (o, &burn) in burn_out.iter().enumerate() {
+            let torch: f32 = (0..84).map(|i| x[i] * w[o * 84 + i]).sum::<f32>() + b[o];
+            assert!((burn - torch).abs() < 1e-5, "output {o}: {burn} vs {torch}");
+        }
+    }
+
+    #[test]
+    fn files_in_burn_layout_are_refused_naming_what_changed() {
+        let device = crate::device::cpu();
+        let tree = extract(&Net::build(ModelName::CnnBn, 10, &device));
+        let burn_layout = ParamTree::from_dotted(tree.leaves().into_iter().map(|(p, a)| {
+            let name = p
+                .to_string()
+                .replace("bn1.weight", "bn1.gamma")
+                .replace("bn1.bias", "bn1.beta");
+            (name, a.clone())
+        }));
+        let error = load(Net::build(ModelName::CnnBn, 10, &device), &burn_layout)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("bn1.beta") && error.contains("PyTorch's layout"),
+            "{error}"
+        );
+        let transposed = ParamTree::from_dotted(tree.leaves().into_iter().map(|(p, a)| {
+            let array = if p.to_string() == "fc3.weight" {
+                Array::f32(vec![1568, 128], a.as_f32().unwrap().to_vec()).unwrap()
+            } else {
+                a.clone()
+            };
+            (p.to_string(), array)
+        }));
+        let error = load(Net::build(ModelName::CnnBn, 10, &device), &transposed)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("fc3.weight") && error.contains("[out, in]"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -355,16 +355,88 @@ impl Evaluator {
     }
 }
 
+/// A model's outputs on some samples: one row of logits per sample, with its
+/// label and whether the model's top class (the first, on a tie) is it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Predictions {
+    /// `[samples, classes]`, row-major.
+    pub logits: Vec<f32>,
+    pub classes: usize,
+    pub labels: Vec<u8>,
+    pub correct: u64,
+}
+
+impl Evaluator {
+    /// The logits of `tree` on the samples `indices` of `data`, in evaluation
+    /// mode, and how many it classifies correctly, counted exactly as
+    /// [`Evaluator::accuracy`] does.
+    pub fn predictions(
+        &mut self,
+        tree: &ParamTree,
+        data: &Dataset,
+        indices: &[u32],
+    ) -> Result<Predictions, EvalError> {
+        let model = self.model.take().expect("evaluator holds its model");
+        let loaded = match params::load(model.clone(), tree) {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                self.model = Some(model);
+                return Err(EvalError::Load(error));
+            }
+        };
+        self.model = Some(model);
+        let correct = count_correct(&loaded, data, indices, self.batch_size)?;
+        let model = loaded.valid();
+        let device = model
+            .devices()
+            .into_iter()
+            .next()
+            .unwrap_or_else(crate::device::cpu);
+        let (mut images, mut labels) = (Vec::new(), Vec::new());
+        let mut logits = Vec::with_capacity(indices.len() * 10);
+        let mut classes = 0;
+        for batch in indices.chunks(self.batch_size.max(1)) {
+            data.gather(batch, &mut images, &mut labels);
+            let input = Tensor::<4>::from_data(
+                TensorData::new(images.clone(), [batch.len(), 1, data.rows, data.cols]),
+                &device,
+            );
+            let output = model.forward(input, None);
+            classes = output.dims()[1];
+            logits.extend(
+                output
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .expect("a float32 model's logits convert to f32"),
+            );
+        }
+        Ok(Predictions {
+            logits,
+            classes,
+            labels: indices.iter().map(|&i| data.labels[i as usize]).collect(),
+            correct,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EvalError {
+    // Not `#[from]`: that makes the load error the source as well, and a
+    // chain printed with `{:#}` would say it twice.
     #[error("cannot load the model to evaluate: {0}")]
-    Load(#[from] LoadError),
+    Load(LoadError),
     #[error("test sample {index} has label {label}, but the model has {classes} classes")]
     LabelOutOfRange {
         index: usize,
         label: u8,
         classes: usize,
     },
+}
+
+impl From<LoadError> for EvalError {
+    fn from(error: LoadError) -> Self {
+        EvalError::Load(error)
+    }
 }
 
 /// Accuracy of `model` on `data`, in evaluation mode: on a plain device, so
@@ -771,7 +843,9 @@ mod tests {
         let (mut trainer, global) = bn_trainer(1);
         assert_eq!(leaf(&global, "bn1.running_mean"), vec![0.0; 16]);
         assert_eq!(leaf(&global, "bn1.running_var"), vec![1.0; 16]);
-        assert_eq!(leaf(&global, "bn1.gamma"), vec![1.0; 16]);
+        // PyTorch's names: weight and bias, not burn's gamma and beta.
+        assert_eq!(leaf(&global, "bn1.weight"), vec![1.0; 16]);
+        assert_eq!(leaf(&global, "bn1.bias"), vec![0.0; 16]);
         let trained = bn_train(&mut trainer, &global);
         assert_ne!(leaf(&trained, "bn1.running_mean"), vec![0.0; 16]);
         assert_ne!(leaf(&trained, "bn2.running_var"), vec![1.0; 32]);
