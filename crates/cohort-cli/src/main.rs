@@ -208,6 +208,9 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Check { config } => {
             let loaded = load_config(&config)?;
             println!("# {} is valid (hash {})", config.display(), loaded.hash());
+            for note in &loaded.notes {
+                println!("# {note}");
+            }
             println!("{}", cohort_core::config::to_toml(&loaded.config)?);
             Ok(())
         }
@@ -339,6 +342,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         init_logging(&run_dir, args.quiet, args.verbose, args.resume.is_some())?;
     }
     tracing::info!(config = %loaded.path.display(), run_dir = %run_dir.display(), hash = loaded.result_hash(), "run started");
+    for note in &loaded.notes {
+        // Plato's names read as cohort's: on the terminal once, and in run.log.
+        if !follower && !args.quiet {
+            eprintln!("{note}");
+        }
+        tracing::info!("{note}");
+    }
     let device = match (args.cpu, args.gpu) {
         (true, _) => DeviceRequest::Cpu,
         (_, true) => DeviceRequest::Gpu,
