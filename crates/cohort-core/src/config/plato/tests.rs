@@ -316,3 +316,27 @@ fn plato_keys_cohort_has_no_meaning_for_are_refused_not_dropped() {
         Some("server.disable_clients")
     );
 }
+
+#[test]
+fn the_reference_config_is_the_seeds_mlx_job_in_cohorts_names() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let cohort = crate::config::load(&root.join("configs/mnist/fedavg_lenet5.toml")).unwrap();
+    let plato =
+        crate::config::load(&root.join("tests/fixtures/plato/fedavg_lenet5_mlx.toml")).unwrap();
+    assert!(cohort.notes.is_empty(), "{:#?}", cohort.notes);
+    // The fixture also sets the spec's optional seeds and clipping.
+    let differences = cohort.result_differences(&plato);
+    let keys: Vec<&str> = differences
+        .iter()
+        .map(|d| d.split(':').next().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "trainer.clip_grad_norm",
+            "trainer.model_seed",
+            "trainer.training_seed"
+        ],
+        "{differences:#?}"
+    );
+}
