@@ -581,13 +581,20 @@ fn deserialize_all(
         errors.push(file_error(
             file,
             Some(key.clone()),
-            suggest_variant(error.into_inner().to_string()),
+            suggest_variant(without_location(error.into_inner().to_string())),
         ));
         // `clients.outbound_processors[0]` is the key `clients.outbound_processors`.
         let removable = key.split('[').next().unwrap_or_default();
-        if plato::remove(merged, removable).is_none() {
-            return None;
-        }
+        plato::remove(merged, removable)?;
+    }
+}
+
+/// The message without the "in `key`" line the TOML deserializer appends:
+/// the error names its key already, and a list of errors stays one per line.
+fn without_location(message: String) -> String {
+    match message.split_once("\nin `") {
+        Some((head, _)) => head.trim_end().to_owned(),
+        None => message.trim_end().to_owned(),
     }
 }
 
@@ -1267,7 +1274,7 @@ fn validate_cluster(loaded: &LoadedConfig, fail: Fail) {
     if let (Some(ranks), Some(nodes)) = (cluster.ranks, cluster.min_nodes)
         && nodes > ranks
     {
-        return fail(
+        fail(
             "cluster.min_nodes",
             format!("{nodes} nodes cannot be filled by ranks = {ranks}; a node runs at least one"),
         );

@@ -806,3 +806,18 @@ fn one_problem_reads_as_before() {
     let errors = load_text(&MINIMAL.replace("per_round = 2", "per_round = 11")).unwrap_err();
     assert_eq!(errors.to_string(), errors.first().to_string());
 }
+
+#[test]
+fn a_list_of_errors_has_one_line_per_error() {
+    let errors = load_text(
+        &MINIMAL
+            .replace("per_round = 2", "per_round = \"two\"")
+            .replace(
+                "optimizer = \"sgd\"",
+                "optimizer = \"sgd\"\nepochs = \"five\"",
+            ),
+    )
+    .unwrap_err();
+    assert_eq!(errors.errors().len(), 2, "{errors}");
+    assert_eq!(errors.to_string().lines().count(), 3, "{errors}");
+}
