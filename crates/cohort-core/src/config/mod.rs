@@ -1096,45 +1096,7 @@ fn validate_data(config: &Config, fail: Fail) {
             "must be at least 1 when set".to_owned(),
         );
     }
-    if let Some(sizes) = &config.data.partition_sizes {
-        if config.data.partition_size.is_some() {
-            fail(
-                "data.partition_sizes",
-                "give either partition_size (all clients alike) or partition_sizes, not both"
-                    .to_owned(),
-            );
-        }
-        if sizes.len() != config.clients.total_clients as usize {
-            fail(
-                "data.partition_sizes",
-                format!(
-                    "has {} entries but clients.total_clients = {}; give one size per client",
-                    sizes.len(),
-                    config.clients.total_clients
-                ),
-            );
-        }
-        if sizes.contains(&0) {
-            fail(
-                "data.partition_sizes",
-                "every client needs at least 1 sample".to_owned(),
-            );
-        }
-        // No dataset holds more samples than a u32 indexes.
-        let total = sizes
-            .iter()
-            .try_fold(0u64, |total, &size| total.checked_add(size as u64))
-            .filter(|&total| total <= u32::MAX as u64);
-        if total.is_none() {
-            fail(
-                "data.partition_sizes",
-                format!(
-                    "the sizes add up to more than {} samples, more than any training set holds",
-                    u32::MAX
-                ),
-            );
-        }
-    }
+    check_partition_sizes(config, fail);
     check_iid_fits(config, fail);
     check_iid_cyclic(config, fail);
     if let Some(mirrors) = &config.data.mirrors
@@ -1278,6 +1240,50 @@ fn validate_cluster(loaded: &LoadedConfig, fail: Fail) {
             "cluster.min_nodes",
             format!("{nodes} nodes cannot be filled by ranks = {ranks}; a node runs at least one"),
         );
+    }
+}
+
+/// `data.partition_sizes`: one size per client, none empty, and a sum no
+/// training set index overflows.
+fn check_partition_sizes(config: &Config, fail: Fail) {
+    if let Some(sizes) = &config.data.partition_sizes {
+        if config.data.partition_size.is_some() {
+            fail(
+                "data.partition_sizes",
+                "give either partition_size (all clients alike) or partition_sizes, not both"
+                    .to_owned(),
+            );
+        }
+        if sizes.len() != config.clients.total_clients as usize {
+            fail(
+                "data.partition_sizes",
+                format!(
+                    "has {} entries but clients.total_clients = {}; give one size per client",
+                    sizes.len(),
+                    config.clients.total_clients
+                ),
+            );
+        }
+        if sizes.contains(&0) {
+            fail(
+                "data.partition_sizes",
+                "every client needs at least 1 sample".to_owned(),
+            );
+        }
+        // No dataset holds more samples than a u32 indexes.
+        let total = sizes
+            .iter()
+            .try_fold(0u64, |total, &size| total.checked_add(size as u64))
+            .filter(|&total| total <= u32::MAX as u64);
+        if total.is_none() {
+            fail(
+                "data.partition_sizes",
+                format!(
+                    "the sizes add up to more than {} samples, more than any training set holds",
+                    u32::MAX
+                ),
+            );
+        }
     }
 }
 
