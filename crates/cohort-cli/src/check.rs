@@ -81,6 +81,9 @@ fn partition_fit(loaded: &LoadedConfig, train: usize) -> Option<String> {
     let clients = config.clients.total_clients as usize;
     let data = &config.data;
     let (key, needed) = match (data.sampler, &data.partition_sizes, data.partition_size) {
+        // Repeats the training set as often as it takes (a bound the config
+        // checks against the published size).
+        (Sampler::IidCyclic, _, _) => return None,
         (Sampler::Iid, Some(sizes), _) => (
             "data.partition_sizes",
             sizes.iter().fold(0usize, |sum, &s| sum.saturating_add(s)),

@@ -253,6 +253,9 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             println!("# {} is valid (hash {})", config.display(), loaded.hash());
             let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
             let findings = check::check(&loaded, data_root.as_deref());
+            for note in &loaded.notes {
+                println!("# {note}");
+            }
             println!("{}", cohort_core::config::to_toml(&loaded.config)?);
             check::report(&findings)
         }
@@ -426,6 +429,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         init_logging(&run_dir, args.quiet, args.verbose, args.resume.is_some())?;
     }
     tracing::info!(config = %loaded.path.display(), run_dir = %run_dir.display(), hash = loaded.result_hash(), "run started");
+    for note in &loaded.notes {
+        // Plato's names read as cohort's: on the terminal once, and in run.log.
+        if !follower && !args.quiet {
+            eprintln!("{note}");
+        }
+        tracing::info!("{note}");
+    }
     let device = match (args.cpu, args.gpu) {
         (true, _) => DeviceRequest::Cpu,
         (_, true) => DeviceRequest::Gpu,

@@ -201,7 +201,7 @@ fn samples_per_client(config: &Config) -> usize {
     let clients = config.clients.total_clients.max(1) as usize;
     match (data.sampler, &data.partition_sizes, data.partition_size) {
         (Sampler::Iid, Some(sizes), _) => sizes.iter().copied().max().unwrap_or(0),
-        (Sampler::Iid, None, Some(size)) => size,
+        (Sampler::Iid | Sampler::IidCyclic, None, Some(size)) => size,
         _ => data.datasource.train_samples().div_ceil(clients),
     }
 }

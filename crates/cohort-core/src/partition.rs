@@ -112,6 +112,38 @@ pub fn iid(
         .collect())
 }
 
+/// The `iid_cyclic` sampler, Plato's iid: the seeded shuffle of
+/// `0..num_samples` repeated end to end until it holds `clients ×
+/// partition_size` positions, client `c` (1-based) taking every `clients`-th
+/// position from `c - 1`. A size beyond the training set's share repeats
+/// samples inside a partition (Plato's `fedavg_lenet5_mlx.toml`: 10 clients
+/// of 20,000 from MNIST's 60,000 hold 6,000 distinct samples each, seen three
+/// or four times an epoch); partitions may share samples when `clients` does
+/// not divide `num_samples`.
+pub fn iid_cyclic(
+    num_samples: usize,
+    clients: usize,
+    partition_size: Option<usize>,
+    seed: u64,
+) -> Result<Vec<Vec<u32>>, PartitionError> {
+    let size = partition_size.unwrap_or(num_samples / clients.max(1));
+    if size == 0 || num_samples == 0 {
+        return Err(PartitionError::EmptyPartition {
+            clients,
+            available: num_samples,
+        });
+    }
+    let mut order: Vec<u32> = (0..num_samples as u32).collect();
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    Ok((0..clients)
+        .map(|client| {
+            (0..size)
+                .map(|k| order[(client + k * clients) % num_samples])
+                .collect()
+        })
+        .collect())
+}
+
 /// The `iid` sampler with a size per client (`data.partition_sizes`): the same
 /// seeded shuffle, client `c` getting the next `sizes[c - 1]` indices. Used for
 /// clients with unequal amounts of data.
@@ -532,6 +564,36 @@ fn standard_normal(rng: &mut impl Rng) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iid_cyclic_is_platos_strided_fill_of_the_repeated_shuffle() {
+        // 10 clients of 20 from 60 samples, as Plato's 10 × 20,000 of 60,000:
+        // each client holds 6 distinct samples, two seen 4 times and four 3
+        // times, and no two clients share one.
+        let parts = iid_cyclic(60, 10, Some(20), 7).unwrap();
+        assert_eq!(parts.len(), 10);
+        let mut owner = std::collections::HashMap::new();
+        for (client, part) in parts.iter().enumerate() {
+            assert_eq!(part.len(), 20);
+            let mut counts = std::collections::BTreeMap::new();
+            for &index in part {
+                *counts.entry(index).or_insert(0) += 1;
+                assert_eq!(*owner.entry(index).or_insert(client), client);
+            }
+            assert_eq!(counts.len(), 6);
+            let mut repeats: Vec<i32> = counts.into_values().collect();
+            repeats.sort_unstable();
+            assert_eq!(repeats, [3, 3, 3, 3, 4, 4]);
+        }
+        assert_eq!(owner.len(), 60);
+        // Sizes that fit give disjoint partitions, like `iid`.
+        let fit = iid_cyclic(60, 3, Some(20), 7).unwrap();
+        let mut all: Vec<u32> = fit.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..60).collect::<Vec<u32>>());
+        assert_eq!(iid_cyclic(60, 3, Some(20), 7).unwrap(), fit);
+        assert!(iid_cyclic(0, 3, Some(20), 7).is_err());
+    }
     use proptest::prelude::*;
     use std::collections::HashSet;
 

@@ -11,6 +11,7 @@
 
 pub(crate) mod introspect;
 mod overrides;
+mod plato;
 mod schema;
 
 use std::collections::BTreeMap;
@@ -45,6 +46,44 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Every problem found in one config, in the order found: a config is checked
+/// to the end, so one edit can fix them all rather than one per run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(Vec<ConfigError>);
+
+impl ConfigErrors {
+    /// The problems, at least one.
+    pub fn errors(&self) -> &[ConfigError] {
+        &self.0
+    }
+
+    /// The first problem found.
+    pub fn first(&self) -> &ConfigError {
+        &self.0[0]
+    }
+}
+
+impl From<ConfigError> for ConfigErrors {
+    fn from(error: ConfigError) -> Self {
+        Self(vec![error])
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let [one] = self.0.as_slice() {
+            return one.fmt(f);
+        }
+        write!(f, "{} problems in the config:", self.0.len())?;
+        for error in &self.0 {
+            write!(f, "\n  {error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
 /// A validated config with where each key came from.
 #[derive(Debug, Clone)]
 pub struct LoadedConfig {
@@ -52,8 +91,10 @@ pub struct LoadedConfig {
     pub optimizer: OptimizerSpec,
     /// The top-level file.
     pub path: PathBuf,
-    /// The fully merged table, as the run saw it.
+    /// The fully merged table, as the run saw it (Plato's names translated).
     pub merged: toml::Table,
+    /// One line for each Plato name read as cohort's (see [`plato`]).
+    pub notes: Vec<String>,
     origins: BTreeMap<String, PathBuf>,
 }
 
@@ -130,6 +171,9 @@ impl LoadedConfig {
                 Some(sizes) => partition::iid_sized(labels.len(), sizes, seed),
                 None => partition::iid(labels.len(), clients, data.partition_size, seed),
             },
+            Sampler::IidCyclic => {
+                partition::iid_cyclic(labels.len(), clients, data.partition_size, seed)
+            }
             Sampler::Dirichlet => {
                 let classes = self.config.parameters.model.num_classes;
                 partition::dirichlet(labels, classes, clients, alpha, min_size, seed)
@@ -340,20 +384,20 @@ fn flatten_value(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, S
 }
 
 /// Reads, merges, type-checks and validates the config at `path`.
-pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
+pub fn load(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
     load_with(path, &[])
 }
 
 /// [`load`] with command-line `overrides` (`--set`) written over the merged
 /// file before any check, so they are validated like the file's own keys.
-pub fn load_with(path: &Path, overrides: &[Override]) -> Result<LoadedConfig, ConfigError> {
+pub fn load_with(path: &Path, overrides: &[Override]) -> Result<LoadedConfig, ConfigErrors> {
     let table = read_table(path)?;
     from_table(table, path, overrides)
 }
 
 /// Like [`load`], for config text that claims to come from `path` (includes
 /// resolve relative to it).
-pub fn from_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
+pub fn from_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigErrors> {
     let table = parse_table(text, path)?;
     from_table(table, path, &[])
 }
@@ -417,13 +461,72 @@ fn from_table(
     table: toml::Table,
     path: &Path,
     overrides: &[Override],
-) -> Result<LoadedConfig, ConfigError> {
+) -> Result<LoadedConfig, ConfigErrors> {
+    let mut errors = Vec::new();
+    let (mut merged, mut origins) = merge_sections(table, path, &mut errors);
+    if let Err(message) = overrides::apply(&mut merged, overrides, SECTIONS) {
+        errors.push(file_error(Path::new("--set"), None, message));
+    }
+    for item in overrides {
+        origins.insert(item.key.clone(), PathBuf::from(item.origin()));
+    }
+    let notes = plato::translate(&mut merged, &mut origins, path, &mut errors);
+    // What the run keeps is the table before problems are taken out of it
+    // below; a config with problems is not kept.
+    let kept = merged.clone();
+    check_unknown_keys(&mut merged, path, &origins, &mut errors);
+    let Some(config) = deserialize_all(&mut merged, path, &origins, &mut errors) else {
+        return Err(ConfigErrors(errors));
+    };
+    let optimizer =
+        OptimizerSpec::from_config(&config.trainer.optimizer, &config.parameters.optimizer);
+    let optimizer_known = optimizer.is_ok();
+    let optimizer = optimizer.unwrap_or_else(|e| {
+        let file = origins.get(&e.key).map_or(path, PathBuf::as_path);
+        errors.push(file_error(file, Some(e.key), e.message));
+        OptimizerSpec::from_config(
+            "sgd",
+            &BTreeMap::from([("learning_rate".to_owned(), 0.1.into())]),
+        )
+        .expect("plain SGD is a valid optimizer")
+    });
+    let loaded = LoadedConfig {
+        config,
+        optimizer,
+        path: path.to_path_buf(),
+        merged: kept,
+        notes,
+        origins,
+    };
+    errors.extend(validate(&loaded, optimizer_known));
+    if errors.is_empty() {
+        Ok(loaded)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// The sections with their includes merged in, and the file each key came
+/// from. A section that cannot be read is reported and left out.
+fn merge_sections(
+    table: toml::Table,
+    path: &Path,
+    errors: &mut Vec<ConfigError>,
+) -> (toml::Table, BTreeMap<String, PathBuf>) {
     let mut origins = BTreeMap::new();
     let mut merged = toml::Table::new();
     let mut included = 0usize;
+    let not_a_section = |key: String, value: &toml::Value| {
+        let found = value.type_str();
+        file_error(
+            path,
+            Some(key.clone()),
+            format!("expected a section `[{key}]`, found a {found}"),
+        )
+    };
     for (section, value) in table {
         if !SECTIONS.contains(&section.as_str()) {
-            return Err(file_error(
+            errors.push(file_error(
                 path,
                 Some(section.clone()),
                 format!(
@@ -432,95 +535,85 @@ fn from_table(
                     SECTIONS.join(", ")
                 ),
             ));
+            continue;
         }
         let toml::Value::Table(body) = value else {
-            return Err(file_error(
+            errors.push(not_a_section(section, &value));
+            continue;
+        };
+        let mut resolve = |body: toml::Table, key: &str| {
+            resolve_includes(
+                body,
                 path,
-                Some(section.clone()),
-                format!(
-                    "expected a section `[{section}]`, found a {}",
-                    value.type_str()
-                ),
-            ));
+                key,
+                &mut origins,
+                &mut Vec::new(),
+                &mut included,
+            )
         };
         let body = if section == "parameters" {
             let mut parameters = toml::Table::new();
             for (sub, sub_value) in body {
                 let key = format!("parameters.{sub}");
-                let toml::Value::Table(sub_body) = sub_value else {
-                    return Err(file_error(
-                        path,
-                        Some(key),
-                        format!(
-                            "expected a section `[parameters.{sub}]`, found a {}",
-                            sub_value.type_str()
-                        ),
-                    ));
-                };
-                let resolved = resolve_includes(
-                    sub_body,
-                    path,
-                    &key,
-                    &mut origins,
-                    &mut Vec::new(),
-                    &mut included,
-                )?;
-                parameters.insert(sub, toml::Value::Table(resolved));
+                match sub_value {
+                    toml::Value::Table(sub_body) => match resolve(sub_body, &key) {
+                        Ok(resolved) => {
+                            parameters.insert(sub, toml::Value::Table(resolved));
+                        }
+                        Err(error) => errors.push(error),
+                    },
+                    other => errors.push(not_a_section(key, &other)),
+                }
             }
             parameters
         } else {
-            resolve_includes(
-                body,
-                path,
-                &section,
-                &mut origins,
-                &mut Vec::new(),
-                &mut included,
-            )?
+            match resolve(body, &section) {
+                Ok(body) => body,
+                Err(error) => {
+                    errors.push(error);
+                    continue;
+                }
+            }
         };
         merged.insert(section, toml::Value::Table(body));
     }
-    overrides::apply(&mut merged, overrides, SECTIONS)
-        .map_err(|message| file_error(Path::new("--set"), None, message))?;
-    for item in overrides {
-        origins.insert(item.key.clone(), PathBuf::from(item.origin()));
+    (merged, origins)
+}
+
+/// Deserializes the table into a [`Config`], reporting every key of the wrong
+/// type: each one found is reported and removed (its default stands in), and
+/// the rest deserialized again. `None` when an error names no removable key.
+fn deserialize_all(
+    merged: &mut toml::Table,
+    path: &Path,
+    origins: &BTreeMap<String, PathBuf>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Config> {
+    loop {
+        let error = match serde_path_to_error::deserialize(toml::Value::Table(merged.clone())) {
+            Ok(config) => return Some(config),
+            Err(error) => error,
+        };
+        let key = error.path().to_string();
+        let file = origins.get(&key).map_or(path, PathBuf::as_path);
+        errors.push(file_error(
+            file,
+            Some(key.clone()),
+            suggest_variant(without_location(error.into_inner().to_string())),
+        ));
+        // `clients.outbound_processors[0]` is the key `clients.outbound_processors`.
+        let removable = key.split('[').next().unwrap_or_default();
+        plato::remove(merged, removable)?;
     }
+}
 
-    check_unknown_keys(&merged, path, &origins)?;
-
-    let config: Config = serde_path_to_error::deserialize(toml::Value::Table(merged.clone()))
-        .map_err(|error| {
-            let key = error.path().to_string();
-            let file = origins
-                .get(&key)
-                .cloned()
-                .unwrap_or_else(|| path.to_path_buf());
-            file_error(
-                &file,
-                Some(key),
-                suggest_variant(error.into_inner().to_string()),
-            )
-        })?;
-
-    let loaded_origins = origins;
-    let optimizer =
-        OptimizerSpec::from_config(&config.trainer.optimizer, &config.parameters.optimizer)
-            .map_err(|e| {
-                let file = loaded_origins
-                    .get(&e.key)
-                    .cloned()
-                    .unwrap_or_else(|| path.to_path_buf());
-                file_error(&file, Some(e.key), e.message)
-            })?;
-    let loaded = LoadedConfig {
-        config,
-        optimizer,
-        path: path.to_path_buf(),
-        merged,
-        origins: loaded_origins,
-    };
-    validate(&loaded)?;
-    Ok(loaded)
+/// The message without the "in `key`" line the TOML deserializer appends:
+/// the error names its key already, and a list of errors stays one per line.
+fn without_location(message: String) -> String {
+    match message.split_once("\nin `") {
+        Some((head, _)) => head.trim_end().to_owned(),
+        None => message.trim_end().to_owned(),
+    }
 }
 
 /// serde's "unknown variant `x`, expected one of `a`, `b`" with a
@@ -622,11 +715,14 @@ fn resolve_includes(
     Ok(merged)
 }
 
+/// Reports every key no section declares, and removes it so the types of the
+/// others can still be checked.
 fn check_unknown_keys(
-    merged: &toml::Table,
+    merged: &mut toml::Table,
     path: &Path,
     origins: &BTreeMap<String, PathBuf>,
-) -> Result<(), ConfigError> {
+    errors: &mut Vec<ConfigError>,
+) {
     let known: BTreeMap<&str, &'static [&'static str]> = BTreeMap::from([
         ("general", introspect::fields_of::<General>()),
         ("clients", introspect::fields_of::<Clients>()),
@@ -641,46 +737,50 @@ fn check_unknown_keys(
         ("results", introspect::fields_of::<Results>()),
         ("cluster", introspect::fields_of::<Cluster>()),
     ]);
-    let check = |section: &str, body: &toml::Table| -> Result<(), ConfigError> {
+    let check = |section: &str, body: &mut toml::Table, errors: &mut Vec<ConfigError>| {
         let fields = known[section];
-        for key in body.keys() {
-            if !fields.contains(&key.as_str()) {
-                let dotted = format!("{section}.{key}");
-                let file = origins
-                    .get(&dotted)
-                    .cloned()
-                    .unwrap_or_else(|| path.to_path_buf());
-                let mut sorted: Vec<&str> = fields.to_vec();
-                sorted.sort_unstable();
-                return Err(file_error(
-                    &file,
-                    Some(dotted),
-                    format!(
-                        "unknown key `{key}` in [{section}]{}; valid keys: {}",
-                        did_you_mean(key, fields.iter().copied()),
-                        sorted.join(", ")
-                    ),
-                ));
-            }
+        let mut sorted: Vec<&str> = fields.to_vec();
+        sorted.sort_unstable();
+        let unknown: Vec<String> = body
+            .keys()
+            .filter(|key| !fields.contains(&key.as_str()))
+            .cloned()
+            .collect();
+        for key in unknown {
+            body.remove(&key);
+            let dotted = format!("{section}.{key}");
+            let file = origins.get(&dotted).map_or(path, PathBuf::as_path);
+            errors.push(file_error(
+                file,
+                Some(dotted),
+                format!(
+                    "unknown key `{key}` in [{section}]{}; valid keys: {}",
+                    did_you_mean(&key, fields.iter().copied()),
+                    sorted.join(", ")
+                ),
+            ));
         }
-        Ok(())
     };
-    for (section, body) in merged {
+    let mut algorithm_unusable = false;
+    for (section, body) in merged.iter_mut() {
         let toml::Value::Table(body) = body else {
             continue;
         };
         if section == "algorithm" {
-            check_algorithm_keys(body, path, origins)?;
+            algorithm_unusable = !check_algorithm_keys(body, path, origins, errors);
             continue;
         }
-        check(section, body)?;
+        check(section, body, errors);
         if section == "parameters"
-            && let Some(toml::Value::Table(model)) = body.get("model")
+            && let Some(toml::Value::Table(model)) = body.get_mut("model")
         {
-            check("parameters.model", model)?;
+            check("parameters.model", model, errors);
         }
     }
-    Ok(())
+    if algorithm_unusable {
+        // Without a strategy the options cannot be typed; the default stands in.
+        merged.remove("algorithm");
+    }
 }
 
 /// The longest timeout a config may set: a year, far below where a
@@ -689,12 +789,14 @@ pub const MAX_TIMEOUT_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 /// `[algorithm]`: `type` names a registered strategy, and every other key is
 /// one of that strategy's options. Both lists come from the registry's serde
-/// derive, so they cannot drift from the code.
+/// derive, so they cannot drift from the code. Reports every problem and
+/// removes unknown options; `false` when there is no usable strategy name.
 fn check_algorithm_keys(
-    body: &toml::Table,
+    body: &mut toml::Table,
     path: &Path,
     origins: &BTreeMap<String, PathBuf>,
-) -> Result<(), ConfigError> {
+    errors: &mut Vec<ConfigError>,
+) -> bool {
     use crate::strategy::AlgorithmConfig;
     let file_of = |key: &str| {
         origins
@@ -705,15 +807,16 @@ fn check_algorithm_keys(
     let names = introspect::variants_of::<AlgorithmConfig>("type");
     let name = match body.get("type") {
         None => {
-            return Err(file_error(
+            errors.push(file_error(
                 &file_of("algorithm"),
                 Some("algorithm.type".to_owned()),
                 format!("missing; choose a strategy: {}", names.join(", ")),
             ));
+            return false;
         }
-        Some(toml::Value::String(name)) => name.as_str(),
+        Some(toml::Value::String(name)) => name.clone(),
         Some(other) => {
-            return Err(file_error(
+            errors.push(file_error(
                 &file_of("algorithm.type"),
                 Some("algorithm.type".to_owned()),
                 format!(
@@ -721,56 +824,79 @@ fn check_algorithm_keys(
                     other.type_str()
                 ),
             ));
+            return false;
         }
     };
-    if !names.contains(&name) {
-        return Err(file_error(
+    if !names.contains(&name.as_str()) {
+        errors.push(file_error(
             &file_of("algorithm.type"),
             Some("algorithm.type".to_owned()),
             format!(
                 "unknown strategy `{name}`{}; strategies: {}",
-                did_you_mean(name, names.iter().copied()),
+                did_you_mean(&name, names.iter().copied()),
                 names.join(", ")
             ),
         ));
+        return false;
     }
-    let options = introspect::variant_fields_of::<AlgorithmConfig>("type", name);
-    for key in body.keys().filter(|key| key.as_str() != "type") {
-        if !options.contains(&key.as_str()) {
-            let dotted = format!("algorithm.{key}");
-            let valid = if options.is_empty() {
-                format!("`{name}` takes no options")
-            } else {
-                let mut sorted = options.to_vec();
-                sorted.sort_unstable();
-                format!("options of `{name}`: {}", sorted.join(", "))
-            };
-            return Err(file_error(
-                &file_of(&dotted),
-                Some(dotted),
-                format!(
-                    "unknown option `{key}`{}; {valid}",
-                    did_you_mean(key, options.iter().copied())
-                ),
-            ));
-        }
+    let options = introspect::variant_fields_of::<AlgorithmConfig>("type", &name);
+    let valid = if options.is_empty() {
+        format!("`{name}` takes no options")
+    } else {
+        let mut sorted = options.to_vec();
+        sorted.sort_unstable();
+        format!("options of `{name}`: {}", sorted.join(", "))
+    };
+    let unknown: Vec<String> = body
+        .keys()
+        .filter(|key| key.as_str() != "type" && !options.contains(&key.as_str()))
+        .cloned()
+        .collect();
+    for key in unknown {
+        body.remove(&key);
+        let dotted = format!("algorithm.{key}");
+        errors.push(file_error(
+            &file_of(&dotted),
+            Some(dotted),
+            format!(
+                "unknown option `{key}`{}; {valid}",
+                did_you_mean(&key, options.iter().copied())
+            ),
+        ));
     }
-    Ok(())
+    true
 }
 
-fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
-    let config = &loaded.config;
-    let fail = |key: &str, message: String| -> Result<(), ConfigError> {
-        Err(file_error(
+/// Reports a problem with a key; validation goes on to find the others.
+type Fail<'a> = &'a dyn Fn(&str, String);
+
+/// Every impossible value and combination, all of them: ranges, pipelines,
+/// the strategy against the run, data and trainer. Checks that need the
+/// optimizer are skipped when it did not load (its own error is reported).
+fn validate(loaded: &LoadedConfig, optimizer_known: bool) -> Vec<ConfigError> {
+    let found = std::cell::RefCell::new(Vec::new());
+    let fail = |key: &str, message: String| {
+        found.borrow_mut().push(file_error(
             loaded.origin_of(key),
             Some(key.to_owned()),
             message,
-        ))
+        ));
     };
-    let one_of = |key: &str, value: &str, allowed: &[&str]| -> Result<(), ConfigError> {
-        if allowed.contains(&value) {
-            return Ok(());
-        }
+    let config = &loaded.config;
+    validate_clients(config, &fail);
+    validate_server(config, &fail);
+    if optimizer_known {
+        validate_algorithm(loaded, &fail);
+    }
+    validate_data(config, &fail);
+    validate_trainer(loaded, optimizer_known, &fail);
+    validate_cluster(loaded, &fail);
+    found.into_inner()
+}
+
+/// An error unless `value` is one of `allowed`, with a did-you-mean.
+fn one_of(fail: Fail, key: &str, value: &str, allowed: &[&str]) {
+    if !allowed.contains(&value) {
         fail(
             key,
             format!(
@@ -778,14 +904,17 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                 did_you_mean(value, allowed.iter().copied()),
                 allowed.join(", ")
             ),
-        )
-    };
+        );
+    }
+}
+
+fn validate_clients(config: &Config, fail: Fail) {
     let clients = &config.clients;
     if clients.total_clients == 0 {
-        fail("clients.total_clients", "must be at least 1".to_owned())?;
+        fail("clients.total_clients", "must be at least 1".to_owned());
     }
     if clients.per_round == 0 {
-        fail("clients.per_round", "must be at least 1".to_owned())?;
+        fail("clients.per_round", "must be at least 1".to_owned());
     }
     if clients.per_round > clients.total_clients {
         fail(
@@ -794,14 +923,14 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                 "{} clients per round cannot be selected from total_clients = {}",
                 clients.per_round, clients.total_clients
             ),
-        )?;
+        );
     }
-    one_of("clients.type", &clients.kind, &["simple"])?;
+    one_of(fail, "clients.type", &clients.kind, &["simple"]);
     if !(clients.test_fraction > 0.0 && clients.test_fraction < 1.0) {
         fail(
             "clients.test_fraction",
             format!("must be in (0, 1), got {}", clients.test_fraction),
-        )?;
+        );
     }
     if clients.attackers_per_round > clients.per_round {
         fail(
@@ -810,7 +939,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                 "{} attackers cannot be among per_round = {} clients",
                 clients.attackers_per_round, clients.per_round
             ),
-        )?;
+        );
     }
     if (clients.attack == crate::attack::Attack::None) != (clients.attackers_per_round == 0) {
         fail(
@@ -818,13 +947,13 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             "`attack` and `attackers_per_round` go together: set both (an attack and at least \
              one attacker) or neither"
                 .to_owned(),
-        )?;
+        );
     }
     if !(clients.attack_scale.is_finite() && clients.attack_scale > 0.0) {
         fail(
             "clients.attack_scale",
             format!("must be a finite number > 0, got {}", clients.attack_scale),
-        )?;
+        );
     }
     if let Some(min) = clients.min_per_round
         && (min == 0 || min > clients.per_round)
@@ -835,7 +964,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                 "must be between 1 and per_round = {}, got {min}",
                 clients.per_round
             ),
-        )?;
+        );
     }
     for (key, value) in [
         ("clients.uplink_mbps", clients.uplink_mbps),
@@ -847,9 +976,12 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
             fail(
                 key,
                 format!("must be a finite number > 0 (Mbit/s), got {value}"),
-            )?;
+            );
         }
     }
+}
+
+fn validate_server(config: &Config, fail: Fail) {
     let server = &config.server;
     for (key, value) in [
         ("server.payload_timeout", server.payload_timeout),
@@ -861,7 +993,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                 format!(
                     "must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS}] (a year), got {value}"
                 ),
-            )?;
+            );
         }
     }
     if let Some(name) = &config.general.run_name {
@@ -877,11 +1009,11 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                     "`{name}` is not a plain folder name: no `/`, `\\`, `..` or empty name; \
                      the run folder goes under the base folder"
                 ),
-            )?;
+            );
         }
     }
     if server.max_payload_bytes == 0 {
-        fail("server.max_payload_bytes", "must be at least 1".to_owned())?;
+        fail("server.max_payload_bytes", "must be at least 1".to_owned());
     }
     if let Some(room) = server.max_inflight_bytes
         && room < server.max_payload_bytes
@@ -893,13 +1025,13 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                  be received",
                 server.max_payload_bytes
             ),
-        )?;
+        );
     }
     if server.tls_cert.is_some() != server.tls_key.is_some() {
         fail(
             "server.tls_cert",
             "tls_cert and tls_key go together: give both for TLS, or neither".to_owned(),
-        )?;
+        );
     }
     if let Some(token) = &server.auth_token
         && token.is_empty()
@@ -907,10 +1039,14 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         fail(
             "server.auth_token",
             "must not be empty; leave it out for no authentication".to_owned(),
-        )?;
+        );
     }
+}
+
+fn validate_algorithm(loaded: &LoadedConfig, fail: Fail) {
+    let config = &loaded.config;
     if let Err(error) = Pipelines::from_config(config) {
-        fail(&error.key.clone(), error.reason)?;
+        fail(&error.key.clone(), error.reason);
     }
     let algorithm = config.algorithm.name();
     if let Some(alias) = &config.server.kind
@@ -922,7 +1058,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                 "is `{alias}` but algorithm.type is `{algorithm}`; server.type is only an alias \
                  of algorithm.type (leave it out)"
             ),
-        )?;
+        );
     }
     if let Err(error) = config.algorithm.check(&loaded.run_shape()) {
         let key = if error.option == "type" {
@@ -930,13 +1066,19 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         } else {
             format!("algorithm.{}", error.option)
         };
-        fail(&key, error.message)?;
+        fail(&key, error.message);
     }
-    one_of("trainer.type", &config.trainer.kind, &["basic"])?;
+}
+
+fn validate_data(config: &Config, fail: Fail) {
     let data = &config.data;
     if data.sampler != Sampler::Iid {
+        let cyclic = data.sampler == Sampler::IidCyclic;
         for (key, set) in [
-            ("data.partition_size", data.partition_size.is_some()),
+            (
+                "data.partition_size",
+                data.partition_size.is_some() && !cyclic,
+            ),
             ("data.partition_sizes", data.partition_sizes.is_some()),
         ] {
             if set {
@@ -947,7 +1089,7 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                          the sampler decides each client's size, so remove `{key}`",
                         data.sampler
                     ),
-                )?;
+                );
             }
         }
     }
@@ -955,141 +1097,34 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
         fail(
             "data.concentration",
             format!("must be a finite number > 0, got {}", data.concentration),
-        )?;
+        );
     }
     if data.shards_per_client == 0 {
-        fail("data.shards_per_client", "must be at least 1".to_owned())?;
+        fail("data.shards_per_client", "must be at least 1".to_owned());
     }
     if data.min_partition_size == 0 {
         fail(
             "data.min_partition_size",
             "must be at least 1: a client without samples cannot train".to_owned(),
-        )?;
+        );
     }
     if config.data.partition_size == Some(0) {
         fail(
             "data.partition_size",
             "must be at least 1 when set".to_owned(),
-        )?;
+        );
     }
-    if let Some(sizes) = &config.data.partition_sizes {
-        if config.data.partition_size.is_some() {
-            fail(
-                "data.partition_sizes",
-                "give either partition_size (all clients alike) or partition_sizes, not both"
-                    .to_owned(),
-            )?;
-        }
-        if sizes.len() != config.clients.total_clients as usize {
-            fail(
-                "data.partition_sizes",
-                format!(
-                    "has {} entries but clients.total_clients = {}; give one size per client",
-                    sizes.len(),
-                    config.clients.total_clients
-                ),
-            )?;
-        }
-        if sizes.contains(&0) {
-            fail(
-                "data.partition_sizes",
-                "every client needs at least 1 sample".to_owned(),
-            )?;
-        }
-        // No dataset holds more samples than a u32 indexes.
-        let total = sizes
-            .iter()
-            .try_fold(0u64, |total, &size| total.checked_add(size as u64))
-            .filter(|&total| total <= u32::MAX as u64);
-        if total.is_none() {
-            fail(
-                "data.partition_sizes",
-                format!(
-                    "the sizes add up to more than {} samples, more than any training set holds",
-                    u32::MAX
-                ),
-            )?;
-        }
-    }
-    check_iid_fits(config, &fail)?;
+    check_partition_sizes(config, fail);
+    check_iid_fits(config, fail);
+    check_iid_cyclic(config, fail);
     if let Some(mirrors) = &config.data.mirrors
         && mirrors.is_empty()
     {
         fail(
             "data.mirrors",
             "must list at least one URL when set".to_owned(),
-        )?;
+        );
     }
-    let trainer = &config.trainer;
-    if trainer.rounds == 0 {
-        fail("trainer.rounds", "must be at least 1".to_owned())?;
-    }
-    if trainer.epochs == 0 {
-        fail("trainer.epochs", "must be at least 1".to_owned())?;
-    }
-    if trainer.batch_size == 0 {
-        fail("trainer.batch_size", "must be at least 1".to_owned())?;
-    }
-    if trainer.eval_batch_size == 0 {
-        fail("trainer.eval_batch_size", "must be at least 1".to_owned())?;
-    }
-    if trainer.lr_step_size == 0 {
-        fail(
-            "trainer.lr_step_size",
-            "must be at least 1 round".to_owned(),
-        )?;
-    }
-    if !(trainer.lr_gamma.is_finite() && trainer.lr_gamma > 0.0) {
-        fail(
-            "trainer.lr_gamma",
-            format!("must be a finite number > 0, got {}", trainer.lr_gamma),
-        )?;
-    }
-    let base_rate = loaded.optimizer.learning_rate();
-    if !(trainer.lr_min.is_finite() && (0.0..=base_rate).contains(&trainer.lr_min)) {
-        fail(
-            "trainer.lr_min",
-            format!(
-                "must be in [0, learning_rate = {base_rate}], got {}",
-                trainer.lr_min
-            ),
-        )?;
-    }
-    if config.server.checkpoint_interval == 0 {
-        fail(
-            "server.checkpoint_interval",
-            "must be at least 1 (rounds between checkpoints)".to_owned(),
-        )?;
-    }
-    if trainer.max_concurrency == 0 {
-        fail(
-            "trainer.max_concurrency",
-            "must be at least 1 physical worker".to_owned(),
-        )?;
-    }
-    if trainer.threads_per_worker == 0 {
-        fail(
-            "trainer.threads_per_worker",
-            "must be at least 1".to_owned(),
-        )?;
-    }
-    if let Some(target) = trainer.target_accuracy
-        && !(target.is_finite() && (0.0..=1.0).contains(&target))
-    {
-        fail(
-            "trainer.target_accuracy",
-            format!("must be a fraction in [0, 1] (e.g. 0.97), got {target}"),
-        )?;
-    }
-    if let Some(norm) = trainer.clip_grad_norm
-        && !(norm.is_finite() && norm >= 0.0)
-    {
-        fail(
-            "trainer.clip_grad_norm",
-            format!("must be a finite number >= 0, got {norm}"),
-        )?;
-    }
-    validate_cluster(loaded)?;
     if config.parameters.model.num_classes != 10 {
         fail(
             "parameters.model.num_classes",
@@ -1097,30 +1132,98 @@ fn validate(loaded: &LoadedConfig) -> Result<(), ConfigError> {
                 "{} classes requested, but {} has 10",
                 config.parameters.model.num_classes, config.data.datasource
             ),
-        )?;
+        );
     }
-    Ok(())
+}
+
+fn validate_trainer(loaded: &LoadedConfig, optimizer_known: bool, fail: Fail) {
+    let config = &loaded.config;
+    one_of(fail, "trainer.type", &config.trainer.kind, &["basic"]);
+    let trainer = &config.trainer;
+    if trainer.rounds == 0 {
+        fail("trainer.rounds", "must be at least 1".to_owned());
+    }
+    if trainer.epochs == 0 {
+        fail("trainer.epochs", "must be at least 1".to_owned());
+    }
+    if trainer.batch_size == 0 {
+        fail("trainer.batch_size", "must be at least 1".to_owned());
+    }
+    if trainer.eval_batch_size == 0 {
+        fail("trainer.eval_batch_size", "must be at least 1".to_owned());
+    }
+    if trainer.lr_step_size == 0 {
+        fail(
+            "trainer.lr_step_size",
+            "must be at least 1 round".to_owned(),
+        );
+    }
+    if !(trainer.lr_gamma.is_finite() && trainer.lr_gamma > 0.0) {
+        fail(
+            "trainer.lr_gamma",
+            format!("must be a finite number > 0, got {}", trainer.lr_gamma),
+        );
+    }
+    let base_rate = loaded.optimizer.learning_rate();
+    if optimizer_known
+        && !(trainer.lr_min.is_finite() && (0.0..=base_rate).contains(&trainer.lr_min))
+    {
+        fail(
+            "trainer.lr_min",
+            format!(
+                "must be in [0, learning_rate = {base_rate}], got {}",
+                trainer.lr_min
+            ),
+        );
+    }
+    if config.server.checkpoint_interval == 0 {
+        fail(
+            "server.checkpoint_interval",
+            "must be at least 1 (rounds between checkpoints)".to_owned(),
+        );
+    }
+    if trainer.max_concurrency == 0 {
+        fail(
+            "trainer.max_concurrency",
+            "must be at least 1 physical worker".to_owned(),
+        );
+    }
+    if trainer.threads_per_worker == 0 {
+        fail(
+            "trainer.threads_per_worker",
+            "must be at least 1".to_owned(),
+        );
+    }
+    if let Some(target) = trainer.target_accuracy
+        && !(target.is_finite() && (0.0..=1.0).contains(&target))
+    {
+        fail(
+            "trainer.target_accuracy",
+            format!("must be a fraction in [0, 1] (e.g. 0.97), got {target}"),
+        );
+    }
+    if let Some(norm) = trainer.clip_grad_norm
+        && !(norm.is_finite() && norm >= 0.0)
+    {
+        fail(
+            "trainer.clip_grad_norm",
+            format!("must be a finite number >= 0, got {norm}"),
+        );
+    }
 }
 
 /// `[cluster]`'s ranges; which backends the build has is the caller's check
 /// ([`LoadedConfig::check_cluster_backend`]), and whether the cluster can
 /// hold the run is `cohort place`'s.
-fn validate_cluster(loaded: &LoadedConfig) -> Result<(), ConfigError> {
+fn validate_cluster(loaded: &LoadedConfig, fail: Fail) {
     let cluster = &loaded.config.cluster;
     let clients = loaded.config.clients.total_clients;
-    let fail = |key: &str, message: String| {
-        Err(file_error(
-            loaded.origin_of(key),
-            Some(key.to_owned()),
-            message,
-        ))
-    };
     if cluster
         .file
         .as_ref()
         .is_some_and(|f| f.as_os_str().is_empty())
     {
-        return fail(
+        fail(
             "cluster.file",
             "is empty; name a cluster file or leave the key out".to_owned(),
         );
@@ -1151,23 +1254,102 @@ fn validate_cluster(loaded: &LoadedConfig) -> Result<(), ConfigError> {
     if let (Some(ranks), Some(nodes)) = (cluster.ranks, cluster.min_nodes)
         && nodes > ranks
     {
-        return fail(
+        fail(
             "cluster.min_nodes",
             format!("{nodes} nodes cannot be filled by ranks = {ranks}; a node runs at least one"),
         );
     }
-    Ok(())
+}
+
+/// `data.partition_sizes`: one size per client, none empty, and a sum no
+/// training set index overflows.
+fn check_partition_sizes(config: &Config, fail: Fail) {
+    if let Some(sizes) = &config.data.partition_sizes {
+        if config.data.partition_size.is_some() {
+            fail(
+                "data.partition_sizes",
+                "give either partition_size (all clients alike) or partition_sizes, not both"
+                    .to_owned(),
+            );
+        }
+        if sizes.len() != config.clients.total_clients as usize {
+            fail(
+                "data.partition_sizes",
+                format!(
+                    "has {} entries but clients.total_clients = {}; give one size per client",
+                    sizes.len(),
+                    config.clients.total_clients
+                ),
+            );
+        }
+        if sizes.contains(&0) {
+            fail(
+                "data.partition_sizes",
+                "every client needs at least 1 sample".to_owned(),
+            );
+        }
+        // No dataset holds more samples than a u32 indexes.
+        let total = sizes
+            .iter()
+            .try_fold(0u64, |total, &size| total.checked_add(size as u64))
+            .filter(|&total| total <= u32::MAX as u64);
+        if total.is_none() {
+            fail(
+                "data.partition_sizes",
+                format!(
+                    "the sizes add up to more than {} samples, more than any training set holds",
+                    u32::MAX
+                ),
+            );
+        }
+    }
+}
+
+/// Most passes over the training set `iid_cyclic`'s partitions may make
+/// together: Plato's reference makes 3⅓, and the index lists grow with it.
+pub const MAX_CYCLIC_PASSES: u64 = 16;
+
+/// `iid_cyclic` repeats samples once its partitions outgrow the training
+/// set: bounded, and without `do_test`, whose held-out part would repeat
+/// training samples.
+fn check_iid_cyclic(config: &Config, fail: Fail) {
+    if config.data.sampler != schema::Sampler::IidCyclic {
+        return;
+    }
+    let clients = u64::from(config.clients.total_clients);
+    let available = config.data.datasource.train_samples() as u64;
+    let size = config
+        .data
+        .partition_size
+        .map_or(available / clients.max(1), |size| size as u64);
+    let needed = size.saturating_mul(clients);
+    if needed > MAX_CYCLIC_PASSES.saturating_mul(available) {
+        fail(
+            "data.partition_size",
+            format!(
+                "{clients} clients × {size} = {needed} samples would repeat the {available} \
+                 training samples more than {MAX_CYCLIC_PASSES} times"
+            ),
+        );
+    }
+    if needed > available && config.clients.do_test {
+        fail(
+            "clients.do_test",
+            format!(
+                "with data.sampler = \"iid_cyclic\" and {needed} > {available} samples a \
+                 partition repeats samples, so a held-out part would hold training samples; \
+                 turn do_test off or make the partitions fit"
+            ),
+        );
+    }
 }
 
 /// Iid partitions are disjoint, so together they cannot take more samples
 /// than the published training set has; `cohort check` says so before a run
 /// reads the files (which are checked again then, smaller fixtures included).
-fn check_iid_fits<E>(
-    config: &Config,
-    fail: &impl Fn(&str, String) -> Result<(), E>,
-) -> Result<(), E> {
+fn check_iid_fits(config: &Config, fail: Fail) {
     if config.data.sampler != schema::Sampler::Iid {
-        return Ok(());
+        return;
     }
     let clients = u64::from(config.clients.total_clients);
     let (key, needed) = match (&config.data.partition_sizes, config.data.partition_size) {
@@ -1178,7 +1360,7 @@ fn check_iid_fits<E>(
                 .fold(0u64, |sum, &s| sum.saturating_add(s as u64)),
         ),
         (None, Some(size)) => ("data.partition_size", (size as u64).saturating_mul(clients)),
-        (None, None) => return Ok(()),
+        (None, None) => return,
     };
     let source = config.data.datasource;
     let available = source.train_samples() as u64;
@@ -1187,12 +1369,12 @@ fn check_iid_fits<E>(
             key,
             format!(
                 "{clients} clients need {needed} training samples in all, but {} has {available}; \
-                 make the partitions smaller or the clients fewer",
+                 make the partitions smaller or the clients fewer (Plato's iid repeats the \
+                 training set instead: data.sampler = \"iid_cyclic\")",
                 source.folder()
             ),
-        )?;
+        );
     }
-    Ok(())
 }
 
 #[cfg(test)]

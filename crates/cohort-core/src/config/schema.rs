@@ -206,9 +206,12 @@ pub enum Sampler {
     /// A seeded shuffle cut into equal (or `partition_sizes`) runs.
     #[default]
     Iid,
+    /// Plato's iid: the shuffle repeated to fill `total_clients ×
+    /// partition_size`, client `c` taking every `total_clients`-th sample; a
+    /// size beyond the training set's share repeats samples.
+    IidCyclic,
     /// Label skew: each class split among clients by Dir(`concentration`).
-    /// Plato calls its Dirichlet label skew `noniid`, so that name loads too.
-    #[serde(alias = "noniid")]
+    /// Plato's name for it, `noniid`, is read by the Plato layer.
     Dirichlet,
     /// McMahan et al.'s label-sorted shards, `shards_per_client` per client.
     Shards,
@@ -221,6 +224,7 @@ impl Sampler {
     pub fn name(self) -> &'static str {
         match self {
             Sampler::Iid => "iid",
+            Sampler::IidCyclic => "iid_cyclic",
             Sampler::Dirichlet => "dirichlet",
             Sampler::Shards => "shards",
             Sampler::QuantitySkew => "quantity_skew",
