@@ -2,6 +2,7 @@
 
 pub mod download;
 pub mod idx;
+pub mod own;
 
 use std::path::{Path, PathBuf};
 
