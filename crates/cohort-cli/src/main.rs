@@ -368,13 +368,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         // When every client brings its own data, a local worker would have
         // nothing to train.
         let clients = &loaded.config.clients;
-        let count = args.local_clients.unwrap_or(
-            if clients.own_data_clients == clients.total_clients {
-                0
-            } else {
-                loaded.config.trainer.max_concurrency as usize
-            },
-        );
+        let count =
+            args.local_clients
+                .unwrap_or(if clients.own_data_clients == clients.total_clients {
+                    0
+                } else {
+                    loaded.config.trainer.max_concurrency as usize
+                });
         let device_flag = match device {
             DeviceRequest::Cpu => Some("--cpu"),
             DeviceRequest::Gpu => Some("--gpu"),

@@ -246,9 +246,11 @@ impl Shared {
     /// Ends a claim when its process leaves; its queued tasks fail.
     fn release(&self, id: u32, worker: usize) {
         let jobs = match self.queue.lock() {
-            Ok(mut queues) if queues.claims.get(&id).is_some_and(|c| c.worker == worker) => {
-                queues.claims.remove(&id).map(|c| c.jobs).unwrap_or_default()
-            }
+            Ok(mut queues) if queues.claims.get(&id).is_some_and(|c| c.worker == worker) => queues
+                .claims
+                .remove(&id)
+                .map(|c| c.jobs)
+                .unwrap_or_default(),
             _ => VecDeque::new(),
         };
         for job in jobs {
@@ -715,7 +717,12 @@ impl GrpcTransport {
 
     /// Own-data client ids no connected process holds.
     fn unclaimed(&self) -> Vec<u32> {
-        let claims = self.shared.queue.lock().map(|q| q.claims.keys().copied().collect::<Vec<_>>()).unwrap_or_default();
+        let claims = self
+            .shared
+            .queue
+            .lock()
+            .map(|q| q.claims.keys().copied().collect::<Vec<_>>())
+            .unwrap_or_default();
         (1..=self.shared.settings.own_data.clients)
             .filter(|id| claims.binary_search(id).is_err())
             .collect()
@@ -815,7 +822,10 @@ impl Transport for GrpcTransport {
     fn cancel(&mut self) {
         if let Ok(mut queues) = self.shared.queue.lock() {
             queues.shared.clear();
-            queues.claims.values_mut().for_each(|claim| claim.jobs.clear());
+            queues
+                .claims
+                .values_mut()
+                .for_each(|claim| claim.jobs.clear());
         }
     }
 }

@@ -470,7 +470,9 @@ pub fn run_with_strategy(
         .enumerate()
         .map(|(index, part)| match index < own_data {
             true => Vec::new(),
-            false => cohort_core::partition::label_histogram(&splits.train.labels, part, num_classes),
+            false => {
+                cohort_core::partition::label_histogram(&splits.train.labels, part, num_classes)
+            }
         })
         .collect();
     let evaluator = Evaluator::new(
@@ -1925,7 +1927,10 @@ mod tests {
         config.clients.max_samples = 20;
         assert!(own_data_expectation(25, declared, &config).is_err());
         let unregistered = own_data_expectation(5, None, &config).unwrap_err();
-        assert!(unregistered.contains("own-data registration"), "{unregistered}");
+        assert!(
+            unregistered.contains("own-data registration"),
+            "{unregistered}"
+        );
     }
 
     fn report(client_id: u32, num_samples: u64, loss: f64, training_time: f64) -> ClientReport {

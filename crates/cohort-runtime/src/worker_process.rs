@@ -229,9 +229,8 @@ impl Holdings {
         );
         let config = &loaded.config;
         let (train, test) = (own.train.len(), own.test_len());
-        let total = u32::try_from(train + test).with_context(|| {
-            format!("{}: more than 2^32 samples", own.source.display())
-        })?;
+        let total = u32::try_from(train + test)
+            .with_context(|| format!("{}: more than 2^32 samples", own.source.display()))?;
         let train = u32::try_from(train).unwrap_or(total);
         let data = own.into_dataset(
             config.data.datasource.normalization(),
@@ -255,9 +254,8 @@ impl Holdings {
         match self {
             Self::Shared { data, partitions } => {
                 let index = (client_id as usize).checked_sub(1);
-                let found = index.and_then(|index| {
-                    partitions.train.get(index).zip(partitions.test.get(index))
-                });
+                let found = index
+                    .and_then(|index| partitions.train.get(index).zip(partitions.test.get(index)));
                 let Some((train, held_out)) = found else {
                     bail!(
                         "the server asked for client {client_id}, which the config does not have"
@@ -304,8 +302,17 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
         .max_bytes
         .min(options.max_payload_bytes);
     match welcome.client_id {
-        0 => tracing::info!(worker = welcome.worker, device = selected.name, "registered; waiting for tasks"),
-        id => tracing::info!(worker = welcome.worker, client = id, device = selected.name, "registered as own-data client {id}; waiting for tasks"),
+        0 => tracing::info!(
+            worker = welcome.worker,
+            device = selected.name,
+            "registered; waiting for tasks"
+        ),
+        id => tracing::info!(
+            worker = welcome.worker,
+            client = id,
+            device = selected.name,
+            "registered as own-data client {id}; waiting for tasks"
+        ),
     }
 
     let mut summary = WorkerSummary::default();

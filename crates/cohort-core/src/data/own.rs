@@ -386,7 +386,12 @@ mod tests {
         save(
             &path,
             &[
-                ("images", Dtype::U8, vec![2, SIDE, SIDE], vec![255; 2 * pixels]),
+                (
+                    "images",
+                    Dtype::U8,
+                    vec![2, SIDE, SIDE],
+                    vec![255; 2 * pixels],
+                ),
                 ("labels", Dtype::U8, vec![2], vec![3, 4]),
                 ("test_images", Dtype::F32, vec![1, 1, SIDE, SIDE], floats),
                 ("test_labels", Dtype::I64, vec![1], test_labels),
@@ -439,7 +444,12 @@ mod tests {
             (
                 vec![
                     ("images", Dtype::U8, vec![1, SIDE, SIDE], vec![0; pixels]),
-                    ("labels", Dtype::I64, vec![1], (-1i64).to_le_bytes().to_vec()),
+                    (
+                        "labels",
+                        Dtype::I64,
+                        vec![1],
+                        (-1i64).to_le_bytes().to_vec(),
+                    ),
                 ],
                 "`labels`[0] is -1",
             ),
@@ -447,7 +457,12 @@ mod tests {
                 vec![
                     ("images", Dtype::U8, vec![1, SIDE, SIDE], vec![0; pixels]),
                     ("labels", Dtype::U8, vec![1], vec![0]),
-                    ("test_images", Dtype::U8, vec![1, SIDE, SIDE], vec![0; pixels]),
+                    (
+                        "test_images",
+                        Dtype::U8,
+                        vec![1, SIDE, SIDE],
+                        vec![0; pixels],
+                    ),
                 ],
                 "needs both `test_images` and `test_labels`",
             ),
