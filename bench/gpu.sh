@@ -9,7 +9,7 @@
 # and --cpu, prints both results and training samples/s, reports how far apart
 # the global models are after round 1 (relative L2), and requires the round-1
 # accuracies to agree within ACCURACY_TOLERANCE. The per-step agreement of the
-# kernels is checked by the gpu_profile test (COHORT_TEST_PROFILE=gpu).
+# kernels is checked by the gpu_profile test (built with a GPU feature).
 # Fails (non-zero) when no GPU answers: --gpu refuses to fall back to the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."

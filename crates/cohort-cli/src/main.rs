@@ -11,7 +11,7 @@ use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use cohort_core::config::LoadedConfig;
+use cohort_core::config::{LoadedConfig, Override};
 use cohort_runtime::{RunOptions, new_run_dir};
 
 mod place;
@@ -72,6 +72,9 @@ enum Command {
         /// The config file.
         #[arg(long, short)]
         config: PathBuf,
+        /// Override a config key, as `cohort run --set` does (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<Override>,
     },
     /// Apply the config's strategy (`[algorithm]`) once to model files, from
     /// fresh strategy state: for audits and for checking cohort against other
@@ -129,9 +132,18 @@ struct RunArgs {
     /// Folder under which the run folder is created [default: `general.base_path`, i.e. runs/].
     #[arg(long)]
     base: Option<PathBuf>,
-    /// Number of rounds, overriding `trainer.rounds`; at least 1.
+    /// Number of rounds: the same as --set trainer.rounds=N (a cosine
+    /// schedule then spans N rounds); at least 1. Recorded in the run's
+    /// config.toml, so --resume remembers it; with --resume it extends or
+    /// shortens the run.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: Option<u32>,
+    /// Override a config key, validated like the file's own keys and recorded
+    /// in the run's config.toml (repeatable): --set trainer.epochs=2 --set
+    /// data.datasource=MNIST. Values are TOML (5, 0.1, true, "text", [1, 2]);
+    /// anything else is read as a string.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<Override>,
     /// No progress bar and only warnings on stderr (for scripts).
     #[arg(long, short)]
     quiet: bool,
@@ -217,8 +229,8 @@ fn main() -> ExitCode {
 
 fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Check { config } => {
-            let loaded = load_config(&config)?;
+        Command::Check { config, overrides } => {
+            let loaded = load_config(&config, &overrides)?;
             println!("# {} is valid (hash {})", config.display(), loaded.hash());
             println!("{}", cohort_core::config::to_toml(&loaded.config)?);
             Ok(())
@@ -273,8 +285,11 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
 /// Loads and checks a config, then holds `cluster.backend` against the
 /// backends of this build: a run that could not start fails now, naming the
 /// key, not once its ranks are up.
-fn load_config(path: &std::path::Path) -> anyhow::Result<cohort_core::config::LoadedConfig> {
-    let loaded = cohort_core::config::load(path)?;
+fn load_config(
+    path: &std::path::Path,
+    overrides: &[Override],
+) -> anyhow::Result<cohort_core::config::LoadedConfig> {
+    let loaded = cohort_core::config::load_with(path, overrides)?;
     loaded.check_cluster_backend(&cohort_runtime::available_backends())?;
     Ok(loaded)
 }
@@ -383,17 +398,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         (count > 0).then(|| cohort_runtime::LocalClients {
             program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cohort")),
             count,
-            args: device_flag
-                .into_iter()
-                .chain(args.quiet.then_some("--quiet"))
-                .map(str::to_owned)
-                .collect(),
+            // Their output goes to log files in the run folder, at info level
+            // whatever the server's terminal shows.
+            args: device_flag.into_iter().map(str::to_owned).collect(),
         })
     };
     let options = RunOptions {
         device,
         run_dir,
-        rounds: args.rounds,
+        rounds: None,
         data_root: std::env::var_os(DATA_DIR_ENV).map(PathBuf::from),
         show_progress: !args.quiet,
         resume: args.resume.is_some(),
@@ -445,34 +458,52 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The config of a new run, or of the run `--resume` continues (checked
-/// against `--config` when both are given).
+impl RunArgs {
+    /// `--set` and `--rounds` as one list of overrides.
+    fn overrides(&self) -> Vec<Override> {
+        let mut overrides = self.overrides.clone();
+        overrides.extend(self.rounds.map(Override::rounds));
+        overrides
+    }
+}
+
+/// The config of a new run, or of the run `--resume` continues: its own
+/// config.toml (or `--config`, which must compute the same run), with `--set`
+/// and `--rounds` over it. A resumed run may change keys that do not change
+/// results (rounds, ports, paths), never those that do.
 fn load_for_run(args: &RunArgs) -> anyhow::Result<LoadedConfig> {
+    let overrides = args.overrides();
     let Some(run_dir) = &args.resume else {
         let path = args
             .config
             .as_ref()
             .expect("clap requires --config without --resume");
-        return load_config(path);
+        return load_config(path, &overrides);
     };
     let saved_path = run_dir.join("config.toml");
     let saved = cohort_core::config::load(&saved_path)
         .with_context(|| format!("{} is not a resumable run folder", run_dir.display()))?;
-    let Some(path) = &args.config else {
-        saved.check_cluster_backend(&cohort_runtime::available_backends())?;
-        return Ok(saved);
-    };
-    let given = load_config(path)?;
-    let differences = saved.result_differences(&given);
+    let resumed = load_config(args.config.as_ref().unwrap_or(&saved_path), &overrides)?;
+    let differences = saved.result_differences(&resumed);
     if !differences.is_empty() {
+        let cosine = differences.iter().any(|d| d.starts_with("trainer.rounds:"));
         anyhow::bail!(
-            "{} differs from the config {} was started with in keys that change results:\n  {}",
-            path.display(),
+            "{} differs from the config {} was started with in keys that change results:\n  {}{}",
+            args.config.as_ref().map_or_else(
+                || "--set/--rounds".to_owned(),
+                |path| path.display().to_string()
+            ),
             run_dir.display(),
-            differences.join("\n  ")
+            differences.join("\n  "),
+            if cosine {
+                "\n(a cosine schedule spans trainer.rounds, so changing the number of rounds \
+                 changes every round's learning rate: start a new run instead)"
+            } else {
+                ""
+            }
         );
     }
-    Ok(given)
+    Ok(resumed)
 }
 
 /// A new run folder under `--base` (or the config's result or base path).
@@ -504,6 +535,8 @@ fn client(args: ClientArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|_| EnvFilter::new(if args.quiet { "warn" } else { "info" }));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // No colour codes in the log files a server gives its own clients.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter)
         .try_init()
         .map_err(|error| anyhow::anyhow!("cannot start logging: {error}"))?;

@@ -25,25 +25,35 @@ pub fn cohort(args: &[&str], data_dir: &Path) -> Output {
         .expect("the cohort binary runs")
 }
 
-/// The folder with the real datasets, or `None` when it is absent and not
-/// required. With `COHORT_REQUIRE_DATA=1` a missing folder fails the test.
-pub fn real_data_dir(needed: &[&str]) -> Option<PathBuf> {
-    let required = std::env::var("COHORT_REQUIRE_DATA").is_ok_and(|v| v == "1");
+/// The folder with the real datasets (`COHORT_DATA_DIR`). Tests that call
+/// this are `#[ignore]`d with the reason, so a plain `cargo test` on a fresh
+/// clone does not count them; run with `--include-ignored` (as `.ci/run`
+/// does), a missing folder fails the test.
+pub fn real_data_dir(needed: &[&str]) -> PathBuf {
     let dir = std::env::var_os("COHORT_DATA_DIR").map(PathBuf::from);
-    let present = dir
-        .as_ref()
-        .is_some_and(|d| needed.iter().all(|f| d.join(f).is_file()));
-    if present {
-        return dir;
+    match dir {
+        Some(dir) if needed.iter().all(|f| dir.join(f).is_file()) => dir,
+        other => panic!(
+            "real data not found: set COHORT_DATA_DIR to a folder with {needed:?} (got {other:?})"
+        ),
     }
-    let message = format!(
-        "real data not found: set COHORT_DATA_DIR to a folder with {needed:?} (got {dir:?})"
-    );
-    if required {
-        panic!("{message}; COHORT_REQUIRE_DATA=1 makes this a failure");
-    }
-    eprintln!("SKIPPED: {message}");
-    None
+}
+
+/// Fails the test unless `python3` imports every module of `modules`; tests
+/// that call this are `#[ignore]`d with the packages they need.
+pub fn require_python(modules: &[&str]) {
+    let imports = format!("import {}", modules.join(", "));
+    let output = std::process::Command::new("python3")
+        .args(["-c", &imports])
+        .output();
+    let problem = match output {
+        Err(error) => format!("python3 cannot be started ({error})"),
+        Ok(output) if !output.status.success() => {
+            String::from_utf8_lossy(&output.stderr).trim().to_owned()
+        }
+        Ok(_) => return,
+    };
+    panic!("this test needs python3 with {modules:?}: {problem}");
 }
 
 pub fn write_config(dir: &Path, body: &str) -> PathBuf {

@@ -287,8 +287,10 @@ fn zero_rounds_are_refused_and_help_says_config_is_required() {
     );
 }
 
+/// The banner before round 1 and, in a log (stderr is not a terminal here),
+/// one progress line per round with the round count and the time left.
 #[test]
-fn the_run_says_what_it_runs_before_round_1() {
+fn the_run_says_what_it_runs_before_round_1_and_where_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), SMALL_JOB);
     let output = cohort(
@@ -299,14 +301,38 @@ fn the_run_says_what_it_runs_before_round_1() {
             "--cpu",
             "--base",
             dir.path().join("runs").to_str().unwrap(),
+            "--set",
+            "trainer.rounds=2",
         ],
         &fixture_data(),
     );
     assert!(output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let first = stderr.lines().next().unwrap_or_default();
-    assert!(first.contains("runs/"), "{stderr}");
-    assert!(first.contains("fedavg, on cpu"), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    let run_dir = only_run_dir(&dir.path().join("runs"));
+    let expected_banner = [
+        format!("cohort: {} → {}", config.display(), run_dir.display()),
+        "  strategy  fedavg, 2 rounds, 2 of 4 clients per round".to_owned(),
+        format!(
+            "  data      FashionMNIST: 600 training and 200 test samples from {}; \
+             iid partitions of 150 samples",
+            fixture_data().join("fashion-mnist").display()
+        ),
+        "  device    cpu (burn flex), 2 workers × 1 thread each".to_owned(),
+        "  backend   one process (clients simulated in the worker pool)".to_owned(),
+    ];
+    assert_eq!(lines[..5], expected_banner, "{stderr}");
+    for (line, round) in lines[5..7].iter().zip(1..) {
+        assert!(
+            line.starts_with(&format!("round   {round}: accuracy 0.")),
+            "{stderr}"
+        );
+        assert!(
+            line.contains(&format!("[{round}/2 rounds, ETA ")),
+            "{stderr}"
+        );
+    }
+    assert_eq!(lines.len(), 7, "{stderr}");
 }
 
 #[test]

@@ -1,12 +1,20 @@
 //! The strict GPU test profile:
 //!
 //! ```sh
-//! COHORT_TEST_PROFILE=gpu cargo test --release -p cohort-cli --features vulkan --test gpu_profile
+//! cargo test --release --workspace --features cohort-cli/vulkan --test gpu_profile
 //! ```
 //!
-//! Under that profile a missing GPU backend or device is a failure, never a
-//! skip. Without it (CI has no GPU) these tests only say that they were not
-//! asked for; the CPU paths are covered by the unit tests.
+//! These tests exist only in a build with a GPU backend (a feature of
+//! cohort-cli), so a CPU build (CI has no GPU) does not count them as passed;
+//! in a GPU build a missing device is a failure, never a skip. The CPU paths
+//! are covered by the unit tests.
+
+#![cfg(any(
+    feature = "wgpu",
+    feature = "vulkan",
+    feature = "metal",
+    feature = "cuda"
+))]
 
 use cohort_core::compare::compare;
 use cohort_core::config::ModelName;
@@ -16,14 +24,6 @@ use cohort_train::device::{self, DeviceRequest};
 use cohort_train::init::seeded_parameters;
 use cohort_train::local::LocalPlan;
 use cohort_train::trainer::{ClientTask, Evaluator, LocalTrainer, TrainSettings};
-
-fn gpu_profile() -> bool {
-    let requested = std::env::var("COHORT_TEST_PROFILE").is_ok_and(|p| p == "gpu");
-    if !requested {
-        eprintln!("not the GPU profile (COHORT_TEST_PROFILE=gpu); nothing to check here");
-    }
-    requested
-}
 
 fn synthetic(count: usize) -> Dataset {
     Dataset {
@@ -54,11 +54,8 @@ fn settings() -> TrainSettings {
 
 #[test]
 fn the_gpu_answers_and_trains_like_the_cpu() {
-    if !gpu_profile() {
-        return;
-    }
     let gpu = device::select(DeviceRequest::Gpu)
-        .unwrap_or_else(|error| panic!("COHORT_TEST_PROFILE=gpu needs a working GPU: {error}"));
+        .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
     eprintln!("GPU device: {}", gpu.name);
     let cpu = device::select(DeviceRequest::Cpu).unwrap();
     let data = synthetic(256);
@@ -101,11 +98,8 @@ fn the_gpu_answers_and_trains_like_the_cpu() {
 /// federated round ends measurably apart although each kernel agrees to ~1e-8.
 #[test]
 fn gpu_cpu_distance_by_number_of_steps() {
-    if !gpu_profile() {
-        return;
-    }
     let gpu = device::select(DeviceRequest::Gpu)
-        .unwrap_or_else(|error| panic!("COHORT_TEST_PROFILE=gpu needs a working GPU: {error}"));
+        .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
     let cpu = device::select(DeviceRequest::Cpu).unwrap();
     let template = Evaluator::new(ModelName::Lenet5, 10, &cpu.device, 64).parameters();
     let global = seeded_parameters(&template, 11);
@@ -137,9 +131,6 @@ fn gpu_cpu_distance_by_number_of_steps() {
 /// show as a jump between the two.
 #[test]
 fn gpu_cpu_distance_on_real_data_by_steps() {
-    if !gpu_profile() {
-        return;
-    }
     let root = std::env::var_os("COHORT_DATA_DIR")
         .map(std::path::PathBuf::from)
         .expect("the GPU profile needs COHORT_DATA_DIR with fashion-mnist/");
@@ -150,7 +141,7 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
     )
     .expect("Fashion-MNIST under COHORT_DATA_DIR");
     let gpu = device::select(DeviceRequest::Gpu)
-        .unwrap_or_else(|error| panic!("COHORT_TEST_PROFILE=gpu needs a working GPU: {error}"));
+        .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
     let cpu = device::select(DeviceRequest::Cpu).unwrap();
     let template = Evaluator::new(ModelName::Lenet5, 10, &cpu.device, 64).parameters();
     let global = seeded_parameters(&template, 1);

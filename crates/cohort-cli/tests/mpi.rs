@@ -84,10 +84,9 @@ learning_rate = 0.05
 
 /// The check: R1 as shipped, on three MPI ranks.
 #[test]
+#[ignore = "needs the full datasets in COHORT_DATA_DIR: .ci/run runs ignored tests"]
 fn r1_under_mpirun_with_three_ranks_equals_the_single_process_run() {
-    let Some(data) = real_data_dir(&["fashion-mnist/train-images-idx3-ubyte.gz"]) else {
-        return;
-    };
+    let data = real_data_dir(&["fashion-mnist/train-images-idx3-ubyte.gz"]);
     let config = repo_root().join("configs/fashion_mnist/fedavg_lenet5_r1.toml");
     assert_same_model_under_mpirun(&config, &data, 5);
 }

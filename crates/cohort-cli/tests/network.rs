@@ -114,6 +114,24 @@ fn two_client_processes_give_the_exact_sample_weighted_mean() {
     // Two physical processes registered, and each trained one logical client.
     let log = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
     assert_eq!(log.matches("client process registered").count(), 2, "{log}");
+    // Their output is in the run folder, not on the server's stderr.
+    for index in 0..2 {
+        let path = run_dir.join(format!("logs/client-{index}.log"));
+        let client_log = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            client_log.contains("the server closed the session"),
+            "{path:?}: {client_log}"
+        );
+        assert!(
+            !client_log.contains('\u{1b}'),
+            "{path:?} has colour codes: {client_log}"
+        );
+    }
+    let server_stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !server_stderr.contains("the server closed the session"),
+        "{server_stderr}"
+    );
     let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
     let rows: Vec<Vec<&str>> = clients
         .lines()

@@ -1,6 +1,6 @@
 //! Tests on the real datasets in `COHORT_DATA_DIR` (CI: ../shared/data).
-//! Under `COHORT_REQUIRE_DATA=1` missing data fails these tests instead of
-//! skipping them.
+//! Ignored by a plain `cargo test`; run with `--include-ignored` (as `.ci/run`
+//! does), missing data fails them.
 
 mod common;
 
@@ -17,10 +17,9 @@ const FASHION: &[&str] = &[
 ];
 
 #[test]
+#[ignore = "needs the full datasets in COHORT_DATA_DIR: .ci/run runs ignored tests"]
 fn fashion_mnist_reads_completely_and_is_balanced() {
-    let Some(dir) = real_data_dir(FASHION) else {
-        return;
-    };
+    let dir = real_data_dir(FASHION);
     let splits = data::load(DataSource::FashionMnist, &dir, &Fetch::Never).unwrap();
     assert_eq!(splits.train.len(), 60_000);
     assert_eq!(splits.test.len(), 10_000);
@@ -43,10 +42,9 @@ fn fashion_mnist_reads_completely_and_is_balanced() {
 }
 
 #[test]
+#[ignore = "needs the full datasets in COHORT_DATA_DIR: .ci/run runs ignored tests"]
 fn shared_files_match_the_catalogue_checksums() {
-    let Some(dir) = real_data_dir(FASHION) else {
-        return;
-    };
+    let dir = real_data_dir(FASHION);
     for source in [DataSource::FashionMnist, DataSource::Mnist] {
         for file in source.files() {
             let path = dir.join(source.folder()).join(file.name);
@@ -73,10 +71,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// Workload R1 through the real binary: 5 rounds reach at least 0.82
 /// (eager PyTorch reaches 0.835 on the same work).
 #[test]
+#[ignore = "needs the full datasets in COHORT_DATA_DIR: .ci/run runs ignored tests"]
 fn r1_reaches_the_reference_accuracy() {
-    let Some(dir) = real_data_dir(FASHION) else {
-        return;
-    };
+    let dir = real_data_dir(FASHION);
     let runs = tempfile::tempdir().unwrap();
     let config = repo_root().join("configs/fashion_mnist/fedavg_lenet5_r1.toml");
     let output = cohort(

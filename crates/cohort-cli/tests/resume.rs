@@ -248,3 +248,103 @@ fn resume_refuses_a_config_that_changes_results() {
     );
     assert_eq!(results_without_times(&run).len(), 1 + 2);
 }
+
+/// `--rounds` and `--set` are recorded in the run's config.toml: a later
+/// `--resume` without them continues the run as it was started, and the
+/// model equals an uninterrupted run of that many rounds.
+#[test]
+fn resume_remembers_rounds_and_set_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &JOB.replace("rounds = 8", "rounds = 5"));
+    let base = dir.path().join("runs");
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+            "--base",
+            base.to_str().unwrap(),
+            "--rounds",
+            "2",
+            "--set",
+            "trainer.epochs=1",
+        ],
+        &fixture_data(),
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let run = common::only_run_dir(&base);
+    let recorded = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(
+        recorded.contains("rounds = 2") && recorded.contains("epochs = 1"),
+        "{recorded}"
+    );
+    assert_eq!(results_without_times(&run).len(), 1 + 2);
+
+    // A plain --resume remembers both: there is nothing left to run.
+    let output = resume(&run, &[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(results_without_times(&run).len(), 1 + 2);
+
+    // --resume --rounds 3 extends it, and a later --resume remembers the 3;
+    // the model is that of an uninterrupted 3-round run with one epoch.
+    let output = resume(&run, &["--rounds", "3"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(results_without_times(&run).len(), 1 + 3);
+    let recorded = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(recorded.contains("rounds = 3"), "{recorded}");
+    std::fs::create_dir(dir.path().join("straight")).unwrap();
+    let straight = write_config(
+        &dir.path().join("straight"),
+        &JOB.replace("rounds = 8", "rounds = 3")
+            .replace("epochs = 2", "epochs = 1"),
+    );
+    let reference = uninterrupted(&straight, &dir.path().join("straight-runs"));
+    assert_eq!(
+        std::fs::read(run.join("model.safetensors")).unwrap(),
+        std::fs::read(reference.join("model.safetensors")).unwrap()
+    );
+    assert_eq!(
+        results_without_times(&run),
+        results_without_times(&reference)
+    );
+
+    // A --set that changes results is refused on resume, naming the key.
+    let output = resume(&run, &["--set", "trainer.epochs=2"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("trainer.epochs: 1 → 2"), "{stderr}");
+}
+
+/// Under a cosine schedule the number of rounds sets every round's learning
+/// rate, so `--resume --rounds` is refused with the reason.
+#[test]
+fn resume_refuses_new_rounds_under_a_cosine_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &JOB.replace("rounds = 8", "rounds = 1\nlr_scheduler = \"cosine\""),
+    );
+    let run = uninterrupted(&config, &dir.path().join("runs"));
+    let output = resume(&run, &["--rounds", "2"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("trainer.rounds: 1 → 2"), "{stderr}");
+    assert!(
+        stderr.contains("cosine schedule spans trainer.rounds"),
+        "{stderr}"
+    );
+}

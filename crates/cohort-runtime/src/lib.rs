@@ -13,6 +13,7 @@ pub mod collective;
 pub mod distributed;
 pub mod grpc;
 pub mod pool;
+mod progress;
 pub mod server;
 pub mod transport;
 pub mod worker_process;

@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use cohort_core::checkpoint::{self, History};
 use cohort_core::codec::{self, DecodeLimits};
@@ -51,6 +50,7 @@ use crate::collective::ring::RingCollective;
 use crate::distributed::{DistributedTransport, SharedCollective, share_accuracy};
 use crate::grpc::{GrpcTransport, ServerSettings};
 use crate::pool::WorkerPool;
+use crate::progress::{Banner, Progress, ProgressMode};
 use crate::transport::{Declared, TaskInstructions, TaskSpec, Transport};
 
 /// How the command line shaped this run.
@@ -133,6 +133,10 @@ fn mpi_collective(_: &DistributedRun) -> anyhow::Result<Box<dyn Collective>> {
     )
 }
 
+/// Folder of the run folder where the client processes a network-mode run
+/// starts write their output.
+pub const CLIENT_LOGS: &str = "logs";
+
 /// Client processes `cohort run` starts for network mode.
 #[derive(Debug, Clone)]
 pub struct LocalClients {
@@ -147,15 +151,29 @@ pub struct LocalClients {
 struct ChildClients(Vec<std::process::Child>);
 
 impl ChildClients {
+    /// Starts `spec.count` clients of the server at `server`; each writes its
+    /// output to `logs/client-N.log` in the run folder, appended on resume,
+    /// so the server's terminal shows the server alone.
     fn spawn(
         spec: &LocalClients,
         server: std::net::SocketAddr,
         loaded: &LoadedConfig,
         tls: bool,
+        run_dir: &Path,
     ) -> anyhow::Result<Self> {
+        let logs = run_dir.join(CLIENT_LOGS);
+        std::fs::create_dir_all(&logs)
+            .with_context(|| format!("cannot create {}", logs.display()))?;
         let mut children = Vec::new();
-        for _ in 0..spec.count {
+        for index in 0..spec.count {
+            let path = logs.join(format!("client-{index}.log"));
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .with_context(|| format!("cannot open the client log {}", path.display()))?;
             let mut command = std::process::Command::new(&spec.program);
+            command.stdout(log.try_clone()?).stderr(log);
             command
                 .arg("client")
                 .arg("--server")
@@ -444,9 +462,11 @@ pub fn run_with_strategy(
             format!("cannot create the run folder {}", options.run_dir.display())
         })?;
     }
-    // A resumed run keeps the config it started with. A config with a token
-    // is a secret: only its owner may read it.
-    if leader && !options.resume {
+    // What runs is what the folder says: a resumed run rewrites config.toml
+    // too, since it may have changed keys that do not change results (the
+    // number of rounds, ports, paths), and a later --resume must see them. A
+    // config with a token is a secret: only its owner may read it.
+    if leader {
         let write = if config.server.auth_token.is_some() {
             cohort_core::fsutil::atomic_write_private
         } else {
@@ -482,25 +502,6 @@ pub fn run_with_strategy(
         config.trainer.eval_batch_size,
     );
     tracing::info!(strategy = strategy.name(), "strategy");
-    if leader {
-        let clients = &config.clients;
-        progress_note(
-            options.show_progress,
-            &format!(
-                "{}: {} rounds of {} of {} clients, {}, on {}{}",
-                options.run_dir.display(),
-                options.rounds.unwrap_or(config.trainer.rounds),
-                clients.per_round,
-                clients.total_clients,
-                strategy.name(),
-                selected.name,
-                options
-                    .distributed
-                    .as_ref()
-                    .map_or(String::new(), |d| format!(", {} ranks", d.world_size)),
-            ),
-        );
-    }
     let start = if options.resume && checkpoint::any_written(&options.run_dir) {
         resume_point(loaded, &options.run_dir, strategy.as_mut())?
     } else {
@@ -523,6 +524,25 @@ pub fn run_with_strategy(
         }
         fresh_start(loaded, &options.run_dir, &evaluator)
     };
+    if leader && options.show_progress {
+        let banner = banner(
+            loaded,
+            options,
+            strategy.name(),
+            &selected,
+            &splits,
+            &partitions,
+        );
+        let resumed_at = options.resume.then_some(start.first_round);
+        for line in (Banner {
+            resumed_at,
+            ..banner
+        })
+        .lines()
+        {
+            eprintln!("{line}");
+        }
+    }
     let expected = expected_reports(loaded, &partitions);
     let (mut transport, child_clients) =
         start_transport(loaded, options, &selected, splits.train, partitions)?;
@@ -701,6 +721,7 @@ fn start_transport(
             grpc.local_addr(),
             loaded,
             server.tls_cert.is_some(),
+            &options.run_dir,
         )?),
         None => None,
     };
@@ -764,7 +785,7 @@ struct RoundLoop<'a> {
     first_round: u32,
     rounds: u32,
     clock: Clock,
-    progress: ProgressBar,
+    progress: Progress,
     /// The other ranks of a distributed simulation.
     peers: Option<SharedCollective>,
     /// Whether this process evaluates and writes the run's files (rank 0).
@@ -792,10 +813,10 @@ impl<'a> RoundLoop<'a> {
             .num_threads(trainer.threads_per_worker as usize)
             .thread_name(|i| format!("cohort-eval{i}"))
             .build()?;
-        let per_round = loaded.config.clients.per_round as u64;
-        let progress = progress_bar(
-            options.show_progress,
-            (rounds + 1).saturating_sub(start.first_round) as u64 * per_round,
+        let progress = Progress::new(
+            ProgressMode::for_stderr(options.show_progress),
+            start.first_round,
+            rounds,
         );
         let simulated_before = start
             .results
@@ -842,8 +863,6 @@ impl<'a> RoundLoop<'a> {
         let initial = self.pack()?.wire;
         let mut dispatched = self.dispatch(self.first_round, initial)?;
         for round in self.first_round..=self.rounds {
-            self.progress
-                .set_message(format!("round {round}/{}", self.rounds));
             let aggregated = match self.partial {
                 Some(block) => {
                     let mine: Vec<u32> = dispatched
@@ -879,11 +898,11 @@ impl<'a> RoundLoop<'a> {
                 tracing::info!(round, accuracy, "target accuracy reached");
                 // The next round may already be training; its work is dropped.
                 self.transport.cancel();
-                self.progress.finish_and_clear();
+                self.progress.finish();
                 return Ok(true);
             }
         }
-        self.progress.finish_and_clear();
+        self.progress.finish();
         Ok(false)
     }
 
@@ -946,12 +965,13 @@ impl<'a> RoundLoop<'a> {
         clients: &[u32],
         whole_round: bool,
     ) -> anyhow::Result<Collected> {
+        self.progress.start_round(round, clients.len());
         let mut collected = collect_updates(
             self.transport.as_mut(),
             clients.len(),
             &self.pipelines.server_inbound,
             &self.limits,
-            &self.progress,
+            &mut self.progress,
             round,
         )?;
         // One bad client is dropped from its round, never the end of the run.
@@ -1225,7 +1245,7 @@ impl<'a> RoundLoop<'a> {
             round_time = row.round_time,
             "round finished"
         );
-        self.progress.println(format!(
+        self.progress.round_line(&format!(
             "round {round:>3}: accuracy {accuracy:.4}, loss {:.4}, {:.2}s{}",
             row.train_loss,
             row.round_time,
@@ -1338,14 +1358,14 @@ fn collect_updates(
     tasks: usize,
     inbound: &cohort_core::processors::Pipeline,
     limits: &DecodeLimits,
-    progress: &ProgressBar,
+    progress: &mut Progress,
     round: u32,
 ) -> anyhow::Result<Collected> {
     let mut collected = Collected::default();
     let mut arrived = Vec::with_capacity(tasks);
     for _ in 0..tasks {
         let outcome = transport.next_outcome()?;
-        progress.inc(1);
+        progress.client_done();
         let client_id = outcome.task.client_id;
         let delivered = match outcome.result {
             Ok(delivered) => delivered,
@@ -1612,6 +1632,95 @@ fn slowest_client(
         .fold(0.0f64, f64::max)
 }
 
+/// The banner's facts: where the run reads and writes, what it computes, on
+/// what, and how its clients run.
+fn banner<'a>(
+    loaded: &'a LoadedConfig,
+    options: &'a RunOptions,
+    strategy: &'a str,
+    selected: &Selected,
+    splits: &cohort_core::data::Splits,
+    partitions: &ClientPartitions,
+) -> Banner<'a> {
+    let config = &loaded.config;
+    let trainer = &config.trainer;
+    let sizes = partitions.train.iter().map(Vec::len);
+    let (smallest, largest) = (sizes.clone().min().unwrap_or(0), sizes.max().unwrap_or(0));
+    let data_root = options.data_root.as_ref().unwrap_or(&config.data.data_path);
+    // The names as the config spells them.
+    let name_of = |value: toml::Value| value.as_str().map(str::to_owned).unwrap_or_default();
+    let sampler =
+        toml::Value::try_from(config.data.sampler).map_or_else(|_| String::new(), name_of);
+    let source =
+        toml::Value::try_from(config.data.datasource).map_or_else(|_| String::new(), name_of);
+    let data = format!(
+        "{source}: {} training and {} test samples from {}; {sampler} partitions of {}",
+        splits.train.len(),
+        splits.test.len(),
+        data_root.join(config.data.datasource.folder()).display(),
+        if smallest == largest {
+            format!("{smallest} samples")
+        } else {
+            format!("{smallest} to {largest} samples")
+        }
+    );
+    let workers = options
+        .distributed
+        .as_ref()
+        .and_then(|d| d.workers)
+        .unwrap_or(trainer.max_concurrency);
+    let plural =
+        |count: u32, noun: &str| format!("{count} {noun}{}", if count == 1 { "" } else { "s" });
+    let device = format!(
+        "{}, {} × {} each",
+        selected.name,
+        plural(workers, "worker"),
+        plural(trainer.threads_per_worker, "thread")
+    );
+    let execution = match (&options.distributed, config.clients.comm_simulation) {
+        (Some(distributed), _) => format!(
+            "{} ranks over {}{}",
+            distributed.world_size,
+            match distributed.link {
+                RankLink::Ring(_) => "the TCP ring",
+                RankLink::Mpi => "MPI",
+            },
+            if config.cluster.reduce == Some(cohort_core::config::Reduce::Partial) {
+                ", partial sums"
+            } else {
+                ", updates gathered to rank 0"
+            }
+        ),
+        (None, true) => "one process (clients simulated in the worker pool)".to_owned(),
+        (None, false) => format!(
+            "gRPC on {}:{}, {} local client processes{}",
+            config.server.address,
+            config.server.port,
+            options.local_clients.as_ref().map_or(0, |c| c.count),
+            if options.local_clients.is_some() {
+                format!(
+                    " (output in {})",
+                    options.run_dir.join(CLIENT_LOGS).display()
+                )
+            } else {
+                String::new()
+            }
+        ),
+    };
+    Banner {
+        config: &loaded.path,
+        run_dir: &options.run_dir,
+        resumed_at: None,
+        strategy,
+        rounds: trainer.rounds,
+        per_round: config.clients.per_round,
+        total_clients: config.clients.total_clients,
+        data,
+        device,
+        execution,
+    }
+}
+
 fn progress_note(show: bool, line: &str) {
     if show {
         eprintln!("{line}");
@@ -1636,19 +1745,6 @@ fn keep_updates(
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
-}
-
-fn progress_bar(show: bool, total: u64) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} clients, {elapsed_precise}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar
 }
 
 fn toml_text(table: &toml::Table) -> String {
@@ -1782,7 +1878,7 @@ mod tests {
             tasks,
             &inbound,
             &DecodeLimits::default(),
-            &ProgressBar::hidden(),
+            &mut Progress::new(ProgressMode::Hidden, 1, 1),
             1,
         )
         .unwrap()

@@ -10,6 +10,7 @@
 //! types, and impossible values such as `per_round > total_clients`.
 
 pub(crate) mod introspect;
+mod overrides;
 mod schema;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+pub use overrides::Override;
 pub use schema::*;
 
 use crate::optim::OptimizerSpec;
@@ -339,15 +341,21 @@ fn flatten_value(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, S
 
 /// Reads, merges, type-checks and validates the config at `path`.
 pub fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    load_with(path, &[])
+}
+
+/// [`load`] with command-line `overrides` (`--set`) written over the merged
+/// file before any check, so they are validated like the file's own keys.
+pub fn load_with(path: &Path, overrides: &[Override]) -> Result<LoadedConfig, ConfigError> {
     let table = read_table(path)?;
-    from_table(table, path)
+    from_table(table, path, overrides)
 }
 
 /// Like [`load`], for config text that claims to come from `path` (includes
 /// resolve relative to it).
 pub fn from_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigError> {
     let table = parse_table(text, path)?;
-    from_table(table, path)
+    from_table(table, path, &[])
 }
 
 fn file_error(file: &Path, key: Option<String>, message: impl Into<String>) -> ConfigError {
@@ -405,7 +413,11 @@ const SECTIONS: &[&str] = &[
     "cluster",
 ];
 
-fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigError> {
+fn from_table(
+    table: toml::Table,
+    path: &Path,
+    overrides: &[Override],
+) -> Result<LoadedConfig, ConfigError> {
     let mut origins = BTreeMap::new();
     let mut merged = toml::Table::new();
     let mut included = 0usize;
@@ -467,6 +479,11 @@ fn from_table(table: toml::Table, path: &Path) -> Result<LoadedConfig, ConfigErr
             )?
         };
         merged.insert(section, toml::Value::Table(body));
+    }
+    overrides::apply(&mut merged, overrides, SECTIONS)
+        .map_err(|message| file_error(Path::new("--set"), None, message))?;
+    for item in overrides {
+        origins.insert(item.key.clone(), PathBuf::from(item.origin()));
     }
 
     check_unknown_keys(&merged, path, &origins)?;

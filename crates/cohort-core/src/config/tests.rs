@@ -776,3 +776,50 @@ fn iid_partitions_larger_than_the_training_set_are_refused_at_load() {
     let message = load(&path).unwrap_err().to_string();
     assert!(message.contains("`data.partition_sizes`"), "{message}");
 }
+
+#[test]
+fn set_overrides_win_over_includes_and_are_checked_like_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("common.toml"), "total_clients = 100\n").unwrap();
+    let main = dir.path().join("main.toml");
+    std::fs::write(
+        &main,
+        "[clients]\ninclude = \"common.toml\"\nper_round = 5\n\n[parameters.optimizer]\nlearning_rate = 0.1\n",
+    )
+    .unwrap();
+    let set =
+        |texts: &[&str]| -> Vec<Override> { texts.iter().map(|t| t.parse().unwrap()).collect() };
+
+    let loaded = load_with(
+        &main,
+        &set(&[
+            "clients.total_clients=20",
+            "clients.per_round=4",
+            "trainer.rounds=3",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(loaded.config.clients.total_clients, 20);
+    assert_eq!(loaded.config.clients.per_round, 4);
+    assert_eq!(loaded.config.trainer.rounds, 3);
+    // The run records the merged table, overrides included.
+    assert_eq!(loaded.merged["trainer"]["rounds"].as_integer(), Some(3));
+    assert_eq!(
+        loaded.origin_of("trainer.rounds"),
+        Path::new("--set trainer.rounds=3")
+    );
+
+    let error = load_with(&main, &set(&["clients.per_rund=4"])).unwrap_err();
+    assert_eq!(error.file, Path::new("--set clients.per_rund=4"));
+    assert!(
+        error.message.contains("did you mean `per_round`"),
+        "{error}"
+    );
+
+    let error = load_with(&main, &set(&["clients.per_round=200"])).unwrap_err();
+    assert_eq!(error.key.as_deref(), Some("clients.per_round"));
+
+    let error = load_with(&main, &set(&["trainer.rounds=many"])).unwrap_err();
+    assert_eq!(error.file, Path::new("--set trainer.rounds=\"many\""));
+    assert_eq!(error.key.as_deref(), Some("trainer.rounds"));
+}

@@ -1,0 +1,230 @@
+//! What a run tells the person who started it: a banner before round 1, then
+//! where the run is (round, clients of the round, time left).
+//!
+//! On a terminal the progress is a bar redrawn in place; when stderr is a file
+//! or a pipe (CI logs, `2>&1 | tee`) there is no bar to redraw, so each round
+//! ends with one plain line instead. `--quiet` shows neither.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// How progress reaches the user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProgressMode {
+    Hidden,
+    /// A bar on a terminal.
+    Bar,
+    /// One line per round, for logs.
+    Lines,
+}
+
+impl ProgressMode {
+    pub(crate) fn for_stderr(show: bool) -> Self {
+        match (show, std::io::stderr().is_terminal()) {
+            (false, _) => Self::Hidden,
+            (true, true) => Self::Bar,
+            (true, false) => Self::Lines,
+        }
+    }
+}
+
+/// The progress of the rounds `first_round..=last_round` of one run.
+pub(crate) struct Progress {
+    mode: ProgressMode,
+    bar: ProgressBar,
+    first_round: u32,
+    last_round: u32,
+    started: Instant,
+    round: u32,
+    tasks: usize,
+    done: usize,
+}
+
+impl Progress {
+    pub(crate) fn new(mode: ProgressMode, first_round: u32, last_round: u32) -> Self {
+        let bar = if mode == ProgressMode::Bar {
+            let rounds = (last_round + 1).saturating_sub(first_round);
+            let bar = ProgressBar::new(u64::from(rounds));
+            bar.set_style(
+                ProgressStyle::with_template("{msg} [{bar:24}] {pos}/{len} rounds")
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+            );
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        Self {
+            mode,
+            bar,
+            first_round,
+            last_round,
+            started: Instant::now(),
+            round: first_round,
+            tasks: 0,
+            done: 0,
+        }
+    }
+
+    /// A round starts, waiting for `tasks` clients' outcomes.
+    pub(crate) fn start_round(&mut self, round: u32, tasks: usize) {
+        self.round = round;
+        self.tasks = tasks;
+        self.done = 0;
+        self.redraw();
+    }
+
+    /// One client of the round is done (its update arrived or it was dropped).
+    pub(crate) fn client_done(&mut self) {
+        self.done = (self.done + 1).min(self.tasks);
+        self.redraw();
+    }
+
+    /// A line about the round that just ended, with the run's progress: above
+    /// the bar on a terminal, on its own in a log.
+    pub(crate) fn round_line(&mut self, line: &str) {
+        match self.mode {
+            ProgressMode::Hidden => {}
+            ProgressMode::Bar => {
+                self.bar.println(line);
+                self.bar.inc(1);
+            }
+            ProgressMode::Lines => eprintln!(
+                "{line} [{}/{} rounds, {}]",
+                self.round,
+                self.last_round,
+                self.time_left_text()
+            ),
+        }
+    }
+
+    pub(crate) fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+
+    fn redraw(&self) {
+        if self.mode == ProgressMode::Bar {
+            self.bar.set_message(format!(
+                "round {}/{} · {}/{} clients · {}",
+                self.round,
+                self.last_round,
+                self.done,
+                self.tasks,
+                self.time_left_text()
+            ));
+        }
+    }
+
+    fn time_left_text(&self) -> String {
+        match self.time_left() {
+            Some(left) => format!("ETA {}", clock(left)),
+            None => "ETA --:--".to_owned(),
+        }
+    }
+
+    /// The rest of the run at the pace so far: the work done is the finished
+    /// rounds plus the finished share of this one's clients.
+    fn time_left(&self) -> Option<Duration> {
+        let rounds = f64::from((self.last_round + 1).saturating_sub(self.first_round));
+        let within = if self.tasks == 0 {
+            0.0
+        } else {
+            self.done as f64 / self.tasks as f64
+        };
+        let done = f64::from(self.round.saturating_sub(self.first_round)) + within;
+        estimate_left(self.started.elapsed(), done, rounds)
+    }
+}
+
+/// Time left when `done` of `total` units took `elapsed`; `None` before any
+/// unit is done.
+fn estimate_left(elapsed: Duration, done: f64, total: f64) -> Option<Duration> {
+    if done <= 0.0 || !done.is_finite() {
+        return None;
+    }
+    let left = elapsed.as_secs_f64() * ((total - done).max(0.0) / done);
+    Duration::try_from_secs_f64(left).ok()
+}
+
+/// `m:ss`, or `h:mm:ss` past an hour.
+fn clock(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    let (hours, minutes, seconds) = (seconds / 3600, seconds / 60 % 60, seconds % 60);
+    if hours > 0 {
+        format!("{hours}:{minutes:02}:{seconds:02}")
+    } else {
+        format!("{minutes}:{seconds:02}")
+    }
+}
+
+/// What the banner shows before round 1.
+pub(crate) struct Banner<'a> {
+    pub config: &'a std::path::Path,
+    pub run_dir: &'a std::path::Path,
+    pub resumed_at: Option<u32>,
+    pub strategy: &'a str,
+    pub rounds: u32,
+    pub per_round: u32,
+    pub total_clients: u32,
+    pub data: String,
+    pub device: String,
+    pub execution: String,
+}
+
+impl Banner<'_> {
+    pub(crate) fn lines(&self) -> Vec<String> {
+        let start = match self.resumed_at {
+            Some(round) => format!(" (resumed at round {round})"),
+            None => String::new(),
+        };
+        vec![
+            format!(
+                "cohort: {} → {}{start}",
+                self.config.display(),
+                self.run_dir.display()
+            ),
+            format!(
+                "  strategy  {}, {} rounds, {} of {} clients per round",
+                self.strategy, self.rounds, self.per_round, self.total_clients
+            ),
+            format!("  data      {}", self.data),
+            format!("  device    {}", self.device),
+            format!("  backend   {}", self.execution),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_left_scales_the_pace_so_far() {
+        let ten = Duration::from_secs(10);
+        assert_eq!(estimate_left(ten, 0.0, 5.0), None);
+        assert_eq!(estimate_left(ten, 1.0, 5.0), Some(Duration::from_secs(40)));
+        assert_eq!(estimate_left(ten, 2.5, 5.0), Some(ten));
+        assert_eq!(estimate_left(ten, 5.0, 5.0), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn clocks_read_like_clocks() {
+        assert_eq!(clock(Duration::from_secs(9)), "0:09");
+        assert_eq!(clock(Duration::from_secs(125)), "2:05");
+        assert_eq!(clock(Duration::from_secs(3 * 3600 + 61)), "3:01:01");
+    }
+
+    #[test]
+    fn a_log_gets_one_line_per_round_with_the_progress() {
+        let mut progress = Progress::new(ProgressMode::Hidden, 3, 5);
+        progress.start_round(4, 10);
+        for _ in 0..12 {
+            progress.client_done();
+        }
+        // Never more clients done than the round has.
+        assert_eq!(progress.done, 10);
+        assert!(progress.time_left().is_some());
+    }
+}
