@@ -14,6 +14,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use cohort_core::config::{LoadedConfig, Override};
 use cohort_runtime::{RunOptions, new_run_dir};
 
+mod check;
 mod place;
 mod plot;
 mod rank;
@@ -67,7 +68,10 @@ enum Command {
     /// false`): connects to a `cohort run` server and trains the logical
     /// clients it is given until the server closes the session.
     Client(ClientArgs),
-    /// Check a config file and print it with every default filled in.
+    /// Check a config file and print it with every default filled in, then
+    /// what it points to: the data set's files (from their headers: present,
+    /// intact, large enough for the partitions), TLS files, the cluster file.
+    /// Every problem is named; none of them are left for the run to meet.
     Check {
         /// The config file.
         #[arg(long, short)]
@@ -232,8 +236,10 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Check { config, overrides } => {
             let loaded = load_config(&config, &overrides)?;
             println!("# {} is valid (hash {})", config.display(), loaded.hash());
+            let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
+            let findings = check::check(&loaded, data_root.as_deref());
             println!("{}", cohort_core::config::to_toml(&loaded.config)?);
-            Ok(())
+            check::report(&findings)
         }
         Command::Run(args) => run(args),
         Command::Worker(args) => {

@@ -98,6 +98,29 @@ fn read_stream(
     parse_idx(&raw, expected_rank).map_err(format_error)
 }
 
+/// The dimensions a gzip-compressed IDX file declares, from its header alone
+/// (a few bytes inflated): what `cohort check` needs to know the sizes of a
+/// data set without reading it.
+pub fn read_idx_gz_dims(path: &Path, expected_rank: usize) -> Result<Vec<usize>, IdxError> {
+    let file = std::fs::File::open(path).map_err(|source| IdxError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let format_error = |reason: String| IdxError::Format {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let corrupt =
+        |e: std::io::Error| format_error(format!("gzip stream is corrupt or truncated ({e})"));
+    let mut stream = GzDecoder::new(std::io::BufReader::new(file));
+    let mut raw = vec![0u8; 4];
+    stream.read_exact(&mut raw).map_err(corrupt)?;
+    raw.resize(4 + 4 * raw[3] as usize, 0);
+    stream.read_exact(&mut raw[4..]).map_err(corrupt)?;
+    let (dims, _) = parse_header(&raw, expected_rank).map_err(format_error)?;
+    Ok(dims)
+}
+
 /// Checks the magic number and dimensions at the start of `raw`; returns the
 /// dimensions and the number of elements they claim.
 fn parse_header(raw: &[u8], expected_rank: usize) -> Result<(Vec<usize>, u64), String> {

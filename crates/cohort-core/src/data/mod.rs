@@ -3,6 +3,7 @@
 pub mod download;
 pub mod idx;
 pub mod own;
+pub mod survey;
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +27,7 @@ impl std::fmt::Display for DataSource {
 }
 
 /// One file of a dataset with its SHA-256.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataFile {
     pub name: &'static str,
     pub sha256: &'static str,

@@ -1,0 +1,194 @@
+//! `cohort check`: everything about a run that can be known before it starts.
+//!
+//! Beyond the config's own validation (done when it loads), this looks at what
+//! the config points to: the data set's files (from their headers only, so it
+//! is quick on any size), the partitions the training set must hold, the TLS
+//! files of network mode and the cluster file. Every problem is reported, not
+//! just the first.
+
+use std::path::Path;
+
+use anyhow::bail;
+
+use cohort_core::config::{LoadedConfig, Sampler};
+use cohort_core::data::survey::Survey;
+
+/// The findings: lines to print, and problems that make the run fail.
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub notes: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+/// Checks what `loaded` points to, with datasets under `data_root` (else
+/// `data.data_path`).
+pub fn check(loaded: &LoadedConfig, data_root: Option<&Path>) -> Findings {
+    let mut findings = Findings::default();
+    check_data(loaded, data_root, &mut findings);
+    check_files(loaded, &mut findings);
+    findings
+}
+
+/// Prints the findings; fails naming every problem when there is one.
+pub fn report(findings: &Findings) -> anyhow::Result<()> {
+    for note in &findings.notes {
+        println!("# {note}");
+    }
+    if !findings.problems.is_empty() {
+        bail!("the run would fail:\n  {}", findings.problems.join("\n  "));
+    }
+    Ok(())
+}
+
+fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Findings) {
+    let data = &loaded.config.data;
+    let root = data_root.unwrap_or(&data.data_path);
+    let survey = Survey::of(data.datasource, root);
+    let missing = survey.missing();
+    if !missing.is_empty() {
+        let names: Vec<&str> = missing.iter().map(|f| f.file.name).collect();
+        let line = format!(
+            "data: {} missing from {}",
+            names.join(", "),
+            survey.folder.display()
+        );
+        if data.download {
+            findings.notes.push(format!(
+                "{line}; the run downloads them (data.download = true)"
+            ));
+        } else {
+            findings.problems.push(format!(
+                "{line}, and data.download = false: put them there or set COHORT_DATA_DIR"
+            ));
+        }
+    }
+    findings.problems.extend(survey.problems());
+    if let (Some(train), Some(test)) = (survey.train_samples(), survey.test_samples()) {
+        findings.notes.push(format!(
+            "data: {} holds {train} training and {test} test samples",
+            survey.folder.display()
+        ));
+    }
+    if let Some(train) = survey.train_samples() {
+        findings.problems.extend(partition_fit(loaded, train));
+    }
+}
+
+/// Whether the training set's `train` samples can be cut as the config asks:
+/// the sizes alone decide it for iid partitions, and bound the others.
+fn partition_fit(loaded: &LoadedConfig, train: usize) -> Option<String> {
+    let config = &loaded.config;
+    let clients = config.clients.total_clients as usize;
+    let data = &config.data;
+    let (key, needed) = match (data.sampler, &data.partition_sizes, data.partition_size) {
+        (Sampler::Iid, Some(sizes), _) => (
+            "data.partition_sizes",
+            sizes.iter().fold(0usize, |sum, &s| sum.saturating_add(s)),
+        ),
+        (Sampler::Iid, None, Some(size)) => ("data.partition_size", size.saturating_mul(clients)),
+        (Sampler::Iid, None, None) | (Sampler::Shards, _, _) => ("clients.total_clients", clients),
+        (Sampler::Dirichlet | Sampler::QuantitySkew, _, _) => (
+            "data.min_partition_size",
+            data.min_partition_size.max(1).saturating_mul(clients),
+        ),
+    };
+    (needed > train).then(|| {
+        format!(
+            "`{key}`: {clients} clients need at least {needed} training samples, but the \
+             training set has {train}"
+        )
+    })
+}
+
+fn check_files(loaded: &LoadedConfig, findings: &mut Findings) {
+    let config = &loaded.config;
+    if !config.clients.comm_simulation {
+        let server = &config.server;
+        for (key, file) in [
+            ("server.tls_cert", &server.tls_cert),
+            ("server.tls_key", &server.tls_key),
+        ] {
+            if let Some(file) = file
+                && let Err(error) = std::fs::File::open(file)
+            {
+                findings
+                    .problems
+                    .push(format!("`{key}`: cannot read {}: {error}", file.display()));
+            }
+        }
+    }
+    if let Some(path) = loaded.cluster_file() {
+        match cohort_core::cluster::load(&path) {
+            Ok(topology) => findings.notes.push(format!(
+                "cluster: {} describes {} nodes",
+                path.display(),
+                topology.nodes().len()
+            )),
+            Err(error) => findings.problems.push(format!("`cluster.file`: {error}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loaded(text: &str) -> LoadedConfig {
+        cohort_core::config::from_str(text, Path::new("job.toml")).unwrap()
+    }
+
+    const JOB: &str = "[parameters.optimizer]\nlearning_rate = 0.1\n\
+                       [clients]\ntotal_clients = 4\nper_round = 2\n\
+                       [data]\ndatasource = \"FashionMNIST\"\ndownload = false\n";
+
+    fn fixture() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")
+    }
+
+    #[test]
+    fn the_fixture_fits_partitions_up_to_its_size() {
+        let fits = loaded(&format!("{JOB}partition_size = 150\n"));
+        let findings = check(&fits, Some(&fixture()));
+        assert!(findings.problems.is_empty(), "{findings:?}");
+        assert!(
+            findings.notes[0].contains("600 training and 200 test"),
+            "{findings:?}"
+        );
+
+        let too_big = loaded(&format!("{JOB}partition_size = 151\n"));
+        let findings = check(&too_big, Some(&fixture()));
+        assert_eq!(findings.problems.len(), 1, "{findings:?}");
+        assert!(
+            findings.problems[0].contains("`data.partition_size`: 4 clients need at least 604"),
+            "{findings:?}"
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = loaded(&format!(
+            "{JOB}[server]\ntls_cert = \"{0}/missing.pem\"\ntls_key = \"{0}/missing.key\"\n",
+            dir.path().display()
+        ));
+        // Network mode reads the TLS files.
+        let mut job = job;
+        job.config.clients.comm_simulation = false;
+        let findings = check(&job, Some(dir.path()));
+        assert_eq!(findings.problems.len(), 3, "{findings:?}");
+        assert!(
+            findings.problems[0].contains("data.download = false"),
+            "{findings:?}"
+        );
+        assert!(
+            findings.problems[1].contains("`server.tls_cert`"),
+            "{findings:?}"
+        );
+        assert!(
+            findings.problems[2].contains("`server.tls_key`"),
+            "{findings:?}"
+        );
+        let error = report(&findings).unwrap_err().to_string();
+        assert!(error.contains("the run would fail"), "{error}");
+    }
+}
