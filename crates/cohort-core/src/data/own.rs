@@ -354,7 +354,10 @@ fn float_images(path: &Path, name: &str, data: &[u8]) -> Result<Vec<f32>, OwnDat
 mod tests {
     use super::*;
 
-    fn save(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+    /// A tensor to write: name, dtype, shape, bytes.
+    type Tensor<'a> = (&'a str, Dtype, Vec<usize>, Vec<u8>);
+
+    fn save(path: &Path, tensors: &[Tensor<'_>]) {
         let views: Vec<(String, TensorView<'_>)> = tensors
             .iter()
             .map(|(name, dtype, shape, data)| {
@@ -410,7 +413,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.safetensors");
         let pixels = SIDE * SIDE;
-        let cases: Vec<(Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>, &str)> = vec![
+        let cases: Vec<(Vec<Tensor<'_>>, &str)> = vec![
             (
                 vec![("images", Dtype::U8, vec![1, 10, 10], vec![0; 100])],
                 "needs tensors `images` and `labels`",
