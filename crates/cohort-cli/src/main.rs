@@ -233,6 +233,18 @@ struct ClientArgs {
     /// Only warnings on stderr.
     #[arg(long, short)]
     quiet: bool,
+    /// Bring your own data: a folder of IDX files (train-images-idx3-ubyte,
+    /// train-labels-idx1-ubyte, optionally t10k-* for held-out evaluation;
+    /// plain or .gz) or a safetensors file with `images` and `labels`
+    /// (optionally `test_images`, `test_labels`). The process claims one
+    /// own-data client of the run (clients.own_data_clients) and trains it on
+    /// this data only.
+    #[arg(long, value_name = "PATH")]
+    data: Option<PathBuf>,
+    /// The own-data client to claim, 1..=clients.own_data_clients [default:
+    /// the lowest one no connected process holds].
+    #[arg(long, value_name = "ID", requires = "data", value_parser = clap::value_parser!(u32).range(1..))]
+    client_id: Option<u32>,
 }
 
 fn main() -> ExitCode {
@@ -450,9 +462,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None
     } else {
-        let count = args
-            .local_clients
-            .unwrap_or(loaded.config.trainer.max_concurrency as usize);
+        // When every client brings its own data, a local worker would have
+        // nothing to train.
+        let clients = &loaded.config.clients;
+        let count =
+            args.local_clients
+                .unwrap_or(if clients.own_data_clients == clients.total_clients {
+                    0
+                } else {
+                    loaded.config.trainer.max_concurrency as usize
+                });
         let device_flag = match device {
             DeviceRequest::Cpu => Some("--cpu"),
             DeviceRequest::Gpu => Some("--gpu"),
@@ -622,6 +641,10 @@ fn client(args: ClientArgs) -> anyhow::Result<()> {
         },
         connect_timeout: std::time::Duration::from_secs_f64(args.connect_timeout),
         max_payload_bytes: args.max_payload_bytes,
+        own_data: args.data.map(|path| cohort_runtime::OwnDataOptions {
+            path,
+            client_id: args.client_id,
+        }),
     };
     let summary = cohort_runtime::run_worker(&options)?;
     tracing::info!(

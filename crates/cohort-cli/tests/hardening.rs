@@ -75,6 +75,7 @@ async fn rogue_client(address: String, spoil: Spoil) {
         token: String::new(),
         name: "rogue".into(),
         protocol: PROTOCOL_VERSION,
+        own_data: None,
     });
     sender
         .send(ClientMessage {

@@ -122,6 +122,7 @@ async fn join(address: &str, name: &str) -> Option<Session> {
         token: String::new(),
         name: name.to_owned(),
         protocol: PROTOCOL_VERSION,
+        own_data: None,
     });
     sender
         .send(ClientMessage {

@@ -297,6 +297,7 @@ fn read_delivered(reader: &mut Reader<'_>, max_payload_bytes: u64) -> Result<Del
             payload,
         },
         comm_time,
+        declared: None,
     })
 }
 
@@ -530,6 +531,7 @@ mod tests {
                         payload,
                     },
                     comm_time: 0.5,
+                    declared: None,
                 })
                 .map_err(str::to_owned),
         }

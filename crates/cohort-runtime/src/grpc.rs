@@ -14,8 +14,19 @@
 //! `server.payload_timeout` is dropped: its task comes back as a failed
 //! [`ClientOutcome`] and the round loop decides (with `clients.min_per_round`)
 //! whether the round can still aggregate.
+//!
+//! **Own-data clients** (`clients.own_data_clients`, `cohort client --data`)
+//! claim one logical id in 1..=own_data_clients when they register, with the
+//! sample counts they hold. A claim is checked before it is accepted: the id
+//! in range and held by no connected process, each count at least 1 (training)
+//! and at most `clients.max_samples`. The tasks of a claimed id go to its
+//! claimant's own queue, never to an ordinary worker process (which would
+//! train it on a partition of the shared data set); a task for an id whose
+//! claimant is not connected fails at once, and so do the queued tasks of a
+//! claimant that leaves. Ordinary worker processes share the queue of every
+//! other id, as before.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -30,7 +41,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::client::ClientReply;
-use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
+use crate::transport::{ClientOutcome, Declared, Delivered, TaskSpec, Transport};
 use cohort_train::trainer::ClientTask;
 
 pub mod proto {
@@ -42,8 +53,9 @@ use proto::federation_server::{Federation, FederationServer};
 use proto::server_message::Kind as ServerKind;
 use proto::{ClientMessage, ServerMessage};
 
-/// Bumped when the messages change incompatibly.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Bumped when the messages change incompatibly. 3: own-data registration
+/// (an older server would take an own-data client for an ordinary worker).
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Payload bytes per chunk message: well under gRPC's 4 MiB default limit.
 pub const CHUNK_BYTES: usize = 1 << 20;
 
@@ -64,6 +76,25 @@ pub struct ServerSettings {
     pub max_inflight_bytes: usize,
     /// Limits on connections that have not (yet) registered.
     pub admission: crate::admission::Admission,
+    pub own_data: OwnDataSettings,
+}
+
+/// Which logical clients bring their own data, and the bound on what they
+/// may declare (`clients.own_data_clients`, `clients.max_samples`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnDataSettings {
+    /// Logical clients `1..=clients` are own-data clients; 0: none.
+    pub clients: u32,
+    pub max_samples: u64,
+}
+
+impl Default for OwnDataSettings {
+    fn default() -> Self {
+        Self {
+            clients: 0,
+            max_samples: 100_000,
+        }
+    }
 }
 
 /// How long a new stream may take to send its Register message.
@@ -74,12 +105,38 @@ struct Job {
     payload: Arc<Vec<u8>>,
 }
 
+/// Where a client process takes its tasks from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// An ordinary worker process: any logical client not an own-data one.
+    Shared,
+    /// The process that claimed this own-data client.
+    Own(u32),
+}
+
+/// A connected own-data client.
+struct Claim {
+    worker: usize,
+    jobs: VecDeque<Job>,
+}
+
+#[derive(Default)]
+struct Queues {
+    /// Tasks for ordinary worker processes.
+    shared: VecDeque<Job>,
+    /// Connected own-data clients by logical id, with their tasks.
+    claims: BTreeMap<u32, Claim>,
+}
+
 struct Shared {
     settings: ServerSettings,
-    queue: Mutex<VecDeque<Job>>,
+    queue: Mutex<Queues>,
     work: Notify,
     shutting_down: AtomicBool,
+    /// Every registration so far (the next worker index).
     registered: AtomicUsize,
+    /// Ordinary worker processes registered so far, and connected now.
+    ordinary: AtomicUsize,
     alive: AtomicUsize,
     outcomes: Mutex<mpsc::Sender<ClientOutcome>>,
     /// Room for uploads in flight, in KiB.
@@ -99,7 +156,7 @@ impl Shared {
         }
     }
 
-    async fn next_job(&self) -> Option<Job> {
+    async fn next_job(&self, lane: Lane) -> Option<Job> {
         loop {
             let notified = self.work.notified();
             tokio::pin!(notified);
@@ -108,10 +165,103 @@ impl Shared {
             if self.shutting_down.load(Ordering::SeqCst) {
                 return None;
             }
-            if let Some(job) = self.queue.lock().ok()?.pop_front() {
-                return Some(job);
+            let job = {
+                let mut queues = self.queue.lock().ok()?;
+                match lane {
+                    Lane::Shared => queues.shared.pop_front(),
+                    Lane::Own(id) => queues.claims.get_mut(&id)?.jobs.pop_front(),
+                }
+            };
+            if job.is_some() {
+                return job;
             }
             notified.await;
+        }
+    }
+
+    /// Checks an own-data registration and records the claim; the error is
+    /// the refusal the client prints.
+    fn claim(&self, own: &proto::OwnData) -> Result<(u32, usize, Declared), Status> {
+        let settings = self.settings.own_data;
+        if settings.clients == 0 {
+            return Err(Status::failed_precondition(
+                "this run has no own-data clients (clients.own_data_clients = 0); start the \
+                 client without --data to train partitions of the run's data set",
+            ));
+        }
+        let bound = settings.max_samples;
+        for (what, count, least) in [
+            ("training", own.train_samples, 1),
+            ("held-out", own.test_samples, 0),
+        ] {
+            if count < least || count > bound {
+                return Err(Status::invalid_argument(format!(
+                    "{count} {what} samples declared; this server accepts {least} to {bound} \
+                     (clients.max_samples)"
+                )));
+            }
+        }
+        let mut queues = self
+            .queue
+            .lock()
+            .map_err(|_| Status::internal("task queue poisoned"))?;
+        let id = match own.client_id {
+            0 => (1..=settings.clients)
+                .find(|id| !queues.claims.contains_key(id))
+                .ok_or_else(|| {
+                    Status::resource_exhausted(format!(
+                        "all {} own-data client ids are held by connected processes",
+                        settings.clients
+                    ))
+                })?,
+            id if id > settings.clients => {
+                return Err(Status::invalid_argument(format!(
+                    "client id {id} is not an own-data client of this run: ids are 1 to {} \
+                     (clients.own_data_clients)",
+                    settings.clients
+                )));
+            }
+            id if queues.claims.contains_key(&id) => {
+                return Err(Status::already_exists(format!(
+                    "client id {id} is already held by another connected process"
+                )));
+            }
+            id => id,
+        };
+        let worker = self.registered.fetch_add(1, Ordering::SeqCst);
+        let declared = Declared {
+            train_samples: own.train_samples,
+            test_samples: own.test_samples,
+        };
+        queues.claims.insert(
+            id,
+            Claim {
+                worker,
+                jobs: VecDeque::new(),
+            },
+        );
+        Ok((id, worker, declared))
+    }
+
+    /// Ends a claim when its process leaves; its queued tasks fail.
+    fn release(&self, id: u32, worker: usize) {
+        let jobs = match self.queue.lock() {
+            Ok(mut queues) if queues.claims.get(&id).is_some_and(|c| c.worker == worker) => queues
+                .claims
+                .remove(&id)
+                .map(|c| c.jobs)
+                .unwrap_or_default(),
+            _ => VecDeque::new(),
+        };
+        for job in jobs {
+            self.push_outcome(ClientOutcome {
+                slot: job.spec.slot,
+                task: job.spec.task,
+                worker,
+                result: Err(format!(
+                    "own-data client {id} disconnected before its task started"
+                )),
+            });
         }
     }
 }
@@ -181,25 +331,57 @@ impl Federation for Service {
                 "wrong or missing token (cohort client --token, or COHORT_TOKEN)",
             ));
         }
+        let shared = Arc::clone(&self.shared);
+        let (lane, worker, declared) = match &register.own_data {
+            Some(own) => {
+                let (id, worker, declared) = shared.claim(own).inspect_err(|refusal| {
+                    tracing::warn!(%peer, name = register.name, "own-data client refused: {}", refusal.message());
+                })?;
+                tracing::info!(%peer, name = register.name, worker, client = id, train_samples = declared.train_samples, test_samples = declared.test_samples, "own-data client registered");
+                (Lane::Own(id), worker, Some(declared))
+            }
+            None => {
+                let worker = shared.registered.fetch_add(1, Ordering::SeqCst);
+                shared.ordinary.fetch_add(1, Ordering::SeqCst);
+                shared.alive.fetch_add(1, Ordering::SeqCst);
+                tracing::info!(%peer, name = register.name, worker, "client process registered");
+                (Lane::Shared, worker, None)
+            }
+        };
         // A registered client process may keep its connection.
         if let Some(connection) = &connection {
             connection.registered.store(true, Ordering::Relaxed);
         }
-        let worker = self.shared.registered.fetch_add(1, Ordering::SeqCst);
-        self.shared.alive.fetch_add(1, Ordering::SeqCst);
-        tracing::info!(%peer, name = register.name, worker, "client process registered");
+        let leave = move |shared: &Shared| match lane {
+            Lane::Own(id) => shared.release(id, worker),
+            Lane::Shared => {
+                shared.alive.fetch_sub(1, Ordering::SeqCst);
+            }
+        };
         let (sender, receiver) = tokio::sync::mpsc::channel(4);
-        sender
+        let welcome = sender
             .send(message(ServerKind::Welcome(proto::Welcome {
-                config_toml: self.shared.settings.config_toml.clone(),
+                config_toml: shared.settings.config_toml.clone(),
                 worker: worker as u32,
+                client_id: match lane {
+                    Lane::Own(id) => id,
+                    Lane::Shared => 0,
+                },
             })))
-            .await
-            .map_err(|_| Status::cancelled("client left during registration"))?;
-        let shared = Arc::clone(&self.shared);
+            .await;
+        if welcome.is_err() {
+            leave(&shared);
+            return Err(Status::cancelled("client left during registration"));
+        }
         tokio::spawn(async move {
-            serve_worker(&shared, worker, register.name, inbound, sender).await;
-            shared.alive.fetch_sub(1, Ordering::SeqCst);
+            let process = Process {
+                worker,
+                name: register.name,
+                lane,
+                declared,
+            };
+            serve_worker(&shared, &process, inbound, sender).await;
+            leave(&shared);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
@@ -213,18 +395,27 @@ enum TaskError {
     Broken(String),
 }
 
+/// A registered client process, as the server serves it.
+struct Process {
+    worker: usize,
+    /// Free text from its Register message, for the log.
+    name: String,
+    lane: Lane,
+    declared: Option<Declared>,
+}
+
 async fn serve_worker(
     shared: &Shared,
-    worker: usize,
-    name: String,
+    process: &Process,
     mut inbound: Streaming<ClientMessage>,
     sender: tokio::sync::mpsc::Sender<Result<ServerMessage, Status>>,
 ) {
+    let (worker, name) = (process.worker, &process.name);
     loop {
         // An idle client that leaves is noticed now, not when a task it would
         // have lost is handed to it.
         let job = tokio::select! {
-            job = shared.next_job() => job,
+            job = shared.next_job(process.lane) => job,
             idle = inbound.message() => {
                 match idle {
                     Ok(Some(_)) => tracing::warn!(worker, process = name, "unexpected message from an idle client; dropping it"),
@@ -245,7 +436,15 @@ async fn serve_worker(
             Ok(Ok(reply)) => {
                 let own = reply.training_time + reply.processing_time;
                 let comm_time = (started.elapsed().as_secs_f64() - own).max(0.0);
-                (Ok(Delivered { reply, comm_time }), true)
+                let declared = process.declared;
+                (
+                    Ok(Delivered {
+                        reply,
+                        comm_time,
+                        declared,
+                    }),
+                    true,
+                )
             }
             Ok(Err(TaskError::Failed(reason))) => (Err(reason), true),
             Ok(Err(TaskError::Broken(reason))) => (Err(reason), false),
@@ -444,10 +643,11 @@ impl GrpcTransport {
         let (outcome_sender, outcomes) = mpsc::channel();
         let shared = Arc::new(Shared {
             settings,
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Queues::default()),
             work: Notify::new(),
             shutting_down: AtomicBool::new(false),
             registered: AtomicUsize::new(0),
+            ordinary: AtomicUsize::new(0),
             alive: AtomicUsize::new(0),
             outcomes: Mutex::new(outcome_sender),
             inflight,
@@ -483,29 +683,55 @@ impl GrpcTransport {
         self.local_addr
     }
 
-    /// Blocks until `count` client processes have registered.
+    /// Blocks until `count` ordinary worker processes have registered and
+    /// every own-data client has claimed its id.
     pub fn wait_for_clients(&self, count: usize) -> anyhow::Result<()> {
         let timeout = self.shared.settings.registration_timeout;
         let started = Instant::now();
-        while self.shared.registered.load(Ordering::SeqCst) < count {
+        loop {
+            let ordinary = self.shared.ordinary.load(Ordering::SeqCst);
+            let unclaimed = self.unclaimed();
+            if ordinary >= count && unclaimed.is_empty() {
+                return Ok(());
+            }
             if started.elapsed() > timeout {
+                let seconds = timeout.as_secs_f64();
+                if ordinary < count {
+                    bail!(
+                        "only {ordinary} of {count} client processes registered within \
+                         server.registration_timeout = {seconds} s; start them with \
+                         `cohort client --server {}`",
+                        self.local_addr
+                    );
+                }
                 bail!(
-                    "only {} of {count} client processes registered within \
-                     server.registration_timeout = {} s; start them with \
-                     `cohort client --server {}`",
-                    self.shared.registered.load(Ordering::SeqCst),
-                    timeout.as_secs_f64(),
+                    "own-data clients {unclaimed:?} did not register within \
+                     server.registration_timeout = {seconds} s; start each with \
+                     `cohort client --server {} --data PATH --client-id ID`",
                     self.local_addr
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(())
+    }
+
+    /// Own-data client ids no connected process holds.
+    fn unclaimed(&self) -> Vec<u32> {
+        let claims = self
+            .shared
+            .queue
+            .lock()
+            .map(|q| q.claims.keys().copied().collect::<Vec<_>>())
+            .unwrap_or_default();
+        (1..=self.shared.settings.own_data.clients)
+            .filter(|id| claims.binary_search(id).is_err())
+            .collect()
     }
 
     /// Client processes connected now.
     pub fn connected(&self) -> usize {
-        self.shared.alive.load(Ordering::SeqCst)
+        let claims = self.shared.queue.lock().map_or(0, |q| q.claims.len());
+        self.shared.alive.load(Ordering::SeqCst) + claims
     }
 }
 
@@ -515,18 +741,41 @@ impl Transport for GrpcTransport {
         global_payload: Arc<Vec<u8>>,
         tasks: Vec<TaskSpec>,
     ) -> anyhow::Result<()> {
+        let own_data = self.shared.settings.own_data.clients;
+        let mut absent = Vec::new();
         {
-            let mut queue = self
+            let mut queues = self
                 .shared
                 .queue
                 .lock()
                 .map_err(|_| anyhow::anyhow!("task queue poisoned"))?;
-            queue.extend(tasks.into_iter().map(|spec| Job {
-                spec,
-                payload: Arc::clone(&global_payload),
-            }));
+            for spec in tasks {
+                let id = spec.task.client_id;
+                let job = Job {
+                    spec,
+                    payload: Arc::clone(&global_payload),
+                };
+                if id == 0 || id > own_data {
+                    queues.shared.push_back(job);
+                } else if let Some(claim) = queues.claims.get_mut(&id) {
+                    claim.jobs.push_back(job);
+                } else {
+                    absent.push(job);
+                }
+            }
         }
         self.shared.work.notify_waiters();
+        for job in absent {
+            let id = job.spec.task.client_id;
+            self.shared.push_outcome(ClientOutcome {
+                slot: job.spec.slot,
+                task: job.spec.task,
+                worker: usize::MAX,
+                result: Err(format!(
+                    "own-data client {id} is not connected (no `cohort client --data` process holds it)"
+                )),
+            });
+        }
         Ok(())
     }
 
@@ -552,7 +801,7 @@ impl Transport for GrpcTransport {
                 .shared
                 .queue
                 .lock()
-                .map(|mut q| q.drain(..).collect())
+                .map(|mut q| q.shared.drain(..).collect())
                 .unwrap_or_default();
             for job in orphans {
                 self.shared.push_outcome(ClientOutcome {
@@ -571,8 +820,12 @@ impl Transport for GrpcTransport {
     }
 
     fn cancel(&mut self) {
-        if let Ok(mut queue) = self.shared.queue.lock() {
-            queue.clear();
+        if let Ok(mut queues) = self.shared.queue.lock() {
+            queues.shared.clear();
+            queues
+                .claims
+                .values_mut()
+                .for_each(|claim| claim.jobs.clear());
         }
     }
 }

@@ -23,4 +23,4 @@ pub use server::{
     DistributedRun, LocalClients, MODEL_FILE, RankLink, RunOptions, RunSummary, new_run_dir, run,
     run_with_hooks, run_with_strategy,
 };
-pub use worker_process::{WorkerOptions, WorkerSummary, run_worker};
+pub use worker_process::{OwnDataOptions, WorkerOptions, WorkerSummary, run_worker};

@@ -83,6 +83,7 @@ impl WorkerPool {
                             .map(|reply| Delivered {
                                 reply,
                                 comm_time: 0.0,
+                                declared: None,
                             })
                             .map_err(|error| error.to_string());
                         let outcome = ClientOutcome {

@@ -52,7 +52,7 @@ use crate::distributed::{DistributedTransport, SharedCollective, share_accuracy}
 use crate::grpc::{GrpcTransport, ServerSettings};
 use crate::pool::WorkerPool;
 use crate::progress::{Banner, Progress, ProgressMode};
-use crate::transport::{TaskInstructions, TaskSpec, Transport};
+use crate::transport::{Declared, TaskInstructions, TaskSpec, Transport};
 
 /// How the command line shaped this run.
 #[derive(Debug, Clone)]
@@ -338,6 +338,8 @@ struct Arrived {
     report: ClientReport,
     tree: ParamTree,
     arrival: Arrival,
+    /// An own-data client's declaration at registration.
+    declared: Option<Declared>,
 }
 
 /// A client dropped from its round, and why.
@@ -482,11 +484,17 @@ pub fn run_with_strategy(
     tracing::info!(device = selected.name, "compute device");
     let (splits, partitions) = load_data(loaded, options.data_root.as_deref())?;
     let num_classes = config.parameters.model.num_classes;
+    // An own-data client's labels are its own: the server never sees them.
+    let own_data = config.clients.own_data_clients as usize;
     let histograms: Vec<Vec<u64>> = partitions
         .train
         .iter()
-        .map(|part| {
-            cohort_core::partition::label_histogram(&splits.train.labels, part, num_classes)
+        .enumerate()
+        .map(|(index, part)| match index < own_data {
+            true => Vec::new(),
+            false => {
+                cohort_core::partition::label_histogram(&splits.train.labels, part, num_classes)
+            }
         })
         .collect();
     let evaluator = Evaluator::new(
@@ -695,8 +703,14 @@ fn start_transport(
         max_inflight_bytes: usize::try_from(loaded.max_inflight_bytes()).unwrap_or(usize::MAX),
         // Room for every client process the run waits for, and then some.
         admission: crate::admission::Admission {
-            max_connections: 256.max(expected_clients(options, trainer) + 64),
+            max_connections: 256.max(
+                expected_clients(options, config) + config.clients.own_data_clients as usize + 64,
+            ),
             ..Default::default()
+        },
+        own_data: crate::grpc::OwnDataSettings {
+            clients: config.clients.own_data_clients,
+            max_samples: config.clients.max_samples,
         },
     })?;
     progress_note(
@@ -713,7 +727,7 @@ fn start_transport(
         )?),
         None => None,
     };
-    let expected = expected_clients(options, trainer);
+    let expected = expected_clients(options, config);
     if let Err(error) = grpc.wait_for_clients(expected) {
         // The server goes first: closing its streams lets the children exit.
         drop(grpc);
@@ -731,14 +745,16 @@ struct ClientFacts {
     expected: Vec<ExpectedReport>,
 }
 
-/// How many client processes network mode waits for: those it starts, or
-/// `trainer.max_concurrency` started elsewhere.
-fn expected_clients(options: &RunOptions, trainer: &cohort_core::config::Trainer) -> usize {
-    options
-        .local_clients
-        .as_ref()
-        .map_or(trainer.max_concurrency as usize, |spec| spec.count)
-        .max(1)
+/// How many ordinary client processes network mode waits for: those it
+/// starts, or `trainer.max_concurrency` started elsewhere; none when every
+/// client brings its own data (those are waited for by id).
+fn expected_clients(options: &RunOptions, config: &cohort_core::config::Config) -> usize {
+    let clients = &config.clients;
+    match &options.local_clients {
+        Some(spec) => spec.count.max(1),
+        None if clients.own_data_clients == clients.total_clients => 0,
+        None => (config.trainer.max_concurrency as usize).max(1),
+    }
 }
 
 /// Wall and simulated time of a run across rounds.
@@ -970,11 +986,9 @@ impl<'a> RoundLoop<'a> {
         let mut kept = Vec::with_capacity(collected.updates.len());
         for arrived in collected.updates {
             let client_id = arrived.report.client_id;
-            let verdict = (client_id as usize)
-                .checked_sub(1)
-                .and_then(|index| self.clients.expected.get(index))
-                .ok_or_else(|| "no such client".to_owned())
-                .and_then(|expected| check_update(&arrived, expected, &self.global));
+            let verdict = self
+                .expected_report(&arrived)
+                .and_then(|expected| check_update(&arrived, &expected, &self.global));
             match verdict {
                 Ok(()) => kept.push(arrived),
                 Err(reason) => {
@@ -1014,6 +1028,21 @@ impl<'a> RoundLoop<'a> {
             }
         }
         Ok(collected)
+    }
+
+    /// What `arrived`'s report must say: the numbers of the partition the
+    /// server computed, or for an own-data client what its declaration allows.
+    fn expected_report(&self, arrived: &Arrived) -> Result<ExpectedReport, String> {
+        let client_id = arrived.report.client_id;
+        let config = &self.loaded.config;
+        if (1..=config.clients.own_data_clients).contains(&client_id) {
+            return own_data_expectation(arrived.report.num_samples, arrived.declared, config);
+        }
+        (client_id as usize)
+            .checked_sub(1)
+            .and_then(|index| self.clients.expected.get(index))
+            .copied()
+            .ok_or_else(|| "no such client".to_owned())
     }
 
     /// Fewer than `clients.min_per_round` updates stop the run.
@@ -1403,6 +1432,7 @@ fn collect_updates(
             report,
             tree,
             arrival,
+            declared: delivered.declared,
         });
     }
     arrived.sort_by_key(|a| a.slot);
@@ -1462,6 +1492,44 @@ fn expected_reports(loaded: &LoadedConfig, partitions: &ClientPartitions) -> Vec
         .collect()
 }
 
+/// What an own-data client's report must say. Its sample count is its own
+/// word, so it is bounded, never trusted: at least 1, at most what it declared
+/// at registration and `clients.max_samples`. Its local steps follow from the
+/// count (`epochs · ⌈n / batch_size⌉`, which SCAFFOLD relies on), and its
+/// held-out samples are all it declared when the run evaluates on clients.
+fn own_data_expectation(
+    num_samples: u64,
+    declared: Option<Declared>,
+    config: &cohort_core::config::Config,
+) -> Result<ExpectedReport, String> {
+    let declared = declared.ok_or_else(|| {
+        "is an own-data client, but its update did not come from an own-data registration"
+            .to_owned()
+    })?;
+    let max_samples = config.clients.max_samples;
+    if num_samples == 0 || num_samples > declared.train_samples.min(max_samples) {
+        return Err(format!(
+            "reports {num_samples} training samples; it declared {} at registration, and \
+             clients.max_samples = {max_samples}",
+            declared.train_samples
+        ));
+    }
+    let trainer = &config.trainer;
+    let batches = num_samples.div_ceil(trainer.batch_size.max(1) as u64);
+    let local_steps = u64::from(trainer.epochs)
+        .checked_mul(batches)
+        .ok_or_else(|| format!("{num_samples} training samples overflow the local step count"))?;
+    Ok(ExpectedReport {
+        train_samples: num_samples,
+        local_steps,
+        test_samples: if config.clients.do_test {
+            declared.test_samples
+        } else {
+            0
+        },
+    })
+}
+
 /// Why an update that unpacked cannot join the round: a layout other than
 /// the global model's, a value that is not finite, or numbers in its report
 /// other than the server knows them to be.
@@ -1507,7 +1575,7 @@ fn check_update(
     for (what, claimed, known) in claims {
         if claimed != known {
             return Err(format!(
-                "reports {claimed} {what}, but its partition gives {known}"
+                "reports {claimed} {what}, but the server expects {known}"
             ));
         }
     }
@@ -1798,6 +1866,7 @@ mod tests {
                         payload,
                     },
                     comm_time: 0.0,
+                    declared: None,
                 })
                 .map_err(str::to_owned),
         }
@@ -1903,6 +1972,7 @@ mod tests {
             },
             tree,
             arrival: arrival(10, (4, 3)),
+            declared: None,
         };
         let global = tree(&[0.0, 0.0]);
         assert_eq!(
@@ -1920,7 +1990,7 @@ mod tests {
         let steps = check_update(&arrived(tree(&[1.0, 2.0]), 0), &expected, &global);
         assert_eq!(
             steps.unwrap_err(),
-            "reports 0 local steps, but its partition gives 3"
+            "reports 0 local steps, but the server expects 3"
         );
         let mut greedy = arrived(tree(&[1.0, 2.0]), 3);
         greedy.report.num_samples = u64::MAX;
@@ -1928,6 +1998,44 @@ mod tests {
             check_update(&greedy, &expected, &global)
                 .unwrap_err()
                 .contains("training samples")
+        );
+    }
+
+    #[test]
+    fn an_own_data_clients_report_is_bounded_by_its_declaration_and_max_samples() {
+        let mut config = cohort_core::config::Config::default();
+        config.trainer.epochs = 2;
+        config.trainer.batch_size = 10;
+        config.clients.max_samples = 1000;
+        let declared = Some(Declared {
+            train_samples: 25,
+            test_samples: 7,
+        });
+        // 25 samples in batches of 10 are 3 steps an epoch, 6 in two epochs;
+        // without clients.do_test no held-out samples are expected.
+        assert_eq!(
+            own_data_expectation(25, declared, &config),
+            Ok(ExpectedReport {
+                train_samples: 25,
+                local_steps: 6,
+                test_samples: 0,
+            })
+        );
+        config.clients.do_test = true;
+        assert_eq!(
+            own_data_expectation(11, declared, &config).map(|e| (e.local_steps, e.test_samples)),
+            Ok((4, 7))
+        );
+        for greedy in [0, 26, u64::MAX] {
+            let refused = own_data_expectation(greedy, declared, &config).unwrap_err();
+            assert!(refused.contains("it declared 25"), "{refused}");
+        }
+        config.clients.max_samples = 20;
+        assert!(own_data_expectation(25, declared, &config).is_err());
+        let unregistered = own_data_expectation(5, None, &config).unwrap_err();
+        assert!(
+            unregistered.contains("own-data registration"),
+            "{unregistered}"
         );
     }
 

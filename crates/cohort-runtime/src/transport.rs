@@ -88,6 +88,18 @@ pub struct Delivered {
     /// Seconds on the wire: the task's round trip as the server measured it,
     /// less the client's own training and processing time. 0 in process.
     pub comm_time: f64,
+    /// What the client declared when it registered, for an own-data client
+    /// (`cohort client --data`); `None` for clients whose partition the
+    /// server computed.
+    pub declared: Option<Declared>,
+}
+
+/// An own-data client's declaration at registration: the most its reports
+/// may claim. Bounded by `clients.max_samples` before it is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declared {
+    pub train_samples: u64,
+    pub test_samples: u64,
 }
 
 pub trait Transport {

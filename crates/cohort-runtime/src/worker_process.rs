@@ -1,10 +1,19 @@
 //! `cohort client`: a physical client worker process for network mode.
 //!
 //! It connects to a `cohort run` server, registers, receives the run's config,
-//! loads its own copy of the data set and computes the same partitions the
-//! server's config implies (partitioning is a pure function of the config),
-//! then trains whichever logical client each task names until the server
-//! closes the stream.
+//! and then trains the tasks it is given until the server closes the stream.
+//! Two kinds:
+//!
+//! * an **ordinary worker** loads its own copy of the run's data set and
+//!   computes the same partitions the server's config implies (partitioning
+//!   is a pure function of the config), then trains whichever logical client
+//!   each task names;
+//! * an **own-data client** (`--data PATH`) reads its data first
+//!   (`cohort_core::data::own`), declares its sample counts when it registers
+//!   and claims one logical client; every task it gets is for that client,
+//!   trained on all of its training samples and evaluated (with
+//!   `clients.do_test`) on all of its held-out ones. It never needs the run's
+//!   data set.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,10 +22,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio_stream::wrappers::ReceiverStream;
 
+use cohort_core::config::LoadedConfig;
+use cohort_core::data::Dataset;
+use cohort_core::data::own::OwnData;
 use cohort_train::device::{self, DeviceRequest};
 use cohort_train::trainer::ClientTask;
 
-use crate::client::{ClientRunner, load_data};
+use crate::client::{ClientPartitions, ClientReply, ClientRunner, load_data};
 use crate::grpc::proto::client_message::Kind as ClientKind;
 use crate::grpc::proto::federation_client::FederationClient;
 use crate::grpc::proto::server_message::Kind as ServerKind;
@@ -43,6 +55,17 @@ pub struct WorkerOptions {
     pub device: DeviceRequest,
     /// How long to keep trying to reach the server.
     pub connect_timeout: Duration,
+    /// `--data`: this process brings its own data.
+    pub own_data: Option<OwnDataOptions>,
+}
+
+/// `cohort client --data PATH [--client-id ID]`.
+#[derive(Debug, Clone)]
+pub struct OwnDataOptions {
+    /// A folder of IDX files or a safetensors file (`cohort_core::data::own`).
+    pub path: PathBuf,
+    /// The own-data client to claim; `None`: the lowest free one.
+    pub client_id: Option<u32>,
 }
 
 /// What a worker process did, for its exit message.
@@ -125,7 +148,14 @@ async fn next(inbound: &mut tonic::Streaming<ServerMessage>) -> anyhow::Result<O
     }
 }
 
-async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
+type Outbox = tokio::sync::mpsc::Sender<ClientMessage>;
+
+/// Registers (with an own-data claim when `own` is given) and waits for the
+/// server's welcome.
+async fn register(
+    options: &WorkerOptions,
+    own: Option<&OwnData>,
+) -> anyhow::Result<(Outbox, tonic::Streaming<ServerMessage>, proto::Welcome)> {
     let mut client = connect(options).await?;
     let (sender, receiver) = tokio::sync::mpsc::channel::<ClientMessage>(4);
     let name = format!(
@@ -133,12 +163,22 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
         std::env::var("HOSTNAME").unwrap_or_else(|_| "client".to_owned()),
         std::process::id()
     );
+    let own_data = own.map(|own| proto::OwnData {
+        client_id: options
+            .own_data
+            .as_ref()
+            .and_then(|o| o.client_id)
+            .unwrap_or(0),
+        train_samples: own.train.len() as u64,
+        test_samples: own.test_len() as u64,
+    });
     // Queued before the call: the server answers only after reading it.
     sender
         .send(send(ClientKind::Register(proto::Register {
             token: options.token.clone().unwrap_or_default(),
             name,
             protocol: PROTOCOL_VERSION,
+            own_data,
         })))
         .await?;
     let mut inbound = client
@@ -146,30 +186,134 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
         .await
         .map_err(|status| anyhow::anyhow!("the server refused this client: {}", status.message()))?
         .into_inner();
-    let welcome = match next(&mut inbound).await? {
-        Some(ServerKind::Welcome(welcome)) => welcome,
+    match next(&mut inbound).await? {
+        Some(ServerKind::Welcome(welcome)) => Ok((sender, inbound, welcome)),
         _ => bail!("the server did not welcome this client"),
+    }
+}
+
+/// What this process trains on.
+enum Holdings {
+    /// Partitions of the run's data set, for any logical client.
+    Shared {
+        data: Dataset,
+        partitions: ClientPartitions,
+    },
+    /// Its own data: one logical client, all of its training samples, and its
+    /// held-out samples when the run evaluates on clients.
+    Own {
+        client_id: u32,
+        data: Dataset,
+        train: Vec<u32>,
+        held_out: Vec<u32>,
+    },
+}
+
+impl Holdings {
+    fn prepare(
+        loaded: &LoadedConfig,
+        options: &WorkerOptions,
+        own: Option<OwnData>,
+        granted: u32,
+    ) -> anyhow::Result<Self> {
+        let Some(own) = own else {
+            let (splits, partitions) = load_data(loaded, options.data_root.as_deref())?;
+            return Ok(Self::Shared {
+                data: splits.train,
+                partitions,
+            });
+        };
+        anyhow::ensure!(
+            granted > 0,
+            "the server accepted the own-data registration but named no client id"
+        );
+        let config = &loaded.config;
+        let (train, test) = (own.train.len(), own.test_len());
+        let total = u32::try_from(train + test)
+            .with_context(|| format!("{}: more than 2^32 samples", own.source.display()))?;
+        let train = u32::try_from(train).unwrap_or(total);
+        let data = own.into_dataset(
+            config.data.datasource.normalization(),
+            config.parameters.model.num_classes,
+        )?;
+        let held_out = if config.clients.do_test {
+            (train..total).collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Self::Own {
+            client_id: granted,
+            data,
+            train: (0..train).collect(),
+            held_out,
+        })
+    }
+
+    /// The data set, training indices and held-out indices of `client_id`.
+    fn client(&self, client_id: u32) -> anyhow::Result<(&Dataset, &[u32], &[u32])> {
+        match self {
+            Self::Shared { data, partitions } => {
+                let index = (client_id as usize).checked_sub(1);
+                let found = index
+                    .and_then(|index| partitions.train.get(index).zip(partitions.test.get(index)));
+                let Some((train, held_out)) = found else {
+                    bail!(
+                        "the server asked for client {client_id}, which the config does not have"
+                    );
+                };
+                Ok((data, train, held_out))
+            }
+            Self::Own {
+                client_id: mine,
+                data,
+                train,
+                held_out,
+            } => {
+                anyhow::ensure!(
+                    client_id == *mine,
+                    "the server asked for client {client_id}, but this process holds client \
+                     {mine}'s data"
+                );
+                Ok((data, train, held_out))
+            }
+        }
+    }
+}
+
+async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
+    // Read and checked before connecting: the counts it declares are what it holds.
+    let own = match &options.own_data {
+        Some(own) => Some(OwnData::load(&own.path)?),
+        None => None,
     };
+    let (sender, mut inbound, welcome) = register(options, own.as_ref()).await?;
     let loaded =
         cohort_core::config::from_str(&welcome.config_toml, Path::new("<config from the server>"))
             .context("the server's config does not load in this cohort build")?;
     let config = &loaded.config;
     let selected = device::select(options.device)?;
-    let (splits, partitions) = load_data(&loaded, options.data_root.as_deref())?;
+    let holdings = Holdings::prepare(&loaded, options, own, welcome.client_id)?;
     let mut runner = ClientRunner::new(&loaded, &selected);
     let compute = rayon::ThreadPoolBuilder::new()
         .num_threads(config.trainer.threads_per_worker as usize)
         .build()?;
-    let train = Arc::new(splits.train);
     let max_bytes = loaded
         .decode_limits()
         .max_bytes
         .min(options.max_payload_bytes);
-    tracing::info!(
-        worker = welcome.worker,
-        device = selected.name,
-        "registered; waiting for tasks"
-    );
+    match welcome.client_id {
+        0 => tracing::info!(
+            worker = welcome.worker,
+            device = selected.name,
+            "registered; waiting for tasks"
+        ),
+        id => tracing::info!(
+            worker = welcome.worker,
+            client = id,
+            device = selected.name,
+            "registered as own-data client {id}; waiting for tasks"
+        ),
+    }
 
     let mut summary = WorkerSummary::default();
     loop {
@@ -192,15 +336,7 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             update_clip_norm: task.update_clip_norm,
             correction,
         };
-        let index = (task.client_id as usize).checked_sub(1);
-        let partition =
-            index.and_then(|index| partitions.train.get(index).zip(partitions.test.get(index)));
-        let Some((partition, held_out)) = partition else {
-            bail!(
-                "the server asked for client {}, which the config does not have",
-                task.client_id
-            );
-        };
+        let (data, partition, held_out) = holdings.client(task.client_id)?;
         tracing::info!(
             round = task.round,
             client = task.client_id,
@@ -213,48 +349,59 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             round: task.round,
         };
         let outcome = tokio::task::block_in_place(|| {
-            compute
-                .install(|| runner.run(job, &instructions, &payload, &train, partition, held_out))
+            compute.install(|| runner.run(job, &instructions, &payload, data, partition, held_out))
         });
         summary.tasks += 1;
-        match outcome {
-            Ok(reply) => {
-                sender
-                    .send(send(ClientKind::Report(proto::Report {
-                        client_id: task.client_id,
-                        round: task.round,
-                        num_samples: reply.num_samples,
-                        loss: reply.loss,
-                        training_time: reply.training_time,
-                        processing_time: reply.processing_time,
-                        payload_bytes: reply.payload.len() as u64,
-                        local_steps: reply.local_steps,
-                        test_samples: reply.test_samples,
-                        test_correct: reply.test_correct,
-                    })))
-                    .await?;
-                for chunk in reply.payload.chunks(CHUNK_BYTES) {
-                    sender
-                        .send(send(ClientKind::Chunk(proto::Chunk {
-                            data: chunk.to_vec(),
-                        })))
-                        .await?;
-                }
-            }
-            Err(error) => {
-                summary.failed += 1;
-                tracing::warn!(client = task.client_id, round = task.round, "{error}");
-                sender
-                    .send(send(ClientKind::Failed(proto::TaskFailed {
-                        client_id: task.client_id,
-                        round: task.round,
-                        reason: error.to_string(),
-                    })))
-                    .await?;
-            }
+        if let Err(error) = &outcome {
+            summary.failed += 1;
+            tracing::warn!(client = task.client_id, round = task.round, "{error}");
         }
+        answer(&sender, &task, outcome.map_err(|e| e.to_string())).await?;
     }
     Ok(summary)
+}
+
+/// Sends a task's report and update, or why it failed.
+async fn answer(
+    sender: &Outbox,
+    task: &proto::Task,
+    outcome: Result<ClientReply, String>,
+) -> anyhow::Result<()> {
+    let reply = match outcome {
+        Ok(reply) => reply,
+        Err(reason) => {
+            sender
+                .send(send(ClientKind::Failed(proto::TaskFailed {
+                    client_id: task.client_id,
+                    round: task.round,
+                    reason,
+                })))
+                .await?;
+            return Ok(());
+        }
+    };
+    sender
+        .send(send(ClientKind::Report(proto::Report {
+            client_id: task.client_id,
+            round: task.round,
+            num_samples: reply.num_samples,
+            loss: reply.loss,
+            training_time: reply.training_time,
+            processing_time: reply.processing_time,
+            payload_bytes: reply.payload.len() as u64,
+            local_steps: reply.local_steps,
+            test_samples: reply.test_samples,
+            test_correct: reply.test_correct,
+        })))
+        .await?;
+    for chunk in reply.payload.chunks(CHUNK_BYTES) {
+        sender
+            .send(send(ClientKind::Chunk(proto::Chunk {
+                data: chunk.to_vec(),
+            })))
+            .await?;
+    }
+    Ok(())
 }
 
 /// `announced` bytes sent as chunks, refusing more than `max_bytes` (the

@@ -25,6 +25,7 @@ fn settings(timeout: Duration) -> ServerSettings {
         max_payload_bytes: 1000,
         max_inflight_bytes: 1 << 20,
         admission: Default::default(),
+        own_data: Default::default(),
     }
 }
 
@@ -65,6 +66,7 @@ fn scripted_client(
                         token: String::new(),
                         name: "rogue".into(),
                         protocol: PROTOCOL_VERSION,
+                        own_data: None,
                     })),
                 })
                 .await

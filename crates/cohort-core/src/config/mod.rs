@@ -955,6 +955,7 @@ fn validate_clients(config: &Config, fail: Fail) {
             format!("must be a finite number > 0, got {}", clients.attack_scale),
         );
     }
+    validate_own_data(clients, fail);
     if let Some(min) = clients.min_per_round
         && (min == 0 || min > clients.per_round)
     {
@@ -1215,6 +1216,41 @@ fn validate_trainer(loaded: &LoadedConfig, optimizer_known: bool, fail: Fail) {
 /// `[cluster]`'s ranges; which backends the build has is the caller's check
 /// ([`LoadedConfig::check_cluster_backend`]), and whether the cluster can
 /// hold the run is `cohort place`'s.
+/// Own-data clients are processes on the network, and their sample counts
+/// must be bounded so that a sum of a round's weights cannot overflow.
+fn validate_own_data(clients: &schema::Clients, fail: Fail) {
+    if clients.own_data_clients > clients.total_clients {
+        fail(
+            "clients.own_data_clients",
+            format!(
+                "{} own-data clients cannot be among total_clients = {}",
+                clients.own_data_clients, clients.total_clients
+            ),
+        );
+    }
+    if clients.own_data_clients > 0 && clients.comm_simulation {
+        fail(
+            "clients.own_data_clients",
+            "own-data clients are `cohort client --data` processes: set \
+             clients.comm_simulation = false (network mode)"
+                .to_owned(),
+        );
+    }
+    if !(1..=MAX_SAMPLES_BOUND).contains(&clients.max_samples) {
+        fail(
+            "clients.max_samples",
+            format!(
+                "must be between 1 and {MAX_SAMPLES_BOUND}, got {}",
+                clients.max_samples
+            ),
+        );
+    }
+}
+
+/// Largest `clients.max_samples`: 2^32 samples a client, so that the weights
+/// of any round (at most 2^32 clients) sum within a u64.
+pub const MAX_SAMPLES_BOUND: u64 = 1 << 32;
+
 fn validate_cluster(loaded: &LoadedConfig, fail: Fail) {
     let cluster = &loaded.config.cluster;
     let clients = loaded.config.clients.total_clients;

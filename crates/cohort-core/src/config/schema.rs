@@ -73,6 +73,13 @@ pub struct Clients {
     pub uplink_mbps: Option<f64>,
     /// Client download bandwidth in Mbit/s for simulated wall time; default: measured.
     pub downlink_mbps: Option<f64>,
+    /// Network mode: logical clients 1..=own_data_clients are `cohort client
+    /// --data` processes that train on data they hold; the others train
+    /// partitions of the run's data set. Default 0.
+    pub own_data_clients: u32,
+    /// Most training (and held-out) samples an own-data client may declare,
+    /// and so the most weight it can get in a sample-weighted average.
+    pub max_samples: u64,
 }
 
 impl Default for Clients {
@@ -92,6 +99,8 @@ impl Default for Clients {
             inbound_processors: vec!["safetensor_decode".to_owned()],
             uplink_mbps: None,
             downlink_mbps: None,
+            own_data_clients: 0,
+            max_samples: 100_000,
         }
     }
 }

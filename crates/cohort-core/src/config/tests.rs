@@ -343,6 +343,28 @@ fn network_keys_are_checked() {
     assert_eq!(error.key.as_deref(), Some("server.tls_cert"));
 }
 
+#[test]
+fn own_data_clients_need_network_mode_and_a_bounded_sample_count() {
+    let network = |extra: &str| {
+        MINIMAL.replace(
+            "per_round = 2",
+            &format!("per_round = 2\ncomm_simulation = false\n{extra}"),
+        )
+    };
+    let loaded = load_text(&network("own_data_clients = 2\nmax_samples = 500")).unwrap();
+    assert_eq!(loaded.config.clients.own_data_clients, 2);
+    assert_eq!(loaded.config.clients.max_samples, 500);
+    let error = error_of(&MINIMAL.replace("per_round = 2", "per_round = 2\nown_data_clients = 1"));
+    assert_eq!(error.key.as_deref(), Some("clients.own_data_clients"));
+    assert!(error.message.contains("comm_simulation = false"), "{error}");
+    let error = error_of(&network("own_data_clients = 1000"));
+    assert_eq!(error.key.as_deref(), Some("clients.own_data_clients"));
+    for bad in ["0", "4294967297"] {
+        let error = error_of(&network(&format!("max_samples = {bad}")));
+        assert_eq!(error.key.as_deref(), Some("clients.max_samples"), "{bad}");
+    }
+}
+
 fn with_data(lines: &str) -> String {
     format!("{MINIMAL}\n[data]\n{lines}\n")
 }

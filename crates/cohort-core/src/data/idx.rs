@@ -38,20 +38,53 @@ pub struct IdxArray {
 /// Reads a gzip-compressed IDX file and checks it has `expected_rank`
 /// dimensions.
 pub fn read_idx_gz(path: &Path, expected_rank: usize) -> Result<IdxArray, IdxError> {
-    let file = std::fs::File::open(path).map_err(|source| IdxError::Io {
+    let file = open(path)?;
+    read_stream(
+        path,
+        GzDecoder::new(std::io::BufReader::new(file)),
+        expected_rank,
+        "gzip stream is corrupt or truncated",
+    )
+}
+
+/// Reads an IDX file, gzip-compressed or not (told apart by gzip's magic
+/// bytes), and checks it has `expected_rank` dimensions.
+pub fn read_idx(path: &Path, expected_rank: usize) -> Result<IdxArray, IdxError> {
+    let mut magic = [0u8; 2];
+    let mut file = open(path)?;
+    let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+    if gzip {
+        return read_idx_gz(path, expected_rank);
+    }
+    read_stream(
+        path,
+        std::io::BufReader::new(open(path)?),
+        expected_rank,
+        "file is truncated",
+    )
+}
+
+fn open(path: &Path) -> Result<std::fs::File, IdxError> {
+    std::fs::File::open(path).map_err(|source| IdxError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    // The header is read and checked before the body is inflated, and the
-    // body only up to the size the header claims (plus one byte to notice
-    // trailing data): a small gzip bomb cannot fill memory.
+    })
+}
+
+fn read_stream(
+    path: &Path,
+    mut stream: impl Read,
+    expected_rank: usize,
+    broken: &str,
+) -> Result<IdxArray, IdxError> {
+    // The header is read and checked before the body, and the body only up
+    // to the size the header claims (plus one byte to notice trailing data):
+    // a small gzip bomb cannot fill memory.
     let format_error = |reason: String| IdxError::Format {
         path: path.to_path_buf(),
         reason,
     };
-    let corrupt =
-        |e: std::io::Error| format_error(format!("gzip stream is corrupt or truncated ({e})"));
-    let mut stream = GzDecoder::new(std::io::BufReader::new(file));
+    let corrupt = |e: std::io::Error| format_error(format!("{broken} ({e})"));
     let mut raw = vec![0u8; 4];
     stream.read_exact(&mut raw).map_err(corrupt)?;
     let rank = raw[3] as usize;
@@ -62,10 +95,7 @@ pub fn read_idx_gz(path: &Path, expected_rank: usize) -> Result<IdxArray, IdxErr
         .take(count.saturating_add(1))
         .read_to_end(&mut raw)
         .map_err(corrupt)?;
-    parse_idx(&raw, expected_rank).map_err(|reason| IdxError::Format {
-        path: path.to_path_buf(),
-        reason,
-    })
+    parse_idx(&raw, expected_rank).map_err(format_error)
 }
 
 /// The dimensions a gzip-compressed IDX file declares, from its header alone

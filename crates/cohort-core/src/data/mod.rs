@@ -2,6 +2,7 @@
 
 pub mod download;
 pub mod idx;
+pub mod own;
 pub mod survey;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,283 @@
+//! Clients with their own data (`cohort client --data`, `clients.own_data_clients`):
+//! three clients bring datasets of different sizes and label mixes, written by
+//! the test from the fixture, and the server's model is the sample-weighted
+//! FedAvg of their updates, recomputed here; claims that are out of range,
+//! taken or too large are refused; a mixed run has own-data clients and
+//! simulated ones, and an own-data client that over-reports its samples or
+//! leaves is dropped from its round while the run goes on.
+
+mod common;
+mod own_support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cohort_runtime::grpc::PROTOCOL_VERSION;
+use cohort_runtime::grpc::proto::client_message::Kind;
+use cohort_runtime::grpc::proto::federation_client::FederationClient;
+use cohort_runtime::grpc::proto::server_message::Kind as ServerKind;
+use cohort_runtime::grpc::proto::{self, ClientMessage};
+use common::free_port;
+use own_support::*;
+use tokio_stream::wrappers::ReceiverStream;
+
+fn job(port: u16, clients: (u32, u32, u32), partition_sizes: &str, max_samples: u64) -> String {
+    let (total, per_round, own) = clients;
+    format!(
+        r#"
+[clients]
+total_clients = {total}
+per_round = {per_round}
+min_per_round = {min}
+own_data_clients = {own}
+max_samples = {max_samples}
+comm_simulation = false
+do_test = true
+
+[server]
+port = {port}
+registration_timeout = 60
+random_seed = 4
+
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_sizes = [{partition_sizes}]
+
+[trainer]
+rounds = 2
+epochs = 1
+batch_size = {BATCH_SIZE}
+max_concurrency = 1
+optimizer = "sgd"
+model_name = "lenet5"
+model_seed = 3
+training_seed = 5
+
+[parameters.optimizer]
+learning_rate = 0.05
+
+[results]
+keep_client_updates = true
+"#,
+        min = per_round - u32::from(own < total)
+    )
+}
+
+fn refused(command: Command, needle: &str) {
+    let output = start(command).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{needle}: the claim was accepted");
+    assert!(
+        stderr.contains("the server refused this client") && stderr.contains(needle),
+        "{needle}: {stderr}"
+    );
+}
+
+#[test]
+fn three_clients_with_their_own_data_give_the_sample_weighted_fedavg() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (fixture_split("train"), fixture_split("t10k"));
+    // Different sizes and label mixes: classes 0–4 only, 5–9 only, all ten.
+    let first = dir.path().join("first");
+    write_idx_folder(
+        &first,
+        &pick(&train, 150, |l| l < 5),
+        &pick(&test, 40, |l| l < 5),
+    );
+    let second = dir.path().join("second.safetensors");
+    write_safetensors(
+        &second,
+        &pick(&train, 70, |l| l >= 5),
+        Some(&pick(&test, 30, |l| l >= 5)),
+        false,
+    );
+    let third = dir.path().join("third.safetensors");
+    write_safetensors(&third, &pick(&train, 260, |_| true), None, true);
+    let too_big = dir.path().join("too_big.safetensors");
+    write_safetensors(&too_big, &pick(&train, 400, |_| true), None, false);
+
+    let port = free_port();
+    let (base, server) = server(dir.path(), &job(port, (3, 3, 3), "100, 100, 100", 300), &[]);
+    let first_client = start(own_data_client(port, &first, Some(1)));
+    wait_for_log(&base, "own-data client registered", 1);
+    refused(
+        own_data_client(port, &second, Some(1)),
+        "client id 1 is already held",
+    );
+    refused(
+        own_data_client(port, &second, Some(7)),
+        "client id 7 is not an own-data client of this run: ids are 1 to 3",
+    );
+    refused(
+        own_data_client(port, &too_big, None),
+        "400 training samples declared; this server accepts 1 to 300 (clients.max_samples)",
+    );
+    let second_client = start(own_data_client(port, &second, Some(2)));
+    // Without --client-id: the lowest id no one holds, once client 2 holds its own.
+    wait_for_log(&base, "own-data client registered", 2);
+    let third_client = start(own_data_client(port, &third, None));
+    finish(server, "cohort run");
+    for (child, name) in [
+        (first_client, "client 1"),
+        (second_client, "client 2"),
+        (third_client, "client 3"),
+    ] {
+        finish(child, name);
+    }
+
+    let run_dir = common::only_run_dir(&base);
+    let rows = clients_csv(&run_dir);
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for row in &rows {
+        let (samples, held_out) = match row.client {
+            1 => ("150", true),
+            2 => ("70", true),
+            3 => ("260", false),
+            other => panic!("client {other}"),
+        };
+        assert_eq!(
+            (row.samples.as_str(), row.dropped.as_str()),
+            (samples, ""),
+            "{row:?}"
+        );
+        // The server never sees an own-data client's labels.
+        assert_eq!(row.histogram, "", "{row:?}");
+        assert_eq!(!row.test_accuracy.is_empty(), held_out, "{row:?}");
+    }
+    assert_fedavg(&run_dir, 2, &rows, 3);
+    let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
+    assert_eq!(results.lines().count(), 3, "{results}");
+}
+
+/// A hostile own-data client speaking the real protocol: it declares 10
+/// samples, reports 1000 in round 1 (with an honest-looking update: the global
+/// model back), then leaves when its round-2 task arrives.
+async fn over_reporting_client(address: String) {
+    let started = Instant::now();
+    let mut client = loop {
+        match FederationClient::connect(format!("http://{address}")).await {
+            Ok(client) => break client,
+            Err(error) if started.elapsed() > Duration::from_secs(60) => panic!("{error}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let (sender, receiver) = tokio::sync::mpsc::channel(8);
+    let register = Kind::Register(proto::Register {
+        token: String::new(),
+        name: "over-reporting".into(),
+        protocol: PROTOCOL_VERSION,
+        own_data: Some(proto::OwnData {
+            client_id: 2,
+            train_samples: 10,
+            test_samples: 0,
+        }),
+    });
+    sender
+        .send(ClientMessage {
+            kind: Some(register),
+        })
+        .await
+        .unwrap();
+    let mut inbound = client
+        .join(ReceiverStream::new(receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut payload = Vec::new();
+    let mut task: Option<proto::Task> = None;
+    while let Ok(Some(message)) = inbound.message().await {
+        match message.kind {
+            Some(ServerKind::Task(t)) if t.round == 1 => task = Some(t),
+            Some(ServerKind::Task(_)) => return,
+            Some(ServerKind::Chunk(chunk)) => payload.extend_from_slice(&chunk.data),
+            _ => {}
+        }
+        let Some(t) = task
+            .as_ref()
+            .filter(|t| payload.len() as u64 == t.payload_bytes)
+        else {
+            continue;
+        };
+        let report = Kind::Report(proto::Report {
+            client_id: t.client_id,
+            round: t.round,
+            num_samples: 1000,
+            loss: 0.5,
+            training_time: 0.01,
+            payload_bytes: payload.len() as u64,
+            local_steps: 1000u64.div_ceil(BATCH_SIZE),
+            ..Default::default()
+        });
+        sender
+            .send(ClientMessage { kind: Some(report) })
+            .await
+            .unwrap();
+        let chunk = Kind::Chunk(proto::Chunk {
+            data: std::mem::take(&mut payload),
+        });
+        sender
+            .send(ClientMessage { kind: Some(chunk) })
+            .await
+            .unwrap();
+        task = None;
+    }
+}
+
+#[test]
+fn a_mixed_run_has_own_data_and_simulated_clients_and_drops_a_lying_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = fixture_split("train");
+    let test = fixture_split("t10k");
+    let own = dir.path().join("own");
+    write_idx_folder(
+        &own,
+        &pick(&train, 90, |l| l % 2 == 0),
+        &pick(&test, 20, |l| l % 2 == 0),
+    );
+
+    // Clients 1 and 2 bring their own data; 3 and 4 train partitions of the
+    // fixture on the one worker process the server starts.
+    let port = free_port();
+    let config = job(port, (4, 4, 2), "50, 50, 80, 40", 1000);
+    let (base, server) = server(dir.path(), &config, &["--local-clients", "1"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let liar = runtime.spawn(over_reporting_client(format!("127.0.0.1:{port}")));
+    let own_client = start(own_data_client(port, &own, Some(1)));
+    finish(server, "cohort run");
+    finish(own_client, "own-data client 1");
+    runtime.block_on(liar).unwrap();
+
+    let run_dir = common::only_run_dir(&base);
+    let rows = clients_csv(&run_dir);
+    assert_eq!(rows.len(), 8, "{rows:?}");
+    for row in &rows {
+        match row.client {
+            1 => assert_eq!(
+                (row.samples.as_str(), row.histogram.as_str()),
+                ("90", ""),
+                "{row:?}"
+            ),
+            2 if row.round == 1 => assert!(
+                row.dropped
+                    .contains("reports 1000 training samples; it declared 10"),
+                "{row:?}"
+            ),
+            2 => assert!(
+                !row.dropped.is_empty(),
+                "the client that left is dropped: {row:?}"
+            ),
+            3 | 4 => {
+                let samples = if row.client == 3 { "64" } else { "32" };
+                assert_eq!(
+                    (row.samples.as_str(), row.dropped.as_str()),
+                    (samples, ""),
+                    "{row:?}"
+                );
+                assert!(!row.histogram.is_empty(), "{row:?}");
+            }
+            other => panic!("client {other}"),
+        }
+    }
+    assert_fedavg(&run_dir, 2, &rows, 4);
+}
