@@ -8,6 +8,7 @@
 
 pub mod device;
 pub mod init;
+mod kernels;
 pub mod local;
 pub mod model;
 pub mod optim;

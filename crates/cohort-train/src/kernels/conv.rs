@@ -1,0 +1,213 @@
+//! A 5×5 convolution stage as LeNet uses it: im2col, one matrix product,
+//! then bias, ReLU and 2×2/2 max pooling fused in one pass; and the way back.
+//!
+//! Layouts (batch `B`, `P = out_h · out_w` output positions per image):
+//! the stage's input is `[B, C_in, H, W]` (NCHW, as burn and PyTorch);
+//! the column matrix is `[C_in·25, B·P]`; the convolution's output is
+//! `[C_out, B·P]` (channel-major, what the product writes); the pooled output
+//! is `[B, C_out, out_h/2, out_w/2]`, NCHW again for the next stage.
+
+/// Kernel side.
+pub(crate) const K: usize = 5;
+/// Marks a pooled unit whose maximum was not positive: ReLU cut it, so no
+/// gradient flows back through it.
+const DEAD: u8 = u8::MAX;
+
+/// One convolution stage's shape: square `size × size` input, 5×5 kernel,
+/// stride 1, symmetric zero padding, followed by 2×2 max pooling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConvShape {
+    pub c_in: usize,
+    pub c_out: usize,
+    pub size: usize,
+    pub pad: usize,
+}
+
+impl ConvShape {
+    pub(crate) const fn out(&self) -> usize {
+        self.size + 2 * self.pad - K + 1
+    }
+    pub(crate) const fn positions(&self) -> usize {
+        self.out() * self.out()
+    }
+    pub(crate) const fn pooled(&self) -> usize {
+        self.out() / 2
+    }
+    /// Rows of the column matrix (the product's inner dimension).
+    pub(crate) const fn patch(&self) -> usize {
+        self.c_in * K * K
+    }
+    pub(crate) const fn input_len(&self) -> usize {
+        self.c_in * self.size * self.size
+    }
+    pub(crate) const fn pooled_len(&self) -> usize {
+        self.c_out * self.pooled() * self.pooled()
+    }
+}
+
+/// The valid range of output columns `x` for kernel column `kx`: those that
+/// read inside the (unpadded) input, as `(first, end)`.
+fn valid(shape: &ConvShape, k: usize) -> (usize, usize) {
+    let out = shape.out();
+    let first = shape.pad.saturating_sub(k);
+    let end = (shape.size + shape.pad).saturating_sub(k).min(out);
+    (first, end.max(first))
+}
+
+/// `input` (`[B, C_in, H, W]`) as the column matrix `[C_in·25, B·P]`.
+pub(crate) fn im2col(shape: &ConvShape, batch: usize, input: &[f32], col: &mut [f32]) {
+    let (out, size, pad) = (shape.out(), shape.size, shape.pad);
+    let p = shape.positions();
+    let width = batch * p;
+    let col = &mut col[..shape.patch() * width];
+    for ci in 0..shape.c_in {
+        for ky in 0..K {
+            let (y0, y1) = valid(shape, ky);
+            for kx in 0..K {
+                let (x0, x1) = valid(shape, kx);
+                let row = &mut col[((ci * K + ky) * K + kx) * width..][..width];
+                for b in 0..batch {
+                    let image = &input[(b * shape.c_in + ci) * size * size..][..size * size];
+                    let dst = &mut row[b * p..][..p];
+                    for y in 0..out {
+                        let line = &mut dst[y * out..][..out];
+                        if y < y0 || y >= y1 {
+                            line.fill(0.0);
+                            continue;
+                        }
+                        let src = &image[(y + ky - pad) * size..][..size];
+                        line[..x0].fill(0.0);
+                        line[x1..].fill(0.0);
+                        line[x0..x1].copy_from_slice(&src[x0 + kx - pad..x1 + kx - pad]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col`]: `d_input = Σ` of every column entry that read it.
+/// Overwrites `d_input` (`[B, C_in, H, W]`).
+pub(crate) fn col2im(shape: &ConvShape, batch: usize, d_col: &[f32], d_input: &mut [f32]) {
+    let (out, size, pad) = (shape.out(), shape.size, shape.pad);
+    let p = shape.positions();
+    let width = batch * p;
+    let d_input = &mut d_input[..batch * shape.input_len()];
+    d_input.fill(0.0);
+    for b in 0..batch {
+        for ci in 0..shape.c_in {
+            let image = &mut d_input[(b * shape.c_in + ci) * size * size..][..size * size];
+            for ky in 0..K {
+                let (y0, y1) = valid(shape, ky);
+                for kx in 0..K {
+                    let (x0, x1) = valid(shape, kx);
+                    let row = &d_col[((ci * K + ky) * K + kx) * width + b * p..][..p];
+                    for y in y0..y1 {
+                        let dst = &mut image[(y + ky - pad) * size..][..size];
+                        let src = &row[y * out..][..out];
+                        for (d, s) in dst[x0 + kx - pad..x1 + kx - pad]
+                            .iter_mut()
+                            .zip(&src[x0..x1])
+                        {
+                            *d += s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Bias, ReLU and 2×2 max pooling of the convolution's output `z`
+/// (`[C_out, B·P]`, without bias) into `pooled` (`[B, C_out, out/2, out/2]`),
+/// with the winner of each window in `winner` (0–3, or dead).
+///
+/// ReLU is monotone, so pooling first and cutting after gives the same values
+/// with a quarter of the comparisons. Ties go to the first of the window in
+/// row-major order.
+pub(crate) fn bias_relu_pool(
+    shape: &ConvShape,
+    batch: usize,
+    z: &[f32],
+    bias: &[f32],
+    pooled: &mut [f32],
+    winner: &mut [u8],
+) {
+    let (out, half) = (shape.out(), shape.pooled());
+    let p = shape.positions();
+    for co in 0..shape.c_out {
+        let plane = &z[co * batch * p..][..batch * p];
+        for b in 0..batch {
+            let image = &plane[b * p..][..p];
+            let at = (b * shape.c_out + co) * half * half;
+            let dst = &mut pooled[at..][..half * half];
+            let arg = &mut winner[at..][..half * half];
+            for py in 0..half {
+                let top = &image[2 * py * out..][..out];
+                let bottom = &image[(2 * py + 1) * out..][..out];
+                for px in 0..half {
+                    let window = [
+                        top[2 * px],
+                        top[2 * px + 1],
+                        bottom[2 * px],
+                        bottom[2 * px + 1],
+                    ];
+                    let mut best = 0;
+                    for (i, &v) in window.iter().enumerate().skip(1) {
+                        if v > window[best] {
+                            best = i;
+                        }
+                    }
+                    let value = window[best] + bias[co];
+                    let i = py * half + px;
+                    if value > 0.0 {
+                        dst[i] = value;
+                        arg[i] = best as u8;
+                    } else {
+                        dst[i] = 0.0;
+                        arg[i] = DEAD;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The way back through [`bias_relu_pool`]: the gradient of the pooled output
+/// (`[B, C_out, out/2, out/2]`) as the gradient of the pre-activation
+/// (`[C_out, B·P]`, every element written), and the bias gradient.
+pub(crate) fn pool_backward(
+    shape: &ConvShape,
+    batch: usize,
+    d_pooled: &[f32],
+    winner: &[u8],
+    d_z: &mut [f32],
+    d_bias: &mut [f32],
+) {
+    let (out, half) = (shape.out(), shape.pooled());
+    let p = shape.positions();
+    for co in 0..shape.c_out {
+        let plane = &mut d_z[co * batch * p..][..batch * p];
+        let mut bias_sum = 0.0f32;
+        for b in 0..batch {
+            let image = &mut plane[b * p..][..p];
+            let at = (b * shape.c_out + co) * half * half;
+            let grads = &d_pooled[at..][..half * half];
+            let arg = &winner[at..][..half * half];
+            for py in 0..half {
+                let (top, bottom) = image[2 * py * out..][..2 * out].split_at_mut(out);
+                for px in 0..half {
+                    let i = py * half + px;
+                    let g = if arg[i] == DEAD { 0.0 } else { grads[i] };
+                    bias_sum += g;
+                    let w = arg[i];
+                    top[2 * px] = if w == 0 { g } else { 0.0 };
+                    top[2 * px + 1] = if w == 1 { g } else { 0.0 };
+                    bottom[2 * px] = if w == 2 { g } else { 0.0 };
+                    bottom[2 * px + 1] = if w == 3 { g } else { 0.0 };
+                }
+            }
+        }
+        d_bias[co] = bias_sum;
+    }
+}

@@ -1,0 +1,171 @@
+//! cohort's own CPU kernels for the LeNet models: the whole forward and
+//! backward pass of one mini-batch on host buffers, in place of burn flex's
+//! convolution, pooling and autodiff graph, which took ~85 % of a CPU run
+//! (docs/BENCHMARKS.md has the profile before and after).
+//!
+//! The contract:
+//! * **Same numbers as burn, up to rounding.** The gradients and logits are
+//!   those of the burn model (`Net::LeNet5`, `Net::LeNet5Compact`) on the same
+//!   parameters; the tests below hold the two against each other on random
+//!   inputs to a few ulps of the values involved. Only the order of the sums
+//!   differs.
+//! * **Deterministic.** One thread computes a batch, in an order fixed by the
+//!   shapes (see [`gemm`]); no sum depends on the worker or thread count.
+//! * **burn stays the model's home.** Parameters are read from the burn module
+//!   each step, and gradients go back as burn [`GradientsParams`], so gradient
+//!   terms, clipping and every optimizer work unchanged.
+//! * **No allocation in the kernels.** Buffers live in a [`lenet::Workspace`]
+//!   reused from step to step; only the gradient tensors handed to burn are new.
+//!
+//! The kernels run on burn's CPU device only (a GPU keeps burn's path), and
+//! `COHORT_NATIVE_KERNELS=0` turns them off, for comparing against burn.
+
+mod conv;
+mod gemm;
+mod lenet;
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Tensor, TensorData};
+use cohort_core::config::ModelName;
+
+use crate::model::Net;
+use lenet::{Arch, NativeLeNet};
+
+/// Whether the native kernels may run on `device` (burn's CPU backend,
+/// unless `COHORT_NATIVE_KERNELS=0`).
+fn enabled_on(device: &Device) -> bool {
+    let off = std::env::var("COHORT_NATIVE_KERNELS").is_ok_and(|v| v == "0");
+    !off && device.clone().inner() == crate::device::cpu()
+}
+
+/// A model's training and inference through the native kernels.
+pub(crate) struct Native {
+    net: NativeLeNet,
+    params: Vec<Vec<f32>>,
+    grads: Vec<Vec<f32>>,
+    /// Where gradient tensors are made: the model's device without autodiff.
+    device: Device,
+}
+
+impl Native {
+    /// The native path for `model` on `device`, where there is one.
+    pub(crate) fn for_model(model: ModelName, classes: usize, device: &Device) -> Option<Self> {
+        if !enabled_on(device) {
+            return None;
+        }
+        let arch = Arch::of(model, classes)?;
+        let count = arch.param_lens().len();
+        Some(Self {
+            net: NativeLeNet::new(arch),
+            params: vec![Vec::new(); count],
+            grads: vec![Vec::new(); count],
+            device: device.clone().inner(),
+        })
+    }
+
+    /// Copies `model`'s parameters in.
+    ///
+    /// # Panics
+    /// When `model` is not the architecture this path was made for.
+    fn read(&mut self, model: &Net) {
+        let mut reader = Reader {
+            slots: &mut self.params,
+            next: 0,
+        };
+        model.visit(&mut reader);
+        let lens: Vec<usize> = self.params.iter().map(Vec::len).collect();
+        assert_eq!(lens, self.net.arch().param_lens(), "not the native model");
+    }
+
+    /// Mean cross-entropy of one batch and the gradients of `model`'s
+    /// parameters, as `loss.backward()` on the burn model would give them.
+    pub(crate) fn step(
+        &mut self,
+        model: &Net,
+        images: &[f32],
+        labels: &[i64],
+    ) -> (f32, GradientsParams) {
+        self.read(model);
+        self.net.forward(&self.params, images, labels.len());
+        let loss = self.net.backward(&self.params, labels, &mut self.grads);
+        let mut register = Register {
+            grads: &mut self.grads,
+            next: 0,
+            device: &self.device,
+            out: GradientsParams::new(),
+        };
+        model.visit(&mut register);
+        (loss, register.out)
+    }
+
+    /// Top class of each image (the first on a tie) of `model`, through
+    /// `predict(row, class)` in sample order; images in chunks of `chunk`.
+    pub(crate) fn predict(
+        &mut self,
+        model: &Net,
+        images: &[f32],
+        chunk: usize,
+        mut predict: impl FnMut(usize, usize),
+    ) {
+        self.read(model);
+        let image_len = self.net.arch().image_len();
+        let classes = self.net.arch().classes();
+        let count = images.len() / image_len;
+        for start in (0..count).step_by(chunk.max(1)) {
+            let n = chunk.min(count - start);
+            let logits =
+                self.net
+                    .forward(&self.params, &images[start * image_len..][..n * image_len], n);
+            for (i, row) in logits.chunks_exact(classes).enumerate() {
+                predict(start + i, argmax(row));
+            }
+        }
+    }
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+struct Reader<'a> {
+    slots: &'a mut [Vec<f32>],
+    next: usize,
+}
+
+impl ModuleVisitor for Reader<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let data = param.val().into_data();
+        let values = data.as_slice::<f32>().expect("LeNet trains in float32");
+        let slot = &mut self.slots[self.next];
+        slot.clear();
+        slot.extend_from_slice(values);
+        self.next += 1;
+    }
+}
+
+struct Register<'a> {
+    grads: &'a mut [Vec<f32>],
+    next: usize,
+    device: &'a Device,
+    out: GradientsParams,
+}
+
+impl ModuleVisitor for Register<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let values = std::mem::take(&mut self.grads[self.next]);
+        self.next += 1;
+        let shape = param.val().dims();
+        let grad = Tensor::<D>::from_data(TensorData::new(values, shape), self.device);
+        self.out.register(param.id, grad);
+    }
+}
+
+#[cfg(test)]
+mod tests;

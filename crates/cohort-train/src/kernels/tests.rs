@@ -1,0 +1,168 @@
+//! The native kernels against burn's own ops on the same parameters and
+//! random inputs: logits, loss and every gradient.
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::GradientsParams;
+use burn::tensor::{Int, Tensor, TensorData};
+use cohort_core::config::ModelName;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::Native;
+use super::conv::{ConvShape, col2im, im2col};
+use crate::model::Net;
+
+fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+fn batch(n: usize, seed: u64) -> (Vec<f32>, Vec<i64>) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let images = random(n * 784, &mut rng);
+    let labels = (0..n).map(|_| rng.random_range(0..10i64)).collect();
+    (images, labels)
+}
+
+/// Every parameter's gradient in visit order, from burn's `GradientsParams`.
+struct Collect<'a> {
+    grads: &'a GradientsParams,
+    out: Vec<Vec<f32>>,
+}
+
+impl ModuleVisitor for Collect<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let grad = self.grads.get::<D>(param.id).expect("every parameter has a gradient");
+        self.out.push(grad.into_data().to_vec::<f32>().unwrap());
+    }
+}
+
+fn collect(model: &Net, grads: &GradientsParams) -> Vec<Vec<f32>> {
+    let mut visitor = Collect {
+        grads,
+        out: Vec::new(),
+    };
+    model.visit(&mut visitor);
+    visitor.out
+}
+
+/// `a` equals `b` up to `tolerance` of `b`'s largest magnitude.
+fn assert_close(a: &[f32], b: &[f32], tolerance: f32, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: length");
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= tolerance * scale,
+        "{what}: largest difference {worst} against scale {scale}"
+    );
+}
+
+fn burn_step(model: &Net, images: &[f32], labels: &[i64]) -> (f32, Vec<Vec<f32>>) {
+    let device = crate::device::cpu().autodiff();
+    let n = labels.len();
+    let input = Tensor::<4>::from_data(TensorData::new(images.to_vec(), [n, 1, 28, 28]), &device);
+    let targets = Tensor::<1, Int>::from_data(TensorData::new(labels.to_vec(), [n]), &device);
+    let loss = CrossEntropyLossConfig::new()
+        .init(&device)
+        .forward(model.forward(input, None), targets);
+    let value = loss.clone().into_scalar::<f32>();
+    let grads = GradientsParams::from_grads(loss.backward(), model);
+    (value, collect(model, &grads))
+}
+
+#[test]
+fn gradients_match_burns_for_both_lenets_and_odd_batches() {
+    let device = crate::device::cpu().autodiff();
+    for model_name in [ModelName::Lenet5, ModelName::Lenet5Compact] {
+        let model = Net::build(model_name, 10, &device);
+        let mut native = Native::for_model(model_name, 10, &device).expect("a CPU path");
+        for (n, seed) in [(32, 1), (7, 2), (1, 3)] {
+            let (images, labels) = batch(n, seed);
+            let (loss, expected) = burn_step(&model, &images, &labels);
+            let (native_loss, grads) = native.step(&model, &images, &labels);
+            let got = collect(&model, &grads);
+            assert!(
+                (native_loss - loss).abs() <= 1e-5 * loss.abs(),
+                "{model_name} batch {n}: loss {native_loss} vs {loss}"
+            );
+            for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                assert_close(g, e, 2e-5, &format!("{model_name} batch {n} parameter {i}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn predictions_match_burns_logits() {
+    let device = crate::device::cpu();
+    for model_name in [ModelName::Lenet5, ModelName::Lenet5Compact] {
+        let model = Net::build(model_name, 10, &device);
+        let mut native = Native::for_model(model_name, 10, &device).unwrap();
+        let (images, _) = batch(45, 4);
+        let input = Tensor::<4>::from_data(TensorData::new(images.clone(), [45, 1, 28, 28]), &device);
+        let logits = model.forward(input, None).into_data().to_vec::<f32>().unwrap();
+        native.read(&model);
+        let got = native.net.forward(&native.params, &images, 45).to_vec();
+        assert_close(&got, &logits, 1e-5, &format!("{model_name} logits"));
+        let mut predicted = vec![usize::MAX; 45];
+        native.predict(&model, &images, 16, |i, class| predicted[i] = class);
+        let expected: Vec<usize> = logits.chunks(10).map(super::argmax).collect();
+        assert_eq!(predicted, expected, "{model_name}");
+    }
+}
+
+#[test]
+fn the_same_step_gives_the_same_bits() {
+    let device = crate::device::cpu().autodiff();
+    let model = Net::build(ModelName::Lenet5, 10, &device);
+    let (images, labels) = batch(32, 5);
+    let mut first = Native::for_model(ModelName::Lenet5, 10, &device).unwrap();
+    let mut second = Native::for_model(ModelName::Lenet5, 10, &device).unwrap();
+    // A smaller batch first, so the second instance reuses larger buffers.
+    let (small, small_labels) = batch(3, 6);
+    second.step(&model, &small, &small_labels);
+    let (la, ga) = first.step(&model, &images, &labels);
+    let (lb, gb) = second.step(&model, &images, &labels);
+    assert_eq!(la.to_bits(), lb.to_bits());
+    assert_eq!(collect(&model, &ga), collect(&model, &gb));
+}
+
+#[test]
+fn no_native_path_for_batchnorm_models() {
+    assert!(Native::for_model(ModelName::CnnBn, 10, &crate::device::cpu()).is_none());
+}
+
+#[test]
+fn col2im_is_the_adjoint_of_im2col() {
+    // <im2col(x), c> = <x, col2im(c)> for every x and c, padded or not.
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for shape in [
+        ConvShape {
+            c_in: 2,
+            c_out: 3,
+            size: 9,
+            pad: 2,
+        },
+        ConvShape {
+            c_in: 3,
+            c_out: 1,
+            size: 8,
+            pad: 0,
+        },
+    ] {
+        let batch = 2;
+        let x = random(batch * shape.input_len(), &mut rng);
+        let c = random(shape.patch() * batch * shape.positions(), &mut rng);
+        let mut col = vec![0.0; c.len()];
+        im2col(&shape, batch, &x, &mut col);
+        let mut back = vec![0.0; x.len()];
+        col2im(&shape, batch, &c, &mut back);
+        let lhs: f64 = col.iter().zip(&c).map(|(a, b)| (a * b) as f64).sum();
+        let rhs: f64 = x.iter().zip(&back).map(|(a, b)| (a * b) as f64).sum();
+        assert!((lhs - rhs).abs() <= 1e-4 * lhs.abs().max(1.0), "{lhs} vs {rhs}");
+    }
+}
