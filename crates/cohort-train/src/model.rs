@@ -184,6 +184,15 @@ impl Net {
         }
     }
 
+    /// Which model this is.
+    pub fn name(&self) -> ModelName {
+        match self {
+            Net::LeNet5(_) => ModelName::Lenet5,
+            Net::LeNet5Compact(_) => ModelName::Lenet5Compact,
+            Net::CnnBn(_) => ModelName::CnnBn,
+        }
+    }
+
     /// Logits. `dropout` is the stream dropout masks come from while training;
     /// evaluation passes `None` (and runs on a plain device, so dropout is off
     /// either way).

@@ -22,6 +22,7 @@ use cohort_core::optim::OptimizerSpec;
 use cohort_core::seeds::training_stream;
 use cohort_core::tree::ParamTree;
 
+use crate::kernels::Native;
 use crate::local::{GradientTerms, LocalPlan};
 use crate::model::Net;
 use crate::params::{self, LoadError};
@@ -100,6 +101,8 @@ pub struct LocalTrainer {
     settings: TrainSettings,
     images: Vec<f32>,
     labels: Vec<i64>,
+    /// cohort's own kernels, where they implement the model on this device.
+    native: Option<Native>,
 }
 
 impl LocalTrainer {
@@ -113,6 +116,7 @@ impl LocalTrainer {
         let device = device.clone().autodiff();
         Self {
             model: Some(Net::build(model, num_classes, &device)),
+            native: Native::for_model(model, num_classes, &device),
             device,
             settings,
             images: Vec::new(),
@@ -166,9 +170,8 @@ impl LocalTrainer {
         };
         let mut local_steps = 0u64;
         let mut optimizer = crate::optim::build(&self.settings.optimizer);
-        let loss_fn = CrossEntropyLossConfig::new().init(&self.device);
         let mut order = partition.to_vec();
-        let mut loss_sum = Tensor::<1>::zeros([1], &self.device);
+        let mut loss_sum = LossSum::new(&self.device);
         let mut seen = 0usize;
         let (rows, cols) = (data.rows, data.cols);
         let mut failure = None;
@@ -182,18 +185,8 @@ impl LocalTrainer {
             order.shuffle(&mut rng);
             for (step, batch) in order.chunks(self.settings.batch_size).enumerate() {
                 data.gather(batch, &mut self.images, &mut self.labels);
-                let images = Tensor::<4>::from_data(
-                    TensorData::new(self.images.clone(), [batch.len(), 1, rows, cols]),
-                    &self.device,
-                );
-                let targets = Tensor::<1, Int>::from_data(
-                    TensorData::new(self.labels.clone(), [batch.len()]),
-                    &self.device,
-                );
-                let loss = loss_fn.forward(model.forward(images, Some(&mut rng)), targets);
-                loss_sum = loss_sum + loss.clone().detach().mul_scalar(batch.len() as f32);
+                let mut grads = self.batch_gradients(&model, [rows, cols], &mut rng, &mut loss_sum);
                 seen += batch.len();
-                let mut grads = GradientsParams::from_grads(loss.backward(), &model);
                 if let Some(terms) = &terms {
                     grads = terms.apply(&model, grads);
                 }
@@ -229,7 +222,7 @@ impl LocalTrainer {
             Some(max_norm) => crate::local::clip_update(global, tree, max_norm),
             None => tree,
         };
-        let loss = loss_sum.into_scalar::<f32>() as f64 / seen.max(1) as f64;
+        let loss = loss_sum.total() as f64 / seen.max(1) as f64;
         Ok(LocalUpdate {
             tree,
             num_samples: partition.len() as u64,
@@ -237,6 +230,58 @@ impl LocalTrainer {
             training_time: started.elapsed().as_secs_f64(),
             local_steps,
         })
+    }
+}
+
+/// The sum of every batch's mean loss times its size: burn's batches add on
+/// the device (no read-back per step), the native ones on the host.
+struct LossSum {
+    device: Tensor<1>,
+    host: f32,
+}
+
+impl LossSum {
+    fn new(device: &Device) -> Self {
+        Self {
+            device: Tensor::<1>::zeros([1], device),
+            host: 0.0,
+        }
+    }
+
+    fn total(self) -> f32 {
+        self.device.into_scalar::<f32>() + self.host
+    }
+}
+
+impl LocalTrainer {
+    /// The gradients of the batch in `self.images`/`self.labels` (images of
+    /// `rows × cols`) at `model`, its loss added to `loss_sum`: through the
+    /// native kernels where they cover the model, else burn's autodiff.
+    fn batch_gradients(
+        &mut self,
+        model: &Net,
+        [rows, cols]: [usize; 2],
+        rng: &mut ChaCha8Rng,
+        loss_sum: &mut LossSum,
+    ) -> GradientsParams {
+        let size = self.labels.len();
+        if let Some(native) = self.native.as_mut() {
+            let (loss, grads) = native.step(model, &self.images, &self.labels);
+            loss_sum.host += loss * size as f32;
+            return grads;
+        }
+        let images = Tensor::<4>::from_data(
+            TensorData::new(self.images.clone(), [size, 1, rows, cols]),
+            &self.device,
+        );
+        let targets = Tensor::<1, Int>::from_data(
+            TensorData::new(self.labels.clone(), [size]),
+            &self.device,
+        );
+        let loss_fn = CrossEntropyLossConfig::new().init(&self.device);
+        let loss = loss_fn.forward(model.forward(images, Some(rng)), targets);
+        loss_sum.device = loss_sum.device.clone() + loss.clone().detach().mul_scalar(size as f32);
+        GradientsParams::from_grads(loss.backward(), model)
     }
 }
 
@@ -458,6 +503,9 @@ pub fn count_correct(
     batch_size: usize,
 ) -> Result<u64, EvalError> {
     let model = model.valid();
+    if let Some(mut native) = Native::for_net(&model) {
+        return count_correct_native(&mut native, &model, data, indices, batch_size);
+    }
     let device = model
         .devices()
         .into_iter()
@@ -473,19 +521,50 @@ pub fn count_correct(
         );
         let logits = model.forward(input, None);
         let classes = logits.dims()[1];
-        if let Some(offset) = labels.iter().position(|&l| l < 0 || l as usize >= classes) {
-            return Err(EvalError::LabelOutOfRange {
-                index: batch_index * batch_size.max(1) + offset,
-                label: labels[offset] as u8,
-                classes,
-            });
-        }
+        check_labels(&labels, classes, batch_index * batch_size.max(1))?;
         let targets =
             Tensor::<1, Int>::from_data(TensorData::new(labels.clone(), [batch.len()]), &device);
         let predicted = logits.argmax(1).flatten::<1>(0, 1);
         correct = correct + predicted.equal(targets).int().sum();
     }
     Ok(correct.into_scalar::<i64>() as u64)
+}
+
+/// Images the native evaluation runs through the network at once: its
+/// working set stays in the core's L2 cache, whatever the batch size.
+const NATIVE_EVAL_CHUNK: usize = 32;
+
+/// [`count_correct`] through the native kernels.
+fn count_correct_native(
+    native: &mut Native,
+    model: &Net,
+    data: &Dataset,
+    indices: &[u32],
+    batch_size: usize,
+) -> Result<u64, EvalError> {
+    let (mut images, mut labels) = (Vec::new(), Vec::new());
+    let mut correct = 0u64;
+    for (batch_index, batch) in indices.chunks(batch_size.max(1)).enumerate() {
+        data.gather(batch, &mut images, &mut labels);
+        check_labels(&labels, native.classes(), batch_index * batch_size.max(1))?;
+        native.predict(model, &images, NATIVE_EVAL_CHUNK, |i, class| {
+            correct += u64::from(labels[i] == class as i64);
+        });
+    }
+    Ok(correct)
+}
+
+/// The first label of a batch that starts at sample `first` that the model
+/// has no class for, as an error.
+fn check_labels(labels: &[i64], classes: usize, first: usize) -> Result<(), EvalError> {
+    match labels.iter().position(|&l| l < 0 || l as usize >= classes) {
+        Some(offset) => Err(EvalError::LabelOutOfRange {
+            index: first + offset,
+            label: labels[offset] as u8,
+            classes,
+        }),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -64,6 +64,15 @@ impl Native {
         })
     }
 
+    /// The native path for running `model` as it is, where there is one.
+    pub(crate) fn for_net(model: &Net) -> Option<Self> {
+        let device = model.devices().into_iter().next()?;
+        // The last parameter is the output layer's bias: one per class.
+        let mut last = LastLen(0);
+        model.visit(&mut last);
+        Self::for_model(model.name(), last.0, &device)
+    }
+
     /// Copies `model`'s parameters in.
     ///
     /// # Panics
@@ -99,6 +108,10 @@ impl Native {
         (loss, register.out)
     }
 
+    pub(crate) fn classes(&self) -> usize {
+        self.net.arch().classes()
+    }
+
     /// Top class of each image (the first on a tie) of `model`, through
     /// `predict(row, class)` in sample order; images in chunks of `chunk`.
     pub(crate) fn predict(
@@ -132,6 +145,14 @@ fn argmax(row: &[f32]) -> usize {
         }
     }
     best
+}
+
+struct LastLen(usize);
+
+impl ModuleVisitor for LastLen {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.0 = param.val().dims().iter().product();
+    }
 }
 
 struct Reader<'a> {

@@ -1,0 +1,108 @@
+//! LeNet-5 on one CPU core: local training (R1's client: 6,000 samples,
+//! batch 32, SGD with momentum) and test-set evaluation (10,000 samples,
+//! batch 1,000), as samples per second and as a share of the core's peak.
+//!
+//! `cargo bench -p cohort-train --bench lenet_cpu` (add `-- --quick` for one
+//! repetition). `COHORT_NATIVE_KERNELS=0` measures burn flex's path instead
+//! of cohort's kernels. `bench/compare.sh` runs PyTorch's counterpart
+//! (`bench/torch_lenet_cpu.py`) right after, for ratios from the same run.
+//!
+//! Synthetic images: the work per sample does not depend on the pixels.
+
+use std::time::Instant;
+
+use cohort_core::config::ModelName;
+use cohort_core::data::Dataset;
+use cohort_core::optim::OptimizerSpec;
+use cohort_core::strategy::ClientInstructions;
+use cohort_train::trainer::{ClientTask, Evaluator, LocalTrainer, TrainSettings};
+
+/// Multiply-adds of one LeNet-5 forward pass: conv1, conv2, conv3, fc4, fc5.
+const FORWARD_MACS: f64 = (6 * 784 * 25 + 16 * 100 * 150 + 120 * 400 + 120 * 84 + 84 * 10) as f64;
+/// Backward: every layer's weight gradient (as many as forward) and every
+/// input gradient but conv1's.
+const TRAIN_MACS: f64 = 2.0 * FORWARD_MACS + (FORWARD_MACS - (6 * 784 * 25) as f64);
+
+fn dataset(count: usize) -> Dataset {
+    let images = (0..count * 784)
+        .map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5)
+        .collect();
+    Dataset {
+        images,
+        labels: (0..count).map(|i| (i % 10) as u8).collect(),
+        rows: 28,
+        cols: 28,
+    }
+}
+
+/// Best and worst of `reps` timings of `f`, in seconds.
+fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
+    let mut times = Vec::new();
+    for _ in 0..reps {
+        let start = Instant::now();
+        f();
+        times.push(start.elapsed().as_secs_f64());
+    }
+    let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+    let worst = times.iter().copied().fold(0.0, f64::max);
+    (best, worst)
+}
+
+fn main() {
+    let reps = if std::env::args().any(|a| a == "--quick") {
+        1
+    } else {
+        3
+    };
+    let path = match std::env::var("COHORT_NATIVE_KERNELS").as_deref() {
+        Ok("0") => "burn flex",
+        _ => "cohort kernels",
+    };
+    let device = cohort_train::device::cpu();
+    let settings = TrainSettings {
+        epochs: 1,
+        batch_size: 32,
+        optimizer: OptimizerSpec::Sgd {
+            learning_rate: 0.01,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+        },
+        clip_grad_norm: None,
+        training_seed: Some(1),
+    };
+    let mut evaluator = Evaluator::new(ModelName::Lenet5, 10, &device, 1000);
+    let global = evaluator.parameters();
+    let mut trainer = LocalTrainer::new(ModelName::Lenet5, 10, &device, settings);
+    let train = dataset(6000);
+    let partition: Vec<u32> = (0..6000).collect();
+    let plan = ClientInstructions::plain(0.01);
+    let task = ClientTask {
+        client_id: 1,
+        round: 1,
+    };
+    let (best, worst) = time(reps, || {
+        trainer
+            .train(task, &global, &train, &partition, &plan)
+            .expect("training runs");
+    });
+    let rate = 6000.0 / best;
+    println!(
+        "{path}: training {rate:.0} samples/s per core (best of {reps}, worst {:.0}), \
+         {:.1} GFLOP/s at {:.2} MFLOP per sample",
+        6000.0 / worst,
+        rate * 2.0 * TRAIN_MACS / 1e9,
+        2.0 * TRAIN_MACS / 1e6
+    );
+    let test = dataset(10_000);
+    let (best, worst) = time(reps, || {
+        evaluator.accuracy(&global, &test).expect("evaluation runs");
+    });
+    println!(
+        "{path}: evaluation of 10,000 samples {best:.3} s (best of {reps}, worst {worst:.3}), \
+         {:.1} GFLOP/s at {:.2} MFLOP per sample",
+        10_000.0 / best * 2.0 * FORWARD_MACS / 1e9,
+        2.0 * FORWARD_MACS / 1e6
+    );
+}
