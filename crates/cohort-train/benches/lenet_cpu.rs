@@ -8,6 +8,8 @@
 //! (`bench/torch_lenet_cpu.py`) right after, for ratios from the same run.
 //!
 //! Synthetic images: the work per sample does not depend on the pixels.
+//! Times are the thread's CPU time (both here and in the PyTorch script), so
+//! another process on the core slows a run less than it would wall time.
 
 use std::time::Instant;
 
@@ -35,13 +37,26 @@ fn dataset(count: usize) -> Dataset {
     }
 }
 
-/// Best and worst of `reps` timings of `f`, in seconds.
+/// Seconds this thread has run on a CPU (Linux's schedstat), or `None`.
+/// On a shared machine, where wall time includes the time other processes
+/// held the core, this is the steadier measure.
+fn thread_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos: f64 = stat.split_whitespace().next()?.parse().ok()?;
+    Some(nanos / 1e9)
+}
+
+/// Best and worst of `reps` timings of `f`, in seconds: thread CPU time
+/// where the system reports it, wall time otherwise.
 fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
     let mut times = Vec::new();
     for _ in 0..reps {
-        let start = Instant::now();
+        let (start, cpu) = (Instant::now(), thread_cpu_seconds());
         f();
-        times.push(start.elapsed().as_secs_f64());
+        times.push(match (cpu, thread_cpu_seconds()) {
+            (Some(a), Some(b)) => b - a,
+            _ => start.elapsed().as_secs_f64(),
+        });
     }
     let best = times.iter().copied().fold(f64::INFINITY, f64::min);
     let worst = times.iter().copied().fold(0.0, f64::max);

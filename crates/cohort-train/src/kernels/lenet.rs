@@ -121,7 +121,6 @@ pub(crate) struct Workspace {
     col: [Vec<f32>; 2],
     z: [Vec<f32>; 2],
     pooled: [Vec<f32>; 2],
-    winner: [Vec<u8>; 2],
     /// Post-activation outputs of the dense layers; the last holds logits.
     act: [Vec<f32>; 3],
     d_dense: [Vec<f32>; 2],
@@ -141,7 +140,6 @@ impl Workspace {
             grow(&mut self.col[s], c.patch() * batch * c.positions());
             grow(&mut self.z[s], c.c_out * batch * c.positions());
             grow(&mut self.pooled[s], batch * c.pooled_len());
-            self.winner[s].resize(batch * c.pooled_len(), 0);
             grow(&mut self.d_pooled[s], batch * c.pooled_len());
         }
         let z_max = arch
@@ -183,6 +181,14 @@ impl NativeLeNet {
 
     /// Logits of `batch` images (`[B, 1, 28, 28]`), `[B, classes]` row-major.
     pub(crate) fn forward(&mut self, params: &[Vec<f32>], images: &[f32], batch: usize) -> &[f32] {
+        super::simd::dispatch(
+            #[inline(always)]
+            || self.forward_here(params, images, batch),
+        )
+    }
+
+    #[inline(always)]
+    fn forward_here(&mut self, params: &[Vec<f32>], images: &[f32], batch: usize) -> &[f32] {
         let arch = &self.arch;
         assert_eq!(params.len(), 10, "LeNet has ten parameter tensors");
         assert_eq!(images.len(), batch * arch.image_len());
@@ -192,14 +198,7 @@ impl NativeLeNet {
             let (done, rest) = w.pooled.split_at_mut(s);
             let input = if s == 0 { images } else { &done[s - 1][..] };
             conv_forward(shape, batch, input, &params[2 * s], &mut w.col[s], &mut w.z[s]);
-            conv::bias_relu_pool(
-                shape,
-                batch,
-                &w.z[s],
-                &params[2 * s + 1],
-                &mut rest[0],
-                &mut w.winner[s],
-            );
+            conv::bias_relu_pool(shape, batch, &w.z[s], &params[2 * s + 1], &mut rest[0]);
         }
         for (l, shape) in arch.dense.iter().enumerate() {
             let (done, rest) = w.act.split_at_mut(l);
@@ -221,6 +220,19 @@ impl NativeLeNet {
     /// (overwritten, in visit order). Call right after `forward` on the same
     /// batch.
     pub(crate) fn backward(
+        &mut self,
+        params: &[Vec<f32>],
+        labels: &[i64],
+        grads: &mut [Vec<f32>],
+    ) -> f32 {
+        super::simd::dispatch(
+            #[inline(always)]
+            || self.backward_here(params, labels, grads),
+        )
+    }
+
+    #[inline(always)]
+    fn backward_here(
         &mut self,
         params: &[Vec<f32>],
         labels: &[i64],
@@ -266,7 +278,8 @@ impl NativeLeNet {
         for s in (0..arch.convs.len()).rev() {
             let shape = &arch.convs[s];
             let (gw, gb) = pair(grads, 2 * s);
-            conv::pool_backward(shape, batch, &w.d_pooled[s], &w.winner[s], &mut w.d_z, gb);
+            let bias = &params[2 * s + 1];
+            conv::pool_backward(shape, batch, &w.z[s], bias, &w.d_pooled[s], &mut w.d_z, gb);
             let width = batch * shape.positions();
             let d_z = MatRef {
                 data: &w.d_z[..shape.c_out * width],
@@ -296,11 +309,13 @@ impl NativeLeNet {
 }
 
 /// Two consecutive gradient buffers (a layer's weight and bias).
+#[inline(always)]
 fn pair(grads: &mut [Vec<f32>], at: usize) -> (&mut [f32], &mut [f32]) {
     let (weight, rest) = grads[at..].split_at_mut(1);
     (&mut weight[0], &mut rest[0])
 }
 
+#[inline(always)]
 fn conv_forward(
     shape: &ConvShape,
     batch: usize,
@@ -325,6 +340,7 @@ fn conv_forward(
 }
 
 /// `out = input · W + bias` for `batch` rows.
+#[inline(always)]
 fn dense_forward(
     shape: &DenseShape,
     batch: usize,
@@ -351,6 +367,7 @@ fn dense_forward(
 /// Weight and bias gradients of a dense layer from its output's gradient
 /// `d_out`, and its input's gradient into `d_in`.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn dense_backward(
     shape: &DenseShape,
     batch: usize,
@@ -389,6 +406,7 @@ fn dense_backward(
 
 /// Mean cross-entropy of softmax(`logits`) against `labels`, and its
 /// gradient with respect to the logits into `d_logits`.
+#[inline(always)]
 fn softmax_cross_entropy(logits: &[f32], labels: &[i64], d_logits: &mut [f32]) -> f32 {
     let batch = labels.len();
     let classes = logits.len() / batch.max(1);

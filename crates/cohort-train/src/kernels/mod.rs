@@ -23,6 +23,7 @@
 mod conv;
 mod gemm;
 mod lenet;
+mod simd;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
