@@ -274,10 +274,8 @@ impl LocalTrainer {
             TensorData::new(self.images.clone(), [size, 1, rows, cols]),
             &self.device,
         );
-        let targets = Tensor::<1, Int>::from_data(
-            TensorData::new(self.labels.clone(), [size]),
-            &self.device,
-        );
+        let targets =
+            Tensor::<1, Int>::from_data(TensorData::new(self.labels.clone(), [size]), &self.device);
         let loss_fn = CrossEntropyLossConfig::new().init(&self.device);
         let loss = loss_fn.forward(model.forward(images, Some(rng)), targets);
         loss_sum.device = loss_sum.device.clone() + loss.clone().detach().mul_scalar(size as f32);

@@ -303,6 +303,8 @@ pub struct Trainer {
     #[serde(rename = "type")]
     pub kind: String,
     pub rounds: u32,
+    /// Physical workers; unset, one per core this process may use
+    /// ([`default_max_concurrency`]). Results do not depend on it.
     pub max_concurrency: u32,
     pub target_accuracy: Option<f64>,
     pub epochs: u32,
@@ -326,12 +328,19 @@ pub struct Trainer {
     pub lr_min: f64,
 }
 
+/// One worker per core this process may use (its CPU affinity and cgroup
+/// quota counted), 1 when the system does not say: training scales with
+/// cores, and the result is the same for any worker count.
+pub fn default_max_concurrency() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
 impl Default for Trainer {
     fn default() -> Self {
         Self {
             kind: "basic".to_owned(),
             rounds: 5,
-            max_concurrency: 1,
+            max_concurrency: default_max_concurrency(),
             target_accuracy: None,
             epochs: 5,
             batch_size: 32,

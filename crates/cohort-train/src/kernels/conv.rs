@@ -40,43 +40,49 @@ impl ConvShape {
     pub(crate) const fn pooled_len(&self) -> usize {
         self.c_out * self.pooled() * self.pooled()
     }
+    /// Side of the input with its zero padding.
+    pub(crate) const fn padded(&self) -> usize {
+        self.size + 2 * self.pad
+    }
 }
 
-/// The valid range of output columns `x` for kernel column `kx`: those that
-/// read inside the (unpadded) input, as `(first, end)`.
-fn valid(shape: &ConvShape, k: usize) -> (usize, usize) {
-    let out = shape.out();
-    let first = shape.pad.saturating_sub(k);
-    let end = (shape.size + shape.pad).saturating_sub(k).min(out);
-    (first, end.max(first))
+/// `input` (`[B, C_in, H, W]`) with its zero border (`[B, C_in, H+2p, W+2p]`),
+/// so that [`im2col`] only ever copies whole runs.
+#[inline(always)]
+pub(crate) fn pad(shape: &ConvShape, batch: usize, input: &[f32], padded: &mut [f32]) {
+    let (size, side, pad) = (shape.size, shape.padded(), shape.pad);
+    let padded = &mut padded[..batch * shape.c_in * side * side];
+    padded.fill(0.0);
+    for (dst, src) in padded
+        .chunks_exact_mut(side * side)
+        .zip(input.chunks_exact(size * size))
+    {
+        for (line, row) in dst[pad * side..]
+            .chunks_exact_mut(side)
+            .zip(src.chunks_exact(size))
+        {
+            line[pad..pad + size].copy_from_slice(row);
+        }
+    }
 }
 
-/// `input` (`[B, C_in, H, W]`) as the column matrix `[C_in·25, B·P]`.
+/// `input` (`[B, C_in, S, S]`, already padded: `S = size + 2·pad`) as the
+/// column matrix `[C_in·25, B·P]`.
 #[inline(always)]
 pub(crate) fn im2col(shape: &ConvShape, batch: usize, input: &[f32], col: &mut [f32]) {
-    let (out, size, pad) = (shape.out(), shape.size, shape.pad);
+    let (out, side) = (shape.out(), shape.padded());
     let p = shape.positions();
     let width = batch * p;
     let col = &mut col[..shape.patch() * width];
     for ci in 0..shape.c_in {
         for ky in 0..K {
-            let (y0, y1) = valid(shape, ky);
             for kx in 0..K {
-                let (x0, x1) = valid(shape, kx);
                 let row = &mut col[((ci * K + ky) * K + kx) * width..][..width];
-                for b in 0..batch {
-                    let image = &input[(b * shape.c_in + ci) * size * size..][..size * size];
-                    let dst = &mut row[b * p..][..p];
-                    for y in 0..out {
-                        let line = &mut dst[y * out..][..out];
-                        if y < y0 || y >= y1 {
-                            line.fill(0.0);
-                            continue;
-                        }
-                        let src = &image[(y + ky - pad) * size..][..size];
-                        line[..x0].fill(0.0);
-                        line[x1..].fill(0.0);
-                        copy_short(&mut line[x0..x1], &src[x0 + kx - pad..x1 + kx - pad]);
+                for (b, dst) in row.chunks_exact_mut(p).enumerate() {
+                    let image = &input[(b * shape.c_in + ci) * side * side..][..side * side];
+                    let image = &image[ky * side + kx..];
+                    for (line, src) in dst.chunks_exact_mut(out).zip(image.chunks(side)) {
+                        copy_short(line, &src[..out]);
                     }
                 }
             }
@@ -96,30 +102,25 @@ fn copy_short(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// The adjoint of [`im2col`]: `d_input = Σ` of every column entry that read it.
-/// Overwrites `d_input` (`[B, C_in, H, W]`).
+/// The adjoint of [`im2col`] for an unpadded input (the only stage whose
+/// input gradient is needed is unpadded in both LeNets): `d_input = Σ` of
+/// every column entry that read it. Overwrites `d_input` (`[B, C_in, H, W]`).
 #[inline(always)]
 pub(crate) fn col2im(shape: &ConvShape, batch: usize, d_col: &[f32], d_input: &mut [f32]) {
-    let (out, size, pad) = (shape.out(), shape.size, shape.pad);
+    assert_eq!(shape.pad, 0, "col2im of a padded input");
+    let (out, size) = (shape.out(), shape.size);
     let p = shape.positions();
     let width = batch * p;
     let d_input = &mut d_input[..batch * shape.input_len()];
     d_input.fill(0.0);
-    for b in 0..batch {
-        for ci in 0..shape.c_in {
-            let image = &mut d_input[(b * shape.c_in + ci) * size * size..][..size * size];
+    for (b, images) in d_input.chunks_exact_mut(shape.input_len()).enumerate() {
+        for (ci, image) in images.chunks_exact_mut(size * size).enumerate() {
             for ky in 0..K {
-                let (y0, y1) = valid(shape, ky);
                 for kx in 0..K {
-                    let (x0, x1) = valid(shape, kx);
                     let row = &d_col[((ci * K + ky) * K + kx) * width + b * p..][..p];
-                    for y in y0..y1 {
-                        let dst = &mut image[(y + ky - pad) * size..][..size];
-                        let src = &row[y * out..][..out];
-                        for (d, s) in dst[x0 + kx - pad..x1 + kx - pad]
-                            .iter_mut()
-                            .zip(&src[x0..x1])
-                        {
+                    let image = &mut image[ky * size + kx..];
+                    for (dst, src) in image.chunks_mut(size).zip(row.chunks_exact(out)) {
+                        for (d, s) in dst[..out].iter_mut().zip(src) {
                             *d += s;
                         }
                     }

@@ -16,7 +16,10 @@ pub(crate) struct Strides {
 impl Strides {
     /// A row-major matrix with `cols` columns.
     pub(crate) const fn row_major(cols: usize) -> Self {
-        Self { rows: cols, cols: 1 }
+        Self {
+            rows: cols,
+            cols: 1,
+        }
     }
 
     /// The same storage read as its transpose.
@@ -72,8 +75,14 @@ pub(crate) fn matmul(
         }
         return;
     }
-    assert!(lhs.strides.extent(m, k) <= lhs.data.len(), "lhs out of bounds");
-    assert!(rhs.strides.extent(k, n) <= rhs.data.len(), "rhs out of bounds");
+    assert!(
+        lhs.strides.extent(m, k) <= lhs.data.len(),
+        "lhs out of bounds"
+    );
+    assert!(
+        rhs.strides.extent(k, n) <= rhs.data.len(),
+        "rhs out of bounds"
+    );
     let s = |x: usize| x as isize;
     // SAFETY: the asserts above keep every element gemm reads or writes inside
     // its slice (non-negative strides, extents checked), the destination's

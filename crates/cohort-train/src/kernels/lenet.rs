@@ -107,6 +107,7 @@ impl Arch {
         assert!(c1.out() % 2 == 0 && c2.out() % 2 == 0, "odd pooling input");
         assert_eq!(c1.pooled_len(), c2.input_len());
         assert_eq!(c1.c_out, c2.c_in);
+        assert_eq!(c2.pad, 0, "only the first stage may pad");
         assert_eq!(c2.pooled_len(), self.dense[0].inputs);
         assert_eq!(self.dense[0].outputs, self.dense[1].inputs);
         assert_eq!(self.dense[1].outputs, self.dense[2].inputs);
@@ -118,6 +119,8 @@ impl Arch {
 #[derive(Default)]
 pub(crate) struct Workspace {
     capacity: usize,
+    /// The first stage's input with its zero border.
+    padded: Vec<f32>,
     col: [Vec<f32>; 2],
     z: [Vec<f32>; 2],
     pooled: [Vec<f32>; 2],
@@ -136,6 +139,11 @@ impl Workspace {
         }
         self.capacity = batch;
         let grow = |v: &mut Vec<f32>, n: usize| v.resize(n, 0.0);
+        let first = &arch.convs[0];
+        grow(
+            &mut self.padded,
+            batch * first.c_in * first.padded() * first.padded(),
+        );
         for (s, c) in arch.convs.iter().enumerate() {
             grow(&mut self.col[s], c.patch() * batch * c.positions());
             grow(&mut self.z[s], c.c_out * batch * c.positions());
@@ -149,7 +157,10 @@ impl Workspace {
             .max()
             .unwrap_or(0);
         grow(&mut self.d_z, z_max);
-        grow(&mut self.d_col, arch.convs[1].patch() * batch * arch.convs[1].positions());
+        grow(
+            &mut self.d_col,
+            arch.convs[1].patch() * batch * arch.convs[1].positions(),
+        );
         for (l, d) in arch.dense.iter().enumerate() {
             grow(&mut self.act[l], batch * d.outputs);
         }
@@ -196,8 +207,22 @@ impl NativeLeNet {
         let w = &mut self.work;
         for (s, shape) in arch.convs.iter().enumerate() {
             let (done, rest) = w.pooled.split_at_mut(s);
-            let input = if s == 0 { images } else { &done[s - 1][..] };
-            conv_forward(shape, batch, input, &params[2 * s], &mut w.col[s], &mut w.z[s]);
+            let input = match (s, shape.pad) {
+                (0, 0) => images,
+                (0, _) => {
+                    conv::pad(shape, batch, images, &mut w.padded);
+                    &w.padded[..]
+                }
+                _ => &done[s - 1][..],
+            };
+            conv_forward(
+                shape,
+                batch,
+                input,
+                &params[2 * s],
+                &mut w.col[s],
+                &mut w.z[s],
+            );
             conv::bias_relu_pool(shape, batch, &w.z[s], &params[2 * s + 1], &mut rest[0]);
         }
         for (l, shape) in arch.dense.iter().enumerate() {
@@ -207,7 +232,14 @@ impl NativeLeNet {
                 _ => &done[l - 1][..batch * shape.inputs],
             };
             let out = &mut rest[0][..batch * shape.outputs];
-            dense_forward(shape, batch, input, &params[4 + 2 * l], &params[5 + 2 * l], out);
+            dense_forward(
+                shape,
+                batch,
+                input,
+                &params[4 + 2 * l],
+                &params[5 + 2 * l],
+                out,
+            );
             if l + 1 < arch.dense.len() {
                 out.iter_mut().for_each(|v| *v = v.max(0.0));
             }
@@ -291,7 +323,14 @@ impl NativeLeNet {
                 strides: Strides::row_major(width).t(),
             };
             let dims = (shape.c_out, shape.patch(), width);
-            matmul(dims, gw, Strides::row_major(shape.patch()), false, d_z, col_t);
+            matmul(
+                dims,
+                gw,
+                Strides::row_major(shape.patch()),
+                false,
+                d_z,
+                col_t,
+            );
             if s > 0 {
                 let weight_t = MatRef {
                     data: &params[2 * s],

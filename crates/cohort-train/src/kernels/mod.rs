@@ -128,9 +128,11 @@ impl Native {
         let count = images.len() / image_len;
         for start in (0..count).step_by(chunk.max(1)) {
             let n = chunk.min(count - start);
-            let logits =
-                self.net
-                    .forward(&self.params, &images[start * image_len..][..n * image_len], n);
+            let logits = self.net.forward(
+                &self.params,
+                &images[start * image_len..][..n * image_len],
+                n,
+            );
             for (i, row) in logits.chunks_exact(classes).enumerate() {
                 predict(start + i, argmax(row));
             }

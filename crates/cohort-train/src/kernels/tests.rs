@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::Native;
-use super::conv::{ConvShape, col2im, im2col};
+use super::conv::{ConvShape, col2im, im2col, pad};
 use crate::model::Net;
 
 fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
@@ -32,8 +32,11 @@ struct Collect<'a> {
 
 impl ModuleVisitor for Collect<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let grad = self.grads.get::<D>(param.id).expect("every parameter has a gradient");
-        self.out.push(grad.into_data().to_vec::<f32>().unwrap());
+        let grad = self
+            .grads
+            .get::<D>(param.id)
+            .expect("every parameter has a gradient");
+        self.out.push(grad.into_data().try_to_vec::<f32>().unwrap());
     }
 }
 
@@ -103,8 +106,13 @@ fn predictions_match_burns_logits() {
         let model = Net::build(model_name, 10, &device);
         let mut native = Native::for_model(model_name, 10, &device).unwrap();
         let (images, _) = batch(45, 4);
-        let input = Tensor::<4>::from_data(TensorData::new(images.clone(), [45, 1, 28, 28]), &device);
-        let logits = model.forward(input, None).into_data().to_vec::<f32>().unwrap();
+        let input =
+            Tensor::<4>::from_data(TensorData::new(images.clone(), [45, 1, 28, 28]), &device);
+        let logits = model
+            .forward(input, None)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
         native.read(&model);
         let got = native.net.forward(&native.params, &images, 45).to_vec();
         assert_close(&got, &logits, 1e-5, &format!("{model_name} logits"));
@@ -138,22 +146,14 @@ fn no_native_path_for_batchnorm_models() {
 
 #[test]
 fn col2im_is_the_adjoint_of_im2col() {
-    // <im2col(x), c> = <x, col2im(c)> for every x and c, padded or not.
+    // <im2col(x), c> = <x, col2im(c)> for every x and c.
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for shape in [
-        ConvShape {
-            c_in: 2,
-            c_out: 3,
-            size: 9,
-            pad: 2,
-        },
-        ConvShape {
-            c_in: 3,
-            c_out: 1,
-            size: 8,
-            pad: 0,
-        },
-    ] {
+    for shape in [ConvShape {
+        c_in: 3,
+        c_out: 1,
+        size: 8,
+        pad: 0,
+    }] {
         let batch = 2;
         let x = random(batch * shape.input_len(), &mut rng);
         let c = random(shape.patch() * batch * shape.positions(), &mut rng);
@@ -163,6 +163,34 @@ fn col2im_is_the_adjoint_of_im2col() {
         col2im(&shape, batch, &c, &mut back);
         let lhs: f64 = col.iter().zip(&c).map(|(a, b)| (a * b) as f64).sum();
         let rhs: f64 = x.iter().zip(&back).map(|(a, b)| (a * b) as f64).sum();
-        assert!((lhs - rhs).abs() <= 1e-4 * lhs.abs().max(1.0), "{lhs} vs {rhs}");
+        assert!(
+            (lhs - rhs).abs() <= 1e-4 * lhs.abs().max(1.0),
+            "{lhs} vs {rhs}"
+        );
+    }
+}
+
+#[test]
+fn padding_surrounds_each_image_with_zeros() {
+    let shape = ConvShape {
+        c_in: 2,
+        c_out: 1,
+        size: 3,
+        pad: 2,
+    };
+    let input: Vec<f32> = (1..=18).map(|v| v as f32).collect();
+    let mut padded = vec![f32::NAN; 2 * 49];
+    pad(&shape, 1, &input, &mut padded);
+    for (c, image) in padded.chunks(49).enumerate() {
+        for (i, &v) in image.iter().enumerate() {
+            let (y, x) = (i / 7, i % 7);
+            let inside = (2..5).contains(&y) && (2..5).contains(&x);
+            let expected = if inside {
+                input[c * 9 + (y - 2) * 3 + (x - 2)]
+            } else {
+                0.0
+            };
+            assert_eq!(v, expected, "channel {c} at ({y}, {x})");
+        }
     }
 }
