@@ -148,12 +148,13 @@ fn no_native_path_for_batchnorm_models() {
 fn col2im_is_the_adjoint_of_im2col() {
     // <im2col(x), c> = <x, col2im(c)> for every x and c.
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for shape in [ConvShape {
-        c_in: 3,
-        c_out: 1,
-        size: 8,
-        pad: 0,
-    }] {
+    for size in [8, 14] {
+        let shape = ConvShape {
+            c_in: 3,
+            c_out: 1,
+            size,
+            pad: 0,
+        };
         let batch = 2;
         let x = random(batch * shape.input_len(), &mut rng);
         let c = random(shape.patch() * batch * shape.positions(), &mut rng);
