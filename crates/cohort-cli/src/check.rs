@@ -212,7 +212,11 @@ mod tests {
         let folder = dir.path().join("fashion-mnist");
         std::fs::create_dir(&folder).unwrap();
         for name in ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"] {
-            std::fs::copy(fixture().join("fashion-mnist").join(name), folder.join(name)).unwrap();
+            std::fs::copy(
+                fixture().join("fashion-mnist").join(name),
+                folder.join(name),
+            )
+            .unwrap();
         }
         let mut own = loaded(&format!("{JOB}partition_size = 1000\n"));
         own.config.clients.comm_simulation = false;
