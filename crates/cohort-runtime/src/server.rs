@@ -24,7 +24,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
@@ -865,6 +865,8 @@ impl<'a> RoundLoop<'a> {
         let initial = self.pack()?.wire;
         let mut dispatched = self.dispatch(self.first_round, initial)?;
         for round in self.first_round..=self.rounds {
+            let mut steps = StepTimes::default();
+            let started = Instant::now();
             let aggregated = match self.partial {
                 Some(block) => {
                     let mine: Vec<u32> = dispatched
@@ -874,28 +876,40 @@ impl<'a> RoundLoop<'a> {
                         .filter(|&c| block.contains(c))
                         .collect();
                     let collected = self.collect(round, &mine, false)?;
+                    steps.collecting = started.elapsed();
                     self.reduce_partials(round, dispatched.clients.len(), collected)?
                 }
                 None => {
                     let collected = self.collect(round, &dispatched.clients, true)?;
+                    steps.collecting = started.elapsed();
                     self.aggregate(round, collected)?
                 }
             };
+            steps.aggregating = started.elapsed() - steps.collecting;
             // The checkpoint must hold the selector as it was before the next
             // round's draw, so a resumed run draws the same clients.
             let selector_state = self.selector.state(self.loaded.config.server.random_seed);
+            let step = Instant::now();
             let packed = self.pack()?;
+            steps.packing = step.elapsed();
             let this_round = std::mem::take(&mut dispatched);
+            let step = Instant::now();
             if round < self.rounds {
                 dispatched = self.dispatch(round + 1, Arc::clone(&packed.wire))?;
             }
+            steps.dispatching = step.elapsed();
+            let step = Instant::now();
             let accuracy = self.evaluate_and_record(round, &this_round, aggregated, &packed)?;
+            steps.recording = step.elapsed();
             let target = self.loaded.config.trainer.target_accuracy;
             let target_reached = target.is_some_and(|target| accuracy >= target);
             let interval = self.loaded.config.server.checkpoint_interval;
+            let step = Instant::now();
             if self.leader && (round % interval == 0 || round == self.rounds || target_reached) {
                 self.checkpoint(round, &packed.model_bytes, selector_state)?;
             }
+            steps.checkpointing = step.elapsed();
+            steps.log(round);
             if target_reached {
                 tracing::info!(round, accuracy, "target accuracy reached");
                 // The next round may already be training; its work is dropped.
@@ -1330,6 +1344,37 @@ impl<'a> RoundLoop<'a> {
             (self.strategy.name(), &state),
         )?;
         Ok(())
+    }
+}
+
+/// Where the round loop's thread spent one round, in run.log (`round steps`),
+/// so a run shows how much of it was anything but waiting for training:
+/// `bench/scale.sh` reads it. Collecting is mostly waiting for the clients;
+/// it also unpacks and checks their updates (their share is in each client's
+/// `processing_time`). Recording holds the test-set evaluation, which
+/// overlaps the next round's training.
+#[derive(Debug, Default)]
+struct StepTimes {
+    collecting: Duration,
+    aggregating: Duration,
+    packing: Duration,
+    dispatching: Duration,
+    recording: Duration,
+    checkpointing: Duration,
+}
+
+impl StepTimes {
+    fn log(&self, round: u32) {
+        tracing::info!(
+            round,
+            collecting = self.collecting.as_secs_f64(),
+            aggregating = self.aggregating.as_secs_f64(),
+            packing = self.packing.as_secs_f64(),
+            dispatching = self.dispatching.as_secs_f64(),
+            recording = self.recording.as_secs_f64(),
+            checkpointing = self.checkpointing.as_secs_f64(),
+            "round steps"
+        );
     }
 }
 
