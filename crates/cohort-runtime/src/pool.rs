@@ -28,6 +28,8 @@ struct Job {
 }
 
 /// A physical worker: one client at a time, or K at a time.
+// One per worker thread, moved once into it: boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Runner {
     One(ClientRunner),
     Batch(BatchRunner),

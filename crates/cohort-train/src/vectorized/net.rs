@@ -37,6 +37,8 @@ pub(crate) struct Layer {
     kind: Kind,
 }
 
+// A handful of layers built once per trainer: boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
 enum Kind {
     Conv(Conv),
     Linear {
