@@ -25,7 +25,11 @@ OUT="$(mktemp -d)"
 printf '%8s %10s %12s %14s %12s %10s\n' clients round_s not_training evaluation_s peak_rss_MiB accuracy
 for clients in "${COUNTS[@]}"; do
   base="$OUT/$clients"
-  /usr/bin/time -f '%M' -o "$OUT/rss-$clients" \
+  # Peak RSS of the run (KiB), without relying on GNU time being installed.
+  python3 -c 'import resource, subprocess, sys
+code = subprocess.run(sys.argv[2:]).returncode
+open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(code)' "$OUT/rss-$clients" \
     env COHORT_DATA_DIR="$DATA" "$BIN" run --config configs/fashion_mnist/fedavg_lenet5_r1.toml \
       --cpu --quiet --base "$base" \
       --set "clients.total_clients=$clients" --set clients.per_round=100 \

@@ -78,6 +78,11 @@ pub struct ClientPartitions {
 /// The config's data set (from `data_root`, else `data.data_path`; downloaded
 /// when the config allows) and every client's partition of its training set.
 /// The server and each client process call this, so they agree on partitions.
+///
+/// When every client brings its own data (`Clients::all_own_data`), only the
+/// test split is read: the training set is empty (no images, the test set's
+/// image size) and every partition is an empty list, so a server needs no
+/// training files.
 pub fn load_data(
     loaded: &LoadedConfig,
     data_root: Option<&Path>,
@@ -91,6 +96,28 @@ pub fn load_data(
         Fetch::Never
     };
     let loading = Instant::now();
+    if config.clients.all_own_data() {
+        let test = data::load_test(source, data_root, &fetch)?;
+        tracing::info!(
+            test = test.len(),
+            seconds = loading.elapsed().as_secs_f64(),
+            "loaded the test set of {:?} from {} (every client brings its own training data)",
+            source,
+            data_root.display()
+        );
+        let train = Dataset {
+            images: Vec::new(),
+            labels: Vec::new(),
+            rows: test.rows,
+            cols: test.cols,
+        };
+        let none = vec![Vec::new(); config.clients.total_clients as usize];
+        let partitions = ClientPartitions {
+            train: none.clone(),
+            test: none,
+        };
+        return Ok((Splits { train, test }, partitions));
+    }
     let splits = data::load(source, data_root, &fetch)?;
     tracing::info!(
         train = splits.train.len(),

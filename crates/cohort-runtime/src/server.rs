@@ -1742,17 +1742,26 @@ fn banner<'a>(
         toml::Value::try_from(config.data.sampler).map_or_else(|_| String::new(), name_of);
     let source =
         toml::Value::try_from(config.data.datasource).map_or_else(|_| String::new(), name_of);
-    let data = format!(
-        "{source}: {} training and {} test samples from {}; {sampler} partitions of {}",
-        splits.train.len(),
-        splits.test.len(),
-        data_root.join(config.data.datasource.folder()).display(),
-        if smallest == largest {
-            format!("{smallest} samples")
-        } else {
-            format!("{smallest} to {largest} samples")
-        }
-    );
+    let folder = data_root.join(config.data.datasource.folder());
+    let data = if config.clients.all_own_data() {
+        format!(
+            "{source}: {} test samples from {}; every client trains on its own data",
+            splits.test.len(),
+            folder.display()
+        )
+    } else {
+        format!(
+            "{source}: {} training and {} test samples from {}; {sampler} partitions of {}",
+            splits.train.len(),
+            splits.test.len(),
+            folder.display(),
+            if smallest == largest {
+                format!("{smallest} samples")
+            } else {
+                format!("{smallest} to {largest} samples")
+            }
+        )
+    };
     let workers = options
         .distributed
         .as_ref()

@@ -105,6 +105,15 @@ impl Default for Clients {
     }
 }
 
+impl Clients {
+    /// Whether every logical client is an own-data client: the run's data set
+    /// is then needed for its test split alone (the server's evaluation), and
+    /// no partition of its training set is ever computed.
+    pub fn all_own_data(&self) -> bool {
+        self.own_data_clients > 0 && self.own_data_clients == self.total_clients
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Server {
