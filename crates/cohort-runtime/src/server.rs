@@ -30,7 +30,7 @@ use anyhow::{Context, bail};
 
 use cohort_core::checkpoint::{self, History};
 use cohort_core::codec::{self, DecodeLimits};
-use cohort_core::config::{LoadedConfig, Pipelines};
+use cohort_core::config::{LoadedConfig, Pipelines, VectorizedClients};
 use cohort_core::data::Dataset;
 use cohort_core::fsutil::atomic_write;
 use cohort_core::hooks::{ClientReport, NoHooks, ReceivedPayload, RoundPayloads, ServerHooks};
@@ -45,12 +45,12 @@ use cohort_train::device::{self, DeviceRequest, Selected};
 use cohort_train::init::seeded_parameters;
 use cohort_train::trainer::{ClientTask, Evaluator};
 
-use crate::client::{ClientPartitions, ClientRunner, load_data};
+use crate::client::{BatchRunner, ClientPartitions, ClientRunner, load_data};
 use crate::collective::Collective;
 use crate::collective::ring::RingCollective;
 use crate::distributed::{DistributedTransport, SharedCollective, share_accuracy};
 use crate::grpc::{GrpcTransport, ServerSettings};
-use crate::pool::WorkerPool;
+use crate::pool::{Runner, WorkerPool};
 use crate::progress::{Banner, Progress, ProgressMode};
 use crate::transport::{Declared, TaskInstructions, TaskSpec, Transport};
 
@@ -651,6 +651,43 @@ fn join_ranks(
     Ok((Box::new(transport), collective))
 }
 
+/// The pool's workers and how many tasks each takes at a time: one client
+/// each, or with `trainer.vectorized_clients` K clients as one batch.
+fn pool_runners(
+    loaded: &LoadedConfig,
+    selected: &Selected,
+    workers: u32,
+    train: &Dataset,
+) -> anyhow::Result<(Vec<Runner>, usize)> {
+    let trainer = &loaded.config.trainer;
+    let chunk = match trainer.vectorized_clients {
+        VectorizedClients::Off => {
+            let runners = (0..workers)
+                .map(|_| Runner::One(ClientRunner::new(loaded, selected)))
+                .collect();
+            return Ok((runners, 1));
+        }
+        VectorizedClients::Clients(k) => k as usize,
+        VectorizedClients::Auto => cohort_train::vectorized::clients_for_memory(
+            trainer.model_name,
+            loaded.config.parameters.model.num_classes,
+            [train.rows, train.cols],
+            trainer.batch_size,
+            cohort_train::vectorized::AUTO_MEMORY_BUDGET,
+        ),
+    };
+    tracing::info!(
+        clients_per_batch = chunk,
+        workers,
+        "vectorized clients: each worker trains up to {chunk} clients as one batch"
+    );
+    let runners = (0..workers)
+        .map(|_| BatchRunner::new(loaded, selected).map(Runner::Batch))
+        .collect::<anyhow::Result<_>>()
+        .context("trainer.vectorized_clients")?;
+    Ok((runners, chunk))
+}
+
 /// The transport `clients.comm_simulation` asks for: worker threads, or a
 /// gRPC server (with the local client processes it starts).
 fn start_transport(
@@ -669,14 +706,13 @@ fn start_transport(
             .as_ref()
             .and_then(|d| d.workers)
             .unwrap_or(trainer.max_concurrency);
-        let runners = (0..workers)
-            .map(|_| ClientRunner::new(loaded, selected))
-            .collect();
+        let (runners, chunk) = pool_runners(loaded, selected, workers, &train)?;
         let pool = WorkerPool::start(
             runners,
             Arc::new(train),
             Arc::new(partitions),
             trainer.threads_per_worker as usize,
+            chunk,
         )?;
         return Ok((Box::new(pool), None));
     }
