@@ -6,8 +6,9 @@ It generates the gRPC stubs from cohort's .proto into a temporary folder
 (nothing generated is kept), registers as an own-data client with the sample
 counts of its safetensors file, and answers each task: evaluate the global
 model on its held-out data when the run asks (clients.do_test), train LeNet-5
-with numpy (train.py) for the run's local epochs, report the update. See
-README.md and docs/PROTOCOL.md.
+with numpy (train.py, on lenet5.py) for the run's local epochs, report the
+update. Models travel in PyTorch's layout (linear weights [out, in]); a
+global model in any other is refused. See README.md and docs/PROTOCOL.md.
 """
 
 import argparse
@@ -27,11 +28,10 @@ DEFAULT_PROTO = os.path.join(HERE, "..", "..", "crates", "cohort-runtime", "prot
 # The protocol version this client speaks (cohort's PROTOCOL_VERSION).
 PROTOCOL_VERSION = 3
 CHUNK_BYTES = 1 << 20
-# cohort normalizes the MNIST family with MNIST's mean and standard deviation.
-MEAN, STD = 0.1307, 0.3081
 
 sys.path.insert(0, HERE)
-import train  # noqa: E402  (beside this file)
+import lenet5  # noqa: E402  (beside this file)
+import train  # noqa: E402
 
 
 def generate_stubs(proto, folder):
@@ -67,9 +67,10 @@ def load_data(path):
         if images.shape[1:] != (1, 28, 28) or labels.shape != (images.shape[0],):
             raise SystemExit(f"error: {path}: `{images_name}` {images.shape} and `{labels_name}` "
                              f"{labels.shape} are not [N, 28, 28] images with [N] labels")
-        scale = 255.0 if images.dtype == np.uint8 else 1.0
-        images = ((images.astype(np.float32) / scale - MEAN) / STD).astype(np.float32)
-        return images, labels.astype(np.int64)
+        if images.dtype != np.uint8 and not ((images >= 0) & (images <= 1)).all():
+            raise SystemExit(f"error: {path}: float `{images_name}` must hold intensities in "
+                             "[0, 1] (divide uint8 pixels by 255, or save them as uint8)")
+        return lenet5.normalize(images), labels.astype(np.int64)
 
     if "images" not in tensors or "labels" not in tensors:
         raise SystemExit(f"error: {path} needs tensors `images` and `labels`; it has {sorted(tensors)}")
@@ -77,20 +78,18 @@ def load_data(path):
     return split("images", "labels"), test
 
 
-def to_torch_layout(params):
-    """Linear weights as PyTorch's [out, in]. A cohort build from before its
-    PyTorch-layout change sends them as [in, out]; each linear layer's input
-    is the previous layer's output (conv3's channels, then fc4's outputs), so
-    the order is unambiguous. Returns the names transposed, to undo on send."""
-    transposed = []
-    inputs = params["conv3.weight"].shape[0]
-    for name in train.LINEARS:
-        weight = params[name + ".weight"]
-        if weight.shape[1] != inputs and weight.shape[0] == inputs:
-            params[name + ".weight"] = np.ascontiguousarray(weight.T)
-            transposed.append(name + ".weight")
-        inputs = params[name + ".weight"].shape[0]
-    return transposed
+def global_model(payload, round_):
+    """The global model of a task as float32 arrays, refused (the client
+    exits) unless it is LeNet-5 in PyTorch's layout: the only layout cohort's
+    protocol carries, so another means a server this client cannot follow."""
+    params = {name: value.astype(np.float32) for name, value in safetensors.numpy.load(payload).items()}
+    try:
+        lenet5.check(params)
+    except ValueError as error:
+        raise SystemExit(f"error: the global model of round {round_} is refused: {error}; "
+                         f"cohort's protocol {PROTOCOL_VERSION} carries models in PyTorch's layout "
+                         "only (docs/PROTOCOL.md, Tensor layout)")
+    return params
 
 
 class Session:
@@ -124,8 +123,7 @@ def answer(session, settings, data, task, global_bytes):
     pb = session.pb
     (images, labels), test = data
     started = time.perf_counter()
-    params = {name: value.astype(np.float32) for name, value in safetensors.numpy.load(global_bytes).items()}
-    transposed = to_torch_layout(params)
+    params = global_model(global_bytes, task.round)
     processing = time.perf_counter() - started
     test_samples = test_correct = 0
     if settings["do_test"] and test is not None:
@@ -137,8 +135,6 @@ def answer(session, settings, data, task, global_bytes):
     loss, steps = train.train(params, images, labels, settings["epochs"], settings["batch_size"], optimizer, rng)
     training = time.perf_counter() - training
     packing = time.perf_counter()
-    for name in transposed:
-        params[name] = np.ascontiguousarray(params[name].T)
     update = safetensors.numpy.save(params)
     processing += time.perf_counter() - packing
     session.send(report=pb.Report(

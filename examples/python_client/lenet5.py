@@ -12,7 +12,9 @@ layout"), so this forward pass reads `model.safetensors` as PyTorch's
 Only numpy is needed (and safetensors to read a file). Images are cohort's:
 ``[N, 1, 28, 28]`` float32, normalized with MNIST's statistics
 (:func:`normalize`); :func:`read_idx` reads the IDX files cohort's data folders
-hold.
+hold. train.py (the Python client's local training) builds on this module:
+its forward pass keeps what backward needs and is checked against
+:func:`forward`.
 
 Usage as a script: ``python3 lenet5.py MODEL IMAGES_IDX_GZ LABELS_IDX_GZ [N]``
 prints the accuracy on the first N test images (all by default).
@@ -39,23 +41,33 @@ SHAPES = {
     "fc5.bias": (10,),
 }
 
+#: Zero padding of each convolution of cohort's ``lenet5`` (PyTorch's ``padding``).
+PADDING = {"conv1": 2, "conv2": 0, "conv3": 0}
+
 #: MNIST's mean and standard deviation, which cohort (like Plato) uses for MNIST
 #: and Fashion-MNIST alike.
 MEAN, STD = 0.1307, 0.3081
+
+
+def im2col(x, kh, kw, padding=0):
+    """The patches of a stride-1 convolution: ``x`` ``[N, C, H, W]`` becomes
+    rows ``[N * H' * W', C * kh * kw]``, each ordered channel-major as
+    PyTorch's ``weight.reshape(out, -1)`` orders a kernel; also ``(H', W')``."""
+    if padding:
+        x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    # [N, C, H', W', kh, kw] as a view, then rows of C*kh*kw patch values.
+    windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))
+    n, c, h, w = windows.shape[:4]
+    return windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * h * w, c * kh * kw), (h, w)
 
 
 def conv2d(x, weight, bias, padding=0):
     """PyTorch's ``F.conv2d`` (stride 1): ``x`` is ``[N, C, H, W]``, ``weight``
     ``[out, C, kh, kw]``; im2col, then one matrix product."""
     out_channels, _, kh, kw = weight.shape
-    if padding:
-        x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
-    # [N, C, H', W', kh, kw] as a view, then rows of C*kh*kw patch values.
-    windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))
-    n, c, h, w = windows.shape[:4]
-    patches = windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * h * w, c * kh * kw)
+    patches, (h, w) = im2col(x, kh, kw, padding)
     y = patches @ weight.reshape(out_channels, -1).T + bias
-    return y.reshape(n, h, w, out_channels).transpose(0, 3, 1, 2)
+    return y.reshape(len(x), h, w, out_channels).transpose(0, 3, 1, 2)
 
 
 def max_pool2d(x):
@@ -98,9 +110,9 @@ def forward(params, images):
     ``safetensors.numpy.load_file`` returns them) on ``images`` ``[N, 1, 28, 28]``."""
     check(params)
     p = params
-    x = max_pool2d(relu(conv2d(images, p["conv1.weight"], p["conv1.bias"], padding=2)))
-    x = max_pool2d(relu(conv2d(x, p["conv2.weight"], p["conv2.bias"])))
-    x = relu(conv2d(x, p["conv3.weight"], p["conv3.bias"])).reshape(len(images), -1)
+    x = max_pool2d(relu(conv2d(images, p["conv1.weight"], p["conv1.bias"], PADDING["conv1"])))
+    x = max_pool2d(relu(conv2d(x, p["conv2.weight"], p["conv2.bias"], PADDING["conv2"])))
+    x = relu(conv2d(x, p["conv3.weight"], p["conv3.bias"], PADDING["conv3"])).reshape(len(images), -1)
     x = relu(linear(x, p["fc4.weight"], p["fc4.bias"]))
     return linear(x, p["fc5.weight"], p["fc5.bias"])
 
@@ -120,14 +132,19 @@ def read_idx(path):
     return body[:count].reshape(dims)
 
 
-def normalize(pixels):
-    """uint8 images ``[N, 28, 28]`` as cohort feeds them to a model:
-    ``[N, 1, 28, 28]`` float32, ``(p / 255 - MEAN) / STD`` computed as cohort
-    does (``p * (1 / (255 STD)) - MEAN / STD`` in float32)."""
-    scale = np.float32(1.0) / (np.float32(255.0) * np.float32(STD))
+def normalize(images):
+    """Images as cohort feeds them to a model: ``[N, 1, 28, 28]`` float32,
+    ``(p / 255 - MEAN) / STD``. ``images`` are ``[N, 28, 28]`` or
+    ``[N, 1, 28, 28]``: uint8 pixel values (IDX files), computed as cohort
+    does (``p * (1 / (255 STD)) - MEAN / STD`` in float32), or float
+    intensities in [0, 1] (what ``cohort client --data`` also accepts)."""
+    if images.dtype == np.uint8:
+        scale = np.float32(1.0) / (np.float32(255.0) * np.float32(STD))
+    else:
+        scale = np.float32(1.0) / np.float32(STD)
     shift = np.float32(MEAN) / np.float32(STD)
-    x = pixels.astype(np.float32) * scale - shift
-    return x.reshape(len(pixels), 1, *pixels.shape[1:])
+    x = images.astype(np.float32) * scale - shift
+    return x.reshape(len(images), 1, *images.shape[-2:])
 
 
 def main(argv):

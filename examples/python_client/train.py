@@ -1,8 +1,8 @@
 """LeNet-5 local training in numpy: forward with a cache, backward, SGD.
 
-The parameters are a dict of float32 arrays named and shaped as PyTorch names
-and shapes them (and as cohort's `lenet5` model sends them once its wire
-format is PyTorch's; see `to_torch_layout` in client.py for the older order):
+The parameters are a dict of float32 arrays in PyTorch's layout, the one
+cohort sends and expects (docs/ARCHITECTURE.md, "Tensor layout"); lenet5.py
+has the shapes (``lenet5.SHAPES``) and checks them (``lenet5.check``):
 
     conv1.weight [6, 1, 5, 5]    conv1.bias [6]     (padding 2)
     conv2.weight [16, 6, 5, 5]   conv2.bias [16]
@@ -10,31 +10,24 @@ format is PyTorch's; see `to_torch_layout` in client.py for the older order):
     fc4.weight   [84, 120]       fc4.bias   [84]    (linear: [out, in])
     fc5.weight   [10, 84]        fc5.bias   [10]
 
-The network: conv1 -> relu -> 2x2 max-pool -> conv2 -> relu -> 2x2 max-pool
--> conv3 -> relu -> flatten -> fc4 -> relu -> fc5 (logits). Convolutions are
-im2col matrix products, so a batch costs a handful of BLAS calls.
+The network is lenet5.py's: conv1 -> relu -> 2x2 max-pool -> conv2 -> relu
+-> 2x2 max-pool -> conv3 -> relu -> flatten -> fc4 -> relu -> fc5 (logits).
+Training needs what lenet5.forward discards (each layer's input patches,
+ReLU masks and max-pool choices), so :func:`forward` here computes the same
+logits while keeping them; evaluation uses lenet5.forward itself. Convolutions
+are im2col matrix products (``lenet5.im2col``), so a batch costs a handful of
+BLAS calls.
 
 Run `python3 train.py --self-test` to check the backward pass against finite
-differences.
+differences and this forward pass against lenet5.forward.
 """
 
 import numpy as np
 
-# Padding of each convolution of cohort's `lenet5`.
-PADDING = {"conv1": 2, "conv2": 0, "conv3": 0}
+import lenet5
+
 CONVS = ("conv1", "conv2", "conv3")
 LINEARS = ("fc4", "fc5")
-
-
-def im2col(x, k, pad):
-    """[N, C, H, W] -> columns [N * Ho * Wo, C * k * k] (C-major, as PyTorch's
-    weight.reshape(out, -1) orders a kernel)."""
-    if pad:
-        x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    n, c, h, w = x.shape
-    ho, wo = h - k + 1, w - k + 1
-    windows = np.lib.stride_tricks.sliding_window_view(x, (k, k), axis=(2, 3))
-    return windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * ho * wo, c * k * k), (ho, wo)
 
 
 def col2im(columns, x_shape, k, pad):
@@ -52,7 +45,7 @@ def col2im(columns, x_shape, k, pad):
 
 def conv_forward(x, weight, bias, pad):
     out_channels, _, k, _ = weight.shape
-    columns, (ho, wo) = im2col(x, k, pad)
+    columns, (ho, wo) = lenet5.im2col(x, k, k, pad)
     y = columns @ weight.reshape(out_channels, -1).T + bias
     y = y.reshape(x.shape[0], ho, wo, out_channels).transpose(0, 3, 1, 2)
     return y, (x.shape, columns)
@@ -92,7 +85,7 @@ def forward(params, images):
     caches = {}
     x = images
     for name in CONVS:
-        x, caches[name] = conv_forward(x, params[name + ".weight"], params[name + ".bias"], PADDING[name])
+        x, caches[name] = conv_forward(x, params[name + ".weight"], params[name + ".bias"], lenet5.PADDING[name])
         caches[name + ".relu"] = x > 0
         x = np.maximum(x, 0)
         if name != "conv3":
@@ -133,7 +126,7 @@ def backward(params, caches, dlogits):
             dx = pool_backward(dx, caches[name + ".pool"])
         dx = dx * caches[name + ".relu"]
         dx, grads[name + ".weight"], grads[name + ".bias"] = conv_backward(
-            dx, params[name + ".weight"], caches[name], PADDING[name])
+            dx, params[name + ".weight"], caches[name], lenet5.PADDING[name])
     return grads
 
 
@@ -177,29 +170,27 @@ def train(params, images, labels, epochs, batch_size, optimizer, rng):
 def count_correct(params, images, labels, batch_size=256):
     correct = 0
     for start in range(0, len(labels), batch_size):
-        logits, _ = forward(params, images[start:start + batch_size])
+        logits = lenet5.forward(params, images[start:start + batch_size])
         correct += int((logits.argmax(axis=1) == labels[start:start + batch_size]).sum())
     return correct
 
 
-def random_params(rng, classes=10):
-    shapes = {
-        "conv1.weight": (6, 1, 5, 5), "conv1.bias": (6,),
-        "conv2.weight": (16, 6, 5, 5), "conv2.bias": (16,),
-        "conv3.weight": (120, 16, 5, 5), "conv3.bias": (120,),
-        "fc4.weight": (84, 120), "fc4.bias": (84,),
-        "fc5.weight": (classes, 84), "fc5.bias": (classes,),
-    }
-    return {name: (0.1 * rng.standard_normal(shape)).astype(np.float64) for name, shape in shapes.items()}
+def random_params(rng):
+    return {name: (0.1 * rng.standard_normal(shape)).astype(np.float64)
+            for name, shape in lenet5.SHAPES.items()}
 
 
 def self_test():
-    """Finite differences in float64 against the backward pass."""
+    """Finite differences in float64 against the backward pass, and this
+    forward pass against lenet5.forward."""
     rng = np.random.default_rng(0)
     params = random_params(rng)
     images = rng.standard_normal((3, 1, 28, 28))
     labels = np.array([1, 7, 3])
     logits, caches = forward(params, images)
+    reference = lenet5.forward(params, images)
+    if not np.allclose(logits, reference, rtol=1e-12, atol=1e-12):
+        raise SystemExit(f"train.forward and lenet5.forward disagree by {np.abs(logits - reference).max()}")
     _, dlogits = cross_entropy(logits, labels)
     grads = backward(params, caches, dlogits)
     eps = 1e-6
@@ -214,7 +205,7 @@ def self_test():
             numeric = (up - down) / (2 * eps)
             if not np.isclose(numeric, grads[name][index], rtol=1e-4, atol=1e-7):
                 raise SystemExit(f"{name}{index}: backward {grads[name][index]}, finite differences {numeric}")
-    print("backward matches finite differences")
+    print("backward matches finite differences; forward matches lenet5.forward")
 
 
 if __name__ == "__main__":

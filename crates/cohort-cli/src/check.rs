@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::bail;
 
 use cohort_core::config::{LoadedConfig, Sampler};
-use cohort_core::data::survey::Survey;
+use cohort_core::data::survey::{FileState, Survey};
 
 /// The findings: lines to print, and problems that make the run fail.
 #[derive(Debug, Default)]
@@ -44,6 +44,10 @@ fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Fi
     let data = &loaded.config.data;
     let root = data_root.unwrap_or(&data.data_path);
     let survey = Survey::of(data.datasource, root);
+    if loaded.config.clients.all_own_data() {
+        check_test_data(loaded, &survey, findings);
+        return;
+    }
     let missing = survey.missing();
     if !missing.is_empty() {
         let names: Vec<&str> = missing.iter().map(|f| f.file.name).collect();
@@ -71,6 +75,41 @@ fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Fi
     }
     if let Some(train) = survey.train_samples() {
         findings.problems.extend(partition_fit(loaded, train));
+    }
+}
+
+/// A run whose clients all bring their own data reads the test split alone
+/// (the server's evaluation) and cuts no partitions.
+fn check_test_data(loaded: &LoadedConfig, survey: &Survey, findings: &mut Findings) {
+    let data = &loaded.config.data;
+    let missing: Vec<&str> = survey
+        .test_files()
+        .iter()
+        .filter(|f| f.state == FileState::Missing)
+        .map(|f| f.file.name)
+        .collect();
+    if !missing.is_empty() {
+        let line = format!(
+            "data: {} missing from {} (the test set: every client brings its own training data)",
+            missing.join(", "),
+            survey.folder.display()
+        );
+        if data.download {
+            findings.notes.push(format!(
+                "{line}; the run downloads them (data.download = true)"
+            ));
+        } else {
+            findings.problems.push(format!(
+                "{line}, and data.download = false: put them there or set COHORT_DATA_DIR"
+            ));
+        }
+    }
+    findings.problems.extend(survey.test_problems());
+    if let Some(test) = survey.test_samples() {
+        findings.notes.push(format!(
+            "data: {} holds {test} test samples; every client brings its own training data",
+            survey.folder.display()
+        ));
     }
 }
 
@@ -163,6 +202,49 @@ mod tests {
         assert_eq!(findings.problems.len(), 1, "{findings:?}");
         assert!(
             findings.problems[0].contains("`data.partition_size`: 4 clients need at least 604"),
+            "{findings:?}"
+        );
+    }
+
+    #[test]
+    fn a_run_whose_clients_all_bring_their_own_data_needs_the_test_files_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("fashion-mnist");
+        std::fs::create_dir(&folder).unwrap();
+        for name in ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"] {
+            std::fs::copy(
+                fixture().join("fashion-mnist").join(name),
+                folder.join(name),
+            )
+            .unwrap();
+        }
+        let mut own = loaded(&format!("{JOB}partition_size = 1000\n"));
+        own.config.clients.comm_simulation = false;
+        own.config.clients.own_data_clients = 4;
+        let findings = check(&own, Some(dir.path()));
+        assert!(findings.problems.is_empty(), "{findings:?}");
+        assert!(
+            findings.notes[0].contains("200 test samples; every client brings its own"),
+            "{findings:?}"
+        );
+
+        // One simulated client trains a partition: the training files are needed.
+        own.config.clients.own_data_clients = 3;
+        let findings = check(&own, Some(dir.path()));
+        assert_eq!(findings.problems.len(), 1, "{findings:?}");
+        assert!(
+            findings.problems[0].contains("train-images-idx3-ubyte.gz")
+                && findings.problems[0].contains("data.download = false"),
+            "{findings:?}"
+        );
+
+        std::fs::remove_file(folder.join("t10k-labels-idx1-ubyte.gz")).unwrap();
+        own.config.clients.own_data_clients = 4;
+        let findings = check(&own, Some(dir.path()));
+        assert_eq!(findings.problems.len(), 1, "{findings:?}");
+        assert!(
+            findings.problems[0].contains("t10k-labels-idx1-ubyte.gz missing")
+                && !findings.problems[0].contains("train-"),
             "{findings:?}"
         );
     }

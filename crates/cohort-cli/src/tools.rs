@@ -131,7 +131,7 @@ pub fn evaluate(
         cohort_core::data::Fetch::Never
     };
     let data_root = data_root.unwrap_or(&config.data.data_path);
-    let test = cohort_core::data::load(config.data.datasource, data_root, &fetch)?.test;
+    let test = cohort_core::data::load_test(config.data.datasource, data_root, &fetch)?;
     let samples = first.unwrap_or(test.len());
     if samples == 0 || samples > test.len() {
         bail!(
@@ -190,6 +190,15 @@ pub fn partition_histograms(
     loaded: &LoadedConfig,
     data_root: Option<&Path>,
 ) -> anyhow::Result<(Vec<Vec<u64>>, String)> {
+    let clients = &loaded.config.clients;
+    if clients.all_own_data() {
+        anyhow::bail!(
+            "{}: every client brings its own data (clients.own_data_clients = \
+             clients.total_clients = {}), so the run computes no partitions",
+            loaded.path.display(),
+            clients.total_clients
+        );
+    }
     let (splits, partitions) = cohort_runtime::client::load_data(loaded, data_root)?;
     let classes = loaded.config.parameters.model.num_classes;
     let labels = &splits.train.labels;

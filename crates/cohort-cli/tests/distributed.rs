@@ -289,3 +289,55 @@ fn a_rank_that_dies_is_named_and_the_run_resumes_on_a_smaller_plan() {
         "the resumed 3-rank model differs from the single-process one"
     );
 }
+
+/// The cluster file names every interface by DNS name (`localhost`, which
+/// every system resolves), as a Kubernetes Indexed Job's does with its pods'
+/// names: the plan carries the names, and each rank resolves its neighbours
+/// when it connects. Three nodes, one rank each, the single-process model.
+#[test]
+fn ranks_named_by_dns_meet_in_a_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &job("fedavg", 2));
+    let expected = single_process_model(&config, &dir.path().join("single"), &fixture_data());
+    let mut cluster = String::new();
+    for node in ["a", "b", "c"] {
+        cluster.push_str(&format!(
+            "[[nodes]]\nid = \"{node}\"\nhost = \"localhost\"\nmemory = \"4 GiB\"\ncores = 1\n\
+             interfaces = [{{ name = \"eth0\", address = \"localhost\", kind = \"ethernet\" }}]\n\n"
+        ));
+    }
+    for (from, to) in [("a", "b"), ("b", "c"), ("a", "c")] {
+        cluster.push_str(&format!(
+            "[[links]]\nfrom = \"{from}.eth0\"\nto = \"{to}.eth0\"\n\n"
+        ));
+    }
+    let cluster_path = dir.path().join("named.toml");
+    std::fs::write(&cluster_path, cluster).unwrap();
+    let topology = cohort_core::cluster::load(&cluster_path).unwrap();
+    let mut request = Request::new("dns", 6, MemoryNeed::estimate(62_006, 4, 40 * 785));
+    request.backend = Backend::Ring;
+    request.ranks = RankCount::Exactly(3);
+    request.min_nodes = 3;
+    request.base_port = 40_000 + (std::process::id() % 20_000) as u16 + 1_500;
+    let plan = place(&topology, &request).unwrap();
+    for rank in &plan.ranks[1..] {
+        assert_eq!(rank.coordinator.host.to_string(), "localhost", "{rank:?}");
+    }
+    let plan_dir = dir.path().join("plan");
+    std::fs::create_dir_all(&plan_dir).unwrap();
+    for file in plan.host_files() {
+        std::fs::write(plan_dir.join(&file.name), &file.contents).unwrap();
+    }
+    let base = dir.path().join("ranks");
+    let outputs: Vec<Output> = (0..3)
+        .map(|rank| start_rank(&config, &plan_dir, &base, rank, &[]))
+        .collect::<Vec<Child>>()
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for (rank, output) in outputs.iter().enumerate() {
+        assert!(output.status.success(), "rank {rank}: {}", stderr(output));
+    }
+    let run_dir = only_run_dir(&base);
+    assert!(std::fs::read(run_dir.join("model.safetensors")).unwrap() == expected);
+}

@@ -9,6 +9,7 @@
 mod common;
 mod own_support;
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -97,8 +98,23 @@ fn three_clients_with_their_own_data_give_the_sample_weighted_fedavg() {
     let too_big = dir.path().join("too_big.safetensors");
     write_safetensors(&too_big, &pick(&train, 400, |_| true), None, false);
 
+    // Every client brings its own data: the server holds the test set alone
+    // (for its evaluation), and `cohort check` asks for nothing more.
     let port = free_port();
-    let (base, server) = server(dir.path(), &job(port, (3, 3, 3), "100, 100, 100", 300), &[]);
+    let config = job(port, (3, 3, 3), "100, 100, 100", 300);
+    let server_data = test_files_only(dir.path());
+    let checked = check_on(dir.path(), &config, &server_data);
+    assert!(
+        checked.status.success(),
+        "cohort check: {}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let notes = String::from_utf8_lossy(&checked.stdout);
+    assert!(
+        notes.contains("200 test samples; every client brings its own training data"),
+        "{notes}"
+    );
+    let (base, server) = server_on(dir.path(), &config, &[], &server_data);
     let first_client = start(own_data_client(port, &first, Some(1)));
     wait_for_log(&base, "own-data client registered", 1);
     refused(
@@ -148,6 +164,24 @@ fn three_clients_with_their_own_data_give_the_sample_weighted_fedavg() {
     assert_fedavg(&run_dir, 2, &rows, 3);
     let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
     assert_eq!(results.lines().count(), 3, "{results}");
+    // The server evaluated every round on the test set it held.
+    for line in results.lines().skip(1) {
+        let accuracy: f64 = line.split(',').nth(1).unwrap().parse().unwrap();
+        assert!(accuracy > 0.0, "{results}");
+    }
+    let log = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
+    assert!(
+        log.contains("loaded the test set of FashionMnist"),
+        "run.log: {log}"
+    );
+}
+
+/// `cohort check --config` on `config_text` with its data sets under `data_root`.
+fn check_on(dir: &Path, config_text: &str, data_root: &Path) -> std::process::Output {
+    let config = common::write_config(dir, config_text);
+    let mut command = cohort(&["check", "--config", config.to_str().unwrap()]);
+    command.env("COHORT_DATA_DIR", data_root);
+    command.output().unwrap()
 }
 
 /// A hostile own-data client speaking the real protocol: it declares 10
@@ -240,6 +274,14 @@ fn a_mixed_run_has_own_data_and_simulated_clients_and_drops_a_lying_one() {
     // fixture on the one worker process the server starts.
     let port = free_port();
     let config = job(port, (4, 4, 2), "50, 50, 80, 40", 1000);
+    // Partitions are cut from the training set, so the server needs it.
+    let checked = check_on(dir.path(), &config, &test_files_only(dir.path()));
+    let problems = String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        !checked.status.success()
+            && problems.contains("train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz missing"),
+        "cohort check without the training set: {problems}"
+    );
     let (base, server) = server(dir.path(), &config, &["--local-clients", "1"]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let liar = runtime.spawn(over_reporting_client(format!("127.0.0.1:{port}")));

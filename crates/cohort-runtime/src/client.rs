@@ -12,9 +12,11 @@ use cohort_core::codec::{self, DecodeLimits};
 use cohort_core::config::LoadedConfig;
 use cohort_core::data::{self, Dataset, Fetch, Splits};
 use cohort_core::processors::{Pipeline, ProcessError};
+use cohort_core::tree::ParamTree;
 use cohort_train::device::Selected;
 use cohort_train::local::LocalPlan;
-use cohort_train::trainer::{ClientTask, LocalTrainer, TrainError, TrainSettings};
+use cohort_train::trainer::{ClientTask, LocalTrainer, LocalUpdate, TrainError, TrainSettings};
+use cohort_train::vectorized::{Job, VectorizedTrainer};
 
 use crate::transport::TaskInstructions;
 
@@ -76,6 +78,11 @@ pub struct ClientPartitions {
 /// The config's data set (from `data_root`, else `data.data_path`; downloaded
 /// when the config allows) and every client's partition of its training set.
 /// The server and each client process call this, so they agree on partitions.
+///
+/// When every client brings its own data (`Clients::all_own_data`), only the
+/// test split is read: the training set is empty (no images, the test set's
+/// image size) and every partition is an empty list, so a server needs no
+/// training files.
 pub fn load_data(
     loaded: &LoadedConfig,
     data_root: Option<&Path>,
@@ -89,6 +96,28 @@ pub fn load_data(
         Fetch::Never
     };
     let loading = Instant::now();
+    if config.clients.all_own_data() {
+        let test = data::load_test(source, data_root, &fetch)?;
+        tracing::info!(
+            test = test.len(),
+            seconds = loading.elapsed().as_secs_f64(),
+            "loaded the test set of {:?} from {} (every client brings its own training data)",
+            source,
+            data_root.display()
+        );
+        let train = Dataset {
+            images: Vec::new(),
+            labels: Vec::new(),
+            rows: test.rows,
+            cols: test.cols,
+        };
+        let none = vec![Vec::new(); config.clients.total_clients as usize];
+        let partitions = ClientPartitions {
+            train: none.clone(),
+            test: none,
+        };
+        return Ok((Splits { train, test }, partitions));
+    }
     let splits = data::load(source, data_root, &fetch)?;
     tracing::info!(
         train = splits.train.len(),
@@ -161,11 +190,22 @@ impl ClientRunner {
         held_out: &[u32],
     ) -> Result<ClientReply, ClientError> {
         let unpacking = Instant::now();
-        let global = self
-            .inbound
+        let global = self.unpack(global_payload)?;
+        let plan = self.plan(instructions)?;
+        let processing_time = unpacking.elapsed().as_secs_f64();
+        let test_correct = self.held_out(&global, data, held_out)?;
+        let update = self.trainer.train(task, &global, data, partition, &plan)?;
+        self.reply(update, processing_time, held_out.len(), test_correct)
+    }
+
+    fn unpack(&self, global_payload: &[u8]) -> Result<ParamTree, ClientError> {
+        self.inbound
             .receive(global_payload, &self.limits)
-            .map_err(ClientError::GlobalPayload)?;
-        let plan = LocalPlan {
+            .map_err(ClientError::GlobalPayload)
+    }
+
+    fn plan(&self, instructions: &TaskInstructions) -> Result<LocalPlan, ClientError> {
+        Ok(LocalPlan {
             learning_rate: instructions.learning_rate,
             proximal_mu: instructions.proximal_mu,
             update_clip_norm: instructions.update_clip_norm,
@@ -175,31 +215,141 @@ impl ClientRunner {
                 .map(|bytes| codec::decode(bytes, &self.limits))
                 .transpose()
                 .map_err(ClientError::Correction)?,
-        };
-        let mut processing_time = unpacking.elapsed().as_secs_f64();
-        let test_correct = if held_out.is_empty() {
-            0
-        } else {
-            self.trainer
-                .count_correct(&global, data, held_out)
-                .map_err(ClientError::Evaluation)?
-        };
-        let update = self.trainer.train(task, &global, data, partition, &plan)?;
+        })
+    }
+
+    /// Correct predictions of `global` on `held_out` (0 when empty).
+    fn held_out(
+        &mut self,
+        global: &ParamTree,
+        data: &Dataset,
+        held_out: &[u32],
+    ) -> Result<u64, ClientError> {
+        if held_out.is_empty() {
+            return Ok(0);
+        }
+        self.trainer
+            .count_correct(global, data, held_out)
+            .map_err(ClientError::Evaluation)
+    }
+
+    /// Packs `update` as the reply; `processing_time` is what unpacking took.
+    fn reply(
+        &self,
+        update: LocalUpdate,
+        processing_time: f64,
+        test_samples: usize,
+        test_correct: u64,
+    ) -> Result<ClientReply, ClientError> {
         let packing = Instant::now();
         let payload = self
             .outbound
             .send(&update.tree)
             .map_err(ClientError::UpdatePayload)?;
-        processing_time += packing.elapsed().as_secs_f64();
         Ok(ClientReply {
             num_samples: update.num_samples,
             loss: update.loss,
             training_time: update.training_time,
-            processing_time,
+            processing_time: processing_time + packing.elapsed().as_secs_f64(),
             local_steps: update.local_steps,
-            test_samples: held_out.len() as u64,
+            test_samples: test_samples as u64,
             test_correct,
             payload,
         })
+    }
+}
+
+/// One task of a vectorized batch: the client, its instructions, its data.
+pub struct BatchTask<'a> {
+    pub task: ClientTask,
+    pub instructions: &'a TaskInstructions,
+    pub partition: &'a [u32],
+    pub held_out: &'a [u32],
+}
+
+/// A physical worker that trains up to K clients at once
+/// (`trainer.vectorized_clients`); clients whose plan it cannot stack
+/// (gradient terms) train alone on the same device, one after the other.
+pub struct BatchRunner {
+    single: ClientRunner,
+    vectorized: VectorizedTrainer,
+}
+
+impl BatchRunner {
+    pub fn new(loaded: &LoadedConfig, device: &Selected) -> anyhow::Result<Self> {
+        let vectorized = VectorizedTrainer::new(
+            loaded.config.trainer.model_name,
+            loaded.config.parameters.model.num_classes,
+            &device.device,
+            train_settings(loaded),
+        )?;
+        Ok(Self {
+            single: ClientRunner::new(loaded, device),
+            vectorized,
+        })
+    }
+
+    /// Runs `tasks` from one global model; one reply per task, in order.
+    pub fn run(
+        &mut self,
+        tasks: &[BatchTask<'_>],
+        global_payload: &[u8],
+        data: &Dataset,
+    ) -> Vec<Result<ClientReply, ClientError>> {
+        let unpacking = Instant::now();
+        let global = match self.single.unpack(global_payload) {
+            Ok(global) => global,
+            Err(error) => return tasks.iter().map(|_| Err(error.clone())).collect(),
+        };
+        let unpack_time = unpacking.elapsed().as_secs_f64() / tasks.len().max(1) as f64;
+        let mut results: Vec<Option<Result<ClientReply, ClientError>>> =
+            tasks.iter().map(|_| None).collect();
+        let mut prepared = Vec::new();
+        for (slot, task) in tasks.iter().enumerate() {
+            let checked = self.single.plan(task.instructions).and_then(|plan| {
+                let correct = self.single.held_out(&global, data, task.held_out)?;
+                Ok((plan, correct))
+            });
+            match checked {
+                Ok((plan, correct)) if VectorizedTrainer::supports(&plan) => {
+                    prepared.push((slot, plan, correct))
+                }
+                Ok((plan, correct)) => {
+                    let reply = self
+                        .single
+                        .trainer
+                        .train(task.task, &global, data, task.partition, &plan)
+                        .map_err(ClientError::from)
+                        .and_then(|u| {
+                            self.single
+                                .reply(u, unpack_time, task.held_out.len(), correct)
+                        });
+                    results[slot] = Some(reply);
+                }
+                Err(error) => results[slot] = Some(Err(error)),
+            }
+        }
+        let jobs: Vec<Job<'_>> = prepared
+            .iter()
+            .map(|(slot, plan, _)| Job {
+                task: tasks[*slot].task,
+                global: &global,
+                partition: tasks[*slot].partition,
+                plan,
+            })
+            .collect();
+        let trained = self.vectorized.train(&jobs, data);
+        for ((slot, _, correct), update) in prepared.iter().zip(trained) {
+            let held_out = tasks[*slot].held_out.len();
+            results[*slot] = Some(
+                update
+                    .map_err(ClientError::from)
+                    .and_then(|u| self.single.reply(u, unpack_time, held_out, *correct)),
+            );
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every task has a result"))
+            .collect()
     }
 }

@@ -6,6 +6,11 @@
 //! one global thread pool. Tasks are taken from a shared queue in order; which
 //! worker runs which client does not change any result, because every random
 //! stream is derived from the logical client, round and epoch.
+//!
+//! With `trainer.vectorized_clients` each worker is a [`BatchRunner`]: a
+//! round's tasks go out in chunks of K, and a worker trains its chunk as one
+//! batched computation. The outcomes are the same per-client outcomes, so the
+//! round loop and the aggregation do not see which mode trained them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -14,12 +19,73 @@ use std::thread::JoinHandle;
 
 use cohort_core::data::Dataset;
 
-use crate::client::{ClientPartitions, ClientRunner};
+use crate::client::{BatchRunner, BatchTask, ClientPartitions, ClientReply, ClientRunner};
 use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
 
 struct Job {
-    spec: TaskSpec,
+    specs: Vec<TaskSpec>,
     payload: Arc<Vec<u8>>,
+}
+
+/// A physical worker: one client at a time, or K at a time.
+// One per worker thread, moved once into it: boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Runner {
+    One(ClientRunner),
+    Batch(BatchRunner),
+}
+
+impl Runner {
+    /// Runs a chunk of tasks; one result per task, in order.
+    fn run(
+        &mut self,
+        specs: &[TaskSpec],
+        payload: &[u8],
+        data: &Dataset,
+        partitions: &ClientPartitions,
+    ) -> Vec<Result<ClientReply, String>> {
+        let data_of = |spec: &TaskSpec| {
+            let index = spec.task.client_id as usize - 1;
+            (&partitions.train[index][..], &partitions.test[index][..])
+        };
+        match self {
+            Runner::One(runner) => specs
+                .iter()
+                .map(|spec| {
+                    let (partition, held_out) = data_of(spec);
+                    runner
+                        .run(
+                            spec.task,
+                            &spec.instructions,
+                            payload,
+                            data,
+                            partition,
+                            held_out,
+                        )
+                        .map_err(|error| error.to_string())
+                })
+                .collect(),
+            Runner::Batch(runner) => {
+                let tasks: Vec<BatchTask<'_>> = specs
+                    .iter()
+                    .map(|spec| {
+                        let (partition, held_out) = data_of(spec);
+                        BatchTask {
+                            task: spec.task,
+                            instructions: &spec.instructions,
+                            partition,
+                            held_out,
+                        }
+                    })
+                    .collect();
+                runner
+                    .run(&tasks, payload, data)
+                    .into_iter()
+                    .map(|result| result.map_err(|error| error.to_string()))
+                    .collect()
+            }
+        }
+    }
 }
 
 pub struct WorkerPool {
@@ -27,15 +93,19 @@ pub struct WorkerPool {
     cancelled: Arc<AtomicBool>,
     results: Receiver<ClientOutcome>,
     handles: Vec<JoinHandle<()>>,
+    /// Tasks per job: 1, or K for batch runners.
+    chunk: usize,
 }
 
 impl WorkerPool {
-    /// Starts one thread per runner; `partitions.train[c - 1]` is client `c`'s data.
+    /// Starts one thread per runner; `partitions.train[c - 1]` is client `c`'s
+    /// data. Each job holds up to `chunk` tasks (1 unless the runners batch).
     pub fn start(
-        runners: Vec<ClientRunner>,
+        runners: Vec<Runner>,
         data: Arc<Dataset>,
         partitions: Arc<ClientPartitions>,
         threads_per_worker: usize,
+        chunk: usize,
     ) -> anyhow::Result<Self> {
         let (job_sender, job_receiver) = mpsc::channel::<Job>();
         let job_receiver = Arc::new(Mutex::new(job_receiver));
@@ -61,39 +131,22 @@ impl WorkerPool {
                         if cancelled.load(Ordering::Relaxed) {
                             break;
                         }
-                        let TaskSpec {
-                            slot,
-                            task,
-                            instructions,
-                        } = job.spec;
-                        let index = task.client_id as usize - 1;
-                        let (partition, held_out) =
-                            (&partitions.train[index], &partitions.test[index]);
-                        let result = compute
-                            .install(|| {
-                                runner.run(
-                                    task,
-                                    &instructions,
-                                    &job.payload,
-                                    &data,
-                                    partition,
-                                    held_out,
-                                )
-                            })
-                            .map(|reply| Delivered {
-                                reply,
-                                comm_time: 0.0,
-                                declared: None,
-                            })
-                            .map_err(|error| error.to_string());
-                        let outcome = ClientOutcome {
-                            slot,
-                            task,
-                            worker,
-                            result,
-                        };
-                        if results.send(outcome).is_err() {
-                            break;
+                        let replies = compute
+                            .install(|| runner.run(&job.specs, &job.payload, &data, &partitions));
+                        for (spec, result) in job.specs.into_iter().zip(replies) {
+                            let outcome = ClientOutcome {
+                                slot: spec.slot,
+                                task: spec.task,
+                                worker,
+                                result: result.map(|reply| Delivered {
+                                    reply,
+                                    comm_time: 0.0,
+                                    declared: None,
+                                }),
+                            };
+                            if results.send(outcome).is_err() {
+                                return;
+                            }
                         }
                     }
                 })?;
@@ -104,6 +157,7 @@ impl WorkerPool {
             cancelled,
             results,
             handles,
+            chunk: chunk.max(1),
         })
     }
 }
@@ -115,9 +169,10 @@ impl Transport for WorkerPool {
         tasks: Vec<TaskSpec>,
     ) -> anyhow::Result<()> {
         let jobs = self.jobs.as_ref().expect("jobs sender lives until drop");
-        for spec in tasks {
+        let mut tasks = tasks.into_iter().peekable();
+        while tasks.peek().is_some() {
             jobs.send(Job {
-                spec,
+                specs: tasks.by_ref().take(self.chunk).collect(),
                 payload: Arc::clone(&global_payload),
             })
             .map_err(|_| anyhow::anyhow!("all workers have stopped"))?;

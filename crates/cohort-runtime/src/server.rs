@@ -24,13 +24,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
 use cohort_core::checkpoint::{self, History};
 use cohort_core::codec::{self, DecodeLimits};
-use cohort_core::config::{LoadedConfig, Pipelines};
+use cohort_core::config::{LoadedConfig, Pipelines, VectorizedClients};
 use cohort_core::data::Dataset;
 use cohort_core::fsutil::atomic_write;
 use cohort_core::hooks::{ClientReport, NoHooks, ReceivedPayload, RoundPayloads, ServerHooks};
@@ -45,12 +45,12 @@ use cohort_train::device::{self, DeviceRequest, Selected};
 use cohort_train::init::seeded_parameters;
 use cohort_train::trainer::{ClientTask, Evaluator};
 
-use crate::client::{ClientPartitions, ClientRunner, load_data};
+use crate::client::{BatchRunner, ClientPartitions, ClientRunner, load_data};
 use crate::collective::Collective;
 use crate::collective::ring::RingCollective;
 use crate::distributed::{DistributedTransport, SharedCollective, share_accuracy};
 use crate::grpc::{GrpcTransport, ServerSettings};
-use crate::pool::WorkerPool;
+use crate::pool::{Runner, WorkerPool};
 use crate::progress::{Banner, Progress, ProgressMode};
 use crate::transport::{Declared, TaskInstructions, TaskSpec, Transport};
 
@@ -651,6 +651,43 @@ fn join_ranks(
     Ok((Box::new(transport), collective))
 }
 
+/// The pool's workers and how many tasks each takes at a time: one client
+/// each, or with `trainer.vectorized_clients` K clients as one batch.
+fn pool_runners(
+    loaded: &LoadedConfig,
+    selected: &Selected,
+    workers: u32,
+    train: &Dataset,
+) -> anyhow::Result<(Vec<Runner>, usize)> {
+    let trainer = &loaded.config.trainer;
+    let chunk = match trainer.vectorized_clients {
+        VectorizedClients::Off => {
+            let runners = (0..workers)
+                .map(|_| Runner::One(ClientRunner::new(loaded, selected)))
+                .collect();
+            return Ok((runners, 1));
+        }
+        VectorizedClients::Clients(k) => k as usize,
+        VectorizedClients::Auto => cohort_train::vectorized::clients_for_memory(
+            trainer.model_name,
+            loaded.config.parameters.model.num_classes,
+            [train.rows, train.cols],
+            trainer.batch_size,
+            cohort_train::vectorized::AUTO_MEMORY_BUDGET,
+        ),
+    };
+    tracing::info!(
+        clients_per_batch = chunk,
+        workers,
+        "vectorized clients: each worker trains up to {chunk} clients as one batch"
+    );
+    let runners = (0..workers)
+        .map(|_| BatchRunner::new(loaded, selected).map(Runner::Batch))
+        .collect::<anyhow::Result<_>>()
+        .context("trainer.vectorized_clients")?;
+    Ok((runners, chunk))
+}
+
 /// The transport `clients.comm_simulation` asks for: worker threads, or a
 /// gRPC server (with the local client processes it starts).
 fn start_transport(
@@ -669,14 +706,13 @@ fn start_transport(
             .as_ref()
             .and_then(|d| d.workers)
             .unwrap_or(trainer.max_concurrency);
-        let runners = (0..workers)
-            .map(|_| ClientRunner::new(loaded, selected))
-            .collect();
+        let (runners, chunk) = pool_runners(loaded, selected, workers, &train)?;
         let pool = WorkerPool::start(
             runners,
             Arc::new(train),
             Arc::new(partitions),
             trainer.threads_per_worker as usize,
+            chunk,
         )?;
         return Ok((Box::new(pool), None));
     }
@@ -865,6 +901,8 @@ impl<'a> RoundLoop<'a> {
         let initial = self.pack()?.wire;
         let mut dispatched = self.dispatch(self.first_round, initial)?;
         for round in self.first_round..=self.rounds {
+            let mut steps = StepTimes::default();
+            let started = Instant::now();
             let aggregated = match self.partial {
                 Some(block) => {
                     let mine: Vec<u32> = dispatched
@@ -874,28 +912,40 @@ impl<'a> RoundLoop<'a> {
                         .filter(|&c| block.contains(c))
                         .collect();
                     let collected = self.collect(round, &mine, false)?;
+                    steps.collecting = started.elapsed();
                     self.reduce_partials(round, dispatched.clients.len(), collected)?
                 }
                 None => {
                     let collected = self.collect(round, &dispatched.clients, true)?;
+                    steps.collecting = started.elapsed();
                     self.aggregate(round, collected)?
                 }
             };
+            steps.aggregating = started.elapsed() - steps.collecting;
             // The checkpoint must hold the selector as it was before the next
             // round's draw, so a resumed run draws the same clients.
             let selector_state = self.selector.state(self.loaded.config.server.random_seed);
+            let step = Instant::now();
             let packed = self.pack()?;
+            steps.packing = step.elapsed();
             let this_round = std::mem::take(&mut dispatched);
+            let step = Instant::now();
             if round < self.rounds {
                 dispatched = self.dispatch(round + 1, Arc::clone(&packed.wire))?;
             }
+            steps.dispatching = step.elapsed();
+            let step = Instant::now();
             let accuracy = self.evaluate_and_record(round, &this_round, aggregated, &packed)?;
+            steps.recording = step.elapsed();
             let target = self.loaded.config.trainer.target_accuracy;
             let target_reached = target.is_some_and(|target| accuracy >= target);
             let interval = self.loaded.config.server.checkpoint_interval;
+            let step = Instant::now();
             if self.leader && (round % interval == 0 || round == self.rounds || target_reached) {
                 self.checkpoint(round, &packed.model_bytes, selector_state)?;
             }
+            steps.checkpointing = step.elapsed();
+            steps.log(round);
             if target_reached {
                 tracing::info!(round, accuracy, "target accuracy reached");
                 // The next round may already be training; its work is dropped.
@@ -1333,6 +1383,37 @@ impl<'a> RoundLoop<'a> {
     }
 }
 
+/// Where the round loop's thread spent one round, in run.log (`round steps`),
+/// so a run shows how much of it was anything but waiting for training:
+/// `bench/scale.sh` reads it. Collecting is mostly waiting for the clients;
+/// it also unpacks and checks their updates (their share is in each client's
+/// `processing_time`). Recording holds the test-set evaluation, which
+/// overlaps the next round's training.
+#[derive(Debug, Default)]
+struct StepTimes {
+    collecting: Duration,
+    aggregating: Duration,
+    packing: Duration,
+    dispatching: Duration,
+    recording: Duration,
+    checkpointing: Duration,
+}
+
+impl StepTimes {
+    fn log(&self, round: u32) {
+        tracing::info!(
+            round,
+            collecting = self.collecting.as_secs_f64(),
+            aggregating = self.aggregating.as_secs_f64(),
+            packing = self.packing.as_secs_f64(),
+            dispatching = self.dispatching.as_secs_f64(),
+            recording = self.recording.as_secs_f64(),
+            checkpointing = self.checkpointing.as_secs_f64(),
+            "round steps"
+        );
+    }
+}
+
 /// Each selected client's task: the strategy's instructions, encoded.
 fn plan_tasks(
     strategy: &dyn Strategy,
@@ -1661,17 +1742,26 @@ fn banner<'a>(
         toml::Value::try_from(config.data.sampler).map_or_else(|_| String::new(), name_of);
     let source =
         toml::Value::try_from(config.data.datasource).map_or_else(|_| String::new(), name_of);
-    let data = format!(
-        "{source}: {} training and {} test samples from {}; {sampler} partitions of {}",
-        splits.train.len(),
-        splits.test.len(),
-        data_root.join(config.data.datasource.folder()).display(),
-        if smallest == largest {
-            format!("{smallest} samples")
-        } else {
-            format!("{smallest} to {largest} samples")
-        }
-    );
+    let folder = data_root.join(config.data.datasource.folder());
+    let data = if config.clients.all_own_data() {
+        format!(
+            "{source}: {} test samples from {}; every client trains on its own data",
+            splits.test.len(),
+            folder.display()
+        )
+    } else {
+        format!(
+            "{source}: {} training and {} test samples from {}; {sampler} partitions of {}",
+            splits.train.len(),
+            splits.test.len(),
+            folder.display(),
+            if smallest == largest {
+                format!("{smallest} samples")
+            } else {
+                format!("{smallest} to {largest} samples")
+            }
+        )
+    };
     let workers = options
         .distributed
         .as_ref()

@@ -14,3 +14,4 @@ pub mod model;
 pub mod optim;
 pub mod params;
 pub mod trainer;
+pub mod vectorized;

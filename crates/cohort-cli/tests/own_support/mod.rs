@@ -276,6 +276,32 @@ pub fn assert_fedavg(run_dir: &Path, round: u32, rows: &[Row], total_clients: u3
 
 /// `cohort run` on `config_text` in the background; returns the base folder of its run.
 pub fn server(dir: &Path, config_text: &str, extra: &[&str]) -> (PathBuf, Child) {
+    server_on(dir, config_text, extra, &fixture_data())
+}
+
+/// A data folder under `dir` with the fixture's test files alone (no
+/// training set), as a server whose clients all bring their own data holds.
+pub fn test_files_only(dir: &Path) -> PathBuf {
+    let root = dir.join("server-data");
+    let folder = root.join("fashion-mnist");
+    std::fs::create_dir_all(&folder).unwrap();
+    for name in ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"] {
+        std::fs::copy(
+            fixture_data().join("fashion-mnist").join(name),
+            folder.join(name),
+        )
+        .unwrap();
+    }
+    root
+}
+
+/// `server` with its data sets under `data_root` (`COHORT_DATA_DIR`).
+pub fn server_on(
+    dir: &Path,
+    config_text: &str,
+    extra: &[&str],
+    data_root: &Path,
+) -> (PathBuf, Child) {
     let config = write_config(dir, config_text);
     let base = dir.join("runs");
     let mut args = vec![
@@ -288,6 +314,7 @@ pub fn server(dir: &Path, config_text: &str, extra: &[&str]) -> (PathBuf, Child)
         base.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let child = start(cohort(&args));
-    (base, child)
+    let mut command = cohort(&args);
+    command.env("COHORT_DATA_DIR", data_root);
+    (base, start(command))
 }

@@ -74,9 +74,10 @@ pub struct InterfaceSpec {
     /// Name, unique within the node, such as `en0` or `mlx5_0`; no spaces.
     /// Required.
     pub name: String,
-    /// IPv4 or IPv6 address of the interface. Required for every kind but
-    /// `rdma`: an RDMA device may have no IP, and then only `rdma` links can
-    /// use it.
+    /// IPv4 or IPv6 address of the interface, or a DNS name that resolves
+    /// to it (a Kubernetes pod's `job-0.service`), resolved by the rank that
+    /// connects, when it connects. Required for every kind but `rdma`: an RDMA
+    /// device may have no IP, and then only `rdma` links can use it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
     /// `ethernet`, `thunderbolt`, `wifi` or `rdma`. Required.

@@ -1211,6 +1211,45 @@ fn validate_trainer(loaded: &LoadedConfig, optimizer_known: bool, fail: Fail) {
             format!("must be a finite number >= 0, got {norm}"),
         );
     }
+    validate_vectorized(loaded, optimizer_known, fail);
+}
+
+/// What `trainer.vectorized_clients` can train: the LeNet-5 models with SGD,
+/// in the server's worker pool.
+fn validate_vectorized(loaded: &LoadedConfig, optimizer_known: bool, fail: Fail) {
+    let config = &loaded.config;
+    if config.trainer.vectorized_clients == schema::VectorizedClients::Off {
+        return;
+    }
+    let key = "trainer.vectorized_clients";
+    if config.trainer.model_name == schema::ModelName::CnnBn {
+        fail(
+            key,
+            format!(
+                "supports trainer.model_name = \"lenet5\" or \"lenet5_compact\", not \"{}\" \
+                 (set trainer.vectorized_clients = \"off\")",
+                config.trainer.model_name
+            ),
+        );
+    }
+    if optimizer_known && !matches!(loaded.optimizer, crate::optim::OptimizerSpec::Sgd { .. }) {
+        fail(
+            key,
+            format!(
+                "supports trainer.optimizer = \"sgd\" (or \"momentum\") only, not \"{}\" \
+                 (set trainer.vectorized_clients = \"off\")",
+                config.trainer.optimizer
+            ),
+        );
+    }
+    if !config.clients.comm_simulation {
+        fail(
+            key,
+            "trains clients in the server's worker threads: it needs clients.comm_simulation = \
+             true"
+                .to_owned(),
+        );
+    }
 }
 
 /// `[cluster]`'s ranges; which backends the build has is the caller's check
@@ -1342,8 +1381,10 @@ fn check_partition_sizes(config: &Config, fail: Fail) {
 }
 
 /// Most passes over the training set `iid_cyclic`'s partitions may make
-/// together: Plato's reference makes 3⅓, and the index lists grow with it.
-pub const MAX_CYCLIC_PASSES: u64 = 16;
+/// together: Plato's reference makes 3⅓, and the index lists grow with it (4
+/// bytes a position: 128 passes over 60,000 samples are 31 MB), which is what
+/// 10,000 clients of 600 samples each need (100 passes).
+pub const MAX_CYCLIC_PASSES: u64 = 128;
 
 /// `iid_cyclic` repeats samples once its partitions outgrow the training
 /// set: bounded, and without `do_test`, whose held-out part would repeat

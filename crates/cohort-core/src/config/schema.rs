@@ -105,6 +105,15 @@ impl Default for Clients {
     }
 }
 
+impl Clients {
+    /// Whether every logical client is an own-data client: the run's data set
+    /// is then needed for its test split alone (the server's evaluation), and
+    /// no partition of its training set is ever computed.
+    pub fn all_own_data(&self) -> bool {
+        self.own_data_clients > 0 && self.own_data_clients == self.total_clients
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Server {
@@ -326,6 +335,59 @@ pub struct Trainer {
     pub lr_gamma: f64,
     /// `cosine`: the rate reached at the last round.
     pub lr_min: f64,
+    /// Train clients one by one (`"off"`), or up to K of a round as one
+    /// batched computation (an integer K, or `"auto"`: K from a memory budget).
+    pub vectorized_clients: VectorizedClients,
+}
+
+/// `trainer.vectorized_clients`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "VectorizedValue", into = "VectorizedValue")]
+pub enum VectorizedClients {
+    /// Each worker trains one client at a time.
+    #[default]
+    Off,
+    /// As many clients at a time as the trainer's memory budget holds.
+    Auto,
+    /// Up to this many clients at a time (at least 1).
+    Clients(u32),
+}
+
+/// How `trainer.vectorized_clients` is written: a word or a number.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum VectorizedValue {
+    Number(i64),
+    Word(String),
+}
+
+impl TryFrom<VectorizedValue> for VectorizedClients {
+    type Error = String;
+
+    fn try_from(value: VectorizedValue) -> Result<Self, String> {
+        let expected = "expected \"off\", \"auto\" or a number of clients from 1 to 4294967295";
+        match value {
+            VectorizedValue::Word(word) => match word.to_ascii_lowercase().as_str() {
+                "off" => Ok(Self::Off),
+                "auto" => Ok(Self::Auto),
+                _ => Err(format!("{expected}, got \"{word}\"")),
+            },
+            VectorizedValue::Number(n) => match u32::try_from(n) {
+                Ok(k) if k >= 1 => Ok(Self::Clients(k)),
+                _ => Err(format!("{expected}, got {n}")),
+            },
+        }
+    }
+}
+
+impl From<VectorizedClients> for VectorizedValue {
+    fn from(value: VectorizedClients) -> Self {
+        match value {
+            VectorizedClients::Off => Self::Word("off".to_owned()),
+            VectorizedClients::Auto => Self::Word("auto".to_owned()),
+            VectorizedClients::Clients(k) => Self::Number(k.into()),
+        }
+    }
 }
 
 /// One worker per core this process may use (its CPU affinity and cgroup
@@ -355,6 +417,7 @@ impl Default for Trainer {
             lr_step_size: 1,
             lr_gamma: 0.1,
             lr_min: 0.0,
+            vectorized_clients: VectorizedClients::Off,
         }
     }
 }

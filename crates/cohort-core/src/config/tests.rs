@@ -893,3 +893,71 @@ fn a_list_of_errors_has_one_line_per_error() {
     assert_eq!(errors.errors().len(), 2, "{errors}");
     assert_eq!(errors.to_string().lines().count(), 3, "{errors}");
 }
+
+#[test]
+fn vectorized_clients_takes_off_auto_or_a_count() {
+    let with = |line: &str| {
+        MINIMAL.replace(
+            "optimizer = \"sgd\"",
+            &format!("optimizer = \"sgd\"\n{line}"),
+        )
+    };
+    let value = |line: &str| {
+        load_text(&with(line))
+            .unwrap()
+            .config
+            .trainer
+            .vectorized_clients
+    };
+    assert_eq!(value(""), VectorizedClients::Off);
+    assert_eq!(
+        value("vectorized_clients = \"auto\""),
+        VectorizedClients::Auto
+    );
+    assert_eq!(
+        value("vectorized_clients = \"off\""),
+        VectorizedClients::Off
+    );
+    assert_eq!(
+        value("vectorized_clients = 64"),
+        VectorizedClients::Clients(64)
+    );
+    for line in [
+        "vectorized_clients = 0",
+        "vectorized_clients = -2",
+        "vectorized_clients = \"fast\"",
+    ] {
+        let error = error_of(&with(line));
+        assert_eq!(
+            error.key.as_deref(),
+            Some("trainer.vectorized_clients"),
+            "{line}: {error}"
+        );
+        assert!(error.message.contains("\"auto\""), "{line}: {error}");
+    }
+}
+
+#[test]
+fn vectorized_clients_refuses_what_it_cannot_train_and_names_the_key() {
+    for (lines, needle) in [
+        (
+            "optimizer = \"adam\"\nvectorized_clients = 8",
+            "trainer.optimizer",
+        ),
+        (
+            "optimizer = \"sgd\"\nmodel_name = \"cnn_bn\"\nvectorized_clients = 8",
+            "trainer.model_name",
+        ),
+    ] {
+        let text = MINIMAL
+            .replace("optimizer = \"sgd\"", lines)
+            .replace("momentum = 0.9\n", "");
+        let error = error_of(&text);
+        assert_eq!(
+            error.key.as_deref(),
+            Some("trainer.vectorized_clients"),
+            "{error}"
+        );
+        assert!(error.message.contains(needle), "{error}");
+    }
+}

@@ -198,77 +198,103 @@ pub enum DataError {
 /// Loads both splits from `root/<folder>/`, fetching missing files when
 /// `fetch` allows.
 pub fn load(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Splits, DataError> {
-    let folder = root.join(source.folder());
     let files = source.files();
+    let folder = fetch_missing(source, root, fetch, &files)?;
+    Ok(Splits {
+        train: read_split(source, &folder, &files[0], &files[1])?,
+        test: read_split(source, &folder, &files[2], &files[3])?,
+    })
+}
+
+/// Loads the test split alone (the `t10k` files), fetching them when `fetch`
+/// allows: evaluation needs nothing else, so a server whose clients all bring
+/// their own data, and `cohort evaluate`, work from a folder without the
+/// training set.
+pub fn load_test(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Dataset, DataError> {
+    let [_, _, images, labels] = source.files();
+    let folder = fetch_missing(source, root, fetch, &[images, labels])?;
+    read_split(source, &folder, &images, &labels)
+}
+
+/// `root/<folder>/` once each of `files` is there, downloaded if need be.
+fn fetch_missing(
+    source: DataSource,
+    root: &Path,
+    fetch: &Fetch,
+    files: &[DataFile],
+) -> Result<PathBuf, DataError> {
+    let folder = root.join(source.folder());
     let missing: Vec<DataFile> = files
         .iter()
         .copied()
         .filter(|f| !folder.join(f.name).is_file())
         .collect();
-    if !missing.is_empty() {
-        match fetch {
-            Fetch::Never => {
-                return Err(DataError::Missing(missing_message(
-                    source, &folder, &missing, None,
-                )));
-            }
-            Fetch::FromMirrors(mirrors) => {
-                let mirrors: Vec<String> = if mirrors.is_empty() {
-                    source.mirrors().iter().map(|m| m.to_string()).collect()
-                } else {
-                    mirrors.clone()
-                };
-                for file in &missing {
-                    if let Err(error) = download::fetch_verified(&mirrors, file, &folder) {
-                        return Err(DataError::Missing(missing_message(
-                            source,
-                            &folder,
-                            &missing,
-                            Some(&error),
-                        )));
-                    }
+    if missing.is_empty() {
+        return Ok(folder);
+    }
+    match fetch {
+        Fetch::Never => Err(DataError::Missing(missing_message(
+            source, &folder, &missing, None,
+        ))),
+        Fetch::FromMirrors(mirrors) => {
+            let mirrors: Vec<String> = if mirrors.is_empty() {
+                source.mirrors().iter().map(|m| m.to_string()).collect()
+            } else {
+                mirrors.clone()
+            };
+            for file in &missing {
+                if let Err(error) = download::fetch_verified(&mirrors, file, &folder) {
+                    return Err(DataError::Missing(missing_message(
+                        source,
+                        &folder,
+                        &missing,
+                        Some(&error),
+                    )));
                 }
             }
+            Ok(folder)
         }
     }
+}
+
+/// One split's images (normalized) and labels, checked against each other.
+fn read_split(
+    source: DataSource,
+    folder: &Path,
+    images: &DataFile,
+    labels: &DataFile,
+) -> Result<Dataset, DataError> {
     let (mean, std) = source.normalization();
-    let read = |images: &DataFile, labels: &DataFile| -> Result<Dataset, DataError> {
-        let images_path = folder.join(images.name);
-        let labels_path = folder.join(labels.name);
-        let image_array = read_idx_gz(&images_path, 3)?;
-        let label_array = read_idx_gz(&labels_path, 1)?;
-        if image_array.dims[0] != label_array.dims[0] {
-            return Err(DataError::CountMismatch {
-                images: images_path,
-                image_count: image_array.dims[0],
-                labels: labels_path,
-                label_count: label_array.dims[0],
-            });
-        }
-        if let Some((index, &label)) = label_array.data.iter().enumerate().find(|(_, l)| **l >= 10)
-        {
-            return Err(DataError::BadLabel {
-                path: labels_path,
-                index,
-                label,
-            });
-        }
-        let scale = 1.0 / (255.0 * std);
-        let shift = mean / std;
-        Ok(Dataset {
-            images: image_array
-                .data
-                .iter()
-                .map(|&p| p as f32 * scale - shift)
-                .collect(),
-            labels: label_array.data,
-            rows: image_array.dims[1],
-            cols: image_array.dims[2],
-        })
-    };
-    Ok(Splits {
-        train: read(&files[0], &files[1])?,
-        test: read(&files[2], &files[3])?,
+    let images_path = folder.join(images.name);
+    let labels_path = folder.join(labels.name);
+    let image_array = read_idx_gz(&images_path, 3)?;
+    let label_array = read_idx_gz(&labels_path, 1)?;
+    if image_array.dims[0] != label_array.dims[0] {
+        return Err(DataError::CountMismatch {
+            images: images_path,
+            image_count: image_array.dims[0],
+            labels: labels_path,
+            label_count: label_array.dims[0],
+        });
+    }
+    if let Some((index, &label)) = label_array.data.iter().enumerate().find(|(_, l)| **l >= 10) {
+        return Err(DataError::BadLabel {
+            path: labels_path,
+            index,
+            label,
+        });
+    }
+    let scale = 1.0 / (255.0 * std);
+    let shift = mean / std;
+    Ok(Dataset {
+        images: image_array
+            .data
+            .iter()
+            .map(|&p| p as f32 * scale - shift)
+            .collect(),
+        labels: label_array.data,
+        rows: image_array.dims[1],
+        cols: image_array.dims[2],
     })
 }
 
@@ -297,4 +323,36 @@ fn missing_message(
         source.folder()
     ));
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")
+    }
+
+    #[test]
+    fn the_test_split_loads_from_a_folder_without_the_training_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = DataSource::FashionMnist;
+        let folder = dir.path().join(source.folder());
+        std::fs::create_dir_all(&folder).unwrap();
+        for file in &source.files()[2..] {
+            let from = fixture().join(source.folder()).join(file.name);
+            std::fs::copy(from, folder.join(file.name)).unwrap();
+        }
+        let test = load_test(source, dir.path(), &Fetch::Never).unwrap();
+        let both = load(source, &fixture(), &Fetch::Never).unwrap();
+        assert_eq!(test, both.test);
+
+        let error = load(source, dir.path(), &Fetch::Never)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("train-images-idx3-ubyte.gz") && !error.contains("t10k-images"),
+            "{error}"
+        );
+    }
 }

@@ -92,15 +92,31 @@ impl Survey {
     /// broken files, images and labels of one split that disagree in count.
     /// Missing files are not problems here: they may be downloaded.
     pub fn problems(&self) -> Vec<String> {
-        let mut problems: Vec<String> = self
-            .files
+        self.problems_of(&[0, 2])
+    }
+
+    /// The test split's files alone: those a run whose clients all bring
+    /// their own data reads.
+    pub fn test_files(&self) -> &[SurveyedFile] {
+        &self.files[2..]
+    }
+
+    /// The problems of the test split's files alone (see `problems`).
+    pub fn test_problems(&self) -> Vec<String> {
+        self.problems_of(&[2])
+    }
+
+    /// Problems of the splits whose image file is at the indices `firsts`.
+    fn problems_of(&self, firsts: &[usize]) -> Vec<String> {
+        let mut problems: Vec<String> = firsts
             .iter()
+            .flat_map(|&first| &self.files[first..first + 2])
             .filter_map(|f| match &f.state {
                 FileState::Broken(reason) => Some(reason.clone()),
                 _ => None,
             })
             .collect();
-        for first in [0, 2] {
+        for &first in firsts {
             if let (FileState::Present(images), FileState::Present(labels)) =
                 (&self.files[first].state, &self.files[first + 1].state)
                 && images.first() != labels.first()

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Vectorized clients on the GPU against PyTorch's vmap, in one device session
+# (issue 12, goal 4). Same setup as bench/gpu.sh: a Vulkan build of cohort at
+# .gpu/cohort (or .gpu/cohort.xz), Fashion-MNIST under .gpu/data/fashion-mnist,
+# Debian's libvulkan1 and glvnd .debs under .gl/, and torch with CUDA.
+#
+#   cohort: configs/fashion_mnist/vectorized_100.toml, 100 clients per round
+#           x 10 rounds (6,000 samples each, batch 32, SGD momentum), --gpu,
+#           K chosen by "auto" unless K=... is given (K=100 sets it).
+#   torch:  torch_clients_gpu.py --clients 100 (sequential, vmap, vmap-graph),
+#           one round's work after a warm-up.
+#
+# Prints cohort's end-to-end samples/s (all rounds, evaluation included), its
+# local-training samples/s (clients.csv), and torch's samples/s per mode, then
+# the ratios. Usage: bench/gpu_vectorized.sh [ROUNDS]   (K=100 to fix K)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$(mktemp -d)}"
+ROUNDS="${1:-10}"
+CONFIG=configs/fashion_mnist/vectorized_100.toml
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+fi
+[ -f .gpu/cohort ] || xz -dk .gpu/cohort.xz
+chmod +x .gpu/cohort
+export COHORT_DATA_DIR="$PWD/.gpu/data"
+TORCH_SCRIPT="${TORCH_SCRIPT:-}"
+for candidate in shared/bench/torch_clients_gpu.py ../shared/bench/torch_clients_gpu.py; do
+  [ -n "$TORCH_SCRIPT" ] || { [ -f "$candidate" ] && TORCH_SCRIPT=$candidate; } || true
+done
+[ -n "$TORCH_SCRIPT" ] || { echo "torch_clients_gpu.py not found (set TORCH_SCRIPT)"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+
+extra=(--set "trainer.rounds=$ROUNDS")
+[ -n "${K:-}" ] && extra+=(--set "trainer.vectorized_clients=$K")
+start=$(date +%s.%N)
+.gpu/cohort run --config "$CONFIG" --quiet --base "$OUT/cohort" --gpu "${extra[@]}"
+end=$(date +%s.%N)
+run_dir=$(ls -d "$OUT"/cohort/*/)
+cat "$run_dir/results.csv"
+grep -h "compute device\|vectorized clients" "$run_dir/run.log" | sed 's/^.*INFO //' || true
+samples=$((100 * 6000 * ROUNDS))
+cohort_e2e=$(awk -v s="$samples" -v a="$start" -v b="$end" 'BEGIN { printf "%.0f", s / (b - a) }')
+cohort_train=$(awk -F, 'NR>1 { s += $4; t += $6 } END { printf "%.0f", s / t }' "$run_dir/clients.csv")
+echo "cohort: $ROUNDS rounds x 100 clients in $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }') s:" \
+  "$cohort_e2e samples/s end to end, $cohort_train samples/s local training"
+
+python3 "$TORCH_SCRIPT" --data .gpu/data/fashion-mnist --clients 100 | tee "$OUT/torch.jsonl"
+for mode in vmap vmap-graph; do
+  torch=$(python3 -c "import json,sys; print(next(json.loads(l)['samples_per_s'] for l in open(sys.argv[1]) if json.loads(l)['mode'] == sys.argv[2]))" "$OUT/torch.jsonl" "$mode")
+  awk -v c="$cohort_train" -v e="$cohort_e2e" -v t="$torch" -v m="$mode" \
+    'BEGIN { printf "cohort / torch %s: %.2f (local training), %.2f (end to end)\n", m, c / t, e / t }'
+done
+echo "target: 344,000 samples/s (torch vmap-graph on the H200, issue 12)"

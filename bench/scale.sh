@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Scale: R1's model and training with 100, 1,000 and 10,000 clients, 100 per
+# round, 600 samples each (iid_cyclic: the training set repeated as often as
+# the clients need), on two workers (one per core). For each it prints the
+# round time, the share of it that is not training (selection, dispatch,
+# codec, aggregation, result and checkpoint writes; the test-set evaluation,
+# which overlaps the next round's training, separately), and the peak RSS.
+# Usage: bench/scale.sh [DATA_DIR] [CLIENT_COUNTS...]   (default ../shared/data, 100 1000 10000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA="$(cd "${1:-../shared/data}" && pwd)"
+shift || true
+COUNTS=("${@:-100 1000 10000}")
+# shellcheck disable=SC2206
+COUNTS=(${COUNTS[*]})
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cohort-target}"
+BIN="${COHORT_BIN:-}"
+if [ -z "$BIN" ]; then
+  cargo build --release --locked -p cohort-cli >/dev/null
+  BIN="$CARGO_TARGET_DIR/release/cohort"
+fi
+ROUNDS="${ROUNDS:-4}"
+WORKERS="${WORKERS:-2}"
+OUT="$(mktemp -d)"
+printf '%8s %10s %12s %14s %12s %10s\n' clients round_s not_training evaluation_s peak_rss_MiB accuracy
+for clients in "${COUNTS[@]}"; do
+  base="$OUT/$clients"
+  # Peak RSS of the run (KiB), without relying on GNU time being installed.
+  python3 -c 'import resource, subprocess, sys
+code = subprocess.run(sys.argv[2:]).returncode
+open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(code)' "$OUT/rss-$clients" \
+    env COHORT_DATA_DIR="$DATA" "$BIN" run --config configs/fashion_mnist/fedavg_lenet5_r1.toml \
+      --cpu --quiet --base "$base" \
+      --set "clients.total_clients=$clients" --set clients.per_round=100 \
+      --set data.sampler=iid_cyclic --set data.partition_size=600 \
+      --set "trainer.rounds=$ROUNDS" --set "trainer.max_concurrency=$WORKERS" \
+      --set trainer.threads_per_worker=1
+  run_dir="$(ls -d "$base"/*/ | head -1)"
+  python3 - "$run_dir" "$clients" "$(cat "$OUT/rss-$clients")" "$WORKERS" <<'PY'
+import csv, re, sys
+run_dir, clients, rss_kib, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rounds = {int(r["round"]): r for r in csv.DictReader(open(run_dir + "/results.csv"))}
+processing = {}
+for row in csv.DictReader(open(run_dir + "/clients.csv")):
+    processing[int(row["round"])] = processing.get(int(row["round"]), 0.0) + float(row["processing_time"] or 0)
+steps = {}
+for line in open(run_dir + "/run.log"):
+    if "round steps" in line:
+        fields = dict(re.findall(r"(\w+)=([0-9.e-]+)", line))
+        steps[int(fields["round"])] = {k: float(v) for k, v in fields.items()}
+# Round 1 includes starting the workers; the steady state is the rest.
+measured = [r for r in sorted(rounds) if r > 1]
+round_s = not_training = evaluation = 0.0
+for r in measured:
+    s, row = steps[r], rounds[r]
+    evaluation_s = float(row["evaluation_time"])
+    server = s["aggregating"] + s["packing"] + s["dispatching"] + s["checkpointing"] \
+        + max(s["recording"] - evaluation_s, 0.0)
+    # Codec work of the clients (unpack the model, pack the update) runs on
+    # the workers in parallel; the server's unpacking is in it too.
+    codec = processing.get(r, 0.0) / workers
+    round_s += float(row["round_time"])
+    not_training += server + codec
+    evaluation += evaluation_s
+n = len(measured)
+print(f"{clients:>8} {round_s / n:>10.2f} {100 * not_training / round_s:>11.2f}% "
+      f"{evaluation / n:>14.2f} {rss_kib / 1024:>12.1f} {float(rounds[max(rounds)]['accuracy']):>10.4f}")
+PY
+done

@@ -1,0 +1,672 @@
+//! Vectorized clients: K logical clients trained as one batched computation
+//! (`trainer.vectorized_clients`).
+//!
+//! The contract: each client's result is what [`LocalTrainer`] gives for it
+//! alone on the same device, up to floating-point reduction order. Every
+//! per-client quantity has its own slice of a stacked tensor with a leading
+//! client dimension: parameters, velocity, learning rate, gradient norm and
+//! clipping scale, and its seeded sample order (the same
+//! [`training_stream`] per client, round and epoch as alone). What alone
+//! depends on and stacking could mix is kept apart:
+//!
+//! * **the loss** is each client's mean over its own valid samples (a mask
+//!   weights each sample by `1/n` of its client's batch, 0 for padding), and
+//!   the clients' losses are summed, so client k's gradient is the gradient
+//!   of its own mean loss: clients share no parameter;
+//! * **unequal partitions and the last partial batch**: every step has the
+//!   shape `[K, B]`; a client with fewer samples pads its batch (weight 0),
+//!   and a client whose epoch is over is inactive: its learning rate and
+//!   velocity update are masked to zero, so it stays exactly where alone it
+//!   ended the epoch;
+//! * **clipping** (`trainer.clip_grad_norm`) scales each client by its own
+//!   global norm; a client whose norm is not finite is frozen from that step
+//!   and reported with the same error as alone, without a host round trip
+//!   per step.
+//!
+//! What it does not prove: bitwise equality (matrix products and sums reduce
+//! in another order than burn's convolution kernels), so results agree within
+//! a tolerance measured in the tests, not exactly. It supports the LeNet-5
+//! models and MLX SGD (momentum, dampening, Nesterov, weight decay) without
+//! a strategy's gradient terms; [`VectorizedTrainer::supports`] says which
+//! plans, and callers train the others alone.
+
+mod net;
+
+use std::time::Instant;
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Tensor, TensorData};
+use cohort_core::config::ModelName;
+use cohort_core::data::Dataset;
+use cohort_core::optim::OptimizerSpec;
+use cohort_core::seeds::training_stream;
+use cohort_core::tree::{Array, ParamTree};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use crate::local::LocalPlan;
+use crate::params::LoadError;
+use crate::trainer::{ClientTask, LocalUpdate, TrainError, TrainSettings};
+use net::StackedNet;
+
+#[cfg(test)]
+mod tests;
+
+/// Why a config cannot train clients vectorized.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unsupported {
+    #[error(
+        "trainer.vectorized_clients supports trainer.model_name = \"lenet5\" or \
+         \"lenet5_compact\", not \"{0}\""
+    )]
+    Model(ModelName),
+    #[error("trainer.vectorized_clients supports trainer.optimizer = \"sgd\" only, not \"{0}\"")]
+    Optimizer(String),
+}
+
+/// One client of a vectorized batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Job<'a> {
+    pub task: ClientTask,
+    pub global: &'a ParamTree,
+    pub partition: &'a [u32],
+    pub plan: &'a LocalPlan,
+}
+
+/// MLX SGD's constants (`crate::optim::MlxSgd`), applied to stacked tensors.
+#[derive(Debug, Clone, Copy)]
+struct Sgd {
+    momentum: f32,
+    weight_decay: f32,
+    dampening: f32,
+    nesterov: bool,
+}
+
+/// Trains batches of clients on one device; one instance per physical worker.
+pub struct VectorizedTrainer {
+    device: Device,
+    settings: TrainSettings,
+    model: ModelName,
+    classes: usize,
+    sgd: Sgd,
+    /// Built for the data's image size on first use.
+    net: Option<(StackedNet, [usize; 2])>,
+}
+
+/// Bytes of device memory the default (`"auto"`) batch may use.
+pub const AUTO_MEMORY_BUDGET: u64 = 4 << 30;
+
+impl VectorizedTrainer {
+    /// A trainer for `model` with `settings`, or why it cannot have one.
+    pub fn new(
+        model: ModelName,
+        classes: usize,
+        device: &Device,
+        settings: TrainSettings,
+    ) -> Result<Self, Unsupported> {
+        check(model, &settings.optimizer)?;
+        let OptimizerSpec::Sgd {
+            momentum,
+            weight_decay,
+            dampening,
+            nesterov,
+            ..
+        } = settings.optimizer
+        else {
+            unreachable!("check accepts SGD only");
+        };
+        Ok(Self {
+            device: device.clone(),
+            settings,
+            model,
+            classes,
+            sgd: Sgd {
+                momentum: momentum as f32,
+                weight_decay: weight_decay as f32,
+                dampening: dampening as f32,
+                nesterov,
+            },
+            net: None,
+        })
+    }
+
+    /// Whether `plan` can be trained vectorized: gradient terms (FedProx,
+    /// SCAFFOLD) are not stacked, so such clients train alone.
+    pub fn supports(plan: &LocalPlan) -> bool {
+        plan.proximal_mu <= 0.0 && plan.gradient_correction.is_none()
+    }
+
+    /// Trains `jobs` together; one result per job, in order.
+    pub fn train(
+        &mut self,
+        jobs: &[Job<'_>],
+        data: &Dataset,
+    ) -> Vec<Result<LocalUpdate, TrainError>> {
+        let started = Instant::now();
+        self.ensure_net(data);
+        let mut results: Vec<Option<Result<LocalUpdate, TrainError>>> = vec![None; jobs.len()];
+        let mut batch = Vec::new();
+        for (slot, job) in jobs.iter().enumerate() {
+            let ClientTask { client_id, round } = job.task;
+            debug_assert!(
+                Self::supports(job.plan),
+                "callers train gradient terms alone"
+            );
+            if job.partition.is_empty() {
+                results[slot] = Some(Err(TrainError::EmptyPartition { client_id, round }));
+            } else {
+                batch.push(slot);
+            }
+        }
+        let (net, _) = self.net.as_ref().expect("built above");
+        let stacked = match stack(net, &batch.iter().map(|&s| jobs[s]).collect::<Vec<_>>()) {
+            Ok(stacked) => stacked,
+            Err((index, source)) => {
+                // One bad tree fails its client; the others retry without it.
+                let job = jobs[batch[index]];
+                results[batch[index]] = Some(Err(TrainError::Load {
+                    client_id: job.task.client_id,
+                    round: job.task.round,
+                    source,
+                }));
+                let rest: Vec<Job<'_>> = batch
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != index)
+                    .map(|(_, &s)| jobs[s])
+                    .collect();
+                let mut retried = self.train(&rest, data).into_iter();
+                for (i, &slot) in batch.iter().enumerate() {
+                    if i != index {
+                        results[slot] = retried.next();
+                    }
+                }
+                return results
+                    .into_iter()
+                    .map(|r| r.expect("every slot filled"))
+                    .collect();
+            }
+        };
+        if !batch.is_empty() {
+            let chosen: Vec<Job<'_>> = batch.iter().map(|&s| jobs[s]).collect();
+            let trained = self.run(&chosen, stacked, data, started);
+            for (slot, result) in batch.iter().zip(trained) {
+                results[*slot] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every slot filled"))
+            .collect()
+    }
+
+    fn ensure_net(&mut self, data: &Dataset) {
+        let image = [data.rows, data.cols];
+        if self.net.as_ref().is_none_or(|(_, built)| *built != image) {
+            let net = StackedNet::new(self.model, self.classes, image, &self.device)
+                .expect("the model was checked when the trainer was built");
+            self.net = Some((net, image));
+        }
+    }
+}
+
+/// Whether `model` and `optimizer` can be trained vectorized.
+pub fn check(model: ModelName, optimizer: &OptimizerSpec) -> Result<(), Unsupported> {
+    if model == ModelName::CnnBn {
+        return Err(Unsupported::Model(model));
+    }
+    match optimizer {
+        OptimizerSpec::Sgd { .. } => Ok(()),
+        OptimizerSpec::Adam { .. } => Err(Unsupported::Optimizer("adam".to_owned())),
+        OptimizerSpec::AdamW { .. } => Err(Unsupported::Optimizer("adamw".to_owned())),
+        OptimizerSpec::RmsProp { .. } => Err(Unsupported::Optimizer("rmsprop".to_owned())),
+        OptimizerSpec::Lion { .. } => Err(Unsupported::Optimizer("lion".to_owned())),
+    }
+}
+
+/// How many clients one batch may hold within `budget` bytes (`"auto"`):
+/// per client, the activations of a batch (forward and their gradients, with
+/// the im2col patches) and four copies of the parameters (weights, gradient,
+/// velocity, the step's autodiff leaf). At least 1.
+pub fn clients_for_memory(
+    model: ModelName,
+    classes: usize,
+    image: [usize; 2],
+    batch_size: usize,
+    budget: u64,
+) -> usize {
+    let device = crate::device::cpu();
+    let Some(net) = StackedNet::new(model, classes, image, &device) else {
+        return 1;
+    };
+    let floats = 2 * batch_size * net.activation_elements() + 4 * net.parameter_count();
+    let per_client = (floats * std::mem::size_of::<f32>()) as u64;
+    (budget / per_client.max(1)).max(1) as usize
+}
+
+/// The stacked parameters of a batch: weight and bias of each layer, on the host.
+struct Stacked {
+    values: Vec<Vec<f32>>,
+}
+
+/// Each job's tree in the stacked layout; `Err((job, error))` names the first
+/// job whose tree does not fit the model.
+fn stack(net: &StackedNet, jobs: &[Job<'_>]) -> Result<Stacked, (usize, LoadError)> {
+    let mut values: Vec<Vec<f32>> = net
+        .layers
+        .iter()
+        .flat_map(|l| {
+            [
+                Vec::with_capacity(jobs.len() * l.fan_in * l.fan_out),
+                Vec::with_capacity(jobs.len() * l.fan_out),
+            ]
+        })
+        .collect();
+    for (index, job) in jobs.iter().enumerate() {
+        let leaves: std::collections::HashMap<String, &Array> = job
+            .global
+            .leaves()
+            .into_iter()
+            .map(|(path, array)| (path.to_string(), array))
+            .collect();
+        if let Some(extra) = leaves.keys().find(|path| {
+            !net.layers.iter().any(|l| {
+                **path == format!("{}.weight", l.name) || **path == format!("{}.bias", l.name)
+            })
+        }) {
+            return Err((index, LoadError::Unexpected(extra.clone())));
+        }
+        for (layer, pair) in net.layers.iter().zip(values.chunks_mut(2)) {
+            let weight = leaf(
+                &leaves,
+                &format!("{}.weight", layer.name),
+                &layer.weight_shape,
+            )
+            .map_err(|e| (index, e))?;
+            let bias = leaf(&leaves, &format!("{}.bias", layer.name), &[layer.fan_out])
+                .map_err(|e| (index, e))?;
+            // PyTorch's [out, fan_in] transposed to [fan_in, out].
+            for i in 0..layer.fan_in {
+                pair[0].extend((0..layer.fan_out).map(|o| weight[o * layer.fan_in + i]));
+            }
+            pair[1].extend_from_slice(bias);
+        }
+    }
+    Ok(Stacked { values })
+}
+
+fn leaf<'a>(
+    leaves: &std::collections::HashMap<String, &'a Array>,
+    path: &str,
+    shape: &[usize],
+) -> Result<&'a [f32], LoadError> {
+    let array = leaves
+        .get(path)
+        .ok_or_else(|| LoadError::Missing(path.to_owned()))?;
+    if array.shape() != shape {
+        return Err(LoadError::Shape {
+            path: path.to_owned(),
+            model: shape.to_vec(),
+            tree: array.shape().to_vec(),
+        });
+    }
+    array.as_f32().ok_or_else(|| LoadError::DType {
+        path: path.to_owned(),
+        dtype: array.dtype(),
+    })
+}
+
+/// One step's inputs for every client of the batch, built on the host.
+struct StepInputs {
+    /// `[K·B, h·w]`, zeros where a client has no sample.
+    images: Vec<f32>,
+    /// `[K, B, classes]`: `1/n` at each valid sample's label, `n` its
+    /// client's samples this step.
+    weights: Vec<f32>,
+    /// `[K]`: samples each client has this step (0: inactive).
+    counts: Vec<f32>,
+}
+
+impl StepInputs {
+    fn new(orders: &[Vec<u32>], step: usize, batch: usize, classes: usize, data: &Dataset) -> Self {
+        let k = orders.len();
+        let pixels = data.rows * data.cols;
+        let mut inputs = StepInputs {
+            images: vec![0.0; k * batch * pixels],
+            weights: vec![0.0; k * batch * classes],
+            counts: vec![0.0; k],
+        };
+        for (client, order) in orders.iter().enumerate() {
+            let start = (step * batch).min(order.len());
+            let samples = &order[start..((step + 1) * batch).min(order.len())];
+            let share = 1.0 / samples.len().max(1) as f32;
+            inputs.counts[client] = samples.len() as f32;
+            for (row, &index) in samples.iter().enumerate() {
+                let at = client * batch + row;
+                let source = index as usize * pixels;
+                inputs.images[at * pixels..(at + 1) * pixels]
+                    .copy_from_slice(&data.images[source..source + pixels]);
+                // Labels are below num_classes: checked when the data loads.
+                let label = data.labels[index as usize] as usize;
+                inputs.weights[at * classes + label.min(classes - 1)] = share;
+            }
+        }
+        inputs
+    }
+}
+
+/// The state of a batch during training, on the device.
+struct Run {
+    params: Vec<Tensor<3>>,
+    velocity: Vec<Tensor<3>>,
+    /// `[K, 1, 1]` base learning rates.
+    rates: Tensor<3>,
+    /// `[K, 1, 1]`: 1 while a client's gradients are finite, 0 after.
+    alive: Tensor<3>,
+    /// `[K, 1, 1]`: the step a client's norm stopped being finite, and that norm.
+    failed_step: Tensor<3>,
+    failed_norm: Tensor<3>,
+    /// `[K, 1, 1]`: Σ loss · samples.
+    loss: Tensor<3>,
+}
+
+fn column(values: Vec<f32>, device: &Device) -> Tensor<3> {
+    let k = values.len();
+    Tensor::<3>::from_data(TensorData::new(values, [k, 1, 1]), device)
+}
+
+impl VectorizedTrainer {
+    fn run(
+        &self,
+        jobs: &[Job<'_>],
+        stacked: Stacked,
+        data: &Dataset,
+        started: Instant,
+    ) -> Vec<Result<LocalUpdate, TrainError>> {
+        let (net, _) = self.net.as_ref().expect("built before running");
+        let k = jobs.len();
+        let batch = self.settings.batch_size;
+        let device = &self.device;
+        let params: Vec<Tensor<3>> = net
+            .layers
+            .iter()
+            .flat_map(|l| [[k, l.fan_in, l.fan_out], [k, 1, l.fan_out]])
+            .zip(stacked.values)
+            .map(|(shape, values)| Tensor::<3>::from_data(TensorData::new(values, shape), device))
+            .collect();
+        let mut run = Run {
+            velocity: params.iter().map(|p| p.zeros_like()).collect(),
+            params,
+            rates: column(
+                jobs.iter().map(|j| j.plan.learning_rate as f32).collect(),
+                device,
+            ),
+            alive: column(vec![1.0; k], device),
+            failed_step: column(vec![0.0; k], device),
+            failed_norm: column(vec![0.0; k], device),
+            loss: column(vec![0.0; k], device),
+        };
+        let mut orders: Vec<Vec<u32>> = jobs.iter().map(|j| j.partition.to_vec()).collect();
+        // (epoch, step within the epoch) of each global step, 1-based.
+        let mut steps: Vec<(u32, usize)> = Vec::new();
+        for epoch in 1..=self.settings.epochs {
+            for (job, order) in jobs.iter().zip(orders.iter_mut()) {
+                let mut rng = match self.settings.training_seed {
+                    Some(seed) => ChaCha8Rng::seed_from_u64(training_stream(
+                        seed,
+                        job.task.client_id,
+                        job.task.round,
+                        epoch,
+                    )),
+                    None => ChaCha8Rng::from_os_rng(),
+                };
+                order.shuffle(&mut rng);
+            }
+            let longest = orders
+                .iter()
+                .map(|o| o.len().div_ceil(batch))
+                .max()
+                .unwrap_or(0);
+            for step in 0..longest {
+                steps.push((epoch, step + 1));
+                let inputs = StepInputs::new(&orders, step, batch, net.classes, data);
+                self.step(net, &mut run, inputs, steps.len(), data);
+            }
+        }
+        self.finish(net, jobs, run, &steps, started)
+    }
+
+    /// One optimizer step of every client.
+    fn step(
+        &self,
+        net: &StackedNet,
+        run: &mut Run,
+        inputs: StepInputs,
+        number: usize,
+        data: &Dataset,
+    ) {
+        let device = &self.device;
+        let k = inputs.counts.len();
+        let batch = self.settings.batch_size;
+        let pixels = data.rows * data.cols;
+        let images =
+            Tensor::<2>::from_data(TensorData::new(inputs.images, [k * batch, pixels]), device);
+        let weights = Tensor::<3>::from_data(
+            TensorData::new(inputs.weights, [k, batch, net.classes]),
+            device,
+        );
+        let active = column(
+            inputs
+                .counts
+                .iter()
+                .map(|&c| if c > 0.0 { 1.0 } else { 0.0 })
+                .collect(),
+            device,
+        );
+        let counts = column(inputs.counts, device);
+        let leaves: Vec<Tensor<3>> = run
+            .params
+            .iter()
+            .map(|p| p.clone().autodiff().require_grad())
+            .collect();
+        let logits = net.forward(&leaves, images, k);
+        // Each client's mean cross-entropy over its own samples, [K, 1, 1].
+        let per_client = (log_softmax(logits, 2) * weights)
+            .sum_dim(2)
+            .sum_dim(1)
+            .neg();
+        let gradients = per_client.clone().sum().backward();
+        run.loss = run.loss.clone() + per_client.inner() * counts;
+        let mut grads: Vec<Tensor<3>> = leaves
+            .iter()
+            .map(|leaf| {
+                leaf.grad(&gradients)
+                    .expect("every parameter takes part in the loss")
+            })
+            .collect();
+        let mut active = active;
+        if let Some(max_norm) = self.settings.clip_grad_norm {
+            active = self.clip(run, &mut grads, active, max_norm as f32, number);
+        }
+        let rates = run.rates.clone() * active.clone();
+        for ((param, velocity), grad) in run
+            .params
+            .iter_mut()
+            .zip(run.velocity.iter_mut())
+            .zip(grads)
+        {
+            let (p, v) = self
+                .sgd
+                .apply(param.clone(), grad, velocity.clone(), &rates, &active);
+            *param = p;
+            *velocity = v;
+        }
+    }
+
+    /// Scales each client's gradients to its own global norm `max_norm`;
+    /// freezes clients whose norm is not finite. Returns the clients still
+    /// taking this step.
+    fn clip(
+        &self,
+        run: &mut Run,
+        grads: &mut [Tensor<3>],
+        active: Tensor<3>,
+        max_norm: f32,
+        number: usize,
+    ) -> Tensor<3> {
+        let squared = grads
+            .iter()
+            .map(|g| g.clone().square().sum_dim(2).sum_dim(1))
+            .reduce(|a, b| a + b)
+            .expect("the model has parameters");
+        let norm = squared.sqrt();
+        let finite = norm.clone().is_finite();
+        // A client fails where it takes a step with a non-finite norm.
+        let failing = active
+            .clone()
+            .greater_elem(0.5)
+            .bool_and(finite.clone().bool_not());
+        let newly = run.alive.clone().greater_elem(0.5).bool_and(failing);
+        run.failed_step = run
+            .failed_step
+            .clone()
+            .mask_fill(newly.clone(), number as f32);
+        run.failed_norm = run
+            .failed_norm
+            .clone()
+            .mask_where(newly.clone(), norm.clone());
+        run.alive = run.alive.clone().mask_fill(newly, 0.0);
+        // max_norm / norm, capped at 1 (norm 0 gives ∞, capped); limit 0
+        // freezes every client, as alone.
+        let scale = if max_norm > 0.0 {
+            norm.recip().mul_scalar(max_norm).clamp_max(1.0)
+        } else {
+            norm.zeros_like()
+        };
+        let scale = scale.mask_fill(finite.bool_not(), 0.0);
+        for grad in grads.iter_mut() {
+            let clean = grad
+                .clone()
+                .mask_fill(grad.clone().is_finite().bool_not(), 0.0);
+            *grad = clean * scale.clone();
+        }
+        active * run.alive.clone()
+    }
+
+    /// Host snapshots of every client, with their results.
+    fn finish(
+        &self,
+        net: &StackedNet,
+        jobs: &[Job<'_>],
+        run: Run,
+        steps: &[(u32, usize)],
+        started: Instant,
+    ) -> Vec<Result<LocalUpdate, TrainError>> {
+        let host = |t: Tensor<3>| -> Vec<f32> {
+            t.into_data()
+                .try_to_vec::<f32>()
+                .expect("float32 parameters convert to f32")
+        };
+        let values: Vec<Vec<f32>> = run.params.into_iter().map(host).collect();
+        let losses = host(run.loss);
+        let failed_step = host(run.failed_step);
+        let failed_norm = host(run.failed_norm);
+        // The batch's time, shared evenly: the clients' times add up to it.
+        let share = started.elapsed().as_secs_f64() / jobs.len() as f64;
+        let batch = self.settings.batch_size;
+        jobs.iter()
+            .enumerate()
+            .map(|(client, job)| {
+                let ClientTask { client_id, round } = job.task;
+                if failed_step[client] > 0.0 {
+                    let (epoch, step) = steps[failed_step[client] as usize - 1];
+                    return Err(TrainError::NonFiniteGradient {
+                        client_id,
+                        round,
+                        epoch,
+                        step,
+                        norm: failed_norm[client] as f64,
+                    });
+                }
+                let tree = unstack(net, &values, client);
+                let tree = match job.plan.update_clip_norm {
+                    Some(max_norm) => crate::local::clip_update(job.global, tree, max_norm),
+                    None => tree,
+                };
+                let n = job.partition.len();
+                let epochs = self.settings.epochs as usize;
+                Ok(LocalUpdate {
+                    tree,
+                    num_samples: n as u64,
+                    loss: losses[client] as f64 / (n * epochs).max(1) as f64,
+                    training_time: share,
+                    local_steps: (epochs * n.div_ceil(batch)) as u64,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Client `client`'s slice of the stacked `values`, in PyTorch's layout.
+fn unstack(net: &StackedNet, values: &[Vec<f32>], client: usize) -> ParamTree {
+    let mut leaves = Vec::with_capacity(values.len());
+    for (layer, pair) in net.layers.iter().zip(values.chunks(2)) {
+        let (fan_in, fan_out) = (layer.fan_in, layer.fan_out);
+        let weight = &pair[0][client * fan_in * fan_out..(client + 1) * fan_in * fan_out];
+        let mut torch = vec![0.0; fan_in * fan_out];
+        for i in 0..fan_in {
+            for o in 0..fan_out {
+                torch[o * fan_in + i] = weight[i * fan_out + o];
+            }
+        }
+        let bias = pair[1][client * fan_out..(client + 1) * fan_out].to_vec();
+        let array = |shape: Vec<usize>, v| Array::f32(shape, v).expect("sizes match the layer");
+        leaves.push((
+            format!("{}.weight", layer.name),
+            array(layer.weight_shape.clone(), torch),
+        ));
+        leaves.push((format!("{}.bias", layer.name), array(vec![fan_out], bias)));
+    }
+    ParamTree::from_dotted(leaves)
+}
+
+impl Sgd {
+    /// MLX SGD on stacked tensors: `g += wd·p`; `v = μ·v + (1 − d)·g`;
+    /// `p −= lr·(g + μ·v)` (Nesterov) or `lr·v`, with `rates` the per-client
+    /// learning rate (0 for an inactive client) and `active` masking the
+    /// velocity so an inactive client keeps it.
+    fn apply(
+        &self,
+        param: Tensor<3>,
+        grad: Tensor<3>,
+        velocity: Tensor<3>,
+        rates: &Tensor<3>,
+        active: &Tensor<3>,
+    ) -> (Tensor<3>, Tensor<3>) {
+        let grad = if self.weight_decay != 0.0 {
+            grad + param.clone().mul_scalar(self.weight_decay)
+        } else {
+            grad
+        };
+        if self.momentum <= 0.0 {
+            return (param - grad * rates.clone(), velocity);
+        }
+        let scaled = if self.dampening > 0.0 {
+            grad.clone().mul_scalar(1.0 - self.dampening)
+        } else {
+            grad.clone()
+        };
+        // Alone, the velocity starts at zero, so its first value is `scaled`
+        // exactly: 0·μ + scaled.
+        let moved = velocity.clone().mul_scalar(self.momentum) + scaled;
+        let kept = active.clone().neg().add_scalar(1.0);
+        let velocity = moved * active.clone() + velocity * kept;
+        let update = if self.nesterov {
+            grad + velocity.clone().mul_scalar(self.momentum)
+        } else {
+            velocity.clone()
+        };
+        (param - update * rates.clone(), velocity)
+    }
+}

@@ -1,0 +1,322 @@
+//! Vectorized against alone, on the CPU.
+//!
+//! Tolerance: after every step, each client's parameters agree with
+//! `LocalTrainer` alone to `TOLERANCE` in max absolute difference. Not bitwise:
+//! the im2col matrix products and the per-client loss reduce in another order
+//! than flex's convolution kernels and burn's cross-entropy, a few ulps per
+//! step that SGD with momentum carries forward. Measured on flex: 1.5e-8
+//! (LeNet-5, 2 epochs), 3.8e-8 (with clipping, weight decay, Nesterov and
+//! per-client rates), 7.5e-9 (compact LeNet-5), against moves of 0.02-0.18.
+
+use super::*;
+use crate::trainer::LocalTrainer;
+use rand::Rng;
+
+/// Largest |vectorized − alone| allowed over every parameter of every client.
+const TOLERANCE: f32 = 1e-6;
+
+fn dataset(count: usize, poison: Option<usize>) -> Dataset {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut images: Vec<f32> = (0..count * 784)
+        .map(|_| rng.random::<f32>() * 2.0 - 0.5)
+        .collect();
+    if let Some(sample) = poison {
+        images[sample * 784 + 300] = f32::INFINITY;
+    }
+    Dataset {
+        images,
+        labels: (0..count).map(|_| rng.random_range(0..10u8)).collect(),
+        rows: 28,
+        cols: 28,
+    }
+}
+
+fn settings(clip: Option<f64>, epochs: u32, weight_decay: f64, nesterov: bool) -> TrainSettings {
+    TrainSettings {
+        epochs,
+        batch_size: 32,
+        optimizer: OptimizerSpec::Sgd {
+            learning_rate: 0.05,
+            momentum: 0.9,
+            weight_decay,
+            dampening: 0.0,
+            nesterov,
+        },
+        clip_grad_norm: clip,
+        training_seed: Some(5),
+    }
+}
+
+fn global_model(model: ModelName) -> ParamTree {
+    let trainer = crate::trainer::Evaluator::new(model, 10, &crate::device::cpu(), 32);
+    crate::init::seeded_parameters(&trainer.parameters(), 3)
+}
+
+/// Client `c`'s partition: unequal sizes, none a multiple of the batch.
+fn partitions() -> Vec<Vec<u32>> {
+    let sizes = [70usize, 45, 100, 7];
+    let mut start = 0u32;
+    sizes
+        .iter()
+        .map(|&n| {
+            let part = (start..start + n as u32).collect();
+            start += n as u32;
+            part
+        })
+        .collect()
+}
+
+fn max_difference(a: &ParamTree, b: &ParamTree) -> f32 {
+    let mut worst = 0.0f32;
+    for ((pa, x), (pb, y)) in a.leaves().iter().zip(b.leaves()) {
+        assert_eq!(pa.to_string(), pb.to_string());
+        assert_eq!(x.shape(), y.shape(), "{pa}");
+        for (p, q) in x.as_f32().unwrap().iter().zip(y.as_f32().unwrap()) {
+            worst = worst.max((p - q).abs());
+        }
+    }
+    worst
+}
+
+struct Compared {
+    worst: f32,
+    moved: f32,
+}
+
+/// Trains every client alone and all together; returns the largest
+/// difference between the two, and how far alone moved from the global model.
+fn compare(model: ModelName, settings: TrainSettings, rates: &[f64]) -> Compared {
+    let device = crate::device::cpu();
+    let data = dataset(222, None);
+    let global = global_model(model);
+    let parts = partitions();
+    let plans: Vec<LocalPlan> = rates.iter().map(|&r| LocalPlan::plain(r)).collect();
+    let jobs: Vec<Job<'_>> = parts
+        .iter()
+        .zip(&plans)
+        .enumerate()
+        .map(|(i, (partition, plan))| Job {
+            task: ClientTask {
+                client_id: i as u32 + 1,
+                round: 3,
+            },
+            global: &global,
+            partition,
+            plan,
+        })
+        .collect();
+    let mut vectorized = VectorizedTrainer::new(model, 10, &device, settings.clone()).unwrap();
+    let together = vectorized.train(&jobs, &data);
+    let mut alone = LocalTrainer::new(model, 10, &device, settings);
+    let mut compared = Compared {
+        worst: 0.0,
+        moved: 0.0,
+    };
+    for (job, together) in jobs.iter().zip(together) {
+        let single = alone
+            .train(job.task, &global, &data, job.partition, job.plan)
+            .unwrap();
+        let together = together.unwrap();
+        assert_eq!(together.local_steps, single.local_steps);
+        assert_eq!(together.num_samples, single.num_samples);
+        assert!(
+            (together.loss - single.loss).abs() <= 1e-4 * single.loss.abs().max(1.0),
+            "loss {} vs {}",
+            together.loss,
+            single.loss
+        );
+        compared.worst = compared
+            .worst
+            .max(max_difference(&together.tree, &single.tree));
+        compared.moved = compared.moved.max(max_difference(&single.tree, &global));
+    }
+    eprintln!(
+        "{model}: max |vectorized − alone| = {:e}, max |alone − global| = {:e}",
+        compared.worst, compared.moved
+    );
+    compared
+}
+
+#[test]
+fn vectorized_sgd_momentum_equals_each_client_alone() {
+    let result = compare(
+        ModelName::Lenet5,
+        settings(None, 2, 0.0, false),
+        &[0.05, 0.05, 0.05, 0.05],
+    );
+    assert!(result.worst <= TOLERANCE, "{}", result.worst);
+    assert!(
+        result.moved > 100.0 * TOLERANCE,
+        "the test needs real training"
+    );
+}
+
+#[test]
+fn vectorized_with_clipping_weight_decay_and_own_rates_equals_alone() {
+    // A limit well below the free norm, so every step is clipped.
+    let result = compare(
+        ModelName::Lenet5,
+        settings(Some(0.5), 2, 1e-3, true),
+        &[0.05, 0.02, 0.1, 0.07],
+    );
+    assert!(result.worst <= TOLERANCE, "{}", result.worst);
+    assert!(
+        result.moved > 100.0 * TOLERANCE,
+        "the test needs real training"
+    );
+}
+
+#[test]
+fn vectorized_compact_lenet_equals_alone() {
+    let result = compare(
+        ModelName::Lenet5Compact,
+        settings(Some(2.0), 1, 0.0, false),
+        &[0.05, 0.05, 0.05, 0.05],
+    );
+    assert!(result.worst <= TOLERANCE, "{}", result.worst);
+}
+
+#[test]
+fn a_non_finite_client_fails_as_alone_and_the_others_do_not_notice() {
+    let device = crate::device::cpu();
+    // Sample 80 is client 2's (70..115).
+    let data = dataset(222, Some(80));
+    let global = global_model(ModelName::Lenet5);
+    let parts = partitions();
+    let plan = LocalPlan::plain(0.05);
+    let jobs: Vec<Job<'_>> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, partition)| Job {
+            task: ClientTask {
+                client_id: i as u32 + 1,
+                round: 1,
+            },
+            global: &global,
+            partition,
+            plan: &plan,
+        })
+        .collect();
+    let settings = settings(Some(1.0), 1, 0.0, false);
+    let mut vectorized =
+        VectorizedTrainer::new(ModelName::Lenet5, 10, &device, settings.clone()).unwrap();
+    let together = vectorized.train(&jobs, &data);
+    let mut alone = LocalTrainer::new(ModelName::Lenet5, 10, &device, settings);
+    for (job, together) in jobs.iter().zip(together) {
+        let single = alone.train(job.task, &global, &data, job.partition, job.plan);
+        match (together, single) {
+            (Err(a), Err(b)) => {
+                assert_eq!(job.task.client_id, 2);
+                let (
+                    TrainError::NonFiniteGradient {
+                        epoch: ea,
+                        step: sa,
+                        ..
+                    },
+                    TrainError::NonFiniteGradient {
+                        epoch: eb,
+                        step: sb,
+                        ..
+                    },
+                ) = (&a, &b)
+                else {
+                    panic!("{a} / {b}");
+                };
+                assert_eq!((ea, sa), (eb, sb));
+            }
+            (Ok(a), Ok(b)) => assert!(max_difference(&a.tree, &b.tree) <= TOLERANCE),
+            (a, b) => panic!("client {}: {a:?} vs {b:?}", job.task.client_id),
+        }
+    }
+}
+
+#[test]
+fn an_empty_partition_or_a_foreign_tree_fails_its_client_only() {
+    let device = crate::device::cpu();
+    let data = dataset(222, None);
+    let global = global_model(ModelName::Lenet5);
+    let foreign = global_model(ModelName::Lenet5Compact);
+    let plan = LocalPlan::plain(0.05);
+    let parts = partitions();
+    let task = |client_id| ClientTask {
+        client_id,
+        round: 1,
+    };
+    let jobs = [
+        Job {
+            task: task(1),
+            global: &global,
+            partition: &parts[0],
+            plan: &plan,
+        },
+        Job {
+            task: task(2),
+            global: &global,
+            partition: &[],
+            plan: &plan,
+        },
+        Job {
+            task: task(3),
+            global: &foreign,
+            partition: &parts[2],
+            plan: &plan,
+        },
+        Job {
+            task: task(4),
+            global: &global,
+            partition: &parts[3],
+            plan: &plan,
+        },
+    ];
+    let mut vectorized = VectorizedTrainer::new(
+        ModelName::Lenet5,
+        10,
+        &device,
+        settings(None, 1, 0.0, false),
+    )
+    .unwrap();
+    let results = vectorized.train(&jobs, &data);
+    assert!(results[0].is_ok());
+    assert!(matches!(
+        results[1],
+        Err(TrainError::EmptyPartition { client_id: 2, .. })
+    ));
+    assert!(
+        matches!(results[2], Err(TrainError::Load { client_id: 3, .. })),
+        "{:?}",
+        results[2]
+    );
+    assert!(results[3].is_ok());
+}
+
+#[test]
+fn unsupported_models_and_optimizers_name_the_key() {
+    let adam = OptimizerSpec::Adam {
+        learning_rate: 0.01,
+        betas: [0.9, 0.999],
+        eps: 1e-8,
+        bias_correction: false,
+    };
+    let error = check(ModelName::Lenet5, &adam).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "trainer.vectorized_clients supports trainer.optimizer = \"sgd\" only, not \"adam\""
+    );
+    let sgd = settings(None, 1, 0.0, false).optimizer;
+    let error = check(ModelName::CnnBn, &sgd).unwrap_err();
+    assert!(error.to_string().contains("trainer.model_name"), "{error}");
+    assert!(check(ModelName::Lenet5Compact, &sgd).is_ok());
+}
+
+#[test]
+fn the_memory_budget_chooses_the_batch_of_clients() {
+    let k = clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, AUTO_MEMORY_BUDGET);
+    // About 21 MB a LeNet-5 client at batch 32: 100 clients fit in 4 GiB.
+    assert!((100..400).contains(&k), "{k}");
+    let half = clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, AUTO_MEMORY_BUDGET / 2);
+    assert!(half.abs_diff(k / 2) <= 1, "{half} vs {k}");
+    assert_eq!(
+        clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, 1),
+        1
+    );
+}
