@@ -10,8 +10,8 @@ use std::path::Path;
 
 use anyhow::bail;
 
-use cohort_core::config::{LoadedConfig, Sampler};
-use cohort_core::data::survey::{FileState, Survey};
+use cohort_core::config::LoadedConfig;
+use cohort_core::data::survey::{self, Survey};
 
 /// The findings: lines to print, and problems that make the run fail.
 #[derive(Debug, Default)]
@@ -40,57 +40,26 @@ pub fn report(findings: &Findings) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The data files a run reads: both splits, or only the test split when every
+/// client brings its own training data (the server then only evaluates, and
+/// cuts no partitions).
 fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Findings) {
     let data = &loaded.config.data;
-    let root = data_root.unwrap_or(&data.data_path);
-    let survey = Survey::of(data.datasource, root);
-    if loaded.config.clients.all_own_data() {
-        check_test_data(loaded, &survey, findings);
-        return;
-    }
-    let missing = survey.missing();
-    if !missing.is_empty() {
-        let names: Vec<&str> = missing.iter().map(|f| f.file.name).collect();
-        let line = format!(
-            "data: {} missing from {}",
-            names.join(", "),
-            survey.folder.display()
-        );
-        if data.download {
-            findings.notes.push(format!(
-                "{line}; the run downloads them (data.download = true)"
-            ));
-        } else {
-            findings.problems.push(format!(
-                "{line}, and data.download = false: put them there or set COHORT_DATA_DIR"
-            ));
-        }
-    }
-    findings.problems.extend(survey.problems());
-    if let (Some(train), Some(test)) = (survey.train_samples(), survey.test_samples()) {
-        findings.notes.push(format!(
-            "data: {} holds {train} training and {test} test samples",
-            survey.folder.display()
-        ));
-    }
-    if let Some(train) = survey.train_samples() {
-        findings.problems.extend(partition_fit(loaded, train));
-    }
-}
-
-/// A run whose clients all bring their own data reads the test split alone
-/// (the server's evaluation) and cuts no partitions.
-fn check_test_data(loaded: &LoadedConfig, survey: &Survey, findings: &mut Findings) {
-    let data = &loaded.config.data;
-    let missing: Vec<&str> = survey
-        .test_files()
-        .iter()
-        .filter(|f| f.state == FileState::Missing)
-        .map(|f| f.file.name)
-        .collect();
+    let survey = Survey::of(data.datasource, data_root.unwrap_or(&data.data_path));
+    let own_data = loaded.config.clients.all_own_data();
+    let (files, problems, why) = if own_data {
+        (
+            survey.test_files(),
+            survey.test_problems(),
+            " (the test set: every client brings its own training data)",
+        )
+    } else {
+        (&survey.files[..], survey.problems(), "")
+    };
+    let missing: Vec<&str> = survey::missing(files).iter().map(|f| f.file.name).collect();
     if !missing.is_empty() {
         let line = format!(
-            "data: {} missing from {} (the test set: every client brings its own training data)",
+            "data: {} missing from {}{why}",
             missing.join(", "),
             survey.folder.display()
         );
@@ -104,40 +73,33 @@ fn check_test_data(loaded: &LoadedConfig, survey: &Survey, findings: &mut Findin
             ));
         }
     }
-    findings.problems.extend(survey.test_problems());
-    if let Some(test) = survey.test_samples() {
-        findings.notes.push(format!(
-            "data: {} holds {test} test samples; every client brings its own training data",
-            survey.folder.display()
-        ));
+    findings.problems.extend(problems);
+    let folder = survey.folder.display();
+    match (own_data, survey.train_samples(), survey.test_samples()) {
+        (true, _, Some(test)) => findings.notes.push(format!(
+            "data: {folder} holds {test} test samples; every client brings its own training data"
+        )),
+        (false, Some(train), Some(test)) => findings.notes.push(format!(
+            "data: {folder} holds {train} training and {test} test samples"
+        )),
+        _ => {}
+    }
+    if !own_data && let Some(train) = survey.train_samples() {
+        findings
+            .problems
+            .extend(partition_fit(loaded, train as u64));
     }
 }
 
 /// Whether the training set's `train` samples can be cut as the config asks:
 /// the sizes alone decide it for iid partitions, and bound the others.
-fn partition_fit(loaded: &LoadedConfig, train: usize) -> Option<String> {
-    let config = &loaded.config;
-    let clients = config.clients.total_clients as usize;
-    let data = &config.data;
-    let (key, needed) = match (data.sampler, &data.partition_sizes, data.partition_size) {
-        // Repeats the training set as often as it takes (a bound the config
-        // checks against the published size).
-        (Sampler::IidCyclic, _, _) => return None,
-        (Sampler::Iid, Some(sizes), _) => (
-            "data.partition_sizes",
-            sizes.iter().fold(0usize, |sum, &s| sum.saturating_add(s)),
-        ),
-        (Sampler::Iid, None, Some(size)) => ("data.partition_size", size.saturating_mul(clients)),
-        (Sampler::Iid, None, None) | (Sampler::Shards, _, _) => ("clients.total_clients", clients),
-        (Sampler::Dirichlet | Sampler::QuantitySkew, _, _) => (
-            "data.min_partition_size",
-            data.min_partition_size.max(1).saturating_mul(clients),
-        ),
-    };
+fn partition_fit(loaded: &LoadedConfig, train: u64) -> Option<String> {
+    let (key, needed) = cohort_core::config::training_samples_needed(&loaded.config)?;
     (needed > train).then(|| {
         format!(
-            "`{key}`: {clients} clients need at least {needed} training samples, but the \
-             training set has {train}"
+            "`{key}`: {} clients need at least {needed} training samples, but the \
+             training set has {train}",
+            loaded.config.clients.total_clients
         )
     })
 }

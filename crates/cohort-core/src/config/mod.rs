@@ -1421,24 +1421,50 @@ fn check_iid_cyclic(config: &Config, fail: Fail) {
     }
 }
 
-/// Iid partitions are disjoint, so together they cannot take more samples
-/// than the published training set has; `cohort check` says so before a run
-/// reads the files (which are checked again then, smaller fixtures included).
+/// The fewest training samples the config's partitions need, with the key
+/// that sets the number: iid partitions are disjoint, so they need their sum;
+/// the label-skew samplers need `min_partition_size` a client; shards at
+/// least one sample a client. `None` for `iid_cyclic`, which repeats the
+/// training set as often as it takes.
+pub fn training_samples_needed(config: &Config) -> Option<(&'static str, u64)> {
+    use schema::Sampler;
+    let data = &config.data;
+    let clients = u64::from(config.clients.total_clients);
+    Some(
+        match (data.sampler, &data.partition_sizes, data.partition_size) {
+            (Sampler::IidCyclic, _, _) => return None,
+            (Sampler::Iid, Some(sizes), _) => (
+                "data.partition_sizes",
+                sizes
+                    .iter()
+                    .fold(0u64, |sum, &s| sum.saturating_add(s as u64)),
+            ),
+            (Sampler::Iid, None, Some(size)) => {
+                ("data.partition_size", (size as u64).saturating_mul(clients))
+            }
+            (Sampler::Iid, None, None) | (Sampler::Shards, _, _) => {
+                ("clients.total_clients", clients)
+            }
+            (Sampler::Dirichlet | Sampler::QuantitySkew, _, _) => (
+                "data.min_partition_size",
+                (data.min_partition_size.max(1) as u64).saturating_mul(clients),
+            ),
+        },
+    )
+}
+
+/// Iid partitions with a given size cannot together take more samples than
+/// the published training set has; `cohort check` says so before a run reads
+/// the files (and holds every sampler against the files' own sizes).
 fn check_iid_fits(config: &Config, fail: Fail) {
-    if config.data.sampler != schema::Sampler::Iid {
+    let explicit = config.data.partition_sizes.is_some() || config.data.partition_size.is_some();
+    if config.data.sampler != schema::Sampler::Iid || !explicit {
         return;
     }
-    let clients = u64::from(config.clients.total_clients);
-    let (key, needed) = match (&config.data.partition_sizes, config.data.partition_size) {
-        (Some(sizes), _) => (
-            "data.partition_sizes",
-            sizes
-                .iter()
-                .fold(0u64, |sum, &s| sum.saturating_add(s as u64)),
-        ),
-        (None, Some(size)) => ("data.partition_size", (size as u64).saturating_mul(clients)),
-        (None, None) => return,
+    let Some((key, needed)) = training_samples_needed(config) else {
+        return;
     };
+    let clients = config.clients.total_clients;
     let source = config.data.datasource;
     let available = source.train_samples() as u64;
     if needed > available {

@@ -61,13 +61,6 @@ impl Survey {
         Self { folder, files }
     }
 
-    pub fn missing(&self) -> Vec<&SurveyedFile> {
-        self.files
-            .iter()
-            .filter(|f| f.state == FileState::Missing)
-            .collect()
-    }
-
     /// Samples of the training set, when both its files are there and agree.
     pub fn train_samples(&self) -> Option<usize> {
         self.split_samples(0)
@@ -134,6 +127,14 @@ impl Survey {
     }
 }
 
+/// The files of `files` that are not there.
+pub fn missing(files: &[SurveyedFile]) -> Vec<&SurveyedFile> {
+    files
+        .iter()
+        .filter(|f| f.state == FileState::Missing)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,7 +149,7 @@ mod tests {
         assert_eq!(survey.train_samples(), Some(600));
         assert_eq!(survey.test_samples(), Some(200));
         assert!(survey.problems().is_empty(), "{:?}", survey.problems());
-        assert!(survey.missing().is_empty());
+        assert!(missing(&survey.files).is_empty());
         assert_eq!(survey.files[0].state, FileState::Present(vec![600, 28, 28]));
     }
 
@@ -171,8 +172,11 @@ mod tests {
         .unwrap();
         std::fs::write(folder.join("t10k-images-idx3-ubyte.gz"), b"\x1f\x8b\x08").unwrap();
         let survey = Survey::of(DataSource::FashionMnist, dir.path());
-        assert_eq!(survey.missing().len(), 1);
-        assert_eq!(survey.missing()[0].file.name, "t10k-labels-idx1-ubyte.gz");
+        assert_eq!(missing(&survey.files).len(), 1);
+        assert_eq!(
+            missing(&survey.files)[0].file.name,
+            "t10k-labels-idx1-ubyte.gz"
+        );
         assert_eq!(survey.train_samples(), None);
         let problems = survey.problems();
         assert_eq!(problems.len(), 2, "{problems:?}");
