@@ -52,17 +52,33 @@ fn write_plan(dir: &Path, instance: &str) {
 
 fn write_plan_of(dir: &Path, instance: &str, ranks: u32) {
     let cluster = common::repo_root().join("configs/clusters/one_machine.toml");
-    let topology = cohort_core::cluster::load(&cluster).unwrap();
+    write_ring_plan(&cluster, dir, instance, ranks, 1, 0);
+}
+
+/// Places a ring of `ranks` over at least `min_nodes` nodes of `cluster` and
+/// writes its host files into `dir`; returns the plan. `span` moves the
+/// ports to another 1,024-port span, clear of the other tests' instances.
+fn write_ring_plan(
+    cluster: &Path,
+    dir: &Path,
+    instance: &str,
+    ranks: u32,
+    min_nodes: u32,
+    span: u16,
+) -> cohort_core::cluster::Plan {
+    let topology = cohort_core::cluster::load(cluster).unwrap();
     let mut request = Request::new(instance, 6, MemoryNeed::estimate(62_006, 4, 40 * 785));
     request.backend = Backend::Ring;
     request.ranks = RankCount::Exactly(ranks);
+    request.min_nodes = min_nodes;
     // Away from other tests' ports; the plan picks within 1,024 of it.
-    request.base_port = 40_000 + (std::process::id() % 20_000) as u16;
+    request.base_port = 40_000 + (std::process::id() % 20_000) as u16 + span * 1_024;
     let plan = place(&topology, &request).unwrap();
     std::fs::create_dir_all(dir).unwrap();
     for file in plan.host_files() {
         std::fs::write(dir.join(file.name), file.contents).unwrap();
     }
+    plan
 }
 
 fn start_rank(config: &Path, plan: &Path, base: &Path, rank: u32, extra: &[&str]) -> Child {
@@ -313,20 +329,10 @@ fn ranks_named_by_dns_meet_in_a_ring() {
     }
     let cluster_path = dir.path().join("named.toml");
     std::fs::write(&cluster_path, cluster).unwrap();
-    let topology = cohort_core::cluster::load(&cluster_path).unwrap();
-    let mut request = Request::new("dns", 6, MemoryNeed::estimate(62_006, 4, 40 * 785));
-    request.backend = Backend::Ring;
-    request.ranks = RankCount::Exactly(3);
-    request.min_nodes = 3;
-    request.base_port = 40_000 + (std::process::id() % 20_000) as u16 + 1_500;
-    let plan = place(&topology, &request).unwrap();
+    let plan_dir = dir.path().join("plan");
+    let plan = write_ring_plan(&cluster_path, &plan_dir, "dns", 3, 3, 2);
     for rank in &plan.ranks[1..] {
         assert_eq!(rank.coordinator.host.to_string(), "localhost", "{rank:?}");
-    }
-    let plan_dir = dir.path().join("plan");
-    std::fs::create_dir_all(&plan_dir).unwrap();
-    for file in plan.host_files() {
-        std::fs::write(plan_dir.join(&file.name), &file.contents).unwrap();
     }
     let base = dir.path().join("ranks");
     let outputs: Vec<Output> = (0..3)

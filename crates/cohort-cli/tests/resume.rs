@@ -257,21 +257,10 @@ fn resume_remembers_rounds_and_set_overrides() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &JOB.replace("rounds = 8", "rounds = 5"));
     let base = dir.path().join("runs");
-    let output = cohort(
-        &[
-            "run",
-            "--config",
-            config.to_str().unwrap(),
-            "--cpu",
-            "--quiet",
-            "--base",
-            base.to_str().unwrap(),
-            "--rounds",
-            "2",
-            "--set",
-            "trainer.epochs=1",
-        ],
-        &fixture_data(),
+    let output = common::run_config(
+        &config,
+        &base,
+        &["--rounds", "2", "--set", "trainer.epochs=1"],
     );
     assert!(
         output.status.success(),
