@@ -106,15 +106,21 @@ impl Progress {
 
     fn redraw(&self) {
         if self.mode == ProgressMode::Bar {
-            self.bar.set_message(format!(
-                "round {}/{} · {}/{} clients · {}",
-                self.round,
-                self.last_round,
-                self.done,
-                self.tasks,
-                self.time_left_text()
-            ));
+            self.bar.set_message(self.bar_message());
         }
+    }
+
+    /// What the bar says beside itself: the round, the clients of the round
+    /// done so far, and the time left.
+    fn bar_message(&self) -> String {
+        format!(
+            "round {}/{} · {}/{} clients · {}",
+            self.round,
+            self.last_round,
+            self.done,
+            self.tasks,
+            self.time_left_text()
+        )
     }
 
     fn time_left_text(&self) -> String {
@@ -217,10 +223,24 @@ mod tests {
     }
 
     #[test]
-    fn a_log_gets_one_line_per_round_with_the_progress() {
+    fn the_bar_counts_rounds_and_the_clients_of_the_round() {
         let mut progress = Progress::new(ProgressMode::Hidden, 3, 5);
+        progress.start_round(3, 10);
+        assert_eq!(
+            progress.bar_message(),
+            "round 3/5 · 0/10 clients · ETA --:--"
+        );
         progress.start_round(4, 10);
-        for _ in 0..12 {
+        for _ in 0..3 {
+            progress.client_done();
+        }
+        let message = progress.bar_message();
+        assert!(
+            message.starts_with("round 4/5 · 3/10 clients · ETA "),
+            "{message}"
+        );
+        assert!(!message.ends_with("--:--"), "{message}");
+        for _ in 0..9 {
             progress.client_done();
         }
         // Never more clients done than the round has.
