@@ -92,6 +92,9 @@ pub struct VectorizedTrainer {
     sgd: Sgd,
     /// Built for the data's image size on first use.
     net: Option<(StackedNet, [usize; 2])>,
+    /// Differentiate with burn's autodiff instead of the written-out
+    /// backward pass (`COHORT_VECTORIZED_AUTODIFF=1`, for comparisons).
+    recorded_backward: bool,
 }
 
 /// Bytes of device memory the default (`"auto"`) batch may use.
@@ -128,6 +131,7 @@ impl VectorizedTrainer {
                 nesterov,
             },
             net: None,
+            recorded_backward: std::env::var("COHORT_VECTORIZED_AUTODIFF").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -465,26 +469,11 @@ impl VectorizedTrainer {
             device,
         );
         let counts = column(inputs.counts, device);
-        let leaves: Vec<Tensor<3>> = run
-            .params
-            .iter()
-            .map(|p| p.clone().autodiff().require_grad())
-            .collect();
-        let logits = net.forward(&leaves, images, k);
-        // Each client's mean cross-entropy over its own samples, [K, 1, 1].
-        let per_client = (log_softmax(logits, 2) * weights)
-            .sum_dim(2)
-            .sum_dim(1)
-            .neg();
-        let gradients = per_client.clone().sum().backward();
-        run.loss = run.loss.clone() + per_client.inner() * counts;
-        let mut grads: Vec<Tensor<3>> = leaves
-            .iter()
-            .map(|leaf| {
-                leaf.grad(&gradients)
-                    .expect("every parameter takes part in the loss")
-            })
-            .collect();
+        let (per_client, mut grads) = match self.recorded_backward {
+            false => written_out_step(net, &run.params, images, weights),
+            true => recorded_step(net, &run.params, images, weights),
+        };
+        run.loss = run.loss.clone() + per_client * counts;
         let mut active = active;
         if let Some(max_norm) = self.settings.clip_grad_norm {
             active = self.clip(run, &mut grads, active, max_norm as f32, number);
@@ -629,6 +618,55 @@ fn unstack(net: &StackedNet, values: &[Vec<f32>], client: usize) -> ParamTree {
         leaves.push((format!("{}.bias", layer.name), array(vec![fan_out], bias)));
     }
     ParamTree::from_dotted(leaves)
+}
+
+/// Each client's mean cross-entropy over its own samples (`[K, 1, 1]`) and
+/// the gradient of every parameter, by [`StackedNet::backward`]. The loss's
+/// gradient is `softmax · (the sample's weight) − weights`.
+fn written_out_step(
+    net: &StackedNet,
+    params: &[Tensor<3>],
+    images: Tensor<2>,
+    weights: Tensor<3>,
+) -> (Tensor<3>, Vec<Tensor<3>>) {
+    let k = params[0].dims()[0];
+    let (logits, saved) = net.forward_train(params, images, k);
+    let log_probs = log_softmax(logits, 2);
+    let per_client = (log_probs.clone() * weights.clone())
+        .sum_dim(2)
+        .sum_dim(1)
+        .neg();
+    let logits_grad = log_probs.exp() * weights.clone().sum_dim(2) - weights;
+    (per_client, net.backward(params, saved, logits_grad))
+}
+
+/// [`written_out_step`] recorded and differentiated by burn's autodiff
+/// (`COHORT_VECTORIZED_AUTODIFF=1`), for comparisons.
+fn recorded_step(
+    net: &StackedNet,
+    params: &[Tensor<3>],
+    images: Tensor<2>,
+    weights: Tensor<3>,
+) -> (Tensor<3>, Vec<Tensor<3>>) {
+    let k = params[0].dims()[0];
+    let leaves: Vec<Tensor<3>> = params
+        .iter()
+        .map(|p| p.clone().autodiff().require_grad())
+        .collect();
+    let logits = net.forward(&leaves, images, k);
+    let per_client = (log_softmax(logits, 2) * weights)
+        .sum_dim(2)
+        .sum_dim(1)
+        .neg();
+    let gradients = per_client.clone().sum().backward();
+    let grads = leaves
+        .iter()
+        .map(|leaf| {
+            leaf.grad(&gradients)
+                .expect("every parameter takes part in the loss")
+        })
+        .collect();
+    (per_client.inner(), grads)
 }
 
 impl Sgd {

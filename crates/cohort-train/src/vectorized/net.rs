@@ -8,6 +8,10 @@
 //! (`[N, H, W, C]`, N = K·B), so no permutation is needed between layers and a
 //! 2×2 max-pool is two `max_dim` on a reshaped view.
 //!
+//! The backward pass is written out ([`StackedNet::backward`]) rather than
+//! recorded by autodiff: every step of it is a gather, a matrix product or
+//! an elementwise product, none a scatter.
+//!
 //! Why not burn's grouped `conv2d` (clients stacked along channels,
 //! `groups = K`): its weight gradient on burn-cubecl (the wgpu backend)
 //! launches one kernel per group (`conv_weight_grad_groups` in
@@ -57,6 +61,13 @@ struct Conv {
     /// For each output position and `(c, ky, kx)`, the input element it reads
     /// (`h·w·c` is the appended zero column).
     indices: Tensor<1, Int>,
+    /// The same map read the other way, for the backward pass: for each input
+    /// element, the `readers` patch entries (`position·fan_in + f`) that read
+    /// it, padded with the appended zero column (`positions·fan_in`).
+    readers_of: Tensor<1, Int>,
+    readers: usize,
+    /// Input elements `h·w·c`.
+    inputs: usize,
 }
 
 /// Shape of the activations between layers, channels-last.
@@ -121,7 +132,128 @@ impl StackedNet {
     }
 
     /// Logits `[K, B, classes]` of `images` (`[K·B, h·w]`) under `params`
-    /// (weight and bias of each layer, in order).
+    /// (weight and bias of each layer, in order), with what
+    /// [`StackedNet::backward`] needs of each layer.
+    pub(crate) fn forward_train(
+        &self,
+        params: &[Tensor<3>],
+        images: Tensor<2>,
+        k: usize,
+    ) -> (Tensor<3>, Vec<Saved>) {
+        let n = images.dims()[0];
+        let batch = n / k;
+        let mut x = images;
+        let mut saved = Vec::with_capacity(self.layers.len());
+        for (layer, pair) in self.layers.iter().zip(params.chunks(2)) {
+            let (weight, bias) = (pair[0].clone(), pair[1].clone());
+            x = match &layer.kind {
+                Kind::Conv(conv) => {
+                    let patches = conv.patches(x, k, layer.fan_in);
+                    let z = patches.clone().matmul(weight) + bias;
+                    let open = z.clone().greater_elem(0.0).float();
+                    let y = relu(z);
+                    let [oh, ow] = conv.positions;
+                    let (out, gate) = match conv.pool {
+                        true => {
+                            let (pooled, winners) = max_pool_with_winners(y, n, oh, ow);
+                            (pooled, winners * open)
+                        }
+                        false => (y.reshape([n, oh * ow * layer.fan_out]), open),
+                    };
+                    saved.push(Saved::Conv { patches, gate });
+                    out
+                }
+                Kind::Linear {
+                    relu: activate,
+                    channels_last,
+                } => {
+                    let input = channels_first(x, *channels_last).reshape([k, batch, layer.fan_in]);
+                    let z = input.clone().matmul(weight) + bias;
+                    let (y, gate) = match activate {
+                        true => (relu(z.clone()), Some(z.greater_elem(0.0).float())),
+                        false => (z, None),
+                    };
+                    saved.push(Saved::Linear { input, gate });
+                    y.reshape([n, layer.fan_out])
+                }
+            };
+        }
+        (x.reshape([k, batch, self.classes]), saved)
+    }
+
+    /// The gradient of every parameter (weight and bias of each layer, in
+    /// order) given the gradient of the logits `[K, B, classes]`, from what
+    /// [`StackedNet::forward_train`] saved. Written out instead of recorded by
+    /// autodiff so that no step needs a scatter: the transpose of the im2col
+    /// gather is another gather ([`Conv::readers_of`]), where autodiff would
+    /// scatter-add with atomics (emulated by compare-and-swap loops on wgpu),
+    /// and each convolution's weight gradient is split by sample so that its
+    /// long reduction runs as many small products.
+    pub(crate) fn backward(
+        &self,
+        params: &[Tensor<3>],
+        saved: Vec<Saved>,
+        logits_grad: Tensor<3>,
+    ) -> Vec<Tensor<3>> {
+        let [k, batch, _] = logits_grad.dims();
+        let n = k * batch;
+        let mut grads = Vec::with_capacity(params.len());
+        let mut upstream = logits_grad.reshape([n, self.classes]);
+        let layers = self.layers.iter().zip(params.chunks(2)).zip(saved);
+        for (index, ((layer, pair), saved)) in layers.enumerate().rev() {
+            let transposed = pair[0].clone().swap_dims(1, 2);
+            let (fan_in, fan_out) = (layer.fan_in, layer.fan_out);
+            let input_grad = match (&layer.kind, saved) {
+                (Kind::Conv(conv), Saved::Conv { patches, gate }) => {
+                    let [oh, ow] = conv.positions;
+                    let positions = oh * ow;
+                    let z_grad = match conv.pool {
+                        true => unpool(upstream, gate, n, oh, ow, fan_out),
+                        false => upstream.reshape([k, batch * positions, fan_out]) * gate,
+                    };
+                    let weight_grad = patches
+                        .reshape([n, positions, fan_in])
+                        .swap_dims(1, 2)
+                        .matmul(z_grad.clone().reshape([n, positions, fan_out]))
+                        .reshape([k, batch, fan_in * fan_out])
+                        .sum_dim(1)
+                        .reshape([k, fan_in, fan_out]);
+                    grads.push(z_grad.clone().sum_dim(1));
+                    grads.push(weight_grad);
+                    (index > 0).then(|| {
+                        let patches_grad =
+                            z_grad.matmul(transposed).reshape([n, positions * fan_in]);
+                        conv.col2im(patches_grad, n)
+                    })
+                }
+                (Kind::Linear { channels_last, .. }, Saved::Linear { input, gate }) => {
+                    let z_grad = upstream.reshape([k, batch, fan_out]);
+                    let z_grad = match gate {
+                        Some(gate) => z_grad * gate,
+                        None => z_grad,
+                    };
+                    grads.push(z_grad.clone().sum_dim(1));
+                    grads.push(input.swap_dims(1, 2).matmul(z_grad.clone()));
+                    (index > 0).then(|| {
+                        let input_grad = z_grad.matmul(transposed).reshape([n, fan_in]);
+                        channels_last_again(input_grad, *channels_last)
+                    })
+                }
+                _ => unreachable!("forward_train saves each layer as its kind"),
+            };
+            // The first layer's input is the images: nothing flows further.
+            let Some(input_grad) = input_grad else { break };
+            upstream = input_grad;
+        }
+        // Pushed bias then weight from the last layer down.
+        grads.reverse();
+        grads
+    }
+
+    /// Logits `[K, B, classes]` of `images` (`[K·B, h·w]`) under `params`
+    /// (weight and bias of each layer, in order), as a graph autodiff can
+    /// differentiate: the reference [`StackedNet::backward`] is tested against,
+    /// and the path `COHORT_VECTORIZED_AUTODIFF=1` takes.
     pub(crate) fn forward(&self, params: &[Tensor<3>], images: Tensor<2>, k: usize) -> Tensor<3> {
         let n = images.dims()[0];
         let batch = n / k;
@@ -130,19 +262,8 @@ impl StackedNet {
             let (weight, bias) = (pair[0].clone(), pair[1].clone());
             x = match &layer.kind {
                 Kind::Conv(conv) => {
-                    let x = if conv.padded {
-                        let zero = Tensor::<2>::zeros([n, 1], &x.device());
-                        Tensor::cat(vec![x, zero], 1)
-                    } else {
-                        x
-                    };
                     let [oh, ow] = conv.positions;
-                    let patches = x.select(1, conv.indices.clone()).reshape([
-                        k,
-                        batch * oh * ow,
-                        layer.fan_in,
-                    ]);
-                    let y = relu(patches.matmul(weight) + bias);
+                    let y = relu(conv.patches(x, k, layer.fan_in).matmul(weight) + bias);
                     match conv.pool {
                         true => max_pool_channels_last(y, n, oh, ow, layer.fan_out),
                         false => y.reshape([n, oh * ow * layer.fan_out]),
@@ -152,13 +273,7 @@ impl StackedNet {
                     relu: activate,
                     channels_last,
                 } => {
-                    let x = match channels_last {
-                        Some([h, w, c]) => x
-                            .reshape([n, *h, *w, *c])
-                            .permute([0, 3, 1, 2])
-                            .reshape([n, layer.fan_in]),
-                        None => x,
-                    };
+                    let x = channels_first(x, *channels_last);
                     let y = x.reshape([k, batch, layer.fan_in]).matmul(weight) + bias;
                     let y = if *activate { relu(y) } else { y };
                     y.reshape([n, layer.fan_out])
@@ -187,6 +302,121 @@ impl StackedNet {
     pub(crate) fn parameter_count(&self) -> usize {
         self.layers.iter().map(|l| (l.fan_in + 1) * l.fan_out).sum()
     }
+}
+
+/// What the backward pass needs of one layer.
+pub(crate) enum Saved {
+    Conv {
+        /// `[K, B·positions, fan_in]` im2col patches.
+        patches: Tensor<3>,
+        /// `[K, B·positions, fan_out]`: 1 where an output's gradient flows
+        /// back (its ReLU is open and, with pooling, it won its window), else 0.
+        gate: Tensor<3>,
+    },
+    Linear {
+        /// `[K, B, fan_in]` input.
+        input: Tensor<3>,
+        /// `[K, B, fan_out]` ReLU gate, for a layer with a ReLU.
+        gate: Option<Tensor<3>>,
+    },
+}
+
+impl Conv {
+    /// `[K, B·positions, fan_in]` im2col patches of channels-last `x`.
+    fn patches(&self, x: Tensor<2>, k: usize, fan_in: usize) -> Tensor<3> {
+        let n = x.dims()[0];
+        let x = match self.padded {
+            true => {
+                let zero = Tensor::<2>::zeros([n, 1], &x.device());
+                Tensor::cat(vec![x, zero], 1)
+            }
+            false => x,
+        };
+        let [oh, ow] = self.positions;
+        x.select(1, self.indices.clone())
+            .reshape([k, n / k * oh * ow, fan_in])
+    }
+
+    /// The transpose of [`Conv::patches`]: each input element's gradient is
+    /// the sum of its readers' patch gradients (`[N, positions·fan_in]`),
+    /// gathered, so no two threads write one element.
+    fn col2im(&self, patches_grad: Tensor<2>, n: usize) -> Tensor<2> {
+        let zero = Tensor::<2>::zeros([n, 1], &patches_grad.device());
+        Tensor::cat(vec![patches_grad, zero], 1)
+            .select(1, self.readers_of.clone())
+            .reshape([n, self.inputs, self.readers])
+            .sum_dim(2)
+            .reshape([n, self.inputs])
+    }
+}
+
+/// PyTorch flattens channels-first: a channels-last input with more than
+/// one position (`[h, w, c]`) is permuted before a linear layer.
+fn channels_first(x: Tensor<2>, channels_last: Option<[usize; 3]>) -> Tensor<2> {
+    match channels_last {
+        Some([h, w, c]) => {
+            let n = x.dims()[0];
+            x.reshape([n, h, w, c])
+                .permute([0, 3, 1, 2])
+                .reshape([n, h * w * c])
+        }
+        None => x,
+    }
+}
+
+/// The inverse permutation of [`channels_first`], for gradients.
+fn channels_last_again(x: Tensor<2>, channels_last: Option<[usize; 3]>) -> Tensor<2> {
+    match channels_last {
+        Some([h, w, c]) => {
+            let n = x.dims()[0];
+            x.reshape([n, c, h, w])
+                .permute([0, 2, 3, 1])
+                .reshape([n, h * w * c])
+        }
+        None => x,
+    }
+}
+
+/// 2×2 max-pool of channels-last `[K, N/K·h·w, c]` activations, flattened to
+/// `[N, h/2·w/2·c]`, with a `[K, N/K·h·w, c]` mask of each window's winner:
+/// the one autodiff's `max_dim` would route the gradient to (the maximum
+/// over the window's rows of each column, then over the two columns; the
+/// first on ties).
+fn max_pool_with_winners(x: Tensor<3>, n: usize, h: usize, w: usize) -> (Tensor<2>, Tensor<3>) {
+    let shape = x.dims();
+    let c = shape[2];
+    let (rows, row_winner) = x
+        .reshape([n * h / 2, 2, w / 2, 2, c])
+        .max_dim_with_indices(1);
+    let (pooled, column_winner) = rows.max_dim_with_indices(3);
+    let one_hot = |winner: Tensor<5, Int>, dim: usize| {
+        let second = winner.float();
+        let first = second.clone().neg().add_scalar(1.0);
+        Tensor::cat(vec![first, second], dim)
+    };
+    // [·, 2, w/2, 2, c] (which row won in each column) times [·, 1, w/2, 2, c]
+    // (which column won).
+    let winners = one_hot(row_winner, 1) * one_hot(column_winner, 3);
+    (
+        pooled.reshape([n, (h / 2) * (w / 2) * c]),
+        winners.reshape(shape),
+    )
+}
+
+/// The gradient of a pooled layer's pre-activations `[K, N/K·h·w, c]` from
+/// the pooled output's `[N, h/2·w/2·c]`: each window's gradient goes where
+/// `gate` (winner and open ReLU) says.
+fn unpool(
+    upstream: Tensor<2>,
+    gate: Tensor<3>,
+    n: usize,
+    h: usize,
+    w: usize,
+    c: usize,
+) -> Tensor<3> {
+    let shape = gate.dims();
+    let upstream = upstream.reshape([n * h / 2, 1, w / 2, 1, c]);
+    (gate.reshape([n * h / 2, 2, w / 2, 2, c]) * upstream).reshape(shape)
 }
 
 /// A 5×5 (valid or zero-padded) convolution with `out` filters on the
@@ -222,8 +452,11 @@ fn conv_layer(
             }
         }
     }
+    let (readers_of, readers) = invert(&indices, h * w * c, oh * ow * c * KERNEL * KERNEL);
     let length = indices.len();
     let indices = Tensor::<1, Int>::from_data(TensorData::new(indices, [length]), device);
+    let length = readers_of.len();
+    let readers_of = Tensor::<1, Int>::from_data(TensorData::new(readers_of, [length]), device);
     *shape = match pool {
         true => Shape {
             h: oh / 2,
@@ -246,6 +479,9 @@ fn conv_layer(
             pool,
             padded: pad > 0,
             indices,
+            readers_of,
+            readers,
+            inputs: h * w * c,
         }),
     }
 }
@@ -259,4 +495,24 @@ fn max_pool_channels_last(x: Tensor<3>, n: usize, h: usize, w: usize, c: usize) 
         .max_dim(1)
         .max_dim(3)
         .reshape([n, (h / 2) * (w / 2) * c])
+}
+
+/// The im2col map `indices` (patch entry → input element, `inputs` meaning
+/// none) read the other way: for each input element, the patch entries that
+/// read it, each list padded to the longest with `entries` (the index of an
+/// appended zero column). Returns the flat lists and their common length.
+fn invert(indices: &[i64], inputs: usize, entries: usize) -> (Vec<i64>, usize) {
+    let mut lists: Vec<Vec<i64>> = vec![Vec::new(); inputs];
+    for (entry, &input) in indices.iter().enumerate() {
+        if let Some(list) = lists.get_mut(input as usize) {
+            list.push(entry as i64);
+        }
+    }
+    let readers = lists.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut flat = Vec::with_capacity(inputs * readers);
+    for list in &lists {
+        flat.extend_from_slice(list);
+        flat.extend(std::iter::repeat_n(entries as i64, readers - list.len()));
+    }
+    (flat, readers)
 }

@@ -320,3 +320,72 @@ fn the_memory_budget_chooses_the_batch_of_clients() {
         1
     );
 }
+
+/// The written-out backward pass against burn's autodiff of the same
+/// forward, on a step with padding (a client with fewer samples) and blank
+/// images, whose pooling windows tie (every position sees only the bias).
+#[test]
+fn written_out_backward_equals_autodiff() {
+    use burn::tensor::activation::log_softmax;
+    let device = crate::device::cpu();
+    let (k, batch, classes) = (3, 5, 10);
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for model in [ModelName::Lenet5, ModelName::Lenet5Compact] {
+        let net = net::StackedNet::new(model, classes, [28, 28], &device).unwrap();
+        let params: Vec<Tensor<3>> = net
+            .layers
+            .iter()
+            .flat_map(|l| [[k, l.fan_in, l.fan_out], [k, 1, l.fan_out]])
+            .map(|shape| {
+                let scale = 1.0 / (shape[1] as f32).sqrt();
+                let values: Vec<f32> = (0..shape.iter().product::<usize>())
+                    .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale + 0.05)
+                    .collect();
+                Tensor::<3>::from_data(TensorData::new(values, shape), &device)
+            })
+            .collect();
+        let mut pixels: Vec<f32> = (0..k * batch * 784).map(|_| rng.random()).collect();
+        pixels[..2 * 784].fill(0.0);
+        let images = Tensor::<2>::from_data(TensorData::new(pixels, [k * batch, 784]), &device);
+        let counts = [5usize, 3, 5];
+        let mut weights = vec![0.0f32; k * batch * classes];
+        for (client, &count) in counts.iter().enumerate() {
+            for row in 0..count {
+                let label = rng.random_range(0..classes);
+                weights[(client * batch + row) * classes + label] = 1.0 / count as f32;
+            }
+        }
+        let weights =
+            Tensor::<3>::from_data(TensorData::new(weights, [k, batch, classes]), &device);
+
+        let leaves: Vec<Tensor<3>> = params
+            .iter()
+            .map(|p| p.clone().autodiff().require_grad())
+            .collect();
+        let logits = net.forward(&leaves, images.clone(), k);
+        let loss = (log_softmax(logits, 2) * weights.clone()).sum().neg();
+        let recorded = loss.backward();
+        let (logits, saved) = net.forward_train(&params, images, k);
+        let log_probs = log_softmax(logits, 2);
+        let logits_grad = log_probs.exp() * weights.clone().sum_dim(2) - weights;
+        let written = net.backward(&params, saved, logits_grad);
+
+        assert_eq!(written.len(), leaves.len());
+        for (index, (leaf, grad)) in leaves.iter().zip(written).enumerate() {
+            let expected = leaf.grad(&recorded).unwrap();
+            assert_eq!(grad.dims(), expected.dims(), "{model} parameter {index}");
+            let expected = expected.into_data().try_to_vec::<f32>().unwrap();
+            let got = grad.into_data().try_to_vec::<f32>().unwrap();
+            let largest = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let worst = expected
+                .iter()
+                .zip(&got)
+                .fold(0.0f32, |m, (e, g)| m.max((e - g).abs()));
+            assert!(largest > 0.0, "{model} parameter {index}: no gradient");
+            assert!(
+                worst <= 1e-5 * largest.max(1.0),
+                "{model} parameter {index}: |written − autodiff| {worst:e} (largest {largest:e})"
+            );
+        }
+    }
+}
