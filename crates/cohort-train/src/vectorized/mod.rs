@@ -35,7 +35,7 @@ mod net;
 use std::time::Instant;
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use cohort_core::config::ModelName;
 use cohort_core::data::Dataset;
 use cohort_core::optim::OptimizerSpec;
@@ -92,6 +92,10 @@ pub struct VectorizedTrainer {
     sgd: Sgd,
     /// Built for the data's image size on first use.
     net: Option<(StackedNet, [usize; 2])>,
+    /// The training images on the device (`[samples + 1, h·w]`, the last row
+    /// zeros), uploaded once per dataset: a step sends the device only the
+    /// rows it reads, not the images.
+    images: Option<(DataKey, Tensor<2>)>,
     /// Differentiate with burn's autodiff instead of the written-out
     /// backward pass (`COHORT_VECTORIZED_AUTODIFF=1`, for comparisons).
     recorded_backward: bool,
@@ -131,6 +135,7 @@ impl VectorizedTrainer {
                 nesterov,
             },
             net: None,
+            images: None,
             recorded_backward: std::env::var("COHORT_VECTORIZED_AUTODIFF").is_ok_and(|v| v == "1"),
         })
     }
@@ -211,6 +216,44 @@ impl VectorizedTrainer {
             let net = StackedNet::new(self.model, self.classes, image, &self.device)
                 .expect("the model was checked when the trainer was built");
             self.net = Some((net, image));
+        }
+        let key = DataKey::of(data);
+        if self.images.as_ref().is_none_or(|(held, _)| *held != key) {
+            let (samples, pixels) = (data.labels.len(), data.rows * data.cols);
+            let mut rows = Vec::with_capacity((samples + 1) * pixels);
+            rows.extend_from_slice(&data.images[..samples * pixels]);
+            rows.resize((samples + 1) * pixels, 0.0);
+            let rows = TensorData::new(rows, [samples + 1, pixels]);
+            self.images = Some((key, Tensor::<2>::from_data(rows, &self.device)));
+        }
+    }
+}
+
+/// What tells one dataset from another for the device's copy of its images:
+/// where it lives, its sizes, and a fingerprint of its labels and of every
+/// 61st pixel, so that a dataset allocated where a freed one lived is not
+/// mistaken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DataKey {
+    address: usize,
+    samples: usize,
+    shape: [usize; 2],
+    fingerprint: u64,
+}
+
+impl DataKey {
+    fn of(data: &Dataset) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        data.labels.hash(&mut hasher);
+        for pixel in data.images.iter().step_by(61) {
+            pixel.to_bits().hash(&mut hasher);
+        }
+        Self {
+            address: data.images.as_ptr() as usize,
+            samples: data.labels.len(),
+            shape: [data.rows, data.cols],
+            fingerprint: hasher.finish(),
         }
     }
 }
@@ -323,8 +366,9 @@ fn leaf<'a>(
 
 /// One step's inputs for every client of the batch, built on the host.
 struct StepInputs {
-    /// `[K·B, h·w]`, zeros where a client has no sample.
-    images: Vec<f32>,
+    /// `[K·B]` rows of the device's copy of the images; the zero row past the
+    /// last sample where a client has no sample.
+    rows: Vec<i64>,
     /// `[K, B, classes]`: `1/n` at each valid sample's label, `n` its
     /// client's samples this step.
     weights: Vec<f32>,
@@ -335,9 +379,8 @@ struct StepInputs {
 impl StepInputs {
     fn new(orders: &[Vec<u32>], step: usize, batch: usize, classes: usize, data: &Dataset) -> Self {
         let k = orders.len();
-        let pixels = data.rows * data.cols;
         let mut inputs = StepInputs {
-            images: vec![0.0; k * batch * pixels],
+            rows: vec![data.labels.len() as i64; k * batch],
             weights: vec![0.0; k * batch * classes],
             counts: vec![0.0; k],
         };
@@ -348,9 +391,7 @@ impl StepInputs {
             inputs.counts[client] = samples.len() as f32;
             for (row, &index) in samples.iter().enumerate() {
                 let at = client * batch + row;
-                let source = index as usize * pixels;
-                inputs.images[at * pixels..(at + 1) * pixels]
-                    .copy_from_slice(&data.images[source..source + pixels]);
+                inputs.rows[at] = i64::from(index);
                 // Labels are below num_classes: checked when the data loads.
                 let label = data.labels[index as usize] as usize;
                 inputs.weights[at * classes + label.min(classes - 1)] = share;
@@ -435,27 +476,25 @@ impl VectorizedTrainer {
             for step in 0..longest {
                 steps.push((epoch, step + 1));
                 let inputs = StepInputs::new(&orders, step, batch, net.classes, data);
-                self.step(net, &mut run, inputs, steps.len(), data);
+                self.step(net, &mut run, inputs, steps.len());
             }
         }
         self.finish(net, jobs, run, &steps, started)
     }
 
     /// One optimizer step of every client.
-    fn step(
-        &self,
-        net: &StackedNet,
-        run: &mut Run,
-        inputs: StepInputs,
-        number: usize,
-        data: &Dataset,
-    ) {
+    fn step(&self, net: &StackedNet, run: &mut Run, inputs: StepInputs, number: usize) {
         let device = &self.device;
         let k = inputs.counts.len();
         let batch = self.settings.batch_size;
-        let pixels = data.rows * data.cols;
-        let images =
-            Tensor::<2>::from_data(TensorData::new(inputs.images, [k * batch, pixels]), device);
+        let rows = Tensor::<1, Int>::from_data(TensorData::new(inputs.rows, [k * batch]), device);
+        let images = self
+            .images
+            .as_ref()
+            .expect("uploaded")
+            .1
+            .clone()
+            .select(0, rows);
         let weights = Tensor::<3>::from_data(
             TensorData::new(inputs.weights, [k, batch, net.classes]),
             device,
