@@ -274,8 +274,10 @@ pub fn check(model: ModelName, optimizer: &OptimizerSpec) -> Result<(), Unsuppor
 
 /// How many clients one batch may hold within `budget` bytes (`"auto"`):
 /// per client, the activations of a batch (forward and their gradients, with
-/// the im2col patches) and four copies of the parameters (weights, gradient,
-/// velocity, the step's autodiff leaf). At least 1.
+/// the im2col patches the backward pass keeps) and four copies of the
+/// parameters (weights, gradient, velocity, the update in flight). At least 1.
+/// The training images on the device are not counted: one copy per worker,
+/// whatever K is.
 pub fn clients_for_memory(
     model: ModelName,
     classes: usize,

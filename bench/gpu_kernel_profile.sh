@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# A kernel-level profile of vectorized clients on the GPU (issue 12, goal 5):
+# every kernel cubecl launches, timed on the device by cubecl's own profiler
+# (timestamp queries around each dispatch), summed by kernel name.
+#
+# Same setup as bench/gpu_vectorized.sh (a Vulkan build at .gpu/cohort or
+# .gpu/cohort.xz, Fashion-MNIST under .gpu/data, loader packages in .gl/).
+# Runs configs/fashion_mnist/vectorized_100.toml with K=100 for ROUNDS rounds
+# (default 5; the first two include compilation and autotuning) and
+# prints, for the last round: kernels launched per training step, device time per step, and
+# the kernels that take the most time.
+#
+# Usage: bench/gpu_kernel_profile.sh [ROUNDS]   (extra env passes through,
+# e.g. COHORT_VECTORIZED_AUTODIFF=1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$(mktemp -d)}"
+ROUNDS="${1:-5}"
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+fi
+[ -f .gpu/cohort ] || xz -dk .gpu/cohort.xz
+chmod +x .gpu/cohort
+export COHORT_DATA_DIR="$PWD/.gpu/data"
+log="$OUT/kernels.log"
+# cubecl reads cubecl.toml from the working directory up; the run starts
+# from the repository so that it shares cubecl's autotune cache (under
+# target/) with bench/gpu_vectorized.sh.
+[ ! -e cubecl.toml ] || { echo "cubecl.toml exists: move it away first"; exit 1; }
+trap 'rm -f cubecl.toml' EXIT
+cat > cubecl.toml <<EOF
+[profiling]
+logger = { level = "basic", file = "$log", append = false }
+EOF
+.gpu/cohort run --config configs/fashion_mnist/vectorized_100.toml --quiet --base "$OUT/profiled" \
+  --gpu --set "trainer.rounds=$ROUNDS" --set trainer.vectorized_clients=100
+# One summary per read back to the host; training a round ends with one.
+python3 - "$log" <<'EOF'
+import re, sys
+from collections import defaultdict
+units = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+rounds, current = [], []
+for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
+    m = re.match(r"\|\s*([0-9.]+)(ns|µs|us|ms|s)\s*\|\s*(.+)$", line.strip())
+    if m:
+        current.append((float(m.group(1)) * units[m.group(2)], m.group(3).strip()))
+    elif current and len(current) > 1000:
+        rounds.append(current); current = []
+if current:
+    rounds.append(current)
+print("launches between reads:", [len(r) for r in rounds])
+# The last round's training (a round's evaluation launches far fewer).
+last = [r for r in rounds if len(r) >= 1000][-1]
+# Autotune's roofline probes, where tuning is still going on: not training.
+probes = [t for t, name in last if "DirectThroughput" in name]
+if probes:
+    print(f"autotune probes in that round: {len(probes)} launches, {sum(probes):.3f} s (left out below)")
+last = [(t, name) for t, name in last if "DirectThroughput" not in name]
+# A read back to the host does not come every round, so a chunk may span
+# several: every matrix product of the step runs once a step, so the least
+# launched of them (among those launched at least a round's 188 steps,
+# ceil(6,000 / 32), which leaves autotune's candidates out) counts the steps.
+from collections import Counter
+launches = Counter(name for _, name in last)
+products = sorted(n for name, n in launches.items() if name.startswith("MatmulEntry") and n >= 188)
+steps = products[0] if products else 188
+print(f"steps in that chunk: {steps}")
+total = sum(t for t, _ in last)
+by_name = defaultdict(lambda: [0.0, 0])
+for t, name in last:
+    by_name[name][0] += t
+    by_name[name][1] += 1
+print(f"kernels in the profiled round: {len(last)} ({len(last) / steps:.0f} per step)")
+print(f"device time: {total:.3f} s ({1e3 * total / steps:.2f} ms per step of 3,200 samples)")
+print(f"{'time %':>7} {'ms/step':>8} {'launches/step':>13}  kernel")
+for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]:
+    print(f"{100 * t / total:7.1f} {1e3 * t / steps:8.3f} {n / steps:13.1f}  {name[:110]}")
+EOF
