@@ -187,8 +187,9 @@ impl StackedNet {
     /// autodiff so that no step needs a scatter: the transpose of the im2col
     /// gather is another gather ([`Conv::readers_of`]), where autodiff would
     /// scatter-add with atomics (emulated by compare-and-swap loops on wgpu),
-    /// and each convolution's weight gradient is split by sample so that its
-    /// long reduction runs as many small products.
+    /// and a convolution's weight gradient is split by sample where a sample
+    /// has many positions, so that its long reduction runs as many small
+    /// products ([`conv_weight_grad`]).
     pub(crate) fn backward(
         &self,
         params: &[Tensor<3>],
@@ -211,13 +212,7 @@ impl StackedNet {
                         true => unpool(upstream, gate, n, oh, ow, fan_out),
                         false => upstream.reshape([k, batch * positions, fan_out]) * gate,
                     };
-                    let weight_grad = patches
-                        .reshape([n, positions, fan_in])
-                        .swap_dims(1, 2)
-                        .matmul(z_grad.clone().reshape([n, positions, fan_out]))
-                        .reshape([k, batch, fan_in * fan_out])
-                        .sum_dim(1)
-                        .reshape([k, fan_in, fan_out]);
+                    let weight_grad = conv_weight_grad(&patches, &z_grad, batch, positions);
                     grads.push(z_grad.clone().sum_dim(1));
                     grads.push(weight_grad);
                     (index > 0).then(|| {
@@ -348,6 +343,38 @@ impl Conv {
             .sum_dim(2)
             .reshape([n, self.inputs])
     }
+}
+
+/// Below this many output positions a convolution's weight gradient is one
+/// product per client: split by sample, conv3's single position would make
+/// `[K·B, fan_in, fan_out]` partial products (614 MB a step at K = 100) only
+/// to sum them.
+const SPLIT_BY_SAMPLE_FROM: usize = 16;
+
+/// `patchesᵀ · z_grad` per client (`[K, fan_in, fan_out]`). Where each
+/// sample has many positions the reduction over `B·positions` is long and
+/// the output small, so it is split by sample (`B` times more, shorter
+/// products, then a sum over the batch) to give the GPU parallel work.
+fn conv_weight_grad(
+    patches: &Tensor<3>,
+    z_grad: &Tensor<3>,
+    batch: usize,
+    positions: usize,
+) -> Tensor<3> {
+    let [k, _, fan_in] = patches.dims();
+    let fan_out = z_grad.dims()[2];
+    if positions < SPLIT_BY_SAMPLE_FROM {
+        return patches.clone().swap_dims(1, 2).matmul(z_grad.clone());
+    }
+    let n = k * batch;
+    patches
+        .clone()
+        .reshape([n, positions, fan_in])
+        .swap_dims(1, 2)
+        .matmul(z_grad.clone().reshape([n, positions, fan_out]))
+        .reshape([k, batch, fan_in * fan_out])
+        .sum_dim(1)
+        .reshape([k, fan_in, fan_out])
 }
 
 /// PyTorch flattens channels-first: a channels-last input with more than
