@@ -153,7 +153,7 @@ impl VectorizedTrainer {
         data: &Dataset,
     ) -> Vec<Result<LocalUpdate, TrainError>> {
         let started = Instant::now();
-        self.ensure_net(data);
+        self.prepare_for(data);
         let mut results: Vec<Option<Result<LocalUpdate, TrainError>>> = vec![None; jobs.len()];
         let mut batch = Vec::new();
         for (slot, job) in jobs.iter().enumerate() {
@@ -210,7 +210,9 @@ impl VectorizedTrainer {
             .collect()
     }
 
-    fn ensure_net(&mut self, data: &Dataset) {
+    /// Builds the stacked net for `data`'s image size and uploads its images,
+    /// each once for as long as the data stays the same.
+    fn prepare_for(&mut self, data: &Dataset) {
         let image = [data.rows, data.cols];
         if self.net.as_ref().is_none_or(|(_, built)| *built != image) {
             let net = StackedNet::new(self.model, self.classes, image, &self.device)
