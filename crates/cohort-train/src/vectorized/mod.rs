@@ -675,12 +675,15 @@ fn written_out_step(
     let k = params[0].dims()[0];
     let (logits, saved) = net.forward_train(params, images, k);
     let log_probs = log_softmax(logits, 2);
-    let per_client = (log_probs.clone() * weights.clone())
-        .sum_dim(2)
-        .sum_dim(1)
-        .neg();
+    let per_client = client_losses(log_probs.clone(), weights.clone());
     let logits_grad = log_probs.exp() * weights.clone().sum_dim(2) - weights;
     (per_client, net.backward(params, saved, logits_grad))
+}
+
+/// `[K, 1, 1]`: each client's cross-entropy, weighted by `weights`
+/// (`[K, B, classes]`, `1/n` at each valid sample's label).
+fn client_losses(log_probs: Tensor<3>, weights: Tensor<3>) -> Tensor<3> {
+    (log_probs * weights).sum_dim(2).sum_dim(1).neg()
 }
 
 /// [`written_out_step`] recorded and differentiated by burn's autodiff
@@ -697,10 +700,7 @@ fn recorded_step(
         .map(|p| p.clone().autodiff().require_grad())
         .collect();
     let logits = net.forward(&leaves, images, k);
-    let per_client = (log_softmax(logits, 2) * weights)
-        .sum_dim(2)
-        .sum_dim(1)
-        .neg();
+    let per_client = client_losses(log_softmax(logits, 2), weights);
     let gradients = per_client.clone().sum().backward();
     let grads = leaves
         .iter()

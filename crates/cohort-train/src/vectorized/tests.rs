@@ -321,12 +321,11 @@ fn the_memory_budget_chooses_the_batch_of_clients() {
     );
 }
 
-/// The written-out backward pass against burn's autodiff of the same
-/// forward, on a step with padding (a client with fewer samples) and blank
-/// images, whose pooling windows tie (every position sees only the bias).
+/// The written-out step (loss and backward pass) against burn's autodiff of
+/// the same forward, on a step with padding (a client with fewer samples) and
+/// blank images, whose pooling windows tie (every position sees only the bias).
 #[test]
 fn written_out_backward_equals_autodiff() {
-    use burn::tensor::activation::log_softmax;
     let device = crate::device::cpu();
     let (k, batch, classes) = (3, 5, 10);
     let mut rng = ChaCha8Rng::seed_from_u64(23);
@@ -358,34 +357,70 @@ fn written_out_backward_equals_autodiff() {
         let weights =
             Tensor::<3>::from_data(TensorData::new(weights, [k, batch, classes]), &device);
 
-        let leaves: Vec<Tensor<3>> = params
-            .iter()
-            .map(|p| p.clone().autodiff().require_grad())
-            .collect();
-        let logits = net.forward(&leaves, images.clone(), k);
-        let loss = (log_softmax(logits, 2) * weights.clone()).sum().neg();
-        let recorded = loss.backward();
-        let (logits, saved) = net.forward_train(&params, images, k);
-        let log_probs = log_softmax(logits, 2);
-        let logits_grad = log_probs.exp() * weights.clone().sum_dim(2) - weights;
-        let written = net.backward(&params, saved, logits_grad);
+        let (recorded_loss, recorded) =
+            recorded_step(&net, &params, images.clone(), weights.clone());
+        let (written_loss, written) = written_out_step(&net, &params, images, weights);
 
-        assert_eq!(written.len(), leaves.len());
-        for (index, (leaf, grad)) in leaves.iter().zip(written).enumerate() {
-            let expected = leaf.grad(&recorded).unwrap();
-            assert_eq!(grad.dims(), expected.dims(), "{model} parameter {index}");
-            let expected = expected.into_data().try_to_vec::<f32>().unwrap();
-            let got = grad.into_data().try_to_vec::<f32>().unwrap();
+        let close = |a: Tensor<3>, b: Tensor<3>, what: &str| {
+            assert_eq!(a.dims(), b.dims(), "{model} {what}");
+            let expected = b.into_data().try_to_vec::<f32>().unwrap();
+            let got = a.into_data().try_to_vec::<f32>().unwrap();
             let largest = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let worst = expected
                 .iter()
                 .zip(&got)
                 .fold(0.0f32, |m, (e, g)| m.max((e - g).abs()));
-            assert!(largest > 0.0, "{model} parameter {index}: no gradient");
+            assert!(largest > 0.0, "{model} {what}: no gradient");
             assert!(
                 worst <= 1e-5 * largest.max(1.0),
-                "{model} parameter {index}: |written − autodiff| {worst:e} (largest {largest:e})"
+                "{model} {what}: |written − autodiff| {worst:e} (largest {largest:e})"
             );
+        };
+        close(written_loss, recorded_loss, "loss");
+        assert_eq!(written.len(), recorded.len());
+        for (index, (grad, expected)) in written.into_iter().zip(recorded).enumerate() {
+            close(grad, expected, &format!("parameter {index}"));
         }
     }
+}
+
+/// The images go to the device once per dataset: a trainer that has seen one
+/// dataset trains on another of the same shape exactly as a fresh trainer.
+#[test]
+fn a_new_dataset_replaces_the_images_on_the_device() {
+    let device = crate::device::cpu();
+    let first = dataset(222, None);
+    let second = Dataset {
+        images: first.images.iter().map(|v| 1.0 - v).collect(),
+        labels: first.labels.iter().rev().copied().collect(),
+        rows: first.rows,
+        cols: first.cols,
+    };
+    let global = global_model(ModelName::Lenet5Compact);
+    let partition: Vec<u32> = (0..40).collect();
+    let plan = LocalPlan::plain(0.05);
+    let jobs = [Job {
+        task: ClientTask {
+            client_id: 1,
+            round: 1,
+        },
+        global: &global,
+        partition: &partition,
+        plan: &plan,
+    }];
+    let trainer = || {
+        VectorizedTrainer::new(
+            ModelName::Lenet5Compact,
+            10,
+            &device,
+            settings(None, 1, 0.0, false),
+        )
+        .unwrap()
+    };
+    let mut reused = trainer();
+    let on_first = reused.train(&jobs, &first).remove(0).unwrap();
+    let on_second = reused.train(&jobs, &second).remove(0).unwrap();
+    let fresh = trainer().train(&jobs, &second).remove(0).unwrap();
+    assert_eq!(max_difference(&on_second.tree, &fresh.tree), 0.0);
+    assert!(max_difference(&on_second.tree, &on_first.tree) > 0.0);
 }
