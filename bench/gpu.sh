@@ -15,17 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
 ACCURACY_TOLERANCE="${ACCURACY_TOLERANCE:-0.02}"
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-# NVIDIA's Vulkan ICD is libGLX_nvidia, which needs glvnd's libraries (the .debs
-# in .gl: libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2).
-if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-fi
-[ -f .gpu/cohort ] || xz -dk .gpu/cohort.xz
-chmod +x .gpu/cohort
-export COHORT_DATA_DIR="$PWD/.gpu/data"
+# shellcheck source=bench/gpu_env.sh
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
 run() { # job name, config, device flag

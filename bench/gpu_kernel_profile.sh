@@ -16,15 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
 ROUNDS="${1:-5}"
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-fi
-[ -f .gpu/cohort ] || xz -dk .gpu/cohort.xz
-chmod +x .gpu/cohort
-export COHORT_DATA_DIR="$PWD/.gpu/data"
+# shellcheck source=bench/gpu_env.sh
+source bench/gpu_env.sh
 log="$OUT/kernels.log"
 # cubecl reads cubecl.toml from the working directory up; the run starts
 # from the repository so that it shares cubecl's autotune cache (under

@@ -18,15 +18,8 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
 ROUNDS="${1:-10}"
 CONFIG=configs/fashion_mnist/vectorized_100.toml
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-fi
-[ -f .gpu/cohort ] || xz -dk .gpu/cohort.xz
-chmod +x .gpu/cohort
-export COHORT_DATA_DIR="$PWD/.gpu/data"
+# shellcheck source=bench/gpu_env.sh
+source bench/gpu_env.sh
 TORCH_SCRIPT="${TORCH_SCRIPT:-}"
 for candidate in shared/bench/torch_clients_gpu.py ../shared/bench/torch_clients_gpu.py; do
   [ -n "$TORCH_SCRIPT" ] || { [ -f "$candidate" ] && TORCH_SCRIPT=$candidate; } || true
