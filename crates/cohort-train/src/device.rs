@@ -83,6 +83,10 @@ fn gpu_candidates() -> Vec<(Device, &'static str)> {
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn gpu() -> Result<Selected, DeviceError> {
+    #[cfg(feature = "wgpu")]
+    keep_compiled_kernels(KernelCache::from_env(
+        std::env::var_os(KERNEL_CACHE_VAR).as_deref(),
+    ));
     let mut failures = Vec::new();
     for (device, name) in gpu_candidates() {
         match probe(&device) {
@@ -117,6 +121,74 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "the backend panicked while starting".to_owned())
 }
 
+/// Where compiled GPU kernels are kept between runs; `off` keeps none.
+pub const KERNEL_CACHE_VAR: &str = "COHORT_KERNEL_CACHE";
+
+/// What `COHORT_KERNEL_CACHE` asks for.
+///
+/// Without a cache, every process compiles each of its kernels again (about
+/// 100 for a vectorized LeNet-5 round, 8 s on an H200, a matrix product up to
+/// 1 s) on top of the autotuner's results, which cubecl keeps on disk anyway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelCache {
+    /// Unset: the user's cache directory (`$XDG_CACHE_HOME/cubecl` or
+    /// `~/.cache/cubecl` on Linux), whatever the working directory.
+    UserCacheDir,
+    /// `off`, `0` or `false`: compile every kernel in every process.
+    Off,
+    /// Any other value: that directory, for tuning results and kernels alike.
+    Directory(std::path::PathBuf),
+}
+
+impl KernelCache {
+    pub fn from_env(value: Option<&std::ffi::OsStr>) -> KernelCache {
+        match value {
+            None => KernelCache::UserCacheDir,
+            Some(value) if value.is_empty() => KernelCache::UserCacheDir,
+            Some(value) if ["off", "0", "false"].contains(&value.to_string_lossy().as_ref()) => {
+                KernelCache::Off
+            }
+            Some(value) => KernelCache::Directory(value.into()),
+        }
+    }
+}
+
+/// cubecl keeps autotune results on disk but compiles every kernel again in
+/// each process unless its compilation cache is on, and puts its files under
+/// the `target/` of whatever cargo workspace holds the working directory. Its
+/// configuration can be set once, before the first device starts: this reads
+/// it as cubecl would (`cubecl.toml` up the tree, then `CUBECL_*`), turns the
+/// compilation cache on and fixes the directory. A process whose cubecl
+/// configuration was already read keeps it (`try_set` refuses), which only
+/// costs the compilations.
+#[cfg(feature = "wgpu")]
+fn keep_compiled_kernels(cache: KernelCache) {
+    use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+        match &cache {
+            KernelCache::Off => config.compilation.cache = false,
+            KernelCache::UserCacheDir => {
+                config.compilation.cache = true;
+                config.environment.path = CacheConfig::Global;
+            }
+            KernelCache::Directory(dir) => {
+                config.compilation.cache = true;
+                config.environment.path = CacheConfig::Directory(dir.clone());
+            }
+        }
+        let root = config.environment.path.root();
+        if CubeClRuntimeConfig::try_set(config) {
+            tracing::debug!(?cache, root = %root.display(), "GPU kernel cache");
+        } else {
+            tracing::debug!(
+                "cubecl's configuration was already read; its kernel cache is as it set it"
+            );
+        }
+    });
+}
+
 #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
 fn gpu() -> Result<Selected, DeviceError> {
     Err(DeviceError::NoGpuBackend)
@@ -125,6 +197,26 @@ fn gpu() -> Result<Selected, DeviceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_cache_follows_the_environment_variable() {
+        use std::ffi::OsStr;
+        assert_eq!(KernelCache::from_env(None), KernelCache::UserCacheDir);
+        assert_eq!(
+            KernelCache::from_env(Some(OsStr::new(""))),
+            KernelCache::UserCacheDir
+        );
+        for off in ["off", "0", "false"] {
+            assert_eq!(
+                KernelCache::from_env(Some(OsStr::new(off))),
+                KernelCache::Off
+            );
+        }
+        assert_eq!(
+            KernelCache::from_env(Some(OsStr::new("/scratch/kernels"))),
+            KernelCache::Directory("/scratch/kernels".into())
+        );
+    }
 
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
     #[test]
