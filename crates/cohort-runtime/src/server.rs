@@ -667,14 +667,8 @@ fn pool_runners(
                 .collect();
             return Ok((runners, 1));
         }
-        VectorizedClients::Clients(k) => k as usize,
-        VectorizedClients::Auto => cohort_train::vectorized::clients_for_memory(
-            trainer.model_name,
-            loaded.config.parameters.model.num_classes,
-            [train.rows, train.cols],
-            trainer.batch_size,
-            cohort_train::vectorized::AUTO_MEMORY_BUDGET,
-        ),
+        VectorizedClients::Clients(k) => checked_batch(loaded, selected, train, k as usize)?,
+        VectorizedClients::Auto => auto_batch(loaded, selected, workers, train),
     };
     tracing::info!(
         clients_per_batch = chunk,
@@ -686,6 +680,52 @@ fn pool_runners(
         .collect::<anyhow::Result<_>>()
         .context("trainer.vectorized_clients")?;
     Ok((runners, chunk))
+}
+
+/// K as the config gives it, or an error where one tensor of a batch that
+/// large would not fit the largest buffer the device allocates.
+fn checked_batch(
+    loaded: &LoadedConfig,
+    selected: &Selected,
+    train: &Dataset,
+    k: usize,
+) -> anyhow::Result<usize> {
+    let trainer = &loaded.config.trainer;
+    let fit = cohort_train::vectorized::clients_per_buffer(
+        trainer.model_name,
+        loaded.config.parameters.model.num_classes,
+        [train.rows, train.cols],
+        trainer.batch_size,
+        selected.max_buffer_bytes,
+    );
+    anyhow::ensure!(
+        k <= fit,
+        "trainer.vectorized_clients = {k}: a batch of {k} clients needs a tensor larger than \
+         the largest buffer {} allocates ({} bytes); use at most {fit}, or \"auto\"",
+        selected.name,
+        selected.max_buffer_bytes.unwrap_or(0),
+    );
+    Ok(k)
+}
+
+/// `"auto"`: K from the memory each worker may use and the largest buffer.
+fn auto_batch(loaded: &LoadedConfig, selected: &Selected, workers: u32, train: &Dataset) -> usize {
+    let trainer = &loaded.config.trainer;
+    let budget = cohort_train::vectorized::memory_budget(selected.memory_bytes, workers);
+    tracing::info!(
+        device_memory = selected.memory_bytes,
+        max_buffer = selected.max_buffer_bytes,
+        budget,
+        "vectorized clients: K from the memory each worker may use"
+    );
+    cohort_train::vectorized::clients_for_memory(
+        trainer.model_name,
+        loaded.config.parameters.model.num_classes,
+        [train.rows, train.cols],
+        trainer.batch_size,
+        budget,
+        selected.max_buffer_bytes,
+    )
 }
 
 /// The transport `clients.comm_simulation` asks for: worker threads, or a
@@ -1896,6 +1936,45 @@ mod tests {
     use super::*;
     use crate::client::ClientReply;
     use crate::transport::{ClientOutcome, Delivered};
+
+    #[test]
+    fn a_batch_too_large_for_the_devices_buffers_is_an_error_naming_the_key() {
+        let loaded = cohort_core::config::from_str(
+            &std::fs::read_to_string(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../configs/fashion_mnist/vectorized_100.toml"),
+            )
+            .unwrap(),
+            Path::new("vectorized_100.toml"),
+        )
+        .unwrap();
+        let images = Dataset {
+            images: Vec::new(),
+            labels: Vec::new(),
+            rows: 28,
+            cols: 28,
+        };
+        // One LeNet-5 client at batch 32: 3,763,200 bytes in its largest tensor.
+        let gpu = |max_buffer_bytes| Selected {
+            device: cohort_train::device::cpu(),
+            name: "gpu (test)",
+            memory_bytes: Some(1 << 40),
+            max_buffer_bytes,
+        };
+        let ten = gpu(Some(10 * 3_763_200));
+        assert_eq!(checked_batch(&loaded, &ten, &images, 10).unwrap(), 10);
+        let error = checked_batch(&loaded, &ten, &images, 11)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("trainer.vectorized_clients = 11"), "{error}");
+        assert!(error.contains("at most 10"), "{error}");
+        assert_eq!(
+            checked_batch(&loaded, &gpu(None), &images, 100_000).unwrap(),
+            100_000
+        );
+        // "auto" stays within both the memory and the buffer.
+        assert_eq!(auto_batch(&loaded, &ten, 1, &images), 10);
+    }
 
     fn tree(values: &[f32]) -> ParamTree {
         ParamTree::from_dotted([(

@@ -34,6 +34,13 @@ pub enum DeviceError {
 pub struct Selected {
     pub device: Device,
     pub name: &'static str,
+    /// Bytes of memory the device has, where its backend says: cubecl reads
+    /// Vulkan's largest device-local heap and Metal's recommended working
+    /// set. `None` for the CPU, CUDA and wgpu without a pinned API.
+    pub memory_bytes: Option<u64>,
+    /// The largest buffer the device allocates (under Vulkan, the smaller of
+    /// its buffer and storage-binding limits). `None` where there is none.
+    pub max_buffer_bytes: Option<u64>,
 }
 
 /// burn's pure-Rust CPU backend.
@@ -45,6 +52,8 @@ pub fn select(request: DeviceRequest) -> Result<Selected, DeviceError> {
     let cpu = || Selected {
         device: cpu(),
         name: "cpu (burn flex)",
+        memory_bytes: None,
+        max_buffer_bytes: None,
     };
     match request {
         DeviceRequest::Cpu => Ok(cpu()),
@@ -56,42 +65,84 @@ pub fn select(request: DeviceRequest) -> Result<Selected, DeviceError> {
     }
 }
 
-/// The GPU devices this build can offer, most specific first, with their log names.
+/// A GPU device this build can offer: the device, its name for the log, and
+/// how to ask its backend for the device's memory and largest buffer once it
+/// has started.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn gpu_candidates() -> Vec<(Device, &'static str)> {
+struct Candidate {
+    device: Device,
+    name: &'static str,
+    memory: fn() -> Memory,
+}
+
+/// What a GPU's backend says of its memory: `(device memory, largest buffer)`.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+type Memory = (Option<u64>, Option<u64>);
+
+/// The GPU devices this build can offer, most specific first.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn gpu_candidates() -> Vec<Candidate> {
     #[allow(unused_mut)]
-    let mut candidates: Vec<(Device, &'static str)> = Vec::new();
+    let mut candidates = Vec::new();
     #[cfg(feature = "cuda")]
-    candidates.push((Device::cuda(0usize), "gpu (burn cuda)"));
+    candidates.push(Candidate {
+        device: Device::cuda(0usize),
+        name: "gpu (burn cuda)",
+        memory: || (None, None),
+    });
     #[cfg(feature = "vulkan")]
-    candidates.push((
-        Device::vulkan(burn::tensor::DeviceKind::DefaultDevice),
-        "gpu (burn wgpu, Vulkan)",
-    ));
+    candidates.push(Candidate {
+        device: Device::vulkan(burn::tensor::DeviceKind::DefaultDevice),
+        name: "gpu (burn wgpu, Vulkan)",
+        memory: || wgpu_memory(burn::backend::wgpu::WgpuBackend::Vulkan),
+    });
     #[cfg(feature = "metal")]
-    candidates.push((
-        Device::metal(burn::tensor::DeviceKind::DefaultDevice),
-        "gpu (burn wgpu, Metal)",
-    ));
+    candidates.push(Candidate {
+        device: Device::metal(burn::tensor::DeviceKind::DefaultDevice),
+        name: "gpu (burn wgpu, Metal)",
+        memory: || wgpu_memory(burn::backend::wgpu::WgpuBackend::Metal),
+    });
     #[cfg(all(feature = "wgpu", not(any(feature = "vulkan", feature = "metal"))))]
-    candidates.push((
-        Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
-        "gpu (burn wgpu)",
-    ));
+    candidates.push(Candidate {
+        device: Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+        name: "gpu (burn wgpu)",
+        memory: || (None, None),
+    });
     candidates
+}
+
+/// The memory cubecl read for the default wgpu device on `api`: the same
+/// device (and so the same cubecl client) as `Device::vulkan` or
+/// `Device::metal` with `DeviceKind::DefaultDevice` start.
+#[cfg(any(feature = "vulkan", feature = "metal"))]
+fn wgpu_memory(api: burn::backend::wgpu::WgpuBackend) -> Memory {
+    use burn::backend::wgpu::{AutoCompiler, WgpuDevice, WgpuRuntime};
+    use cubecl_runtime::runtime::Runtime;
+    let device = WgpuDevice::default().on(api);
+    let client = WgpuRuntime::<AutoCompiler>::client(&device);
+    let memory = &client.properties().memory;
+    (memory.max_memory(), Some(memory.max_page_size))
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn gpu() -> Result<Selected, DeviceError> {
     #[cfg(feature = "wgpu")]
-    keep_compiled_kernels(KernelCache::from_env(
+    configure_kernel_caches(KernelCache::from_env(
         std::env::var_os(KERNEL_CACHE_VAR).as_deref(),
     ));
     let mut failures = Vec::new();
-    for (device, name) in gpu_candidates() {
-        match probe(&device) {
-            Ok(()) => return Ok(Selected { device, name }),
-            Err(reason) => failures.push(format!("{name}: {reason}")),
+    for candidate in gpu_candidates() {
+        match probe(&candidate.device) {
+            Ok(()) => {
+                let (memory_bytes, max_buffer_bytes) = (candidate.memory)();
+                return Ok(Selected {
+                    device: candidate.device,
+                    name: candidate.name,
+                    memory_bytes,
+                    max_buffer_bytes,
+                });
+            }
+            Err(reason) => failures.push(format!("{}: {reason}", candidate.name)),
         }
     }
     Err(DeviceError::NoGpuDevice(failures.join("; ")))
@@ -121,20 +172,22 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "the backend panicked while starting".to_owned())
 }
 
-/// Where compiled GPU kernels are kept between runs; `off` keeps none.
+/// A directory where GPU runs keep tuning results and compiled kernels
+/// between processes; unset (or `off`) keeps none.
 pub const KERNEL_CACHE_VAR: &str = "COHORT_KERNEL_CACHE";
 
 /// What `COHORT_KERNEL_CACHE` asks for.
 ///
-/// Without a cache, every process compiles each of its kernels again (about
-/// 100 for a vectorized LeNet-5 round, 8 s on an H200, a matrix product up to
-/// 1 s) on top of the autotuner's results, which cubecl keeps on disk anyway.
+/// Without a cache, every process tunes and compiles its kernels again: about
+/// 100 s for a vectorized LeNet-5 run on a fresh H200, 40 s once the driver's
+/// own shader cache is warm. With one, a second run of the same configuration
+/// starts its first round in 1.6 s. It is off unless asked for because
+/// cubecl 0.11.3 computed wrong results (accuracy 0.10 instead of 0.71 after
+/// a round) for a run whose cache had been filled by a run of other shapes
+/// (see docs/BENCHMARKS.md): give each configuration its own directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KernelCache {
-    /// Unset: the user's cache directory (`$XDG_CACHE_HOME/cubecl` or
-    /// `~/.cache/cubecl` on Linux), whatever the working directory.
-    UserCacheDir,
-    /// `off`, `0` or `false`: compile every kernel in every process.
+    /// Unset, empty, `off`, `0` or `false`: nothing is kept on disk.
     Off,
     /// Any other value: that directory, for tuning results and kernels alike.
     Directory(std::path::PathBuf),
@@ -143,9 +196,10 @@ pub enum KernelCache {
 impl KernelCache {
     pub fn from_env(value: Option<&std::ffi::OsStr>) -> KernelCache {
         match value {
-            None => KernelCache::UserCacheDir,
-            Some(value) if value.is_empty() => KernelCache::UserCacheDir,
-            Some(value) if ["off", "0", "false"].contains(&value.to_string_lossy().as_ref()) => {
+            None => KernelCache::Off,
+            Some(value)
+                if ["", "off", "0", "false"].contains(&value.to_string_lossy().as_ref()) =>
+            {
                 KernelCache::Off
             }
             Some(value) => KernelCache::Directory(value.into()),
@@ -153,37 +207,33 @@ impl KernelCache {
     }
 }
 
-/// cubecl keeps autotune results on disk but compiles every kernel again in
-/// each process unless its compilation cache is on, and puts its files under
-/// the `target/` of whatever cargo workspace holds the working directory. Its
-/// configuration can be set once, before the first device starts: this reads
-/// it as cubecl would (`cubecl.toml` up the tree, then `CUBECL_*`), turns the
-/// compilation cache on and fixes the directory. A process whose cubecl
-/// configuration was already read keeps it (`try_set` refuses), which only
-/// costs the compilations.
+/// burn's GPU builds (with its `persistence` feature) would keep autotune
+/// results and throughput probes on disk, under the `target/` of whatever
+/// cargo workspace holds the working directory, and compile every kernel again
+/// in each process. cubecl's configuration can be set once, before the first
+/// device starts: this reads it as cubecl would (`cubecl.toml` up the tree,
+/// then `CUBECL_*`) and sets what `cache` asks: no store at all, or every
+/// store, compiled kernels included, in the directory given. A process whose
+/// cubecl configuration was already read keeps it (`try_set` refuses).
 #[cfg(feature = "wgpu")]
-fn keep_compiled_kernels(cache: KernelCache) {
-    use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
+fn configure_kernel_caches(cache: KernelCache) {
+    use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
-        match &cache {
-            KernelCache::Off => config.compilation.cache = false,
-            KernelCache::UserCacheDir => {
-                config.compilation.cache = true;
-                config.environment.path = CacheConfig::Global;
-            }
-            KernelCache::Directory(dir) => {
-                config.compilation.cache = true;
-                config.environment.path = CacheConfig::Directory(dir.clone());
-            }
+        let keep = matches!(cache, KernelCache::Directory(_));
+        config.compilation.cache = keep;
+        config.autotune.disable_cache = !keep;
+        config.throughput.disable_cache = !keep;
+        if let KernelCache::Directory(dir) = &cache {
+            config.environment.path = CacheConfig::Directory(dir.clone());
         }
-        let root = config.environment.path.root();
         if CubeClRuntimeConfig::try_set(config) {
-            tracing::debug!(?cache, root = %root.display(), "GPU kernel cache");
+            tracing::debug!(?cache, "GPU kernel cache");
         } else {
-            tracing::debug!(
-                "cubecl's configuration was already read; its kernel cache is as it set it"
+            tracing::warn!(
+                ?cache,
+                "cubecl's configuration was already read; its caches are as it set them"
             );
         }
     });
@@ -201,12 +251,8 @@ mod tests {
     #[test]
     fn kernel_cache_follows_the_environment_variable() {
         use std::ffi::OsStr;
-        assert_eq!(KernelCache::from_env(None), KernelCache::UserCacheDir);
-        assert_eq!(
-            KernelCache::from_env(Some(OsStr::new(""))),
-            KernelCache::UserCacheDir
-        );
-        for off in ["off", "0", "false"] {
+        assert_eq!(KernelCache::from_env(None), KernelCache::Off);
+        for off in ["", "off", "0", "false"] {
             assert_eq!(
                 KernelCache::from_env(Some(OsStr::new(off))),
                 KernelCache::Off

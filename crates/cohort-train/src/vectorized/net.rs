@@ -294,6 +294,27 @@ impl StackedNet {
             .sum()
     }
 
+    /// Elements of the largest single tensor a step holds for one client of
+    /// `batch` samples: a convolution's patches (and their gradient, the same
+    /// size), the gather that sums them back into the input's gradient
+    /// ([`Conv::col2im`]), or a stacked weight. A GPU buffer has a size limit
+    /// of its own, below the device's memory.
+    pub(crate) fn largest_tensor_elements(&self, batch: usize) -> usize {
+        self.layers
+            .iter()
+            .map(|layer| match &layer.kind {
+                Kind::Conv(conv) => {
+                    let positions = conv.positions[0] * conv.positions[1];
+                    // `+ 1`: the zero column appended before each gather.
+                    let per_sample = (positions * layer.fan_in + 1).max(conv.inputs * conv.readers);
+                    (batch * per_sample).max(layer.fan_in * layer.fan_out)
+                }
+                Kind::Linear { .. } => (batch * layer.fan_in).max(layer.fan_in * layer.fan_out),
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     pub(crate) fn parameter_count(&self) -> usize {
         self.layers.iter().map(|l| (l.fan_in + 1) * l.fan_out).sum()
     }

@@ -310,14 +310,70 @@ fn unsupported_models_and_optimizers_name_the_key() {
 
 #[test]
 fn the_memory_budget_chooses_the_batch_of_clients() {
-    let k = clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, AUTO_MEMORY_BUDGET);
+    let k = clients_for_memory(
+        ModelName::Lenet5,
+        10,
+        [28, 28],
+        32,
+        AUTO_MEMORY_BUDGET,
+        None,
+    );
     // About 21 MB a LeNet-5 client at batch 32: 100 clients fit in 4 GiB.
     assert!((100..400).contains(&k), "{k}");
-    let half = clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, AUTO_MEMORY_BUDGET / 2);
+    let half = clients_for_memory(
+        ModelName::Lenet5,
+        10,
+        [28, 28],
+        32,
+        AUTO_MEMORY_BUDGET / 2,
+        None,
+    );
     assert!(half.abs_diff(k / 2) <= 1, "{half} vs {k}");
     assert_eq!(
-        clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, 1),
+        clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, 1, None),
         1
+    );
+}
+
+#[test]
+fn the_device_memory_is_shared_by_the_workers_with_room_for_tuning() {
+    assert_eq!(memory_budget(None, 1), AUTO_MEMORY_BUDGET);
+    assert_eq!(memory_budget(None, 8), AUTO_MEMORY_BUDGET);
+    assert_eq!(memory_budget(Some(16 << 30), 1), 8 << 30);
+    assert_eq!(memory_budget(Some(16 << 30), 4), 2 << 30);
+    // No workers is read as one; a tiny device still gets a budget (of one
+    // client, by `clients_for_memory`'s floor).
+    assert_eq!(memory_budget(Some(16 << 30), 0), 8 << 30);
+    assert_eq!(memory_budget(Some(1), 3), 1);
+    // An H200 as cubecl reports it under Vulkan (150,754,820,096 bytes of
+    // memory, buffers up to 2,147,483,644 bytes), one worker: half its memory
+    // would hold over 3,000 LeNet-5 clients, but a buffer holds the largest
+    // tensor (32 · 29,400 floats, 3,763,200 bytes a client) of 570.
+    let (memory, buffer) = (150_754_820_096, 2_147_483_644);
+    let budget = memory_budget(Some(memory), 1);
+    let unbounded = clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, budget, None);
+    assert!(unbounded > 3_000, "{unbounded}");
+    let h200 = clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, budget, Some(buffer));
+    assert_eq!(h200, 570);
+}
+
+#[test]
+fn a_batch_fits_the_largest_buffer() {
+    let net = StackedNet::new(ModelName::Lenet5, 10, [28, 28], &crate::device::cpu()).unwrap();
+    // Counted by hand: conv2's input gradient gathers, for each of the
+    // 14·14·6 inputs of a sample, the 25 patch entries at most that read it
+    // (29,400 floats a sample; conv1's patches are 28·28 positions × 25, 19,600
+    // + 1); for a single sample, conv3's stacked weight (400 × 120) is larger.
+    assert_eq!(net.largest_tensor_elements(1), 400 * 120);
+    assert_eq!(net.largest_tensor_elements(32), 32 * 14 * 14 * 6 * 25);
+    let per_client = 32 * 14 * 14 * 6 * 25 * 4;
+    let fit = |limit| clients_per_buffer(ModelName::Lenet5, 10, [28, 28], 32, Some(limit));
+    assert_eq!(fit(per_client * 7), 7);
+    assert_eq!(fit(per_client * 7 - 1), 6);
+    assert_eq!(fit(1), 1);
+    assert_eq!(
+        clients_per_buffer(ModelName::Lenet5, 10, [28, 28], 32, None),
+        usize::MAX
     );
 }
 
