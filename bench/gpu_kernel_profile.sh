@@ -19,9 +19,10 @@ ROUNDS="${1:-5}"
 # shellcheck source=bench/gpu_env.sh
 source bench/gpu_env.sh
 log="$OUT/kernels.log"
-# cubecl reads cubecl.toml from the working directory up; the run starts
-# from the repository so that it shares cubecl's autotune cache (under
-# target/) with bench/gpu_vectorized.sh.
+# cubecl reads cubecl.toml from the working directory up (cohort keeps its
+# settings and sets its caches: with COHORT_KERNEL_CACHE naming the directory
+# a bench/gpu_vectorized.sh run of K=100 filled, no round here tunes or
+# compiles).
 [ ! -e cubecl.toml ] || { echo "cubecl.toml exists: move it away first"; exit 1; }
 trap 'rm -f cubecl.toml' EXIT
 cat > cubecl.toml <<EOF

@@ -13,7 +13,8 @@
 # Prints cohort's end-to-end samples/s (all rounds, evaluation included), its
 # local-training samples/s (clients.csv), and torch's samples/s per mode, then
 # the ratios. Usage: bench/gpu_vectorized.sh [ROUNDS]   (K=100 to fix K,
-# RUNS=2 to run cohort twice on the same machine, TORCH=0 to leave torch out)
+# RUNS=2 to run cohort twice on the same machine, TORCH=0 to leave torch out;
+# COHORT_KERNEL_CACHE=DIR keeps kernels between the runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
@@ -54,13 +55,15 @@ run_cohort() {
 }
 
 # RUNS=2 runs cohort twice on the same machine: the first run tunes and
-# compiles every kernel, filling cohort's kernel cache (COHORT_KERNEL_CACHE,
-# by default ~/.cache/cubecl) and the driver's shader cache; the second shows
-# what every later run on that machine pays. The ratios below are for the
-# last run; each run's numbers are printed above them.
+# compiles every kernel, the second shows what every later run of this
+# configuration on that machine pays. Between processes, the NVIDIA driver
+# keeps its shader cache; cohort keeps tuning results and compiled kernels
+# only where COHORT_KERNEL_CACHE names a directory (one per configuration:
+# see README's GPU section). The ratios below are for the last run; each
+# run's numbers are printed above them.
 for run in $(seq 1 "${RUNS:-1}"); do
   run_cohort "$run"
-  du -sh "${COHORT_KERNEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cubecl}" 2>/dev/null | sed 's/^/kernel cache: /' || true
+  [ -z "${COHORT_KERNEL_CACHE:-}" ] || du -sh "$COHORT_KERNEL_CACHE" | sed 's/^/kernel cache: /'
 done
 [ "${TORCH:-1}" = 0 ] && exit 0
 
