@@ -36,7 +36,7 @@ pub struct Selected {
     pub name: &'static str,
     /// Bytes of memory the device has, where its backend says: cubecl reads
     /// Vulkan's largest device-local heap and Metal's recommended working
-    /// set. `None` for the CPU, CUDA and wgpu without a pinned API.
+    /// set. `None` for the CPU, CUDA and a wgpu API without either.
     pub memory_bytes: Option<u64>,
     /// The largest buffer the device allocates (under Vulkan, the smaller of
     /// its buffer and storage-binding limits). `None` where there is none.
@@ -106,15 +106,15 @@ fn gpu_candidates() -> Vec<Candidate> {
     candidates.push(Candidate {
         device: Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
         name: "gpu (burn wgpu)",
-        memory: || (None, None),
+        memory: || wgpu_memory(burn::backend::wgpu::WgpuBackend::Auto),
     });
     candidates
 }
 
 /// The memory cubecl read for the default wgpu device on `api`: the same
-/// device (and so the same cubecl client) as `Device::vulkan` or
-/// `Device::metal` with `DeviceKind::DefaultDevice` start.
-#[cfg(any(feature = "vulkan", feature = "metal"))]
+/// device (and so the same cubecl client) as `Device::vulkan`,
+/// `Device::metal` or `Device::wgpu` with `DeviceKind::DefaultDevice` start.
+#[cfg(feature = "wgpu")]
 fn wgpu_memory(api: burn::backend::wgpu::WgpuBackend) -> Memory {
     use burn::backend::wgpu::{AutoCompiler, WgpuDevice, WgpuRuntime};
     use cubecl_runtime::runtime::Runtime;
