@@ -318,9 +318,9 @@ pub fn clients_for_memory(
 }
 
 /// The most clients whose largest tensor fits in one buffer of
-/// `max_buffer_bytes` (a GPU's limit on a single allocation: 4 GiB under
-/// Vulkan on an H200, where a batch of 4,000 LeNet-5 clients would need
-/// 7.7 GB for one tensor); unbounded without a limit. At least 1.
+/// `max_buffer_bytes` (a GPU's limit on a single allocation: 2 GiB under
+/// Vulkan on an H200, where a batch of 4,000 LeNet-5 clients failed to
+/// allocate a 7.68 GB tensor); unbounded without a limit. At least 1.
 pub fn clients_per_buffer(
     model: ModelName,
     classes: usize,
