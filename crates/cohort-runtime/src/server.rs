@@ -668,7 +668,7 @@ fn pool_runners(
             return Ok((runners, 1));
         }
         VectorizedClients::Clients(k) => checked_batch(loaded, selected, train, k as usize)?,
-        VectorizedClients::Auto => auto_batch(loaded, selected, workers, train),
+        VectorizedClients::Auto => auto_batch(loaded, selected, workers, train)?,
     };
     tracing::info!(
         clients_per_batch = chunk,
@@ -682,34 +682,35 @@ fn pool_runners(
     Ok((runners, chunk))
 }
 
-/// K as the config gives it, or an error where one tensor of a batch that
-/// large would not fit the largest buffer the device allocates.
+/// K as the config gives it, or an error where one tensor of the largest
+/// batch a worker can get (K, or a round's clients where those are fewer)
+/// would not fit the largest buffer the device allocates.
 fn checked_batch(
     loaded: &LoadedConfig,
     selected: &Selected,
     train: &Dataset,
     k: usize,
 ) -> anyhow::Result<usize> {
-    let trainer = &loaded.config.trainer;
-    let fit = cohort_train::vectorized::clients_per_buffer(
-        trainer.model_name,
-        loaded.config.parameters.model.num_classes,
-        [train.rows, train.cols],
-        trainer.batch_size,
-        selected.max_buffer_bytes,
-    );
+    let largest = k.min(loaded.config.clients.per_round as usize);
+    let fit = clients_per_buffer(loaded, selected, train);
     anyhow::ensure!(
-        k <= fit,
-        "trainer.vectorized_clients = {k}: a batch of {k} clients needs a tensor larger than \
-         the largest buffer {} allocates ({} bytes); use at most {fit}, or \"auto\"",
+        largest <= fit,
+        "trainer.vectorized_clients = {k}: a batch of {largest} clients needs a tensor larger \
+         than the largest buffer {} allocates ({} bytes); use at most {fit}, or \"auto\"",
         selected.name,
         selected.max_buffer_bytes.unwrap_or(0),
     );
     Ok(k)
 }
 
-/// `"auto"`: K from the memory each worker may use and the largest buffer.
-fn auto_batch(loaded: &LoadedConfig, selected: &Selected, workers: u32, train: &Dataset) -> usize {
+/// `"auto"`: K from the memory each worker may use and the largest buffer, or
+/// an error where not even one client fits a buffer.
+fn auto_batch(
+    loaded: &LoadedConfig,
+    selected: &Selected,
+    workers: u32,
+    train: &Dataset,
+) -> anyhow::Result<usize> {
     let trainer = &loaded.config.trainer;
     let budget = cohort_train::vectorized::memory_budget(selected.memory_bytes, workers);
     tracing::info!(
@@ -718,12 +719,31 @@ fn auto_batch(loaded: &LoadedConfig, selected: &Selected, workers: u32, train: &
         budget,
         "vectorized clients: K from the memory each worker may use"
     );
-    cohort_train::vectorized::clients_for_memory(
+    let k = cohort_train::vectorized::clients_for_memory(
         trainer.model_name,
         loaded.config.parameters.model.num_classes,
         [train.rows, train.cols],
         trainer.batch_size,
         budget,
+        selected.max_buffer_bytes,
+    );
+    anyhow::ensure!(
+        k > 0,
+        "trainer.vectorized_clients = \"auto\": one client at trainer.batch_size = {} needs a \
+         tensor larger than the largest buffer {} allocates ({} bytes); lower the batch size",
+        trainer.batch_size,
+        selected.name,
+        selected.max_buffer_bytes.unwrap_or(0),
+    );
+    Ok(k)
+}
+
+fn clients_per_buffer(loaded: &LoadedConfig, selected: &Selected, train: &Dataset) -> usize {
+    cohort_train::vectorized::clients_per_buffer(
+        loaded.config.trainer.model_name,
+        loaded.config.parameters.model.num_classes,
+        [train.rows, train.cols],
+        loaded.config.trainer.batch_size,
         selected.max_buffer_bytes,
     )
 }
@@ -1972,8 +1992,24 @@ mod tests {
             checked_batch(&loaded, &gpu(None), &images, 100_000).unwrap(),
             100_000
         );
-        // "auto" stays within both the memory and the buffer.
-        assert_eq!(auto_batch(&loaded, &ten, 1, &images), 10);
+        // A K beyond the round's 100 clients trains batches of 100 at most.
+        let hundred = gpu(Some(100 * 3_763_200));
+        assert_eq!(
+            checked_batch(&loaded, &hundred, &images, 1_000).unwrap(),
+            1_000
+        );
+        let error = checked_batch(&loaded, &ten, &images, 1_000)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("a batch of 100 clients"), "{error}");
+        // "auto" stays within both the memory and the buffer, and says so
+        // where not even one client fits.
+        assert_eq!(auto_batch(&loaded, &ten, 1, &images).unwrap(), 10);
+        let error = auto_batch(&loaded, &gpu(Some(3_763_200 - 256)), 1, &images).unwrap_err();
+        assert!(
+            error.to_string().contains("lower the batch size"),
+            "{error}"
+        );
     }
 
     fn tree(values: &[f32]) -> ParamTree {

@@ -210,15 +210,19 @@ impl KernelCache {
 }
 
 /// burn's GPU builds (with its `persistence` feature) would keep autotune
-/// results and throughput probes on disk, under the `target/` of whatever
-/// cargo workspace holds the working directory, and compile every kernel again
-/// in each process. cubecl's configuration can be set once, before the first
-/// device starts: this reads it as cubecl would (`cubecl.toml` up the tree,
-/// then `CUBECL_*`) and sets what `cache` asks: no store at all, or every
-/// store, compiled kernels included, in the directory given. A process whose
-/// cubecl configuration was already read keeps it (`try_set` refuses).
+/// results, throughput probes and records of each tuning on disk, under the
+/// `target/` of whatever cargo workspace holds the working directory, and
+/// compile every kernel again in each process. cubecl's configuration can be
+/// set once, before the first device starts: this reads it as cubecl would
+/// (`cubecl.toml` up the tree, then `CUBECL_*`) and sets what `cache` asks:
+/// no store at all, or every store, compiled kernels included, in the
+/// directory given. `COHORT_KERNEL_CACHE` decides these settings whatever
+/// `cubecl.toml` or `CUBECL_AUTOTUNE_CACHE` say; cubecl's other settings are
+/// kept. A process whose cubecl configuration was already read keeps it
+/// (`try_set` refuses).
 #[cfg(feature = "wgpu")]
 fn configure_kernel_caches(cache: KernelCache) {
+    use cubecl_environment::records::RecordLevel;
     use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -227,8 +231,13 @@ fn configure_kernel_caches(cache: KernelCache) {
         config.compilation.cache = keep;
         config.autotune.disable_cache = !keep;
         config.throughput.disable_cache = !keep;
-        if let KernelCache::Directory(dir) = &cache {
-            config.environment.path = CacheConfig::Directory(dir.clone());
+        match &cache {
+            KernelCache::Directory(dir) => {
+                config.environment.path = CacheConfig::Directory(dir.clone());
+            }
+            // Each tuning otherwise opens the environment's database to
+            // record itself, creating it where none was asked for.
+            KernelCache::Off => config.environment.records.level = RecordLevel::Off,
         }
         if CubeClRuntimeConfig::try_set(config) {
             tracing::debug!(?cache, "GPU kernel cache");

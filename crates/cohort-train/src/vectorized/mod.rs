@@ -292,7 +292,8 @@ pub fn check(model: ModelName, optimizer: &OptimizerSpec) -> Result<(), Unsuppor
 /// per client, the activations of a batch (forward and their gradients, with
 /// the im2col patches the backward pass keeps) and four copies of the
 /// parameters (weights, gradient, velocity, the update in flight), and no more
-/// than [`clients_per_buffer`] allows. At least 1. The training images on the
+/// than [`clients_per_buffer`] allows. At least 1 by memory, 0 where one
+/// client's largest tensor exceeds a buffer. The training images on the
 /// device are not counted: one copy per worker, whatever K is.
 pub fn clients_for_memory(
     model: ModelName,
@@ -320,7 +321,8 @@ pub fn clients_for_memory(
 /// The most clients whose largest tensor fits in one buffer of
 /// `max_buffer_bytes` (a GPU's limit on a single allocation: 2 GiB under
 /// Vulkan on an H200, where a batch of 4,000 LeNet-5 clients failed to
-/// allocate a 7.68 GB tensor); unbounded without a limit. At least 1.
+/// allocate a 7.68 GB tensor); unbounded without a limit; 0 where not even
+/// one client's fits (a batch size too large for the device).
 pub fn clients_per_buffer(
     model: ModelName,
     classes: usize,
@@ -331,8 +333,11 @@ pub fn clients_per_buffer(
     let (Some(limit), Some(net)) = (max_buffer_bytes, stacked_net(model, classes, image)) else {
         return usize::MAX;
     };
+    // cubecl rounds a pool's largest page down to the allocation alignment
+    // (at most 256 bytes on the GPUs wgpu runs on).
+    let limit = limit - limit % 256;
     let per_client = (net.largest_tensor_elements(batch_size) * std::mem::size_of::<f32>()) as u64;
-    (limit / per_client.max(1)).max(1) as usize
+    usize::try_from(limit / per_client.max(1)).unwrap_or(usize::MAX)
 }
 
 /// The stacked net on the CPU, for counting its tensors.
