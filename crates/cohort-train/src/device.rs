@@ -226,6 +226,7 @@ fn configure_kernel_caches(cache: KernelCache) {
     use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        let cache = usable(cache);
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
         let keep = matches!(cache, KernelCache::Directory(_));
         config.compilation.cache = keep;
@@ -250,6 +251,24 @@ fn configure_kernel_caches(cache: KernelCache) {
     });
 }
 
+/// `cache`, or `Off` with a warning naming the variable where its directory
+/// cannot be created: cubecl would otherwise only log a failure deep in its
+/// store, and a cache is never worth failing a run for.
+#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+fn usable(cache: KernelCache) -> KernelCache {
+    if let KernelCache::Directory(dir) = &cache
+        && let Err(error) = std::fs::create_dir_all(dir)
+    {
+        tracing::warn!(
+            "{KERNEL_CACHE_VAR}={}: cannot create the directory ({error}); \
+                 running without a kernel cache",
+            dir.display()
+        );
+        return KernelCache::Off;
+    }
+    cache
+}
+
 #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
 fn gpu() -> Result<Selected, DeviceError> {
     Err(DeviceError::NoGpuBackend)
@@ -258,6 +277,23 @@ fn gpu() -> Result<Selected, DeviceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_cache_directory_that_cannot_be_made_is_left_off() {
+        let dir = std::env::temp_dir().join(format!("cohort-kernel-cache-{}", std::process::id()));
+        let cache = KernelCache::Directory(dir.join("kernels"));
+        assert_eq!(usable(cache.clone()), cache);
+        assert!(dir.join("kernels").is_dir());
+        // A file where the directory should be.
+        let file = dir.join("a-file");
+        std::fs::write(&file, b"").unwrap();
+        assert_eq!(
+            usable(KernelCache::Directory(file.join("kernels"))),
+            KernelCache::Off
+        );
+        assert_eq!(usable(KernelCache::Off), KernelCache::Off);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn kernel_cache_follows_the_environment_variable() {

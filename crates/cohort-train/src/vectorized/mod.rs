@@ -309,13 +309,7 @@ pub fn clients_for_memory(
     let floats = 2 * batch_size * net.activation_elements() + 4 * net.parameter_count();
     let per_client = (floats * std::mem::size_of::<f32>()) as u64;
     let by_memory = (budget / per_client.max(1)).max(1) as usize;
-    by_memory.min(clients_per_buffer(
-        model,
-        classes,
-        image,
-        batch_size,
-        max_buffer_bytes,
-    ))
+    by_memory.min(fit_in_buffer(&net, batch_size, max_buffer_bytes))
 }
 
 /// The most clients whose largest tensor fits in one buffer of
@@ -330,7 +324,15 @@ pub fn clients_per_buffer(
     batch_size: usize,
     max_buffer_bytes: Option<u64>,
 ) -> usize {
-    let (Some(limit), Some(net)) = (max_buffer_bytes, stacked_net(model, classes, image)) else {
+    match stacked_net(model, classes, image) {
+        Some(net) => fit_in_buffer(&net, batch_size, max_buffer_bytes),
+        None => usize::MAX,
+    }
+}
+
+/// [`clients_per_buffer`] for a net already built.
+fn fit_in_buffer(net: &StackedNet, batch_size: usize, max_buffer_bytes: Option<u64>) -> usize {
+    let Some(limit) = max_buffer_bytes else {
         return usize::MAX;
     };
     // cubecl rounds a pool's largest page down to the allocation alignment
