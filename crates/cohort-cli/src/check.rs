@@ -44,9 +44,9 @@ pub fn report(findings: &Findings) -> anyhow::Result<()> {
 /// client brings its own training data (the server then only evaluates, and
 /// cuts no partitions).
 fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Findings) {
-    let data = &loaded.config.data;
+    let data = &loaded.config().data;
     let survey = Survey::of(data.datasource, data_root.unwrap_or(&data.data_path));
-    let own_data = loaded.config.clients.all_own_data();
+    let own_data = loaded.config().clients.all_own_data();
     let (files, problems, why) = if own_data {
         (
             survey.test_files(),
@@ -94,18 +94,18 @@ fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Fi
 /// Whether the training set's `train` samples can be cut as the config asks:
 /// the sizes alone decide it for iid partitions, and bound the others.
 fn partition_fit(loaded: &LoadedConfig, train: u64) -> Option<String> {
-    let (key, needed) = cohort_core::config::training_samples_needed(&loaded.config)?;
+    let (key, needed) = cohort_core::config::training_samples_needed(&loaded.config())?;
     (needed > train).then(|| {
         format!(
             "`{key}`: {} clients need at least {needed} training samples, but the \
              training set has {train}",
-            loaded.config.clients.total_clients
+            loaded.config().clients.total_clients
         )
     })
 }
 
 fn check_files(loaded: &LoadedConfig, findings: &mut Findings) {
-    let config = &loaded.config;
+    let config = &loaded.config();
     if !config.clients.comm_simulation {
         let server = &config.server;
         for (key, file) in [
@@ -136,6 +136,10 @@ fn check_files(loaded: &LoadedConfig, findings: &mut Findings) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn set(assignment: &str) -> cohort_core::config::Override {
+        assignment.parse().unwrap()
+    }
 
     fn loaded(text: &str) -> LoadedConfig {
         cohort_core::config::from_str(text, Path::new("job.toml")).unwrap()
@@ -180,9 +184,15 @@ mod tests {
             )
             .unwrap();
         }
-        let mut own = loaded(&format!("{JOB}partition_size = 1000\n"));
-        own.config.clients.comm_simulation = false;
-        own.config.clients.own_data_clients = 4;
+        let base = loaded(&format!("{JOB}partition_size = 1000\n"));
+        let own_data = |clients: u32| {
+            base.with_overrides(&[
+                set("clients.comm_simulation=false"),
+                set(&format!("clients.own_data_clients={clients}")),
+            ])
+            .unwrap()
+        };
+        let own = own_data(4);
         let findings = check(&own, Some(dir.path()));
         assert!(findings.problems.is_empty(), "{findings:?}");
         assert!(
@@ -191,8 +201,7 @@ mod tests {
         );
 
         // One simulated client trains a partition: the training files are needed.
-        own.config.clients.own_data_clients = 3;
-        let findings = check(&own, Some(dir.path()));
+        let findings = check(&own_data(3), Some(dir.path()));
         assert_eq!(findings.problems.len(), 1, "{findings:?}");
         assert!(
             findings.problems[0].contains("train-images-idx3-ubyte.gz")
@@ -201,8 +210,7 @@ mod tests {
         );
 
         std::fs::remove_file(folder.join("t10k-labels-idx1-ubyte.gz")).unwrap();
-        own.config.clients.own_data_clients = 4;
-        let findings = check(&own, Some(dir.path()));
+        let findings = check(&own_data(4), Some(dir.path()));
         assert_eq!(findings.problems.len(), 1, "{findings:?}");
         assert!(
             findings.problems[0].contains("t10k-labels-idx1-ubyte.gz missing")
@@ -219,8 +227,9 @@ mod tests {
             dir.path().display()
         ));
         // Network mode reads the TLS files.
-        let mut job = job;
-        job.config.clients.comm_simulation = false;
+        let job = job
+            .with_overrides(&[set("clients.comm_simulation=false")])
+            .unwrap();
         let findings = check(&job, Some(dir.path()));
         assert_eq!(findings.problems.len(), 3, "{findings:?}");
         assert!(

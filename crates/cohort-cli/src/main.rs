@@ -17,6 +17,7 @@ use cohort_runtime::{RunOptions, new_run_dir};
 mod check;
 mod place;
 mod plot;
+mod progress;
 mod rank;
 mod tools;
 use cohort_train::device::DeviceRequest;
@@ -249,12 +250,26 @@ struct ClientArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    cohort_train::switches::set(train_switches());
     match execute(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The training layer's switches, from this process's environment: the
+/// library reads none itself.
+fn train_switches() -> cohort_train::switches::TrainSwitches {
+    let is = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v == value);
+    cohort_train::switches::TrainSwitches {
+        native_kernels: !is("COHORT_NATIVE_KERNELS", "0"),
+        vectorized_autodiff: is("COHORT_VECTORIZED_AUTODIFF", "1"),
+        kernel_cache: cohort_train::device::KernelCache::from_env(
+            std::env::var_os(cohort_train::device::KERNEL_CACHE_VAR).as_deref(),
+        ),
     }
 }
 
@@ -265,10 +280,10 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             println!("# {} is valid (hash {})", config.display(), loaded.hash());
             let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
             let findings = check::check(&loaded, data_root.as_deref());
-            for note in &loaded.notes {
+            for note in loaded.notes() {
                 println!("# {note}");
             }
-            println!("{}", cohort_core::config::to_toml(&loaded.config)?);
+            println!("{}", cohort_core::config::to_toml(&loaded.config())?);
             check::report(&findings)
         }
         Command::Run(args) => run(args),
@@ -331,8 +346,8 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 result.correct,
                 result.samples,
                 result.correct as f64 / result.samples as f64,
-                loaded.config.trainer.model_name,
-                loaded.config.data.datasource,
+                loaded.config().trainer.model_name,
+                loaded.config().data.datasource,
                 result.samples,
                 result.test_samples
             );
@@ -440,8 +455,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         init_logging(&run_dir, args.quiet, args.verbose, args.resume.is_some())?;
     }
-    tracing::info!(config = %loaded.path.display(), run_dir = %run_dir.display(), hash = loaded.result_hash(), "run started");
-    for note in &loaded.notes {
+    tracing::info!(config = %loaded.path().display(), run_dir = %run_dir.display(), hash = loaded.result_hash(), "run started");
+    for note in loaded.notes() {
         // Plato's names read as cohort's: on the terminal once, and in run.log.
         if !follower && !args.quiet {
             eprintln!("{note}");
@@ -453,7 +468,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         (_, true) => DeviceRequest::Gpu,
         _ => DeviceRequest::Auto,
     };
-    let local_clients = if loaded.config.clients.comm_simulation {
+    let local_clients = if loaded.config().clients.comm_simulation {
         if args.local_clients.is_some() {
             anyhow::bail!(
                 "--local-clients is for network mode; the config runs clients in process \
@@ -464,13 +479,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         // When every client brings its own data, a local worker would have
         // nothing to train.
-        let clients = &loaded.config.clients;
+        let clients = &loaded.config().clients;
         let count =
             args.local_clients
                 .unwrap_or(if clients.own_data_clients == clients.total_clients {
                     0
                 } else {
-                    loaded.config.trainer.max_concurrency as usize
+                    loaded.config().trainer.max_concurrency as usize
                 });
         let device_flag = match device {
             DeviceRequest::Cpu => Some("--cpu"),
@@ -490,13 +505,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         run_dir,
         rounds: None,
         data_root: std::env::var_os(DATA_DIR_ENV).map(PathBuf::from),
-        show_progress: !args.quiet,
         resume: args.resume.is_some(),
         local_clients,
         distributed,
     };
     let fresh = args.resume.is_none() && !follower;
-    let summary = match cohort_runtime::run(&loaded, &options) {
+    let run = cohort_runtime::RunBuilder::new(&loaded, options.clone())
+        .observer(progress::Terminal::new(!args.quiet))
+        .run();
+    let summary = match run {
         Ok(summary) => summary,
         // A run that never finished a round leaves nothing to keep or resume.
         Err(error) if fresh && !options.run_dir.join("results.csv").exists() => {
@@ -590,13 +607,13 @@ fn load_for_run(args: &RunArgs) -> anyhow::Result<LoadedConfig> {
 
 /// A new run folder under `--base` (or the config's result or base path).
 fn fresh_run_dir(args: &RunArgs, loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
-    let config = &loaded.config;
+    let config = &loaded.config();
     let base = args
         .base
         .clone()
         .or_else(|| config.results.result_path.clone())
         .unwrap_or_else(|| config.general.base_path.clone());
-    new_run_dir(&base, &loaded.path, config.general.run_name.as_deref())
+    new_run_dir(&base, &loaded.path(), config.general.run_name.as_deref())
         .with_context(|| format!("cannot create a run folder under {}", base.display()))
 }
 

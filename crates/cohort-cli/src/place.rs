@@ -81,7 +81,7 @@ pub fn place(args: &PlaceArgs) -> anyhow::Result<()> {
         Some(dir) => read_host_files(dir)?,
         None => Vec::new(),
     };
-    let mut request = request(args, &loaded.config, instance);
+    let mut request = request(args, &loaded.config(), instance);
     request.ports_in_use = earlier
         .iter()
         .filter(|(_, file)| file.instance != request.instance)
@@ -122,7 +122,7 @@ fn instance_name(
     if let Some(instance) = args
         .instance
         .clone()
-        .or(loaded.config.general.run_name.clone())
+        .or(loaded.config().general.run_name.clone())
     {
         return Ok(instance);
     }
@@ -318,7 +318,8 @@ mod tests {
     fn config(text: &str) -> Config {
         cohort_core::config::from_str(text, Path::new("run.toml"))
             .unwrap()
-            .config
+            .config()
+            .clone()
     }
 
     const BASE: &str = "[parameters.optimizer]\nlearning_rate = 0.01\n";

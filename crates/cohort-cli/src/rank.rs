@@ -59,7 +59,7 @@ pub fn seat(
             launched.source
         );
     }
-    let clients = &loaded.config.clients;
+    let clients = &loaded.config().clients;
     if file.num_clients != clients.total_clients {
         bail!(
             "{}: the plan is for {} clients, the config has clients.total_clients = {}",
@@ -73,7 +73,7 @@ pub fn seat(
 
 /// Ranks started by mpirun or srun without a plan: MPI, even client blocks.
 fn launched_seat(launched: &LauncherRank, loaded: &LoadedConfig) -> anyhow::Result<DistributedRun> {
-    let total = loaded.config.clients.total_clients;
+    let total = loaded.config().clients.total_clients;
     if launched.world_size > total {
         bail!(
             "{} ranks were started ({}), but clients.total_clients = {total}: every rank \
@@ -156,7 +156,7 @@ fn ring_settings(
         address: p.address,
         node: p.node,
     };
-    let server = &loaded.config.server;
+    let server = &loaded.config().server;
     Ok(RingSettings {
         instance: file.instance.clone(),
         rank: rank.rank,

@@ -64,16 +64,16 @@ pub fn aggregate(
             tree,
         })
         .collect();
-    let clients = &loaded.config.clients;
+    let clients = &loaded.config().clients;
     let ctx = RoundContext {
         round: 1,
         learning_rate: loaded
             .lr_schedule()
-            .rate(loaded.optimizer.learning_rate(), 1),
+            .rate(loaded.optimizer().learning_rate(), 1),
         per_round: clients.per_round,
         total_clients: clients.total_clients,
     };
-    let mut strategy = loaded.config.algorithm.build();
+    let mut strategy = loaded.config().algorithm.build();
     let outcome = strategy
         .aggregate(&ctx, &global, &client_updates)
         .with_context(|| format!("{} refused the updates", strategy.name()))?;
@@ -123,7 +123,7 @@ pub fn evaluate(
     logits: Option<&Path>,
     device: cohort_train::device::DeviceRequest,
 ) -> anyhow::Result<Evaluation> {
-    let config = &loaded.config;
+    let config = &loaded.config();
     let tree = crate::read_model(model)?;
     let fetch = if config.data.download {
         cohort_core::data::Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
@@ -156,7 +156,7 @@ pub fn evaluate(
                 "{} is not a {} model in PyTorch's layout (trainer.model_name of {})",
                 model.display(),
                 config.trainer.model_name,
-                loaded.path.display()
+                loaded.path().display()
             )
         })?;
     if let Some(path) = logits {
@@ -190,17 +190,17 @@ pub fn partition_histograms(
     loaded: &LoadedConfig,
     data_root: Option<&Path>,
 ) -> anyhow::Result<(Vec<Vec<u64>>, String)> {
-    let clients = &loaded.config.clients;
+    let clients = &loaded.config().clients;
     if clients.all_own_data() {
         anyhow::bail!(
             "{}: every client brings its own data (clients.own_data_clients = \
              clients.total_clients = {}), so the run computes no partitions",
-            loaded.path.display(),
+            loaded.path().display(),
             clients.total_clients
         );
     }
     let (splits, partitions) = cohort_runtime::client::load_data(loaded, data_root)?;
-    let classes = loaded.config.parameters.model.num_classes;
+    let classes = loaded.config().parameters.model.num_classes;
     let labels = &splits.train.labels;
     let table = cohort_core::partition::summary_table(&partitions.train, labels, classes);
     let histograms = partitions

@@ -75,13 +75,12 @@ fn main() -> anyhow::Result<()> {
     let options = cohort_runtime::RunOptions {
         device: cohort_train::device::DeviceRequest::Auto,
         run_dir: cohort_runtime::new_run_dir(
-            &loaded.config.general.base_path,
+            &loaded.config().general.base_path,
             std::path::Path::new(&path),
             None,
         )?,
         rounds: None,
         data_root: std::env::var_os("COHORT_DATA_DIR").map(Into::into),
-        show_progress: true,
         resume: false,
         local_clients: None,
         distributed: None,
@@ -90,12 +89,10 @@ fn main() -> anyhow::Result<()> {
         bound: 1.0,
         rounds: 0,
     });
-    let summary = cohort_runtime::run_with_strategy(
-        &loaded,
-        &options,
-        &mut cohort_core::hooks::NoHooks,
-        strategy,
-    )?;
+    let summary = cohort_runtime::RunBuilder::new(&loaded, options)
+        .strategy(strategy)
+        .on_round(|row| println!("round {:>3}: accuracy {:.4}", row.round, row.accuracy))
+        .run()?;
     println!("results in {}", summary.run_dir.display());
     Ok(())
 }
@@ -178,7 +175,6 @@ learning_rate = 0.05
             data_root: Some(
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data"),
             ),
-            show_progress: false,
             resume: false,
             local_clients: None,
             distributed: None,

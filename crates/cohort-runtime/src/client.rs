@@ -55,11 +55,11 @@ pub enum ClientError {
 /// The training settings of a config, shared by the server's in-process
 /// workers and by client processes.
 pub fn train_settings(loaded: &LoadedConfig) -> TrainSettings {
-    let trainer = &loaded.config.trainer;
+    let trainer = &loaded.config().trainer;
     TrainSettings {
         epochs: trainer.epochs,
         batch_size: trainer.batch_size,
-        optimizer: loaded.optimizer.clone(),
+        optimizer: loaded.optimizer().clone(),
         clip_grad_norm: trainer.clip_grad_norm,
         training_seed: trainer.training_seed,
     }
@@ -87,7 +87,7 @@ pub fn load_data(
     loaded: &LoadedConfig,
     data_root: Option<&Path>,
 ) -> anyhow::Result<(Splits, ClientPartitions)> {
-    let config = &loaded.config;
+    let config = &loaded.config();
     let source = config.data.datasource;
     let data_root = data_root.unwrap_or(&config.data.data_path);
     let fetch = if config.data.download {
@@ -167,8 +167,8 @@ impl ClientRunner {
         let pipelines = loaded.pipelines();
         Self {
             trainer: LocalTrainer::new(
-                loaded.config.trainer.model_name,
-                loaded.config.parameters.model.num_classes,
+                loaded.config().trainer.model_name,
+                loaded.config().parameters.model.num_classes,
                 &device.device,
                 train_settings(loaded),
             ),
@@ -278,8 +278,8 @@ pub struct BatchRunner {
 impl BatchRunner {
     pub fn new(loaded: &LoadedConfig, device: &Selected) -> anyhow::Result<Self> {
         let vectorized = VectorizedTrainer::new(
-            loaded.config.trainer.model_name,
-            loaded.config.parameters.model.num_classes,
+            loaded.config().trainer.model_name,
+            loaded.config().parameters.model.num_classes,
             &device.device,
             train_settings(loaded),
         )?;

@@ -227,7 +227,7 @@ impl Holdings {
             granted > 0,
             "the server accepted the own-data registration but named no client id"
         );
-        let config = &loaded.config;
+        let config = &loaded.config();
         let (train, test) = (own.train.len(), own.test_len());
         let total = u32::try_from(train + test)
             .with_context(|| format!("{}: more than 2^32 samples", own.source.display()))?;
@@ -290,7 +290,7 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     let loaded =
         cohort_core::config::from_str(&welcome.config_toml, Path::new("<config from the server>"))
             .context("the server's config does not load in this cohort build")?;
-    let config = &loaded.config;
+    let config = &loaded.config();
     let selected = device::select(options.device)?;
     let holdings = Holdings::prepare(&loaded, options, own, welcome.client_id)?;
     let mut runner = ClientRunner::new(&loaded, &selected);

@@ -32,7 +32,6 @@ fn options(run_dir: PathBuf, rounds: u32) -> RunOptions {
         run_dir,
         rounds: Some(rounds),
         data_root: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")),
-        show_progress: false,
         resume: false,
         local_clients: None,
         distributed: None,

@@ -69,9 +69,15 @@ fn main() {
     } else {
         3
     };
-    let path = match std::env::var("COHORT_NATIVE_KERNELS").as_deref() {
-        Ok("0") => "burn flex",
-        _ => "cohort kernels",
+    let native = std::env::var("COHORT_NATIVE_KERNELS").as_deref() != Ok("0");
+    cohort_train::switches::set(cohort_train::switches::TrainSwitches {
+        native_kernels: native,
+        ..Default::default()
+    });
+    let path = if native {
+        "cohort kernels"
+    } else {
+        "burn flex"
     };
     let device = cohort_train::device::cpu();
     let settings = TrainSettings {

@@ -129,9 +129,7 @@ fn wgpu_memory(api: burn::backend::wgpu::WgpuBackend) -> Memory {
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn gpu() -> Result<Selected, DeviceError> {
     #[cfg(feature = "wgpu")]
-    configure_kernel_caches(KernelCache::from_env(
-        std::env::var_os(KERNEL_CACHE_VAR).as_deref(),
-    ));
+    configure_kernel_caches(crate::switches::get().kernel_cache.clone());
     let mut failures = Vec::new();
     for candidate in gpu_candidates() {
         match probe(&candidate.device) {

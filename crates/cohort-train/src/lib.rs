@@ -13,5 +13,6 @@ pub mod local;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod switches;
 pub mod trainer;
 pub mod vectorized;

@@ -87,15 +87,55 @@ impl std::error::Error for ConfigErrors {}
 /// A validated config with where each key came from.
 #[derive(Debug, Clone)]
 pub struct LoadedConfig {
-    pub config: Config,
-    pub optimizer: OptimizerSpec,
-    /// The top-level file.
-    pub path: PathBuf,
-    /// The fully merged table, as the run saw it (Plato's names translated).
-    pub merged: toml::Table,
-    /// One line for each Plato name read as cohort's (see [`plato`]).
-    pub notes: Vec<String>,
+    config: Config,
+    optimizer: OptimizerSpec,
+    path: PathBuf,
+    merged: toml::Table,
+    notes: Vec<String>,
     origins: BTreeMap<String, PathBuf>,
+}
+
+/// A validated config is read, never changed: its fields are private so
+/// nothing can turn it into one that would not have passed validation. A
+/// different config is loaded anew (with `--set`-style overrides, see
+/// [`load_with`] and [`LoadedConfig::with_overrides`]).
+impl LoadedConfig {
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The optimizer `[trainer]` names, with its options checked.
+    pub fn optimizer(&self) -> &OptimizerSpec {
+        &self.optimizer
+    }
+
+    /// The top-level file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The fully merged table, as the run saw it (Plato's names translated).
+    pub fn merged(&self) -> &toml::Table {
+        &self.merged
+    }
+
+    /// One line for each Plato name read as cohort's (see [`plato`]).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// This config with `overrides` over it, validated anew as if they had
+    /// been given with `--set` when it was loaded.
+    pub fn with_overrides(&self, overrides: &[Override]) -> Result<Self, ConfigErrors> {
+        let mut loaded = from_table(self.merged.clone(), &self.path, overrides)?;
+        for (key, origin) in &self.origins {
+            if !overrides.iter().any(|o| &o.key == key) {
+                loaded.origins.insert(key.clone(), origin.clone());
+            }
+        }
+        loaded.notes = self.notes.clone();
+        Ok(loaded)
+    }
 }
 
 /// The four payload pipelines of a config, checked to fit together.

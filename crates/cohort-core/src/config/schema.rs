@@ -321,6 +321,10 @@ pub struct Trainer {
     pub optimizer: String,
     pub model_name: ModelName,
     pub model_seed: Option<u64>,
+    /// Round 1's global model from a safetensors file in PyTorch's layout
+    /// (a `model.safetensors` of an earlier run, or a PyTorch state dict)
+    /// instead of the seeded construction.
+    pub initial_model: Option<std::path::PathBuf>,
     pub training_seed: Option<u64>,
     pub clip_grad_norm: Option<f64>,
     /// Compute threads per physical worker.
@@ -409,6 +413,7 @@ impl Default for Trainer {
             optimizer: "adam".to_owned(),
             model_name: ModelName::Lenet5,
             model_seed: None,
+            initial_model: None,
             training_seed: None,
             clip_grad_norm: None,
             threads_per_worker: 1,

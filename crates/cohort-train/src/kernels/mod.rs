@@ -18,7 +18,8 @@
 //!   reused from step to step; only the gradient tensors handed to burn are new.
 //!
 //! The kernels run on burn's CPU device only (a GPU keeps burn's path), and
-//! `COHORT_NATIVE_KERNELS=0` turns them off, for comparing against burn.
+//! `TrainSwitches::native_kernels` (`COHORT_NATIVE_KERNELS=0` for the
+//! `cohort` command) turns them off, for comparing against burn.
 
 mod conv;
 mod gemm;
@@ -34,10 +35,9 @@ use crate::model::Net;
 use lenet::{Arch, NativeLeNet};
 
 /// Whether the native kernels may run on `device` (burn's CPU backend,
-/// unless `COHORT_NATIVE_KERNELS=0`).
+/// unless [`crate::switches`] turn them off).
 fn enabled_on(device: &Device) -> bool {
-    let off = std::env::var("COHORT_NATIVE_KERNELS").is_ok_and(|v| v == "0");
-    !off && device.clone().inner() == crate::device::cpu()
+    crate::switches::get().native_kernels && device.clone().inner() == crate::device::cpu()
 }
 
 /// A model's training and inference through the native kernels.

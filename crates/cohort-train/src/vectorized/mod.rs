@@ -150,7 +150,7 @@ impl VectorizedTrainer {
             },
             net: None,
             images: None,
-            recorded_backward: std::env::var("COHORT_VECTORIZED_AUTODIFF").is_ok_and(|v| v == "1"),
+            recorded_backward: crate::switches::get().vectorized_autodiff,
         })
     }
 

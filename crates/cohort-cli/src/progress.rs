@@ -1,5 +1,6 @@
-//! What a run tells the person who started it: a banner before round 1, then
-//! where the run is (round, clients of the round, time left).
+//! What a run tells the person who started it, rendered from the run's
+//! events ([`cohort_runtime::events`]): a banner before round 1, then where
+//! the run is (round, clients of the round, time left).
 //!
 //! On a terminal the progress is a bar redrawn in place; when stderr is a file
 //! or a pipe (CI logs, `2>&1 | tee`) there is no bar to redraw, so each round
@@ -8,11 +9,12 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
+use cohort_runtime::events::{RunEvent, RunObserver, round_summary};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// How progress reaches the user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ProgressMode {
+enum ProgressMode {
     Hidden,
     /// A bar on a terminal.
     Bar,
@@ -21,7 +23,7 @@ pub(crate) enum ProgressMode {
 }
 
 impl ProgressMode {
-    pub(crate) fn for_stderr(show: bool) -> Self {
+    fn for_stderr(show: bool) -> Self {
         match (show, std::io::stderr().is_terminal()) {
             (false, _) => Self::Hidden,
             (true, true) => Self::Bar,
@@ -31,19 +33,21 @@ impl ProgressMode {
 }
 
 /// The progress of the rounds `first_round..=last_round` of one run.
-pub(crate) struct Progress {
+struct Progress {
     mode: ProgressMode,
     bar: ProgressBar,
     first_round: u32,
     last_round: u32,
-    started: Instant,
+    /// When the first round started: the ETA leaves out the wait for client
+    /// processes before it.
+    started: Option<Instant>,
     round: u32,
     tasks: usize,
     done: usize,
 }
 
 impl Progress {
-    pub(crate) fn new(mode: ProgressMode, first_round: u32, last_round: u32) -> Self {
+    fn new(mode: ProgressMode, first_round: u32, last_round: u32) -> Self {
         let bar = if mode == ProgressMode::Bar {
             let rounds = (last_round + 1).saturating_sub(first_round);
             let bar = ProgressBar::new(u64::from(rounds));
@@ -61,7 +65,7 @@ impl Progress {
             bar,
             first_round,
             last_round,
-            started: Instant::now(),
+            started: None,
             round: first_round,
             tasks: 0,
             done: 0,
@@ -69,7 +73,8 @@ impl Progress {
     }
 
     /// A round starts, waiting for `tasks` clients' outcomes.
-    pub(crate) fn start_round(&mut self, round: u32, tasks: usize) {
+    fn start_round(&mut self, round: u32, tasks: usize) {
+        self.started.get_or_insert_with(Instant::now);
         self.round = round;
         self.tasks = tasks;
         self.done = 0;
@@ -77,14 +82,14 @@ impl Progress {
     }
 
     /// One client of the round is done (its update arrived or it was dropped).
-    pub(crate) fn client_done(&mut self) {
+    fn client_done(&mut self) {
         self.done = (self.done + 1).min(self.tasks);
         self.redraw();
     }
 
     /// A line about the round that just ended, with the run's progress: above
     /// the bar on a terminal, on its own in a log.
-    pub(crate) fn round_line(&mut self, line: &str) {
+    fn round_line(&mut self, line: &str) {
         match self.mode {
             ProgressMode::Hidden => {}
             ProgressMode::Bar => {
@@ -100,7 +105,7 @@ impl Progress {
         }
     }
 
-    pub(crate) fn finish(&self) {
+    fn finish(&self) {
         self.bar.finish_and_clear();
     }
 
@@ -140,7 +145,7 @@ impl Progress {
             self.done as f64 / self.tasks as f64
         };
         let done = f64::from(self.round.saturating_sub(self.first_round)) + within;
-        estimate_left(self.started.elapsed(), done, rounds)
+        estimate_left(self.started?.elapsed(), done, rounds)
     }
 }
 
@@ -165,40 +170,60 @@ fn clock(duration: Duration) -> String {
     }
 }
 
-/// What the banner shows before round 1.
-pub(crate) struct Banner<'a> {
-    pub config: &'a std::path::Path,
-    pub run_dir: &'a std::path::Path,
-    pub resumed_at: Option<u32>,
-    pub strategy: &'a str,
-    pub rounds: u32,
-    pub per_round: u32,
-    pub total_clients: u32,
-    pub data: String,
-    pub device: String,
-    pub execution: String,
+/// The `cohort` command's view of a run: the banner, the network-mode
+/// listening line, and the progress, all on stderr.
+pub(crate) struct Terminal {
+    show: bool,
+    progress: Option<Progress>,
 }
 
-impl Banner<'_> {
-    pub(crate) fn lines(&self) -> Vec<String> {
-        let start = match self.resumed_at {
-            Some(round) => format!(" (resumed at round {round})"),
-            None => String::new(),
-        };
-        vec![
-            format!(
-                "cohort: {} → {}{start}",
-                self.config.display(),
-                self.run_dir.display()
-            ),
-            format!(
-                "  strategy  {}, {} rounds, {} of {} clients per round",
-                self.strategy, self.rounds, self.per_round, self.total_clients
-            ),
-            format!("  data      {}", self.data),
-            format!("  device    {}", self.device),
-            format!("  backend   {}", self.execution),
-        ]
+impl Terminal {
+    /// `show = false` (`--quiet`) renders nothing.
+    pub(crate) fn new(show: bool) -> Self {
+        Self {
+            show,
+            progress: None,
+        }
+    }
+}
+
+impl RunObserver for Terminal {
+    fn on_event(&mut self, event: &RunEvent) {
+        match event {
+            RunEvent::RunStarted(facts) => {
+                if self.show && facts.leader {
+                    for line in facts.banner() {
+                        eprintln!("{line}");
+                    }
+                }
+                let mode = ProgressMode::for_stderr(self.show);
+                self.progress = Some(Progress::new(mode, facts.first_round, facts.last_round));
+            }
+            RunEvent::Listening { address } if self.show => {
+                eprintln!("listening for client processes on {address}");
+            }
+            RunEvent::RoundStarted { round, clients } => {
+                if let Some(progress) = &mut self.progress {
+                    progress.start_round(*round, *clients);
+                }
+            }
+            RunEvent::ClientFinished { .. } | RunEvent::ClientDropped { .. } => {
+                if let Some(progress) = &mut self.progress {
+                    progress.client_done();
+                }
+            }
+            RunEvent::RoundFinished { row, privacy } => {
+                if let Some(progress) = &mut self.progress {
+                    progress.round_line(&round_summary(row, privacy.as_ref()));
+                }
+            }
+            RunEvent::RunFinished { .. } => {
+                if let Some(progress) = &self.progress {
+                    progress.finish();
+                }
+            }
+            _ => {}
+        }
     }
 }
 

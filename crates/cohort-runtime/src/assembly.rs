@@ -1,0 +1,472 @@
+//! Everything a run needs, built from a validated config before the first
+//! round, in one place (the spirit of ripgrep's `HiArgs`: build first, then
+//! run): the run folder, the device, the data and its partitions, the
+//! evaluator, the strategy, the start point (fresh or resumed), the
+//! transport (worker threads, gRPC with its client processes, or ranks), the
+//! loop's settings and the recorder.
+//!
+//! Each part a caller gave the [`crate::RunBuilder`] is used as given instead
+//! of being built. The round loop ([`crate::round_loop`]) then runs on the
+//! parts alone.
+
+use anyhow::{Context, bail};
+
+use cohort_core::checkpoint;
+use cohort_core::config::LoadedConfig;
+use cohort_core::data::Splits;
+use cohort_core::fsutil::atomic_write;
+use cohort_core::hooks::{NoHooks, ServerHooks};
+use cohort_core::strategy::Strategy;
+use cohort_core::tree::ParamTree;
+use cohort_train::device::{self, Selected};
+use cohort_train::init::seeded_parameters;
+use cohort_train::trainer::Evaluator;
+
+use crate::children::ChildClients;
+use crate::client::{ClientPartitions, load_data};
+use crate::events::{RunEvent, RunFacts, RunObserver};
+use crate::ranks::{DistributedRun, RankLink, join_ranks, partial_reduce};
+use crate::record::{MODEL_FILE, RecordSettings, SimulatedWallTime};
+use crate::round_loop::{
+    ClientFacts, LoopParts, LoopSettings, RankRole, RoundLoop, Selection, SimulatedAttack,
+};
+use crate::run::{Parts, RunOptions, RunSummary, toml_text};
+use crate::start::{StartPoint, fresh_start, resume_point};
+use crate::transport::Transport;
+use crate::updates::{OwnDataRules, expected_reports};
+
+/// Builds the parts the caller left out, then runs the loop over them.
+pub(crate) fn build_and_run(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    parts: Parts<'_>,
+) -> anyhow::Result<RunSummary> {
+    let Parts {
+        strategy,
+        hooks,
+        mut observer,
+        transport,
+        data,
+        evaluator,
+        initial_model,
+    } = parts;
+    let mut no_hooks = NoHooks;
+    let hooks: &mut dyn ServerHooks = match hooks {
+        Some(hooks) => hooks,
+        None => &mut no_hooks,
+    };
+    let mut strategy = strategy.unwrap_or_else(|| loaded.config().algorithm.build());
+    let leader = options
+        .distributed
+        .as_ref()
+        .is_none_or(DistributedRun::leader);
+    if leader {
+        prepare_run_dir(loaded, options)?;
+    }
+    let selected = device::select(options.device)?;
+    tracing::info!(device = selected.name, "compute device");
+    let (splits, partitions) = match data {
+        Some(data) => data,
+        None => load_data(loaded, options.data_root.as_deref())?,
+    };
+    let config = loaded.config();
+    let evaluator = evaluator.unwrap_or_else(|| {
+        Evaluator::new(
+            config.trainer.model_name,
+            config.parameters.model.num_classes,
+            &selected.device,
+            config.trainer.eval_batch_size,
+        )
+    });
+    tracing::info!(strategy = strategy.name(), "strategy");
+    let start = start_point(
+        loaded,
+        options,
+        strategy.as_mut(),
+        initial_model,
+        &evaluator,
+    )?;
+    let facts = run_facts(
+        loaded,
+        options,
+        strategy.name(),
+        &selected,
+        &splits,
+        &partitions,
+    );
+    observer.on_event(&RunEvent::RunStarted(RunFacts {
+        resumed_at: options.resume.then_some(start.first_round),
+        first_round: start.first_round,
+        leader,
+        ..facts
+    }));
+    let clients = client_facts(loaded, &splits, &partitions);
+    let (transport, child_clients) = match transport {
+        Some(transport) => (transport, None),
+        None => crate::transports::start_transport(
+            loaded,
+            options,
+            &selected,
+            splits.train,
+            partitions,
+            &mut observer,
+        )?,
+    };
+    let (transport, ranks) = rank_role(loaded, options, strategy.as_ref(), hooks, transport)?;
+    let parts = LoopParts {
+        settings: loop_settings(loaded, options),
+        strategy,
+        transport,
+        hooks,
+        observer: &mut observer,
+        evaluator,
+        test: splits.test,
+        clients,
+        ranks,
+    };
+    let (rounds, reached_target) = run_loop(parts, start, child_clients)?;
+    if leader && rounds.is_empty() {
+        bail!("no round ran");
+    }
+    Ok(RunSummary {
+        rounds,
+        run_dir: options.run_dir.clone(),
+        model_path: options.run_dir.join(MODEL_FILE),
+        reached_target,
+    })
+}
+
+/// Runs the loop over its parts; its rows and whether it reached the
+/// target. However it ends, the transport goes before the client processes
+/// it serves: closing the streams lets them exit.
+fn run_loop(
+    parts: LoopParts<'_>,
+    start: StartPoint,
+    child_clients: Option<ChildClients>,
+) -> anyhow::Result<(Vec<cohort_core::results::RoundRow>, bool)> {
+    let mut round_loop = RoundLoop::new(parts, start)?;
+    let reached_target = round_loop.run();
+    let (transport, rounds) = round_loop.finish();
+    drop(transport);
+    drop(child_clients);
+    Ok((rounds, reached_target?))
+}
+
+/// Creates the run folder and writes what runs into it. A resumed run
+/// rewrites config.toml too, since it may have changed keys that do not
+/// change results (the number of rounds, ports, paths), and a later --resume
+/// must see them. A config with a token is a secret: only its owner may read
+/// it.
+fn prepare_run_dir(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&options.run_dir)
+        .with_context(|| format!("cannot create the run folder {}", options.run_dir.display()))?;
+    let write = if loaded.config().server.auth_token.is_some() {
+        cohort_core::fsutil::atomic_write_private
+    } else {
+        atomic_write
+    };
+    write(
+        &options.run_dir.join("config.toml"),
+        toml_text(loaded.merged()).as_bytes(),
+    )
+    .context("cannot write config.toml into the run folder")
+}
+
+/// The newest checkpoint with `--resume`, else round 1 from the caller's
+/// initial model or the seeded one.
+fn start_point(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    strategy: &mut dyn Strategy,
+    initial_model: Option<ParamTree>,
+    evaluator: &Evaluator,
+) -> anyhow::Result<StartPoint> {
+    let run_dir = &options.run_dir;
+    if options.resume && checkpoint::any_written(run_dir) {
+        return resume_point(&loaded.result_hash(), run_dir, strategy);
+    }
+    // Starting over would release the rounds already published again, with
+    // fresh noise: together the two releases leak what the noise hid.
+    if options.resume && strategy.name() == "dp_fedavg" && run_dir.join(MODEL_FILE).exists() {
+        bail!(
+            "{} released models but wrote no checkpoint; dp_fedavg cannot start it over \
+             without releasing those rounds twice with fresh noise. Start a new run",
+            run_dir.display()
+        );
+    }
+    if options.resume {
+        // Killed before its first checkpoint: nothing of it is kept, so
+        // starting over is exactly what an uninterrupted run does.
+        tracing::info!("no checkpoint yet: the run starts over from round 1");
+    }
+    let config = loaded.config();
+    let from_file = || -> anyhow::Result<Option<(ParamTree, String)>> {
+        let Some(path) = &config.trainer.initial_model else {
+            return Ok(None);
+        };
+        let tree = read_model_file(path, loaded.decode_limits())?;
+        Ok(Some((
+            tree,
+            format!("trainer.initial_model = {}", path.display()),
+        )))
+    };
+    let given = match initial_model {
+        Some(model) => Some((model, "the initial model".to_owned())),
+        None => from_file()?,
+    };
+    let initial = match given {
+        Some((model, what)) => {
+            cohort_core::tree::check_schema(
+                &evaluator.parameters(),
+                &model,
+                cohort_core::tree::DTypeRule::Exact,
+            )
+            .map_err(|mismatch| {
+                anyhow::anyhow!(
+                    "{what}: does not fit model `{}`: {mismatch}",
+                    config.trainer.model_name
+                )
+            })?;
+            model
+        }
+        None => match config.trainer.model_seed {
+            Some(seed) => seeded_parameters(&evaluator.parameters(), seed),
+            None => evaluator.parameters(),
+        },
+    };
+    Ok(fresh_start(initial, config.server.random_seed, run_dir))
+}
+
+/// A model file in PyTorch's layout, as a tree of the model's parameters
+/// (BatchNorm's counters, which the file carries, set aside). The file is
+/// untrusted: a regular file, no larger than a payload may be.
+fn read_model_file(
+    path: &std::path::Path,
+    limits: cohort_core::codec::DecodeLimits,
+) -> anyhow::Result<ParamTree> {
+    let context = || format!("trainer.initial_model = {}", path.display());
+    let metadata = std::fs::metadata(path).with_context(context)?;
+    if !metadata.is_file() {
+        bail!("{}: not a regular file", context());
+    }
+    if metadata.len() > limits.max_bytes as u64 {
+        bail!(
+            "{}: {} bytes, more than server.max_payload_bytes = {}",
+            context(),
+            metadata.len(),
+            limits.max_bytes
+        );
+    }
+    let bytes = std::fs::read(path).with_context(context)?;
+    let tree = cohort_core::codec::decode(&bytes, &limits).with_context(context)?;
+    Ok(cohort_core::layout::from_model_file(tree))
+}
+
+/// What the server knows of each client from the partitions: label
+/// histograms (none for own-data clients, whose labels are their own) and
+/// the numbers every report must carry.
+fn client_facts(
+    loaded: &LoadedConfig,
+    splits: &Splits,
+    partitions: &ClientPartitions,
+) -> ClientFacts {
+    let config = loaded.config();
+    let num_classes = config.parameters.model.num_classes;
+    let own_data = config.clients.own_data_clients as usize;
+    let histograms = partitions
+        .train
+        .iter()
+        .enumerate()
+        .map(|(index, part)| match index < own_data {
+            true => Vec::new(),
+            false => {
+                cohort_core::partition::label_histogram(&splits.train.labels, part, num_classes)
+            }
+        })
+        .collect();
+    ClientFacts {
+        histograms,
+        expected: expected_reports(partitions, config.trainer.epochs, config.trainer.batch_size),
+    }
+}
+
+/// A rank of a distributed simulation: its transport wraps the local one,
+/// and it learns whether it leads and whether ranks exchange partial sums.
+fn rank_role(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    strategy: &dyn Strategy,
+    hooks: &dyn ServerHooks,
+    local: Box<dyn Transport>,
+) -> anyhow::Result<(Box<dyn Transport>, Option<RankRole>)> {
+    let partial = partial_reduce(loaded, options.distributed.as_ref(), strategy, hooks)?;
+    let Some(distributed) = &options.distributed else {
+        return Ok((local, None));
+    };
+    let (transport, peers) = join_ranks(loaded, distributed, local, partial.is_some())?;
+    Ok((
+        transport,
+        Some(RankRole {
+            peers,
+            leader: distributed.leader(),
+            partial,
+        }),
+    ))
+}
+
+/// The loop's settings, read from the config once.
+fn loop_settings(loaded: &LoadedConfig, options: &RunOptions) -> LoopSettings {
+    let config = loaded.config();
+    let (trainer, clients, server) = (&config.trainer, &config.clients, &config.server);
+    let pipelines = loaded.pipelines();
+    LoopSettings {
+        last_round: options.rounds.unwrap_or(trainer.rounds),
+        selection: Selection {
+            seed: server.random_seed,
+            total_clients: clients.total_clients,
+            per_round: clients.per_round,
+        },
+        min_per_round: loaded.min_per_round() as usize,
+        target_accuracy: trainer.target_accuracy,
+        checkpoint_interval: server.checkpoint_interval,
+        learning_rate: loaded.optimizer().learning_rate(),
+        schedule: loaded.lr_schedule(),
+        outbound: pipelines.server_outbound,
+        inbound: pipelines.server_inbound,
+        limits: loaded.decode_limits(),
+        attack: SimulatedAttack {
+            kind: clients.attack,
+            attackers_per_round: clients.attackers_per_round,
+            scale: clients.attack_scale,
+        },
+        own_data: OwnDataRules {
+            clients: clients.own_data_clients,
+            max_samples: clients.max_samples,
+            epochs: trainer.epochs,
+            batch_size: trainer.batch_size,
+            do_test: clients.do_test,
+        },
+        wall_time: SimulatedWallTime {
+            simulate: server.simulate_wall_time,
+            downlink_mbps: clients.downlink_mbps,
+            uplink_mbps: clients.uplink_mbps,
+        },
+        record: RecordSettings {
+            run_dir: options.run_dir.clone(),
+            config_hash: loaded.result_hash(),
+            keep_client_updates: config.results.keep_client_updates,
+        },
+        evaluation_threads: trainer.threads_per_worker as usize,
+    }
+}
+
+/// The banner's facts: where the run reads and writes, what it computes, on
+/// what, and how its clients run.
+fn run_facts(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    strategy: &str,
+    selected: &Selected,
+    splits: &Splits,
+    partitions: &ClientPartitions,
+) -> RunFacts {
+    let config = loaded.config();
+    let trainer = &config.trainer;
+    let data = data_facts(loaded, options, splits, partitions);
+    let workers = options
+        .distributed
+        .as_ref()
+        .and_then(|d| d.workers)
+        .unwrap_or(trainer.max_concurrency);
+    let plural =
+        |count: u32, noun: &str| format!("{count} {noun}{}", if count == 1 { "" } else { "s" });
+    let device = format!(
+        "{}, {} × {} each",
+        selected.name,
+        plural(workers, "worker"),
+        plural(trainer.threads_per_worker, "thread")
+    );
+    let execution = match (&options.distributed, config.clients.comm_simulation) {
+        (Some(distributed), _) => format!(
+            "{} ranks over {}{}",
+            distributed.world_size,
+            match distributed.link {
+                RankLink::Ring(_) => "the TCP ring",
+                RankLink::Mpi => "MPI",
+            },
+            if config.cluster.reduce == Some(cohort_core::config::Reduce::Partial) {
+                ", partial sums"
+            } else {
+                ", updates gathered to rank 0"
+            }
+        ),
+        (None, true) => "one process (clients simulated in the worker pool)".to_owned(),
+        (None, false) => format!(
+            "gRPC on {}:{}, {} local client processes{}",
+            config.server.address,
+            config.server.port,
+            options.local_clients.as_ref().map_or(0, |c| c.count),
+            if options.local_clients.is_some() {
+                format!(
+                    " (output in {})",
+                    options.run_dir.join(crate::children::CLIENT_LOGS).display()
+                )
+            } else {
+                String::new()
+            }
+        ),
+    };
+    RunFacts {
+        config: loaded.path().to_path_buf(),
+        run_dir: options.run_dir.clone(),
+        resumed_at: None,
+        strategy: strategy.to_owned(),
+        first_round: 1,
+        last_round: options.rounds.unwrap_or(trainer.rounds),
+        per_round: config.clients.per_round,
+        total_clients: config.clients.total_clients,
+        data,
+        device,
+        execution,
+        leader: true,
+    }
+}
+
+/// Where the data comes from and how it is split, in words.
+fn data_facts(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    splits: &Splits,
+    partitions: &ClientPartitions,
+) -> String {
+    let config = loaded.config();
+    let sizes = partitions.train.iter().map(Vec::len);
+    let (smallest, largest) = (sizes.clone().min().unwrap_or(0), sizes.max().unwrap_or(0));
+    let data_root = options.data_root.as_ref().unwrap_or(&config.data.data_path);
+    // The names as the config spells them.
+    let name_of = |value: toml::Value| value.as_str().map(str::to_owned).unwrap_or_default();
+    let sampler =
+        toml::Value::try_from(config.data.sampler).map_or_else(|_| String::new(), name_of);
+    let source =
+        toml::Value::try_from(config.data.datasource).map_or_else(|_| String::new(), name_of);
+    let folder = data_root.join(config.data.datasource.folder());
+    if config.clients.all_own_data() {
+        format!(
+            "{source}: {} test samples from {}; every client trains on its own data",
+            splits.test.len(),
+            folder.display()
+        )
+    } else {
+        format!(
+            "{source}: {} training and {} test samples from {}; {sampler} partitions of {}",
+            splits.train.len(),
+            splits.test.len(),
+            folder.display(),
+            if smallest == largest {
+                format!("{smallest} samples")
+            } else {
+                format!("{smallest} to {largest} samples")
+            }
+        )
+    }
+}

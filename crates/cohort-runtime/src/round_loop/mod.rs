@@ -1,0 +1,749 @@
+//! The federated round loop.
+//!
+//! One round, in order, each step a function of [`RoundLoop`]:
+//! 1. **select** `per_round` logical clients ([`ClientSelector`]) and
+//!    **dispatch** their tasks: the global model, packed once through the
+//!    outbound pipeline, and per client the strategy's instructions
+//!    ([`Strategy::configure`]), to the [`Transport`];
+//! 2. **collect** the updates, unpacked through the inbound pipeline and
+//!    checked ([`crate::updates`]); a client that failed, timed out or sent a
+//!    malformed or implausible update is dropped, and the round goes on if
+//!    `min_per_round` updates arrived;
+//! 3. **aggregate**: put the updates back in selection order, run the server
+//!    hooks under their positional contract, and let the strategy
+//!    ([`Strategy::aggregate`]) make the next global model;
+//! 4. **evaluate and record**: test-set accuracy, the results files and the
+//!    model file ([`Recorder`]);
+//! 5. **checkpoint** the model, the selector and the strategy's state; stop at
+//!    the last round or at the target accuracy.
+//!
+//! The next round is dispatched as soon as the model is aggregated, so it
+//! trains while this round is evaluated. Nothing of a round is written before
+//! its aggregation succeeded, so a round that fails leaves the global model and
+//! every file as the last round left them.
+//!
+//! The loop works on its parts alone ([`LoopParts`], [`LoopSettings`]): it
+//! never sees the config, the command line or the environment; the run's
+//! assembly ([`crate::assembly`]) builds the parts.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use cohort_core::codec::{self, DecodeLimits};
+use cohort_core::data::Dataset;
+use cohort_core::hooks::{ClientReport, ServerHooks};
+use cohort_core::layout;
+use cohort_core::processors::{Pipeline, Processor};
+use cohort_core::results::{ClientRow, RoundRow};
+use cohort_core::schedule::LrSchedule;
+use cohort_core::selection::ClientSelector;
+use cohort_core::strategy::{ClientUpdate, PrivacySpent, RoundContext, Strategy};
+use cohort_core::tree::ParamTree;
+use cohort_train::trainer::Evaluator;
+
+use crate::distributed::{SharedCollective, share_accuracy};
+use crate::events::{RunEvent, RunObserver};
+use crate::record::{
+    RecordSettings, Recorder, SimulatedWallTime, federated_accuracy, slowest_client, weighted_loss,
+};
+use crate::start::StartPoint;
+use crate::transport::Transport;
+use crate::updates::{
+    Arrival, Arrived, Collected, Dropped, ExpectedReport, OwnDataRules, check_update,
+    collect_updates, hooked_payloads, own_data_expectation, plan_tasks, shared_drop, shared_row,
+    unshared_row,
+};
+
+/// Everything the loop needs to know that a config would say, as plain
+/// values: built once by the assembly, never changed by the loop.
+#[derive(Debug, Clone)]
+pub(crate) struct LoopSettings {
+    /// The run's last round (a resumed run starts later, not elsewhere).
+    pub(crate) last_round: u32,
+    pub(crate) selection: Selection,
+    /// Fewer updates than this stop the run before the round is written.
+    pub(crate) min_per_round: usize,
+    pub(crate) target_accuracy: Option<f64>,
+    /// Every this many rounds a checkpoint (and at the last round and the target).
+    pub(crate) checkpoint_interval: u32,
+    /// The optimizer's base rate, and its schedule across rounds.
+    pub(crate) learning_rate: f64,
+    pub(crate) schedule: LrSchedule,
+    pub(crate) outbound: Pipeline,
+    pub(crate) inbound: Pipeline,
+    pub(crate) limits: DecodeLimits,
+    pub(crate) attack: SimulatedAttack,
+    pub(crate) own_data: OwnDataRules,
+    pub(crate) wall_time: SimulatedWallTime,
+    pub(crate) record: RecordSettings,
+    /// Compute threads for the test-set evaluation.
+    pub(crate) evaluation_threads: usize,
+}
+
+/// Who is drawn each round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Selection {
+    /// `server.random_seed`: the selector's stream, kept in checkpoints.
+    pub(crate) seed: u64,
+    pub(crate) total_clients: u32,
+    pub(crate) per_round: u32,
+}
+
+/// `clients.attack`: the first `attackers_per_round` slots of each round
+/// replace their updates (a robustness experiment).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct SimulatedAttack {
+    pub(crate) kind: cohort_core::attack::Attack,
+    pub(crate) attackers_per_round: u32,
+    pub(crate) scale: f64,
+}
+
+/// The parts a loop runs with.
+pub(crate) struct LoopParts<'a> {
+    pub(crate) settings: LoopSettings,
+    pub(crate) strategy: Box<dyn Strategy>,
+    pub(crate) transport: Box<dyn Transport>,
+    pub(crate) hooks: &'a mut dyn ServerHooks,
+    pub(crate) observer: &'a mut dyn RunObserver,
+    pub(crate) evaluator: Evaluator,
+    pub(crate) test: Dataset,
+    pub(crate) clients: ClientFacts,
+    /// This process is one rank of a distributed simulation.
+    pub(crate) ranks: Option<RankRole>,
+}
+
+/// A rank's place among the others.
+pub(crate) struct RankRole {
+    pub(crate) peers: SharedCollective,
+    /// Whether this rank evaluates and writes the run's files (rank 0).
+    pub(crate) leader: bool,
+    /// `cluster.reduce = partial`: this rank's client block.
+    pub(crate) partial: Option<cohort_core::cluster::ClientBlock>,
+}
+
+/// What the server knows of every client from the partitions it computed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClientFacts {
+    /// Each client's training labels, for `clients.csv`.
+    pub(crate) histograms: Vec<Vec<u64>>,
+    /// What each client's report must say.
+    pub(crate) expected: Vec<ExpectedReport>,
+}
+
+impl ClientFacts {
+    fn histogram(&self, client_id: u32) -> Vec<u64> {
+        (client_id as usize)
+            .checked_sub(1)
+            .and_then(|index| self.histograms.get(index))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// A round handed to the transport: who trains, and what was sent.
+#[derive(Debug, Default)]
+pub(crate) struct Dispatched {
+    pub(crate) clients: Vec<u32>,
+    /// Bytes of the global model each client receives.
+    pub(crate) payload_bytes: u64,
+    /// Bytes sent beside the model, all clients together (SCAFFOLD).
+    pub(crate) extra_bytes: u64,
+}
+
+/// The global model of a round, packed once.
+pub(crate) struct Packed {
+    /// Plain safetensors with BatchNorm counters ([`layout::to_model_file`]):
+    /// the model file and the checkpoint.
+    pub(crate) model_bytes: Arc<Vec<u8>>,
+    /// After `server.outbound_processors`: what the clients receive (the same
+    /// allocation when the pipeline is plain `safetensor_encode`).
+    pub(crate) wire: Arc<Vec<u8>>,
+}
+
+/// What a round's aggregation leaves for the records.
+pub(crate) struct Aggregated {
+    pub(crate) reports: Vec<ClientReport>,
+    pub(crate) arrivals: Vec<Arrival>,
+    pub(crate) dropped: Vec<Dropped>,
+    pub(crate) privacy: Option<PrivacySpent>,
+}
+
+/// Wall and simulated time of a run across rounds.
+struct Clock {
+    run_started: Instant,
+    elapsed_before: f64,
+    simulated_before: f64,
+    previous_round_end: Instant,
+}
+
+/// The state of a run between rounds, and the steps of one round.
+pub(crate) struct RoundLoop<'a> {
+    settings: LoopSettings,
+    hooks: &'a mut dyn ServerHooks,
+    observer: &'a mut dyn RunObserver,
+    strategy: Box<dyn Strategy>,
+    transport: Box<dyn Transport>,
+    evaluator: Evaluator,
+    /// Evaluation's own compute threads, so it does not oversubscribe the
+    /// workers' cores while the next round trains.
+    evaluation_pool: rayon::ThreadPool,
+    test: Dataset,
+    clients: ClientFacts,
+    global: ParamTree,
+    selector: ClientSelector,
+    recorder: Recorder,
+    first_round: u32,
+    clock: Clock,
+    ranks: Option<RankRole>,
+}
+
+impl<'a> RoundLoop<'a> {
+    /// The loop over its parts; nothing here reads a config.
+    pub(crate) fn new(parts: LoopParts<'a>, start: StartPoint) -> anyhow::Result<Self> {
+        let evaluation_pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(parts.settings.evaluation_threads.max(1))
+            .thread_name(|i| format!("cohort-eval{i}"))
+            .build()?;
+        let simulated_before = start
+            .results
+            .rounds()
+            .last()
+            .map_or(0.0, |r| r.simulated_time);
+        let recorder = Recorder::new(
+            parts.settings.record.clone(),
+            start.results,
+            parts.ranks.as_ref().is_none_or(|r| r.leader),
+        );
+        Ok(Self {
+            settings: parts.settings,
+            hooks: parts.hooks,
+            observer: parts.observer,
+            strategy: parts.strategy,
+            transport: parts.transport,
+            evaluator: parts.evaluator,
+            evaluation_pool,
+            test: parts.test,
+            clients: parts.clients,
+            global: start.global,
+            selector: start.selector,
+            recorder,
+            first_round: start.first_round,
+            clock: Clock {
+                run_started: Instant::now(),
+                elapsed_before: start.elapsed_before,
+                simulated_before,
+                previous_round_end: Instant::now(),
+            },
+            ranks: parts.ranks,
+        })
+    }
+
+    /// Whether this process evaluates and writes the run's files (rank 0, or
+    /// the only process).
+    fn leader(&self) -> bool {
+        self.ranks.as_ref().is_none_or(|r| r.leader)
+    }
+
+    /// The loop's parts back, once it has run: the transport must be dropped
+    /// before the client processes it serves.
+    pub(crate) fn finish(self) -> (Box<dyn Transport>, Vec<RoundRow>) {
+        (self.transport, self.recorder.into_rounds())
+    }
+
+    /// Runs every remaining round; `true` when the target accuracy was reached.
+    pub(crate) fn run(&mut self) -> anyhow::Result<bool> {
+        let reached = self.run_rounds()?;
+        self.observer.on_event(&RunEvent::RunFinished {
+            rounds: self.recorder.rounds().len(),
+            reached_target: reached,
+        });
+        Ok(reached)
+    }
+
+    fn run_rounds(&mut self) -> anyhow::Result<bool> {
+        let last_round = self.settings.last_round;
+        if self.first_round > last_round {
+            tracing::info!(rounds = last_round, "all rounds are done already");
+            return Ok(false);
+        }
+        let initial = self.pack()?.wire;
+        let mut dispatched = self.dispatch(self.first_round, initial)?;
+        for round in self.first_round..=last_round {
+            let mut steps = StepTimes::default();
+            let started = Instant::now();
+            let aggregated = match self.ranks.as_ref().and_then(|r| r.partial) {
+                Some(block) => {
+                    let mine: Vec<u32> = dispatched
+                        .clients
+                        .iter()
+                        .copied()
+                        .filter(|&c| block.contains(c))
+                        .collect();
+                    let collected = self.collect(round, &mine, false)?;
+                    steps.collecting = started.elapsed();
+                    self.reduce_partials(round, dispatched.clients.len(), collected)?
+                }
+                None => {
+                    let collected = self.collect(round, &dispatched.clients, true)?;
+                    steps.collecting = started.elapsed();
+                    self.aggregate(round, collected)?
+                }
+            };
+            steps.aggregating = started.elapsed() - steps.collecting;
+            // The checkpoint must hold the selector as it was before the next
+            // round's draw, so a resumed run draws the same clients.
+            let selector_state = self.selector.state(self.settings.selection.seed);
+            let step = Instant::now();
+            let packed = self.pack()?;
+            steps.packing = step.elapsed();
+            let this_round = std::mem::take(&mut dispatched);
+            let step = Instant::now();
+            if round < last_round {
+                dispatched = self.dispatch(round + 1, Arc::clone(&packed.wire))?;
+            }
+            steps.dispatching = step.elapsed();
+            let step = Instant::now();
+            let accuracy = self.evaluate_and_record(round, &this_round, aggregated, &packed)?;
+            steps.recording = step.elapsed();
+            let target = self.settings.target_accuracy;
+            let target_reached = target.is_some_and(|target| accuracy >= target);
+            let interval = self.settings.checkpoint_interval.max(1);
+            let step = Instant::now();
+            if self.leader() && (round % interval == 0 || round == last_round || target_reached) {
+                let sidecar = self.recorder.checkpoint(
+                    round,
+                    &packed.model_bytes,
+                    selector_state,
+                    self.strategy.as_ref(),
+                )?;
+                self.observer
+                    .on_event(&RunEvent::CheckpointWritten { round, sidecar });
+            }
+            steps.checkpointing = step.elapsed();
+            steps.log(round);
+            if target_reached {
+                tracing::info!(round, accuracy, "target accuracy reached");
+                // The next round may already be training; its work is dropped.
+                self.transport.cancel();
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn context(&self, round: u32) -> RoundContext {
+        let selection = &self.settings.selection;
+        RoundContext {
+            round,
+            learning_rate: self
+                .settings
+                .schedule
+                .rate(self.settings.learning_rate, round),
+            per_round: selection.per_round,
+            total_clients: selection.total_clients,
+        }
+    }
+
+    /// The global model as a model file and as the wire pipeline makes it;
+    /// with the default pipeline and no BatchNorm the two are the same bytes,
+    /// packed once.
+    fn pack(&self) -> anyhow::Result<Packed> {
+        let file_tree = layout::to_model_file(&self.global);
+        let model_bytes = Arc::new(codec::encode(file_tree.as_ref().unwrap_or(&self.global))?);
+        let outbound = &self.settings.outbound;
+        let wire = if outbound.steps() == [Processor::SafetensorEncode] {
+            match file_tree {
+                // The file's BatchNorm counters are not part of the tree that travels.
+                Some(_) => Arc::new(codec::encode(&self.global)?),
+                None => Arc::clone(&model_bytes),
+            }
+        } else {
+            Arc::new(
+                outbound
+                    .send(&self.global)
+                    .context("server.outbound_processors failed on the global model")?,
+            )
+        };
+        Ok(Packed { model_bytes, wire })
+    }
+
+    /// Selects the round's clients and hands their tasks to the transport.
+    fn dispatch(&mut self, round: u32, global_payload: Arc<Vec<u8>>) -> anyhow::Result<Dispatched> {
+        let selection = &self.settings.selection;
+        let clients = self
+            .selector
+            .select(selection.total_clients, selection.per_round);
+        tracing::info!(round, clients = ?clients, "round dispatched");
+        let tasks = plan_tasks(
+            self.strategy.as_ref(),
+            &self.context(round),
+            &clients,
+            &self.global,
+        )?;
+        let extra_bytes = tasks.iter().map(|t| t.instructions.extra_bytes()).sum();
+        let payload_bytes = global_payload.len() as u64;
+        self.transport.dispatch(global_payload, tasks)?;
+        Ok(Dispatched {
+            clients,
+            payload_bytes,
+            extra_bytes,
+        })
+    }
+
+    /// Waits for every dispatched task; keeps the updates that unpack.
+    fn collect(
+        &mut self,
+        round: u32,
+        clients: &[u32],
+        whole_round: bool,
+    ) -> anyhow::Result<Collected> {
+        self.observer.on_event(&RunEvent::RoundStarted {
+            round,
+            clients: clients.len(),
+        });
+        let mut collected = collect_updates(
+            self.transport.as_mut(),
+            clients.len(),
+            &self.settings.inbound,
+            &self.settings.limits,
+            &mut *self.observer,
+            round,
+        )?;
+        // One bad client is dropped from its round, never the end of the run.
+        let mut kept = Vec::with_capacity(collected.updates.len());
+        for arrived in collected.updates {
+            let client_id = arrived.report.client_id;
+            let verdict = self
+                .expected_report(&arrived)
+                .and_then(|expected| check_update(&arrived, &expected, &self.global));
+            match verdict {
+                Ok(()) => kept.push(arrived),
+                Err(reason) => {
+                    tracing::warn!(
+                        round,
+                        client = client_id,
+                        "update refused, client dropped: {reason}"
+                    );
+                    let dropped = Dropped {
+                        client_id,
+                        worker: Some(arrived.report.worker),
+                        reason: format!("update refused: {reason}"),
+                    };
+                    self.observer.on_event(&RunEvent::ClientDropped {
+                        round,
+                        client_id,
+                        reason: dropped.reason.clone(),
+                    });
+                    collected.failures.push(dropped);
+                }
+            }
+        }
+        collected.updates = kept;
+        if whole_round {
+            self.require_min(
+                round,
+                collected.updates.len(),
+                clients.len(),
+                &collected.failures,
+            )?;
+        }
+        let attack = self.settings.attack;
+        for arrived in &mut collected.updates {
+            if arrived.slot < attack.attackers_per_round as usize {
+                let honest = std::mem::replace(&mut arrived.tree, ParamTree::None);
+                arrived.tree =
+                    cohort_core::attack::apply(attack.kind, attack.scale, &self.global, honest);
+                tracing::info!(round, client = arrived.report.client_id, attack = ?attack.kind, "simulated attacker");
+            }
+        }
+        Ok(collected)
+    }
+
+    /// What `arrived`'s report must say: the numbers of the partition the
+    /// server computed, or for an own-data client what its declaration allows.
+    fn expected_report(&self, arrived: &Arrived) -> Result<ExpectedReport, String> {
+        let client_id = arrived.report.client_id;
+        let rules = &self.settings.own_data;
+        if (1..=rules.clients).contains(&client_id) {
+            return own_data_expectation(arrived.report.num_samples, arrived.declared, rules);
+        }
+        (client_id as usize)
+            .checked_sub(1)
+            .and_then(|index| self.clients.expected.get(index))
+            .copied()
+            .ok_or_else(|| "no such client".to_owned())
+    }
+
+    /// Fewer than `clients.min_per_round` updates stop the run.
+    fn require_min(
+        &self,
+        round: u32,
+        updates: usize,
+        selected: usize,
+        failures: &[Dropped],
+    ) -> anyhow::Result<()> {
+        let min_per_round = self.settings.min_per_round;
+        if updates < min_per_round {
+            bail!(
+                "round {round}: only {updates} of {selected} clients returned an update, and \
+                 clients.min_per_round = {min_per_round}; the global model stays at round {}. \
+                 Dropped: {}",
+                round - 1,
+                failures
+                    .iter()
+                    .map(Dropped::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        Ok(())
+    }
+
+    /// `cluster.reduce = partial`: this rank's checked updates become one
+    /// partial sum; the ranks swap partials and rows, and every rank adds the
+    /// partials in rank order into the round's mean and the strategy's step.
+    fn reduce_partials(
+        &mut self,
+        round: u32,
+        selected: usize,
+        mut collected: Collected,
+    ) -> anyhow::Result<Aggregated> {
+        use cohort_core::strategy::partial::{PartialSum, combine, partial_layout};
+        let dropped = std::mem::take(&mut collected.failures);
+        let updates: Vec<ClientUpdate<'_>> = collected
+            .updates
+            .iter()
+            .map(|a| ClientUpdate {
+                client_id: a.report.client_id,
+                num_samples: a.report.num_samples,
+                local_steps: a.report.local_steps,
+                tree: &a.tree,
+            })
+            .collect();
+        let partial = PartialSum::of(&self.global, &updates)
+            .with_context(|| format!("round {round}: this rank's updates"))?;
+        let share = crate::distributed::RankShare {
+            rows: collected.updates.iter().map(shared_row).collect(),
+            dropped: dropped.iter().map(shared_drop).collect(),
+            partial: partial.encode(),
+        };
+        let elements = partial_layout(&self.global)?.len();
+        let partial_bytes = 16 + 8 * elements;
+        let peers = &self
+            .ranks
+            .as_ref()
+            .context("partial reduce without peers")?
+            .peers;
+        let blocks = peers.borrow_mut().all_gather(
+            share.encode(),
+            crate::distributed::RankShare::max_bytes(selected, partial_bytes),
+        )?;
+        let mut rows = Vec::new();
+        let mut all_dropped = Vec::new();
+        let mut partials = Vec::with_capacity(blocks.len());
+        for (rank, block) in blocks.iter().enumerate() {
+            let share = crate::distributed::RankShare::decode(block, selected, partial_bytes)
+                .and_then(|s| Ok((PartialSum::decode(&s.partial, elements)?, s)))
+                .map_err(|e| anyhow::anyhow!("round {round}: rank {rank}'s share: {e}"))?;
+            partials.push(share.0);
+            rows.extend(share.1.rows);
+            all_dropped.extend(share.1.dropped.into_iter().map(|d| Dropped {
+                client_id: d.client_id,
+                worker: Some(d.worker as usize),
+                reason: d.reason,
+            }));
+        }
+        rows.sort_by_key(|r| r.slot);
+        self.require_min(round, rows.len(), selected, &all_dropped)?;
+        let mean = combine(&self.global, &partials)?;
+        let outcome = self
+            .strategy
+            .aggregate_mean(&self.context(round), &self.global, mean)
+            .with_context(|| format!("round {round}: aggregation refused"))?;
+        match outcome.model {
+            Some(model) => self.global = model,
+            None => tracing::warn!(round, "total sample weight is zero; global model unchanged"),
+        }
+        let (reports, arrivals) = rows.iter().map(unshared_row).unzip();
+        Ok(Aggregated {
+            reports,
+            arrivals,
+            dropped: all_dropped,
+            privacy: outcome.privacy,
+        })
+    }
+
+    /// Server hooks under their contract, then the strategy's aggregation.
+    fn aggregate(&mut self, round: u32, mut collected: Collected) -> anyhow::Result<Aggregated> {
+        let dropped = std::mem::take(&mut collected.failures);
+        let (payloads, arrivals) =
+            hooked_payloads(round, collected, &mut *self.hooks, &self.global)?;
+        self.recorder.keep_updates(round, &payloads)?;
+        let updates: Vec<ClientUpdate<'_>> = payloads
+            .iter()
+            .map(|payload| ClientUpdate {
+                client_id: payload.report.client_id,
+                num_samples: payload.report.num_samples,
+                local_steps: payload.report.local_steps,
+                tree: payload.tree(),
+            })
+            .collect();
+        let outcome = self
+            .strategy
+            .aggregate(&self.context(round), &self.global, &updates)
+            .with_context(|| format!("round {round}: aggregation refused"))?;
+        match outcome.model {
+            Some(model) => self.global = model,
+            None => tracing::warn!(round, "total sample weight is zero; global model unchanged"),
+        }
+        if let Some(selected) = &outcome.selected {
+            tracing::info!(round, clients = ?selected, "updates the strategy used");
+        }
+        Ok(Aggregated {
+            reports: payloads.into_iter().map(|p| p.into_parts().0).collect(),
+            arrivals,
+            dropped,
+            privacy: outcome.privacy,
+        })
+    }
+
+    /// Test-set accuracy of the new model, the results rows and the model file.
+    fn evaluate_and_record(
+        &mut self,
+        round: u32,
+        dispatched: &Dispatched,
+        aggregated: Aggregated,
+        packed: &Packed,
+    ) -> anyhow::Result<f64> {
+        if let Some(ranks) = self.ranks.as_ref().filter(|r| !r.leader) {
+            let accuracy = share_accuracy(&ranks.peers, None)?;
+            self.clock.previous_round_end = Instant::now();
+            tracing::info!(round, accuracy, "round finished (evaluated by rank 0)");
+            return Ok(accuracy);
+        }
+        let evaluation_started = Instant::now();
+        let (evaluator, global, test) = (&mut self.evaluator, &self.global, &self.test);
+        let accuracy = self
+            .evaluation_pool
+            .install(|| evaluator.accuracy(global, test))?;
+        let evaluation_time = evaluation_started.elapsed().as_secs_f64();
+        self.recorder.write_model(&packed.model_bytes)?;
+        let Aggregated {
+            reports,
+            arrivals,
+            dropped,
+            privacy,
+        } = aggregated;
+        let per_client_download = dispatched.payload_bytes
+            + dispatched.extra_bytes / dispatched.clients.len().max(1) as u64;
+        let wall_time = &self.settings.wall_time;
+        let slowest = slowest_client(&reports, &arrivals, per_client_download, wall_time);
+        let clock = &mut self.clock;
+        let elapsed_time = clock.elapsed_before + clock.run_started.elapsed().as_secs_f64();
+        let row = RoundRow {
+            round,
+            accuracy,
+            elapsed_time,
+            round_time: clock.previous_round_end.elapsed().as_secs_f64(),
+            training_time: reports.iter().map(|r| r.training_time).sum(),
+            evaluation_time,
+            bytes_to_clients: dispatched.payload_bytes * dispatched.clients.len() as u64
+                + dispatched.extra_bytes,
+            bytes_to_server: arrivals.iter().map(|a| a.payload_bytes).sum(),
+            train_loss: weighted_loss(&reports),
+            simulated_time: if wall_time.simulate {
+                clock.simulated_before + slowest
+            } else {
+                elapsed_time
+            },
+            extra_bytes_to_clients: dispatched.extra_bytes,
+            federated_accuracy: federated_accuracy(&arrivals),
+            epsilon: privacy.map(|p| p.epsilon),
+        };
+        clock.simulated_before = row.simulated_time;
+        clock.previous_round_end = Instant::now();
+        let mut client_rows = client_rows(round, &reports, &arrivals, &self.clients);
+        client_rows.extend(dropped.into_iter().map(|d| ClientRow {
+            worker: d.worker.unwrap_or_default(),
+            label_histogram: self.clients.histogram(d.client_id),
+            dropped: Some(d.reason),
+            ..ClientRow::empty(round, d.client_id)
+        }));
+        tracing::info!(
+            round,
+            accuracy,
+            round_time = row.round_time,
+            "round finished"
+        );
+        self.recorder.record(row.clone(), client_rows)?;
+        self.observer
+            .on_event(&RunEvent::RoundFinished { row, privacy });
+        if let Some(ranks) = &self.ranks {
+            share_accuracy(&ranks.peers, Some(accuracy))?;
+        }
+        Ok(accuracy)
+    }
+}
+
+/// Where the round loop's thread spent one round, in run.log (`round steps`),
+/// so a run shows how much of it was anything but waiting for training:
+/// `bench/scale.sh` reads it. Collecting is mostly waiting for the clients;
+/// it also unpacks and checks their updates (their share is in each client's
+/// `processing_time`). Recording holds the test-set evaluation, which
+/// overlaps the next round's training.
+#[derive(Debug, Default)]
+struct StepTimes {
+    collecting: Duration,
+    aggregating: Duration,
+    packing: Duration,
+    dispatching: Duration,
+    recording: Duration,
+    checkpointing: Duration,
+}
+
+impl StepTimes {
+    fn log(&self, round: u32) {
+        tracing::info!(
+            round,
+            collecting = self.collecting.as_secs_f64(),
+            aggregating = self.aggregating.as_secs_f64(),
+            packing = self.packing.as_secs_f64(),
+            dispatching = self.dispatching.as_secs_f64(),
+            recording = self.recording.as_secs_f64(),
+            checkpointing = self.checkpointing.as_secs_f64(),
+            "round steps"
+        );
+    }
+}
+
+fn client_rows(
+    round: u32,
+    reports: &[ClientReport],
+    arrivals: &[Arrival],
+    clients: &ClientFacts,
+) -> Vec<ClientRow> {
+    reports
+        .iter()
+        .zip(arrivals)
+        .map(|(r, arrival)| ClientRow {
+            round,
+            client_id: r.client_id,
+            worker: r.worker,
+            samples: r.num_samples,
+            loss: r.loss,
+            training_time: r.training_time,
+            processing_time: arrival.processing_time,
+            comm_time: arrival.comm_time,
+            payload_bytes: arrival.payload_bytes,
+            label_histogram: clients.histogram(r.client_id),
+            test_accuracy: (arrival.test_samples > 0)
+                .then(|| arrival.test_correct as f64 / arrival.test_samples as f64),
+            dropped: None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

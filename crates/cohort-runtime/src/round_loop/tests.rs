@@ -1,0 +1,359 @@
+//! The loop through its parts alone: a fake transport whose clients each
+//! add their own constant to the global model, so every round's FedAvg
+//! is known by hand.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::path::Path;
+use std::rc::Rc;
+
+use cohort_core::config::ModelName;
+use cohort_core::hooks::NoHooks;
+use cohort_core::strategy::AlgorithmConfig;
+use cohort_core::tree::ArrayData;
+use cohort_train::trainer::ClientTask;
+
+use super::*;
+use crate::client::ClientReply;
+use crate::record::MODEL_FILE;
+use crate::start::{fresh_start, resume_point};
+use crate::transport::{ClientOutcome, Delivered, TaskSpec};
+
+const TOTAL: u32 = 5;
+const PER_ROUND: u32 = 3;
+
+/// Client `c` trains on `10·c` samples and returns the global model plus
+/// `c / 1000` in every value; clients in `failing` never answer.
+struct AddingClients {
+    global: ParamTree,
+    tasks: VecDeque<TaskSpec>,
+    failing: Vec<u32>,
+    /// Every round's clients, in selection order.
+    served: Rc<RefCell<Vec<Vec<u32>>>>,
+}
+
+fn samples(client_id: u32) -> u64 {
+    10 * u64::from(client_id)
+}
+
+fn shifted(tree: &ParamTree, by: f32) -> ParamTree {
+    let mut tree = tree.clone();
+    for array in tree.leaves_mut() {
+        if let ArrayData::F32(values) = array.data_mut() {
+            values.iter_mut().for_each(|x| *x += by);
+        }
+    }
+    tree
+}
+
+impl Transport for AddingClients {
+    fn dispatch(&mut self, payload: Arc<Vec<u8>>, tasks: Vec<TaskSpec>) -> anyhow::Result<()> {
+        self.global = codec::decode(&payload, &DecodeLimits::default())?;
+        self.served
+            .borrow_mut()
+            .push(tasks.iter().map(|t| t.task.client_id).collect());
+        self.tasks.extend(tasks);
+        Ok(())
+    }
+
+    fn next_outcome(&mut self) -> anyhow::Result<ClientOutcome> {
+        let spec = self.tasks.pop_front().context("no task left")?;
+        let client_id = spec.task.client_id;
+        let result = if self.failing.contains(&client_id) {
+            Err("the client went away".to_owned())
+        } else {
+            let update = shifted(&self.global, client_id as f32 / 1000.0);
+            Ok(Delivered {
+                reply: ClientReply {
+                    num_samples: samples(client_id),
+                    loss: 0.5,
+                    training_time: 1.0,
+                    processing_time: 0.0,
+                    local_steps: 1,
+                    test_samples: 0,
+                    test_correct: 0,
+                    payload: codec::encode(&update)?,
+                },
+                comm_time: 0.0,
+                declared: None,
+            })
+        };
+        Ok(ClientOutcome {
+            slot: spec.slot,
+            task: ClientTask {
+                client_id,
+                round: spec.task.round,
+            },
+            worker: 0,
+            result,
+        })
+    }
+
+    fn cancel(&mut self) {
+        self.tasks.clear();
+    }
+}
+
+fn settings(run_dir: &Path, last_round: u32, min_per_round: usize) -> LoopSettings {
+    let inbound = Pipeline::receiver(
+        "server.inbound_processors",
+        &["safetensor_decode".to_owned()],
+    )
+    .unwrap();
+    let outbound = Pipeline::sender(
+        "server.outbound_processors",
+        &["safetensor_encode".to_owned()],
+    )
+    .unwrap();
+    LoopSettings {
+        last_round,
+        selection: Selection {
+            seed: 7,
+            total_clients: TOTAL,
+            per_round: PER_ROUND,
+        },
+        min_per_round,
+        target_accuracy: None,
+        checkpoint_interval: 1,
+        learning_rate: 0.1,
+        schedule: LrSchedule::Constant,
+        outbound,
+        inbound,
+        limits: DecodeLimits::default(),
+        attack: SimulatedAttack {
+            kind: cohort_core::attack::Attack::None,
+            attackers_per_round: 0,
+            scale: 1.0,
+        },
+        own_data: OwnDataRules {
+            clients: 0,
+            max_samples: 1000,
+            epochs: 1,
+            batch_size: 1000,
+            do_test: false,
+        },
+        wall_time: SimulatedWallTime::default(),
+        record: RecordSettings {
+            run_dir: run_dir.to_path_buf(),
+            config_hash: "test".to_owned(),
+            keep_client_updates: false,
+        },
+        evaluation_threads: 1,
+    }
+}
+
+fn evaluator() -> Evaluator {
+    Evaluator::new(ModelName::Lenet5, 10, &cohort_train::device::cpu(), 8)
+}
+
+fn test_set() -> Dataset {
+    Dataset {
+        images: vec![0.0; 4 * 28 * 28],
+        labels: vec![0, 1, 2, 3],
+        rows: 28,
+        cols: 28,
+    }
+}
+
+fn facts() -> ClientFacts {
+    ClientFacts {
+        histograms: vec![vec![1]; TOTAL as usize],
+        expected: (1..=TOTAL)
+            .map(|c| ExpectedReport {
+                train_samples: samples(c),
+                local_steps: 1,
+                test_samples: 0,
+            })
+            .collect(),
+    }
+}
+
+/// Runs the loop from `start` to `last_round`; the events it sent and
+/// the clients it served.
+fn run_loop(
+    run_dir: &Path,
+    start: StartPoint,
+    last_round: u32,
+    failing: &[u32],
+    strategy: Box<dyn Strategy>,
+) -> anyhow::Result<(Vec<RunEvent>, Vec<Vec<u32>>)> {
+    let mut events = Vec::new();
+    let mut record = |event: &RunEvent| events.push(event.clone());
+    let mut hooks = NoHooks;
+    let served = Rc::new(RefCell::new(Vec::new()));
+    let transport = AddingClients {
+        global: ParamTree::None,
+        tasks: VecDeque::new(),
+        failing: failing.to_vec(),
+        served: Rc::clone(&served),
+    };
+    let mut round_loop = RoundLoop::new(
+        LoopParts {
+            settings: settings(run_dir, last_round, 2),
+            strategy,
+            transport: Box::new(transport),
+            hooks: &mut hooks,
+            observer: &mut record,
+            evaluator: evaluator(),
+            test: test_set(),
+            clients: facts(),
+            ranks: None,
+        },
+        start,
+    )?;
+    round_loop.run()?;
+    drop(round_loop);
+    Ok((events, served.take()))
+}
+
+fn fedavg() -> Box<dyn Strategy> {
+    AlgorithmConfig::default().build()
+}
+
+fn model_file(run_dir: &Path) -> ParamTree {
+    let bytes = std::fs::read(run_dir.join(MODEL_FILE)).unwrap();
+    codec::decode(&bytes, &DecodeLimits::default()).unwrap()
+}
+
+fn first_value(tree: &ParamTree) -> f32 {
+    tree.leaves()[0].1.as_f32().unwrap()[0]
+}
+
+/// FedAvg of the round's answering clients, by hand: each adds
+/// `c / 1000`, weighted by its `10·c` samples.
+fn fedavg_shift(clients: &[u32]) -> f64 {
+    let weight: f64 = clients.iter().map(|&c| samples(c) as f64).sum();
+    clients
+        .iter()
+        .map(|&c| samples(c) as f64 * (c as f64 / 1000.0))
+        .sum::<f64>()
+        / weight
+}
+
+#[test]
+fn each_round_selects_dispatches_collects_aggregates_evaluates_records_and_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let initial = evaluator().parameters();
+    let start = fresh_start(initial.clone(), 7, dir.path());
+    let (events, served) = run_loop(dir.path(), start, 2, &[], fedavg()).unwrap();
+
+    // Selection is the seeded selector's, round after round.
+    let mut selector = ClientSelector::new(7);
+    let expected: Vec<Vec<u32>> = (0..2).map(|_| selector.select(TOTAL, PER_ROUND)).collect();
+    assert_eq!(served, expected);
+
+    // The model file is the initial model plus both rounds' FedAvg shifts.
+    let shift = fedavg_shift(&served[0]) + fedavg_shift(&served[1]);
+    let got = first_value(&model_file(dir.path())) as f64;
+    let want = first_value(&initial) as f64 + shift;
+    assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+
+    // The events, in order, for each round.
+    let kinds: Vec<String> = events
+        .iter()
+        .map(|event| match event {
+            RunEvent::RoundStarted { round, clients } => format!("start {round} {clients}"),
+            RunEvent::ClientFinished { round, .. } => format!("client {round}"),
+            RunEvent::RoundFinished { row, .. } => format!("finished {}", row.round),
+            RunEvent::CheckpointWritten { round, .. } => format!("checkpoint {round}"),
+            RunEvent::RunFinished { rounds, .. } => format!("done {rounds}"),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    let round = |r: u32| {
+        [
+            format!("start {r} 3"),
+            format!("client {r}"),
+            format!("client {r}"),
+            format!("client {r}"),
+            format!("finished {r}"),
+            format!("checkpoint {r}"),
+        ]
+    };
+    let mut want_kinds: Vec<String> = round(1).into_iter().chain(round(2)).collect();
+    want_kinds.push("done 2".to_owned());
+    assert_eq!(kinds, want_kinds);
+
+    // Recorded: results.csv and clients.csv rows, checkpoints of both rounds.
+    let results = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
+    assert_eq!(results.lines().count(), 3, "{results}");
+    let clients = std::fs::read_to_string(dir.path().join("clients.csv")).unwrap();
+    assert_eq!(clients.lines().count(), 1 + 2 * 3, "{clients}");
+    let latest = cohort_core::checkpoint::latest(dir.path()).unwrap();
+    assert_eq!(latest.history.round, 2);
+}
+
+#[test]
+fn a_client_that_fails_is_dropped_from_its_round_and_the_round_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let initial = evaluator().parameters();
+    // Seed 7 selects client 4 in round 1 (checked below).
+    let failing = 4;
+    let start = fresh_start(initial.clone(), 7, dir.path());
+    let (events, served) = run_loop(dir.path(), start, 1, &[failing], fedavg()).unwrap();
+    assert!(served[0].contains(&failing), "{served:?}");
+    let dropped: Vec<&RunEvent> = events
+        .iter()
+        .filter(|e| matches!(e, RunEvent::ClientDropped { .. }))
+        .collect();
+    assert_eq!(
+        dropped,
+        [&RunEvent::ClientDropped {
+            round: 1,
+            client_id: failing,
+            reason: "the client went away".to_owned(),
+        }]
+    );
+    let answered: Vec<u32> = served[0]
+        .iter()
+        .copied()
+        .filter(|&c| c != failing)
+        .collect();
+    let got = first_value(&model_file(dir.path())) as f64;
+    let want = first_value(&initial) as f64 + fedavg_shift(&answered);
+    assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    let clients = std::fs::read_to_string(dir.path().join("clients.csv")).unwrap();
+    assert!(clients.contains("the client went away"), "{clients}");
+}
+
+#[test]
+fn too_few_updates_stop_the_run_before_anything_of_the_round_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = fresh_start(evaluator().parameters(), 7, dir.path());
+    // Every client fails; min_per_round is 2.
+    let error = run_loop(dir.path(), start, 1, &[1, 2, 3, 4, 5], fedavg()).unwrap_err();
+    let message = format!("{error:#}");
+    assert!(message.contains("clients.min_per_round = 2"), "{message}");
+    assert!(!dir.path().join(MODEL_FILE).exists());
+    assert!(!dir.path().join("results.csv").exists());
+}
+
+#[test]
+fn a_resumed_loop_ends_where_an_uninterrupted_one_does_bit_for_bit() {
+    let whole = tempfile::tempdir().unwrap();
+    let initial = evaluator().parameters();
+    let start = fresh_start(initial.clone(), 7, whole.path());
+    // FedAvgM keeps state (its momentum) that the checkpoint must carry.
+    let momentum = || -> Box<dyn Strategy> { AlgorithmConfig::Fedavgm(Default::default()).build() };
+    run_loop(whole.path(), start, 3, &[], momentum()).unwrap();
+
+    let split = tempfile::tempdir().unwrap();
+    let start = fresh_start(initial, 7, split.path());
+    run_loop(split.path(), start, 2, &[], momentum()).unwrap();
+    let mut strategy = momentum();
+    let start = resume_point("test", split.path(), strategy.as_mut()).unwrap();
+    assert_eq!(start.first_round, 3);
+    let (events, _) = run_loop(split.path(), start, 3, &[], strategy).unwrap();
+    assert!(matches!(events[0], RunEvent::RoundStarted { round: 3, .. }));
+
+    let read = |dir: &Path| std::fs::read(dir.join(MODEL_FILE)).unwrap();
+    assert_eq!(read(whole.path()), read(split.path()));
+    // A checkpoint of another config is refused.
+    let error = resume_point("other", split.path(), momentum().as_mut()).unwrap_err();
+    assert!(error.to_string().contains("config hash"), "{error}");
+    let rows = |dir: &Path| {
+        let text = std::fs::read_to_string(dir.join("results.csv")).unwrap();
+        text.lines().count()
+    };
+    assert_eq!(rows(whole.path()), rows(split.path()));
+}

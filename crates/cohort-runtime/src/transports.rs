@@ -1,0 +1,273 @@
+//! The transport a run's config asks for, built: worker threads of this
+//! process (one client each, or K vectorized clients sized to the device), or
+//! a gRPC server with the client processes it waits for.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use cohort_core::config::{LoadedConfig, VectorizedClients};
+use cohort_core::data::Dataset;
+use cohort_train::device::Selected;
+
+use crate::children::ChildClients;
+use crate::client::{BatchRunner, ClientPartitions, ClientRunner};
+use crate::events::{RunEvent, RunObserver};
+use crate::grpc::{GrpcTransport, ServerSettings};
+use crate::pool::{Runner, WorkerPool};
+use crate::run::{RunOptions, toml_text};
+use crate::transport::Transport;
+
+/// The pool's workers and how many tasks each takes at a time: one client
+/// each, or with `trainer.vectorized_clients` K clients as one batch.
+fn pool_runners(
+    loaded: &LoadedConfig,
+    selected: &Selected,
+    workers: u32,
+    train: &Dataset,
+) -> anyhow::Result<(Vec<Runner>, usize)> {
+    let trainer = &loaded.config().trainer;
+    let chunk = match trainer.vectorized_clients {
+        VectorizedClients::Off => {
+            let runners = (0..workers)
+                .map(|_| Runner::One(ClientRunner::new(loaded, selected)))
+                .collect();
+            return Ok((runners, 1));
+        }
+        VectorizedClients::Clients(k) => checked_batch(loaded, selected, train, k as usize)?,
+        VectorizedClients::Auto => auto_batch(loaded, selected, workers, train)?,
+    };
+    tracing::info!(
+        clients_per_batch = chunk,
+        workers,
+        "vectorized clients: each worker trains up to {chunk} clients as one batch"
+    );
+    let runners = (0..workers)
+        .map(|_| BatchRunner::new(loaded, selected).map(Runner::Batch))
+        .collect::<anyhow::Result<_>>()
+        .context("trainer.vectorized_clients")?;
+    Ok((runners, chunk))
+}
+
+/// K as the config gives it, or an error where one tensor of the largest
+/// batch a worker can get (K, or a round's clients where those are fewer)
+/// would not fit the largest buffer the device allocates.
+fn checked_batch(
+    loaded: &LoadedConfig,
+    selected: &Selected,
+    train: &Dataset,
+    k: usize,
+) -> anyhow::Result<usize> {
+    let largest = k.min(loaded.config().clients.per_round as usize);
+    let fit = clients_per_buffer(loaded, selected, train);
+    anyhow::ensure!(
+        largest <= fit,
+        "trainer.vectorized_clients = {k}: a batch of {largest} clients needs a tensor larger \
+         than the largest buffer {} allocates ({} bytes); use at most {fit}, or \"auto\"",
+        selected.name,
+        selected.max_buffer_bytes.unwrap_or(0),
+    );
+    Ok(k)
+}
+
+/// `"auto"`: K from the memory each worker may use and the largest buffer, or
+/// an error where not even one client fits a buffer.
+fn auto_batch(
+    loaded: &LoadedConfig,
+    selected: &Selected,
+    workers: u32,
+    train: &Dataset,
+) -> anyhow::Result<usize> {
+    let trainer = &loaded.config().trainer;
+    let budget = cohort_train::vectorized::memory_budget(selected.memory_bytes, workers);
+    tracing::info!(
+        device_memory = selected.memory_bytes,
+        max_buffer = selected.max_buffer_bytes,
+        budget,
+        "vectorized clients: K from the memory each worker may use"
+    );
+    let k = cohort_train::vectorized::clients_for_memory(
+        trainer.model_name,
+        loaded.config().parameters.model.num_classes,
+        [train.rows, train.cols],
+        trainer.batch_size,
+        budget,
+        selected.max_buffer_bytes,
+    );
+    anyhow::ensure!(
+        k > 0,
+        "trainer.vectorized_clients = \"auto\": one client at trainer.batch_size = {} needs a \
+         tensor larger than the largest buffer {} allocates ({} bytes); lower the batch size",
+        trainer.batch_size,
+        selected.name,
+        selected.max_buffer_bytes.unwrap_or(0),
+    );
+    Ok(k)
+}
+
+fn clients_per_buffer(loaded: &LoadedConfig, selected: &Selected, train: &Dataset) -> usize {
+    cohort_train::vectorized::clients_per_buffer(
+        loaded.config().trainer.model_name,
+        loaded.config().parameters.model.num_classes,
+        [train.rows, train.cols],
+        loaded.config().trainer.batch_size,
+        selected.max_buffer_bytes,
+    )
+}
+
+/// The transport `clients.comm_simulation` asks for: worker threads, or a
+/// gRPC server (with the local client processes it starts).
+pub(crate) fn start_transport(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    selected: &Selected,
+    train: Dataset,
+    partitions: ClientPartitions,
+    observer: &mut dyn RunObserver,
+) -> anyhow::Result<(Box<dyn Transport>, Option<ChildClients>)> {
+    let config = &loaded.config();
+    let trainer = &config.trainer;
+    if config.clients.comm_simulation {
+        // A rank of a plan runs the workers the plan gave it.
+        let workers = options
+            .distributed
+            .as_ref()
+            .and_then(|d| d.workers)
+            .unwrap_or(trainer.max_concurrency);
+        let (runners, chunk) = pool_runners(loaded, selected, workers, &train)?;
+        let pool = WorkerPool::start(
+            runners,
+            Arc::new(train),
+            Arc::new(partitions),
+            trainer.threads_per_worker as usize,
+            chunk,
+        )?;
+        return Ok((Box::new(pool), None));
+    }
+    let server = &config.server;
+    if server.auth_token.is_some() && server.tls_cert.is_none() {
+        tracing::warn!(
+            "server.auth_token is set but TLS is off: the token crosses the network in the \
+             clear (set server.tls_cert and server.tls_key)"
+        );
+    }
+    let bind = format!("{}:{}", server.address, server.port);
+    let bind = std::net::ToSocketAddrs::to_socket_addrs(&bind)
+        .with_context(|| format!("server.address / server.port: cannot resolve `{bind}`"))?
+        .next()
+        .with_context(|| format!("server.address / server.port: `{bind}` has no address"))?;
+    let grpc = GrpcTransport::start(ServerSettings {
+        bind,
+        config_toml: toml_text(loaded.merged()),
+        auth_token: server.auth_token.clone(),
+        tls: server.tls_cert.clone().zip(server.tls_key.clone()),
+        payload_timeout: std::time::Duration::from_secs_f64(server.payload_timeout),
+        registration_timeout: std::time::Duration::from_secs_f64(server.registration_timeout),
+        max_payload_bytes: loaded.decode_limits().max_bytes,
+        max_inflight_bytes: usize::try_from(loaded.max_inflight_bytes()).unwrap_or(usize::MAX),
+        // Room for every client process the run waits for, and then some.
+        admission: crate::admission::Admission {
+            max_connections: 256.max(
+                expected_clients(options, config) + config.clients.own_data_clients as usize + 64,
+            ),
+            ..Default::default()
+        },
+        own_data: crate::grpc::OwnDataSettings {
+            clients: config.clients.own_data_clients,
+            max_samples: config.clients.max_samples,
+        },
+    })?;
+    observer.on_event(&RunEvent::Listening {
+        address: grpc.local_addr(),
+    });
+    let children = match &options.local_clients {
+        Some(spec) => Some(ChildClients::spawn(
+            spec,
+            grpc.local_addr(),
+            loaded,
+            server.tls_cert.is_some(),
+            &options.run_dir,
+        )?),
+        None => None,
+    };
+    let expected = expected_clients(options, config);
+    if let Err(error) = grpc.wait_for_clients(expected) {
+        // The server goes first: closing its streams lets the children exit.
+        drop(grpc);
+        drop(children);
+        return Err(error);
+    }
+    Ok((Box::new(grpc), children))
+}
+
+/// How many ordinary client processes network mode waits for: those it
+/// starts, or `trainer.max_concurrency` started elsewhere; none when every
+/// client brings its own data (those are waited for by id).
+fn expected_clients(options: &RunOptions, config: &cohort_core::config::Config) -> usize {
+    let clients = &config.clients;
+    match &options.local_clients {
+        Some(spec) => spec.count.max(1),
+        None if clients.own_data_clients == clients.total_clients => 0,
+        None => (config.trainer.max_concurrency as usize).max(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_too_large_for_the_devices_buffers_is_an_error_naming_the_key() {
+        let loaded = cohort_core::config::from_str(
+            &std::fs::read_to_string(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../configs/fashion_mnist/vectorized_100.toml"),
+            )
+            .unwrap(),
+            std::path::Path::new("vectorized_100.toml"),
+        )
+        .unwrap();
+        let images = Dataset {
+            images: Vec::new(),
+            labels: Vec::new(),
+            rows: 28,
+            cols: 28,
+        };
+        // One LeNet-5 client at batch 32: 3,763,200 bytes in its largest tensor.
+        let gpu = |max_buffer_bytes| Selected {
+            device: cohort_train::device::cpu(),
+            name: "gpu (test)",
+            memory_bytes: Some(1 << 40),
+            max_buffer_bytes,
+        };
+        let ten = gpu(Some(10 * 3_763_200));
+        assert_eq!(checked_batch(&loaded, &ten, &images, 10).unwrap(), 10);
+        let error = checked_batch(&loaded, &ten, &images, 11)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("trainer.vectorized_clients = 11"), "{error}");
+        assert!(error.contains("at most 10"), "{error}");
+        assert_eq!(
+            checked_batch(&loaded, &gpu(None), &images, 100_000).unwrap(),
+            100_000
+        );
+        // A K beyond the round's 100 clients trains batches of 100 at most.
+        let hundred = gpu(Some(100 * 3_763_200));
+        assert_eq!(
+            checked_batch(&loaded, &hundred, &images, 1_000).unwrap(),
+            1_000
+        );
+        let error = checked_batch(&loaded, &ten, &images, 1_000)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("a batch of 100 clients"), "{error}");
+        // "auto" stays within both the memory and the buffer, and says so
+        // where not even one client fits.
+        assert_eq!(auto_batch(&loaded, &ten, 1, &images).unwrap(), 10);
+        let error = auto_batch(&loaded, &gpu(Some(3_763_200 - 256)), 1, &images).unwrap_err();
+        assert!(
+            error.to_string().contains("lower the batch size"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! A run assembled through `RunBuilder` from the public API alone: the
+//! events it reports, a per-round callback, round 1's model from a file,
+//! and that the library writes nothing to stdout or stderr of its own.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+
+use cohort_core::codec;
+use cohort_runtime::{MODEL_FILE, RunBuilder, RunEvent, RunOptions};
+use cohort_train::device::DeviceRequest;
+
+const JOB: &str = r#"
+[clients]
+total_clients = 4
+per_round = 2
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_size = 100
+[trainer]
+rounds = 2
+epochs = 1
+batch_size = 20
+optimizer = "sgd"
+model_seed = 3
+training_seed = 1
+[parameters.optimizer]
+learning_rate = 0.05
+"#;
+
+fn options(run_dir: PathBuf) -> RunOptions {
+    RunOptions {
+        device: DeviceRequest::Cpu,
+        data_root: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")),
+        ..RunOptions::new(run_dir)
+    }
+}
+
+fn config(text: &str) -> cohort_core::config::LoadedConfig {
+    cohort_core::config::from_str(text, Path::new("job.toml")).unwrap()
+}
+
+#[test]
+fn a_run_reports_its_events_in_order_and_calls_back_each_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = config(JOB);
+    let events = RefCell::new(Vec::new());
+    let rounds = RefCell::new(Vec::new());
+    let summary = RunBuilder::new(&loaded, options(dir.path().join("run")))
+        .observer(|event: &RunEvent| events.borrow_mut().push(event.clone()))
+        .on_round(|row| rounds.borrow_mut().push((row.round, row.accuracy)))
+        .run()
+        .unwrap();
+    let events = events.into_inner();
+    let RunEvent::RunStarted(facts) = &events[0] else {
+        panic!("first event: {:?}", events[0]);
+    };
+    assert_eq!((facts.first_round, facts.last_round), (1, 2));
+    assert_eq!(facts.strategy, "fedavg");
+    assert!(facts.leader);
+    assert!(facts.banner()[0].starts_with("cohort: job.toml → "));
+    let finished: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::RoundFinished { row, .. } => Some(row.round),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished, [1, 2]);
+    let clients_done = events
+        .iter()
+        .filter(|e| matches!(e, RunEvent::ClientFinished { .. }))
+        .count();
+    assert_eq!(clients_done, 4);
+    assert!(matches!(
+        events.last(),
+        Some(RunEvent::RunFinished {
+            rounds: 2,
+            reached_target: false
+        })
+    ));
+    let accuracies: Vec<(u32, f64)> = summary
+        .rounds
+        .iter()
+        .map(|r| (r.round, r.accuracy))
+        .collect();
+    assert_eq!(rounds.into_inner(), accuracies);
+}
+
+#[test]
+fn round_one_can_start_from_a_model_file_checked_against_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let seeded = config(JOB);
+    let one_round = |loaded: &cohort_core::config::LoadedConfig, name: &str| {
+        let options = RunOptions {
+            rounds: Some(1),
+            ..options(dir.path().join(name))
+        };
+        RunBuilder::new(loaded, options).run()
+    };
+    one_round(&seeded, "seeded").unwrap();
+
+    // The seeded initial model, written as a model file: a run that reads
+    // it computes the seeded run bit for bit.
+    let evaluator = cohort_train::trainer::Evaluator::new(
+        cohort_core::config::ModelName::Lenet5,
+        10,
+        &cohort_train::device::cpu(),
+        100,
+    );
+    let initial = cohort_train::init::seeded_parameters(&evaluator.parameters(), 3);
+    let file = dir.path().join("initial.safetensors");
+    std::fs::write(&file, codec::encode(&initial).unwrap()).unwrap();
+    let from_file = config(&JOB.replace(
+        "model_seed = 3",
+        &format!("initial_model = {:?}", file.display().to_string()),
+    ));
+    one_round(&from_file, "from-file").unwrap();
+    let model = |name: &str| std::fs::read(dir.path().join(name).join(MODEL_FILE)).unwrap();
+    assert_eq!(model("seeded"), model("from-file"));
+
+    // Another model's file is refused before any round, naming the key.
+    let compact = cohort_train::trainer::Evaluator::new(
+        cohort_core::config::ModelName::Lenet5Compact,
+        10,
+        &cohort_train::device::cpu(),
+        100,
+    );
+    std::fs::write(&file, codec::encode(&compact.parameters()).unwrap()).unwrap();
+    let error = one_round(&from_file, "wrong").unwrap_err().to_string();
+    assert!(error.contains("trainer.initial_model = "), "{error}");
+    assert!(error.contains("does not fit model `lenet5`"), "{error}");
+    assert!(!dir.path().join("wrong").join(MODEL_FILE).exists());
+
+    // A file that is not there is named too.
+    std::fs::remove_file(&file).unwrap();
+    let error = format!("{:#}", one_round(&from_file, "missing").unwrap_err());
+    assert!(error.contains("initial.safetensors"), "{error}");
+}
