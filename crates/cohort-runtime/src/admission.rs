@@ -9,8 +9,10 @@
 //! registered a client within `register_within` is closed too (whatever bytes
 //! it trickles), and an accept error backs off instead of spinning.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -113,26 +115,75 @@ impl AsyncWrite for Admitted {
     }
 }
 
-/// Refused connections, logged at most once every ten seconds with a count, so
-/// a flood of connections cannot flood `run.log`.
+/// How often one kind of refusal is logged: once per window, with a count.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Refusals of one kind, logged at most once every ten seconds with a count,
+/// so a flood of refused connections (or registrations) cannot flood
+/// `run.log`.
 #[derive(Default)]
-struct Refusals {
+pub(crate) struct Refusals {
     last: Option<std::time::Instant>,
     unlogged: u64,
 }
 
 impl Refusals {
     fn note(&mut self, what: &str) {
-        self.unlogged += 1;
-        if self
-            .last
-            .is_some_and(|last| last.elapsed() < Duration::from_secs(10))
-        {
-            return;
+        if let Some(times) = self.due() {
+            tracing::warn!(times, "{what}");
         }
-        tracing::warn!(times = self.unlogged, "{what}");
-        self.unlogged = 0;
+    }
+
+    /// Counts one refusal; `Some(refusals since the last line)` when this
+    /// one is to be logged.
+    pub(crate) fn due(&mut self) -> Option<u64> {
+        self.unlogged += 1;
+        if self.in_window() {
+            return None;
+        }
+        let times = std::mem::take(&mut self.unlogged);
         self.last = Some(std::time::Instant::now());
+        Some(times)
+    }
+
+    fn in_window(&self) -> bool {
+        self.last
+            .is_some_and(|last| last.elapsed() < REFUSAL_LOG_EVERY)
+    }
+}
+
+/// [`Refusals`] per peer address and kind of refusal, for refusals that come
+/// after a connection is admitted (a wrong token, say). Keyed by IP address,
+/// not port: a peer that reconnects gets a new port each time.
+#[derive(Default)]
+pub(crate) struct RefusalsByPeer {
+    peers: HashMap<(IpAddr, &'static str), Refusals>,
+    /// Shared by the peers that find the table full, so that many addresses
+    /// (an IPv6 prefix, all of 127.0.0.0/8) cannot grow it or the log
+    /// without bound either.
+    overflow: Refusals,
+}
+
+/// (Peer address, kind) pairs tracked at once: at most this many refusal
+/// lines, and one more, per window.
+const MAX_TRACKED_PEERS: usize = 256;
+
+impl RefusalsByPeer {
+    /// Counts one refusal of `kind` from `peer`; `Some(refusals of this kind
+    /// from this peer since its last line)` when this one is to be logged.
+    pub(crate) fn due(&mut self, peer: Option<IpAddr>, kind: &'static str) -> Option<u64> {
+        let Some(peer) = peer else {
+            return self.overflow.due();
+        };
+        if self.peers.len() >= MAX_TRACKED_PEERS && !self.peers.contains_key(&(peer, kind)) {
+            // A peer whose window has passed would be logged at its next
+            // refusal anyway; forgetting it loses only its count.
+            self.peers.retain(|_, refusals| refusals.in_window());
+        }
+        if self.peers.len() >= MAX_TRACKED_PEERS && !self.peers.contains_key(&(peer, kind)) {
+            return self.overflow.due();
+        }
+        self.peers.entry((peer, kind)).or_default().due()
     }
 }
 
@@ -196,4 +247,34 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_logged_once_per_window_per_peer_and_kind() {
+        let mut refusals = RefusalsByPeer::default();
+        let peer = |last: u8| Some(IpAddr::from([10, 0, 0, last]));
+        assert_eq!(refusals.due(peer(1), "token"), Some(1));
+        assert_eq!(refusals.due(peer(1), "token"), None);
+        assert_eq!(refusals.due(peer(1), "name"), Some(1));
+        assert_eq!(refusals.due(peer(2), "token"), Some(1));
+        // The table full of peers still in their window: newcomers share one.
+        for last in 3..=255 {
+            refusals.due(peer(last), "token");
+        }
+        assert_eq!(refusals.peers.len(), MAX_TRACKED_PEERS);
+        assert_eq!(
+            refusals.due(Some(IpAddr::from([10, 0, 1, 1])), "token"),
+            Some(1)
+        );
+        assert_eq!(
+            refusals.due(Some(IpAddr::from([10, 0, 1, 2])), "token"),
+            None
+        );
+        assert_eq!(refusals.due(None, "token"), None);
+        assert_eq!(refusals.peers.len(), MAX_TRACKED_PEERS);
+    }
 }

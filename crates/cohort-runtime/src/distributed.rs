@@ -20,7 +20,7 @@ use cohort_train::trainer::ClientTask;
 
 use crate::client::ClientReply;
 use crate::collective::Collective;
-use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
+use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport, truncated};
 
 /// The collective of a run, shared by the transport and the round loop, both
 /// on the thread that runs the rounds.
@@ -213,14 +213,6 @@ fn encode_outcomes(outcomes: &[ClientOutcome]) -> Vec<u8> {
         }
     }
     out
-}
-
-fn truncated(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// Reads what [`encode_outcomes`] wrote, refusing more than `max_outcomes`

@@ -27,7 +27,7 @@
 //! other id, as before.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -58,6 +58,11 @@ use proto::{ClientMessage, ServerMessage};
 pub const PROTOCOL_VERSION: u32 = 3;
 /// Payload bytes per chunk message: well under gRPC's 4 MiB default limit.
 pub const CHUNK_BYTES: usize = 1 << 20;
+/// Longest `Register.name` accepted. The name is free text for the log, and
+/// gRPC alone would let it be 4 MB: logged on every refusal and kept for
+/// every registered process, that floods `run.log` and the server's memory
+/// before any token is checked. `cohort client` truncates its own to fit.
+pub const MAX_CLIENT_NAME_BYTES: usize = 256;
 
 /// What the server needs to listen.
 #[derive(Debug, Clone)]
@@ -141,6 +146,9 @@ struct Shared {
     outcomes: Mutex<mpsc::Sender<ClientOutcome>>,
     /// Room for uploads in flight, in KiB.
     inflight: Arc<tokio::sync::Semaphore>,
+    /// Refusals of registrations, so that a peer retrying a wrong token (or
+    /// anything else refused) cannot flood `run.log`.
+    refusals: Mutex<crate::admission::RefusalsByPeer>,
 }
 
 /// Semaphore permits count KiB, so a u32 of them covers any payload.
@@ -149,6 +157,12 @@ fn kib(bytes: usize) -> u32 {
 }
 
 impl Shared {
+    /// Counts a refused registration; `Some(refusals of this kind from this
+    /// peer since its last line)` when this one is to be logged.
+    fn refused(&self, peer: Option<IpAddr>, kind: &'static str) -> Option<u64> {
+        self.refusals.lock().ok()?.due(peer, kind)
+    }
+
     fn push_outcome(&self, outcome: ClientOutcome) {
         if let Ok(sender) = self.outcomes.lock() {
             // The round loop may be gone already (run over); nothing to tell then.
@@ -299,10 +313,9 @@ impl Federation for Service {
                     .map(|tls| tls.get_ref())
             })
             .cloned();
-        let peer = connection
-            .as_ref()
-            .and_then(|c| c.tcp.remote_addr())
-            .map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
+        let address = connection.as_ref().and_then(|c| c.tcp.remote_addr());
+        let peer = address.map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
+        let ip = address.map(|a| a.ip());
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(REGISTER_WITHIN, inbound.message())
             .await
@@ -323,28 +336,48 @@ impl Federation for Service {
                 register.protocol
             )));
         }
+        // Checked before the token, so that a long name is refused whoever
+        // sends it, and none of it reaches the log.
+        let length = register.name.len();
+        if length > MAX_CLIENT_NAME_BYTES {
+            if let Some(times) = self.shared.refused(ip, "name") {
+                tracing::warn!(%peer, bytes = length, times, "client refused: its name is longer than {MAX_CLIENT_NAME_BYTES} bytes");
+            }
+            return Err(Status::invalid_argument(format!(
+                "client name (Register.name) is {length} bytes; this server accepts at most \
+                 {MAX_CLIENT_NAME_BYTES} (MAX_CLIENT_NAME_BYTES)"
+            )));
+        }
         if let Some(expected) = &self.shared.settings.auth_token
             && !token_matches(expected, &register.token)
         {
-            tracing::warn!(%peer, name = register.name, "client refused: wrong or missing token");
+            // Not the name: whoever sent it has not shown they may write to
+            // this log.
+            if let Some(times) = self.shared.refused(ip, "token") {
+                tracing::warn!(%peer, times, "client refused: wrong or missing token");
+            }
             return Err(Status::unauthenticated(
                 "wrong or missing token (cohort client --token, or COHORT_TOKEN)",
             ));
         }
         let shared = Arc::clone(&self.shared);
+        // Names are logged Debug-formatted (`?`), so that control characters
+        // in one cannot forge or garble log lines.
         let (lane, worker, declared) = match &register.own_data {
             Some(own) => {
                 let (id, worker, declared) = shared.claim(own).inspect_err(|refusal| {
-                    tracing::warn!(%peer, name = register.name, "own-data client refused: {}", refusal.message());
+                    if let Some(times) = shared.refused(ip, "own-data") {
+                        tracing::warn!(%peer, name = ?register.name, times, "own-data client refused: {}", refusal.message());
+                    }
                 })?;
-                tracing::info!(%peer, name = register.name, worker, client = id, train_samples = declared.train_samples, test_samples = declared.test_samples, "own-data client registered");
+                tracing::info!(%peer, name = ?register.name, worker, client = id, train_samples = declared.train_samples, test_samples = declared.test_samples, "own-data client registered");
                 (Lane::Own(id), worker, Some(declared))
             }
             None => {
                 let worker = shared.registered.fetch_add(1, Ordering::SeqCst);
                 shared.ordinary.fetch_add(1, Ordering::SeqCst);
                 shared.alive.fetch_add(1, Ordering::SeqCst);
-                tracing::info!(%peer, name = register.name, worker, "client process registered");
+                tracing::info!(%peer, name = ?register.name, worker, "client process registered");
                 (Lane::Shared, worker, None)
             }
         };
@@ -398,7 +431,8 @@ enum TaskError {
 /// A registered client process, as the server serves it.
 struct Process {
     worker: usize,
-    /// Free text from its Register message, for the log.
+    /// Free text from its Register message, for the log; at most
+    /// [`MAX_CLIENT_NAME_BYTES`].
     name: String,
     lane: Lane,
     declared: Option<Declared>,
@@ -651,6 +685,7 @@ impl GrpcTransport {
             alive: AtomicUsize::new(0),
             outcomes: Mutex::new(outcome_sender),
             inflight,
+            refusals: Mutex::default(),
         });
         let service = FederationServer::new(Service {
             shared: Arc::clone(&shared),

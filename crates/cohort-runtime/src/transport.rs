@@ -102,6 +102,17 @@ pub struct Declared {
     pub test_samples: u64,
 }
 
+/// The longest prefix of `text` of at most `max` bytes that ends on a
+/// character boundary: for peer-sent text that is logged or kept, where
+/// slicing at `max` itself could split a character and panic.
+pub(crate) fn truncated(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 pub trait Transport {
     /// Starts `tasks`; each client receives `global_payload` (the global model
     /// after `server.outbound_processors`).
@@ -118,4 +129,35 @@ pub trait Transport {
 
     /// Drops tasks not yet started (the run is stopping early).
     fn cancel(&mut self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncated;
+
+    #[test]
+    fn truncation_never_splits_a_character() {
+        // 'é' is 2 bytes, '€' 3, '𝄞' 4: a cut inside each falls back to the
+        // boundary before it.
+        assert_eq!(truncated("abc", 10), "abc");
+        assert_eq!(truncated("abc", 3), "abc");
+        assert_eq!(truncated("abc", 0), "");
+        assert_eq!(truncated("aé", 2), "a");
+        assert_eq!(truncated("aé", 3), "aé");
+        assert_eq!(truncated("€€", 5), "€");
+        for max in 0..4 {
+            assert_eq!(truncated("𝄞x", max), "");
+        }
+        assert_eq!(truncated("𝄞x", 4), "𝄞");
+        let mixed = "a€𝄞é".repeat(100);
+        for max in 0..=mixed.len() + 1 {
+            let cut = truncated(&mixed, max);
+            assert!(cut.len() <= max && mixed.starts_with(cut));
+            assert!(
+                max > mixed.len() || max - cut.len() < 4,
+                "{max}: {}",
+                cut.len()
+            );
+        }
+    }
 }

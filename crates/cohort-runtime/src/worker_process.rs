@@ -33,8 +33,8 @@ use crate::grpc::proto::client_message::Kind as ClientKind;
 use crate::grpc::proto::federation_client::FederationClient;
 use crate::grpc::proto::server_message::Kind as ServerKind;
 use crate::grpc::proto::{self, ClientMessage, ServerMessage};
-use crate::grpc::{CHUNK_BYTES, PROTOCOL_VERSION};
-use crate::transport::TaskInstructions;
+use crate::grpc::{CHUNK_BYTES, MAX_CLIENT_NAME_BYTES, PROTOCOL_VERSION};
+use crate::transport::{TaskInstructions, truncated};
 
 /// How `cohort client` was started.
 #[derive(Debug, Clone)]
@@ -150,6 +150,15 @@ async fn next(inbound: &mut tonic::Streaming<ServerMessage>) -> anyhow::Result<O
 
 type Outbox = tokio::sync::mpsc::Sender<ClientMessage>;
 
+/// `host:pid`, the host name cut so the whole fits the server's bound (which
+/// refuses longer names): an honest client with a long host name still gets
+/// in, and keeps its process id.
+fn process_name(host: &str, pid: u32) -> String {
+    let pid = format!(":{pid}");
+    let host = truncated(host, MAX_CLIENT_NAME_BYTES - pid.len());
+    format!("{host}{pid}")
+}
+
 /// Registers (with an own-data claim when `own` is given) and waits for the
 /// server's welcome.
 async fn register(
@@ -158,10 +167,9 @@ async fn register(
 ) -> anyhow::Result<(Outbox, tonic::Streaming<ServerMessage>, proto::Welcome)> {
     let mut client = connect(options).await?;
     let (sender, receiver) = tokio::sync::mpsc::channel::<ClientMessage>(4);
-    let name = format!(
-        "{}:{}",
-        std::env::var("HOSTNAME").unwrap_or_else(|_| "client".to_owned()),
-        std::process::id()
+    let name = process_name(
+        &std::env::var("HOSTNAME").unwrap_or_else(|_| "client".to_owned()),
+        std::process::id(),
     );
     let own_data = own.map(|own| proto::OwnData {
         client_id: options
@@ -432,4 +440,27 @@ async fn receive_bytes(
         }
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_host_name_is_cut_to_the_servers_bound_and_keeps_the_pid() {
+        assert_eq!(process_name("box", 42), "box:42");
+        // '€' is 3 bytes: 256 - len(":4294967295") = 245 bytes of host name
+        // end inside one, so the cut must fall back a byte or two.
+        for host in ["€".repeat(200), "a".repeat(1000), "é€𝄞".repeat(50)] {
+            for pid in [0, 7, u32::MAX] {
+                let name = process_name(&host, pid);
+                let suffix = format!(":{pid}");
+                assert!(name.len() <= MAX_CLIENT_NAME_BYTES, "{}", name.len());
+                assert!(name.len() > MAX_CLIENT_NAME_BYTES - 4, "{}", name.len());
+                assert!(
+                    name.ends_with(&suffix) && host.starts_with(&name[..name.len() - suffix.len()])
+                );
+            }
+        }
+    }
 }
