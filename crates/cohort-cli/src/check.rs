@@ -94,7 +94,7 @@ fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Fi
 /// Whether the training set's `train` samples can be cut as the config asks:
 /// the sizes alone decide it for iid partitions, and bound the others.
 fn partition_fit(loaded: &LoadedConfig, train: u64) -> Option<String> {
-    let (key, needed) = cohort_core::config::training_samples_needed(&loaded.config())?;
+    let (key, needed) = cohort_core::config::training_samples_needed(loaded.config())?;
     (needed > train).then(|| {
         format!(
             "`{key}`: {} clients need at least {needed} training samples, but the \

@@ -283,7 +283,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
             for note in loaded.notes() {
                 println!("# {note}");
             }
-            println!("{}", cohort_core::config::to_toml(&loaded.config())?);
+            println!("{}", cohort_core::config::to_toml(loaded.config())?);
             check::report(&findings)
         }
         Command::Run(args) => run(args),
@@ -613,7 +613,7 @@ fn fresh_run_dir(args: &RunArgs, loaded: &LoadedConfig) -> anyhow::Result<PathBu
         .clone()
         .or_else(|| config.results.result_path.clone())
         .unwrap_or_else(|| config.general.base_path.clone());
-    new_run_dir(&base, &loaded.path(), config.general.run_name.as_deref())
+    new_run_dir(&base, loaded.path(), config.general.run_name.as_deref())
         .with_context(|| format!("cannot create a run folder under {}", base.display()))
 }
 
@@ -658,6 +658,7 @@ fn client(args: ClientArgs) -> anyhow::Result<()> {
         },
         connect_timeout: std::time::Duration::from_secs_f64(args.connect_timeout),
         max_payload_bytes: args.max_payload_bytes,
+        host_name: std::env::var("HOSTNAME").unwrap_or_else(|_| "client".to_owned()),
         own_data: args.data.map(|path| cohort_runtime::OwnDataOptions {
             path,
             client_id: args.client_id,

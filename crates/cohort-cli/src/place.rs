@@ -81,7 +81,7 @@ pub fn place(args: &PlaceArgs) -> anyhow::Result<()> {
         Some(dir) => read_host_files(dir)?,
         None => Vec::new(),
     };
-    let mut request = request(args, &loaded.config(), instance);
+    let mut request = request(args, loaded.config(), instance);
     request.ports_in_use = earlier
         .iter()
         .filter(|(_, file)| file.instance != request.instance)

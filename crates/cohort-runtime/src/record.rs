@@ -126,6 +126,8 @@ pub(crate) fn transfer_seconds(bytes: u64, mbps: f64) -> f64 {
     bytes as f64 * 8.0 / (mbps * 1e6)
 }
 
+/// Accuracy of the global model the round's clients received, over all their
+/// held-out samples together; `None` when no client evaluated.
 pub(crate) fn federated_accuracy(arrivals: &[Arrival]) -> Option<f64> {
     let samples: u64 = arrivals.iter().map(|a| a.test_samples).sum();
     let correct: u64 = arrivals.iter().map(|a| a.test_correct).sum();
@@ -166,8 +168,6 @@ pub(crate) fn slowest_client(
         .fold(0.0f64, f64::max)
 }
 
-/// The banner's facts: where the run reads and writes, what it computes, on
-/// what, and how its clients run.
 /// `updates/round-NNNN/client-CCCC.safetensors`: what the server aggregated.
 fn keep_updates(run_dir: &Path, round: u32, payloads: &[ReceivedPayload]) -> anyhow::Result<()> {
     let folder = run_dir.join("updates").join(format!("round-{round:04}"));

@@ -403,9 +403,6 @@ pub(crate) fn check_update(
     Ok(())
 }
 
-/// Accuracy of the global model the round's clients received, over all their
-/// held-out samples together; `None` when no client evaluated.
-
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;

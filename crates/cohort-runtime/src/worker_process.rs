@@ -57,6 +57,8 @@ pub struct WorkerOptions {
     pub connect_timeout: Duration,
     /// `--data`: this process brings its own data.
     pub own_data: Option<OwnDataOptions>,
+    /// How this machine is named in the server's log (with the process id).
+    pub host_name: String,
 }
 
 /// `cohort client --data PATH [--client-id ID]`.
@@ -167,10 +169,7 @@ async fn register(
 ) -> anyhow::Result<(Outbox, tonic::Streaming<ServerMessage>, proto::Welcome)> {
     let mut client = connect(options).await?;
     let (sender, receiver) = tokio::sync::mpsc::channel::<ClientMessage>(4);
-    let name = process_name(
-        &std::env::var("HOSTNAME").unwrap_or_else(|_| "client".to_owned()),
-        std::process::id(),
-    );
+    let name = process_name(&options.host_name, std::process::id());
     let own_data = own.map(|own| proto::OwnData {
         client_id: options
             .own_data
