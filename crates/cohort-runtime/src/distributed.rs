@@ -20,7 +20,9 @@ use cohort_train::trainer::ClientTask;
 
 use crate::client::ClientReply;
 use crate::collective::Collective;
-use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport, truncated};
+use crate::transport::{
+    ClientOutcome, Delivered, MAX_REASON_BYTES, TaskSpec, Transport, truncated,
+};
 
 /// The collective of a run, shared by the transport and the round loop, both
 /// on the thread that runs the rounds.
@@ -32,8 +34,6 @@ pub const WORKER_ID_STRIDE: usize = 1000;
 
 /// Bytes an outcome takes beside its payload and reason.
 const OUTCOME_HEAD_BYTES: u64 = 128;
-/// Longest failure reason carried between ranks.
-const MAX_REASON_BYTES: usize = 4096;
 
 /// A [`Transport`] for one rank: its own clients go to `local`, and the
 /// outcomes of all ranks come back.

@@ -41,7 +41,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::client::ClientReply;
-use crate::transport::{ClientOutcome, Declared, Delivered, TaskSpec, Transport};
+use crate::transport::{
+    ClientOutcome, Declared, Delivered, MAX_REASON_BYTES, TaskSpec, Transport, truncated,
+};
 use cohort_train::trainer::ClientTask;
 
 pub mod proto {
@@ -551,9 +553,14 @@ async fn run_task(
     let report = match next_message(inbound).await? {
         ClientKind::Report(report) => report,
         ClientKind::Failed(failed) if failed.client_id == client_id && failed.round == round => {
+            let reason = truncated(&failed.reason, MAX_REASON_BYTES);
+            let cut = if reason.len() < failed.reason.len() {
+                format!(" … ({} bytes in all)", failed.reason.len())
+            } else {
+                String::new()
+            };
             return Err(TaskError::Failed(format!(
-                "the client's training failed: {}",
-                failed.reason
+                "the client's training failed: {reason}{cut}"
             )));
         }
         _ => return Err(malformed("expected a report")),

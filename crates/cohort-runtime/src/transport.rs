@@ -102,6 +102,11 @@ pub struct Declared {
     pub test_samples: u64,
 }
 
+/// Longest failure reason kept from a client or a rank: a reason lands in
+/// the log, `clients.csv` and every later checkpoint sidecar, so a peer's
+/// megabytes of text would grow each of them round after round.
+pub const MAX_REASON_BYTES: usize = 4096;
+
 /// The longest prefix of `text` of at most `max` bytes that ends on a
 /// character boundary: for peer-sent text that is logged or kept, where
 /// slicing at `max` itself could split a character and panic.

@@ -193,6 +193,30 @@ fn a_training_failure_is_reported_with_its_reason() {
     );
 }
 
+/// #28 item 5: a reason of megabytes is cut to `MAX_REASON_BYTES` on
+/// arrival, so it cannot grow the log, `clients.csv` and every later sidecar.
+#[test]
+fn a_huge_failure_reason_is_cut_on_arrival() {
+    let failed = Kind::Failed(proto::TaskFailed {
+        client_id: 4,
+        round: 1,
+        reason: "€".repeat(700_000),
+    });
+    let reason = failure_of(
+        vec![failed],
+        Duration::from_secs(2),
+        Duration::from_secs(10),
+    );
+    let kept = cohort_runtime::transport::MAX_REASON_BYTES;
+    assert!(reason.len() < kept + 100, "{} bytes", reason.len());
+    assert!(reason.starts_with("the client's training failed: €€€"));
+    assert!(
+        reason.ends_with("… (2100000 bytes in all)"),
+        "{}",
+        &reason[reason.len() - 40..]
+    );
+}
+
 /// Connections that never send a byte: more than the server admits at once
 /// are closed at once, the others when their first-byte deadline passes, and
 /// an honest client registers after them. Also a client that sends only the
