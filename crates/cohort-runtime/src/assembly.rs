@@ -257,7 +257,16 @@ fn read_model_file(
             limits.max_bytes
         );
     }
-    let bytes = std::fs::read(path).with_context(context)?;
+    // The file may grow after the size was read: never read past the bound.
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(
+            std::fs::File::open(path).with_context(context)?,
+            limits.max_bytes as u64,
+        ),
+        &mut bytes,
+    )
+    .with_context(context)?;
     let tree = cohort_core::codec::decode(&bytes, &limits).with_context(context)?;
     Ok(cohort_core::layout::from_model_file(tree))
 }

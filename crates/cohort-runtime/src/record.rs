@@ -189,27 +189,7 @@ fn keep_updates(run_dir: &Path, round: u32, payloads: &[ReceivedPayload]) -> any
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn report(client_id: u32, num_samples: u64, loss: f64, training_time: f64) -> ClientReport {
-        ClientReport {
-            client_id,
-            num_samples,
-            loss,
-            training_time,
-            local_steps: 1,
-            worker: 0,
-        }
-    }
-
-    fn arrival(payload_bytes: u64, test: (u64, u64)) -> Arrival {
-        Arrival {
-            processing_time: 0.5,
-            comm_time: 2.0,
-            payload_bytes,
-            test_samples: test.0,
-            test_correct: test.1,
-        }
-    }
+    use crate::updates::tests::{arrival, report};
 
     #[test]
     fn round_numbers_by_hand() {

@@ -404,7 +404,7 @@ pub(crate) fn check_update(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::VecDeque;
     use std::sync::Arc;
 
@@ -653,7 +653,12 @@ mod tests {
         );
     }
 
-    fn report(client_id: u32, num_samples: u64, loss: f64, training_time: f64) -> ClientReport {
+    pub(crate) fn report(
+        client_id: u32,
+        num_samples: u64,
+        loss: f64,
+        training_time: f64,
+    ) -> ClientReport {
         ClientReport {
             client_id,
             num_samples,
@@ -664,7 +669,7 @@ mod tests {
         }
     }
 
-    fn arrival(payload_bytes: u64, test: (u64, u64)) -> Arrival {
+    pub(crate) fn arrival(payload_bytes: u64, test: (u64, u64)) -> Arrival {
         Arrival {
             processing_time: 0.5,
             comm_time: 2.0,

@@ -137,3 +137,105 @@ fn round_one_can_start_from_a_model_file_checked_against_the_model() {
     let error = format!("{:#}", one_round(&from_file, "missing").unwrap_err());
     assert!(error.contains("initial.safetensors"), "{error}");
 }
+
+/// Clients that send the global model back untouched, each reporting the
+/// two samples of its partition: FedAvg of equal updates is that model.
+struct EchoClients {
+    payload: std::sync::Arc<Vec<u8>>,
+    tasks: std::collections::VecDeque<cohort_runtime::transport::TaskSpec>,
+    dispatched: std::rc::Rc<RefCell<usize>>,
+}
+
+impl cohort_runtime::transport::Transport for EchoClients {
+    fn dispatch(
+        &mut self,
+        payload: std::sync::Arc<Vec<u8>>,
+        tasks: Vec<cohort_runtime::transport::TaskSpec>,
+    ) -> anyhow::Result<()> {
+        *self.dispatched.borrow_mut() += tasks.len();
+        self.payload = payload;
+        self.tasks.extend(tasks);
+        Ok(())
+    }
+
+    fn next_outcome(&mut self) -> anyhow::Result<cohort_runtime::transport::ClientOutcome> {
+        let spec = self.tasks.pop_front().expect("a dispatched task");
+        Ok(cohort_runtime::transport::ClientOutcome {
+            slot: spec.slot,
+            task: spec.task,
+            worker: 0,
+            result: Ok(cohort_runtime::transport::Delivered {
+                reply: cohort_runtime::client::ClientReply {
+                    num_samples: 2,
+                    loss: 1.0,
+                    training_time: 0.0,
+                    processing_time: 0.0,
+                    local_steps: 1,
+                    test_samples: 0,
+                    test_correct: 0,
+                    payload: self.payload.to_vec(),
+                },
+                comm_time: 0.0,
+                declared: None,
+            }),
+        })
+    }
+
+    fn cancel(&mut self) {
+        self.tasks.clear();
+    }
+}
+
+#[test]
+fn the_transport_and_the_data_can_be_the_callers_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = config(JOB);
+    let images = |count: usize| cohort_core::data::Dataset {
+        images: vec![0.5; count * 28 * 28],
+        labels: (0..count as u8).collect(),
+        rows: 28,
+        cols: 28,
+    };
+    let splits = cohort_core::data::Splits {
+        train: images(8),
+        test: images(4),
+    };
+    let partitions = cohort_runtime::client::ClientPartitions {
+        train: (0..4).map(|c| vec![2 * c, 2 * c + 1]).collect(),
+        test: vec![Vec::new(); 4],
+    };
+    let dispatched = std::rc::Rc::new(RefCell::new(0));
+    let transport = EchoClients {
+        payload: Default::default(),
+        tasks: Default::default(),
+        dispatched: std::rc::Rc::clone(&dispatched),
+    };
+    let facts = RefCell::new(None);
+    // No data folder: the run reads nothing but what it was given.
+    let options = RunOptions {
+        data_root: Some(dir.path().join("no-such-folder")),
+        ..options(dir.path().join("run"))
+    };
+    RunBuilder::new(&loaded, options)
+        .data(splits, partitions)
+        .transport(Box::new(transport))
+        .observer(|event: &RunEvent| {
+            if let RunEvent::RunStarted(started) = event {
+                *facts.borrow_mut() = Some(started.data.clone());
+            }
+        })
+        .run()
+        .unwrap();
+    assert_eq!(*dispatched.borrow(), 2 * 2);
+    let data = facts.into_inner().unwrap();
+    assert!(data.contains("8 training and 4 test samples"), "{data}");
+    let evaluator = cohort_train::trainer::Evaluator::new(
+        cohort_core::config::ModelName::Lenet5,
+        10,
+        &cohort_train::device::cpu(),
+        100,
+    );
+    let seeded = cohort_train::init::seeded_parameters(&evaluator.parameters(), 3);
+    let model = std::fs::read(dir.path().join("run").join(MODEL_FILE)).unwrap();
+    assert_eq!(model, codec::encode(&seeded).unwrap());
+}
