@@ -249,6 +249,7 @@ struct ClientArgs {
 }
 
 fn main() -> ExitCode {
+    quiet_on_closed_pipe();
     let cli = Cli::parse();
     cohort_train::switches::set(train_switches());
     match execute(cli) {
@@ -257,6 +258,18 @@ fn main() -> ExitCode {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Rust ignores SIGPIPE, so a write to a closed pipe (`cohort check | head`)
+/// is an error that `println!` turns into a panic. A command-line tool ends
+/// quietly there, as `cat` does: the signal's default action.
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called first in main, before any thread starts; it changes
+    // only this process's disposition of one signal.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -123,8 +123,16 @@ pub fn evaluate(
     logits: Option<&Path>,
     device: cohort_train::device::DeviceRequest,
 ) -> anyhow::Result<Evaluation> {
-    let config = &loaded.config();
+    let config = loaded.config();
     let tree = crate::read_model(model)?;
+    // Every prediction of such a model is the same garbage: an accuracy of
+    // it would read as a (poor) score.
+    if let Some((path, index)) = tree.first_non_finite() {
+        bail!(
+            "{}: `{path}`[{index}] is not finite; a model with NaN or infinite values has no              accuracy",
+            model.display()
+        );
+    }
     let fetch = if config.data.download {
         cohort_core::data::Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
     } else {

@@ -343,3 +343,64 @@ fn a_model_file_with_a_200000_segment_name_is_an_error_not_a_crash() {
     assert!(stderr.contains("segments"), "{stderr}");
     assert!(!stderr.contains("overflowed"), "{stderr}");
 }
+
+/// `cohort check … | head`: a reader that leaves early must end the command
+/// quietly (as `cat` ends), not with a panic about a broken pipe.
+#[cfg(unix)]
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let config = common::repo_root().join("configs/fashion_mnist/fedavg_lenet5_r1.toml");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(["check", "--config", config.to_str().unwrap()])
+        .env("COHORT_DATA_DIR", fixture_data())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.signal(), Some(libc_sigpipe()), "{stderr}");
+}
+
+/// SIGPIPE's number on every Unix cohort builds for.
+#[cfg(unix)]
+fn libc_sigpipe() -> i32 {
+    13
+}
+
+/// A model with a NaN has no accuracy: `cohort evaluate` says so instead of
+/// scoring its constant guesses.
+#[test]
+fn evaluating_a_non_finite_model_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let evaluator = cohort_train::trainer::Evaluator::new(
+        cohort_core::config::ModelName::Lenet5,
+        10,
+        &cohort_train::device::cpu(),
+        100,
+    );
+    let mut tree = evaluator.parameters();
+    if let ArrayData::F32(values) = tree.leaves_mut()[0].data_mut() {
+        values[3] = f32::NAN;
+    }
+    let model = dir.path().join("nan.safetensors");
+    std::fs::write(&model, cohort_core::codec::encode(&tree).unwrap()).unwrap();
+    let config = common::repo_root().join("configs/fashion_mnist/fedavg_lenet5_r1.toml");
+    let output = cohort(
+        &[
+            "evaluate",
+            "--config",
+            config.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+            "--cpu",
+        ],
+        &fixture_data(),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("[3] is not finite"), "{stderr}");
+}

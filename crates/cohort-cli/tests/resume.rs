@@ -218,6 +218,24 @@ fn no_usable_checkpoint_stops_with_a_clear_error() {
 }
 
 #[test]
+fn a_checkpoints_entry_that_is_no_folder_stops_the_resume_and_keeps_the_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &JOB.replace("rounds = 8", "rounds = 1"));
+    let run = uninterrupted(&config, &dir.path().join("runs"));
+    let results = std::fs::read(run.join("results.csv")).unwrap();
+    std::fs::remove_dir_all(run.join("checkpoints")).unwrap();
+    std::fs::write(run.join("checkpoints"), b"not a folder").unwrap();
+    let output = resume(&run, &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cannot read the checkpoints in"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(run.join("results.csv")).unwrap(), results);
+}
+
+#[test]
 fn resume_refuses_a_config_that_changes_results() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &JOB.replace("rounds = 8", "rounds = 1"));

@@ -284,6 +284,22 @@ fn aggregate(algorithm: &str, updates: &[(&[f32], u64)]) -> (std::process::Outpu
 }
 
 #[test]
+fn cohort_aggregate_refuses_non_finite_updates_with_every_strategy_that_averages() {
+    for algorithm in ["type = \"fedavg\"", "type = \"fedprox\"\nmu = 0.1"] {
+        for bad in [f32::NAN, f32::INFINITY] {
+            let updates: [(&[f32], u64); 2] = [(&[1.0, 2.0], 10), (&[3.0, bad], 10)];
+            let (output, _) = aggregate(algorithm, &updates);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success(), "{algorithm}: {bad} accepted");
+            assert!(
+                stderr.contains(&format!("client 2: element 1 of `w` is {bad}")),
+                "{algorithm}: {stderr}"
+            );
+        }
+    }
+}
+
+#[test]
 fn cohort_aggregate_applies_the_configured_strategy_once() {
     let updates: [(&[f32], u64); 5] = [
         (&[1.0, 10.0], 100),

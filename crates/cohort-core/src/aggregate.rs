@@ -66,6 +66,18 @@ pub enum AggregationError {
         first_client: u32,
         other_client: u32,
     },
+    #[error("client {client_id}: element {index} of `{path}` is {value}")]
+    NonFinite {
+        client_id: u32,
+        path: TreePath,
+        index: usize,
+        value: f32,
+    },
+    #[error(
+        "the weighted average of element {index} of `{path}` overflows float32, though every \
+         update is finite"
+    )]
+    Overflow { path: TreePath, index: usize },
 }
 
 /// One client's contribution: who sent it, how much it weighs, and the tree.
@@ -215,6 +227,11 @@ fn average_leaf(
         DType::F32 | DType::F16 => {
             let mut accumulator = vec![0.0f32; reference.len()];
             accumulate_floats(&mut accumulator, inputs);
+            // One pass over the output instead of one over every input: a
+            // non-finite value anywhere makes its average non-finite.
+            if let Some(index) = accumulator.iter().position(|x| !x.is_finite()) {
+                return Err(non_finite(path, index, inputs));
+            }
             match reference.dtype() {
                 DType::F32 => ArrayData::F32(accumulator),
                 _ => ArrayData::F16(accumulator.into_iter().map(half::f16::from_f32).collect()),
@@ -259,6 +276,30 @@ fn average_leaf(
         DType::BF16 => unreachable!("validation rejects bfloat16 leaves"),
     };
     Ok(Array::new(reference.shape().to_vec(), data).expect("same element count as the reference"))
+}
+
+/// Who made element `index` of `path`'s average non-finite: the first
+/// client whose value there is not finite, or the sum itself.
+fn non_finite(path: &TreePath, index: usize, inputs: &[(u32, f64, &Array)]) -> AggregationError {
+    for (client_id, _, array) in inputs {
+        let value = match array.data() {
+            ArrayData::F32(values) => values[index],
+            ArrayData::F16(values) => values[index].to_f32(),
+            _ => continue,
+        };
+        if !value.is_finite() {
+            return AggregationError::NonFinite {
+                client_id: *client_id,
+                path: path.clone(),
+                index,
+                value,
+            };
+        }
+    }
+    AggregationError::Overflow {
+        path: path.clone(),
+        index,
+    }
 }
 
 fn axpy_f64(accumulator: &mut [f64], coefficient: f64, values: impl Iterator<Item = f64>) {
@@ -379,6 +420,29 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn non_finite_values_and_overflow_are_refused_naming_who_and_where() {
+        let global = tree(&[0.0, 0.0]);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let trees = [tree(&[1.0, 2.0]), tree(&[3.0, bad])];
+            let error = fedavg(&global, &contributions(&trees, &[1.0, 1.0])).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!("client 2: element 1 of `w` is {bad}")
+            );
+        }
+        // Where every input is finite, the sum itself is named (float32
+        // rounding keeps even averages of maxima finite, so it is asked
+        // directly).
+        let finite = Array::f32(vec![2], vec![f32::MAX, 0.0]).unwrap();
+        let path = global.leaves()[0].0.clone();
+        let error = non_finite(&path, 0, &[(1, 1.0, &finite), (2, 1.0, &finite)]);
+        assert!(
+            matches!(error, AggregationError::Overflow { index: 0, .. }),
+            "{error}"
+        );
     }
 
     #[test]

@@ -178,12 +178,27 @@ fn write_strategy_state(
 
 /// Whether `run_dir` holds any checkpoint sidecar, usable or not: a run
 /// killed before its first checkpoint has none and starts over on resume.
-pub fn any_written(run_dir: &Path) -> bool {
-    std::fs::read_dir(run_dir.join(FOLDER)).is_ok_and(|entries| {
-        entries
-            .filter_map(|e| e.ok())
-            .any(|e| sidecar_round(&e.path()).is_some())
-    })
+///
+/// A `checkpoints` that exists but cannot be read as a folder is an error:
+/// taking it for "none yet" would start the run over and overwrite its
+/// results.
+pub fn any_written(run_dir: &Path) -> Result<bool, CheckpointError> {
+    let folder = run_dir.join(FOLDER);
+    let entries = match std::fs::read_dir(&folder) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !folder.is_symlink() => {
+            return Ok(false);
+        }
+        Err(source) => {
+            return Err(CheckpointError::Read {
+                path: folder,
+                source,
+            });
+        }
+    };
+    Ok(entries
+        .filter_map(|e| e.ok())
+        .any(|e| sidecar_round(&e.path()).is_some()))
 }
 
 /// A checkpoint that passed every check.
@@ -357,6 +372,24 @@ fn read_strategy_state(
 mod tests {
     use super::*;
     use crate::tree::Array;
+
+    #[test]
+    fn a_checkpoints_entry_that_is_no_folder_is_an_error_not_a_fresh_start() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!any_written(dir.path()).unwrap());
+        std::fs::create_dir(dir.path().join(FOLDER)).unwrap();
+        assert!(!any_written(dir.path()).unwrap());
+        std::fs::remove_dir(dir.path().join(FOLDER)).unwrap();
+        std::fs::write(dir.path().join(FOLDER), b"not a folder").unwrap();
+        let error = any_written(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("checkpoints"), "{error}");
+        #[cfg(unix)]
+        {
+            std::fs::remove_file(dir.path().join(FOLDER)).unwrap();
+            std::os::unix::fs::symlink(dir.path().join("gone"), dir.path().join(FOLDER)).unwrap();
+            assert!(any_written(dir.path()).is_err());
+        }
+    }
 
     fn history(round: u32) -> History {
         History {

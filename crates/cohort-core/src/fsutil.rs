@@ -30,6 +30,7 @@ fn create(path: &Path, private: bool) -> std::io::Result<std::fs::File> {
 }
 
 fn write_atomically(path: &Path, bytes: &[u8], private: bool) -> std::io::Result<()> {
+    refuse_unless_regular(path)?;
     let parent = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -55,6 +56,47 @@ fn write_atomically(path: &Path, bytes: &[u8], private: bool) -> std::io::Result
     result
 }
 
+/// A rename replaces whatever has the name: a device node (`/dev/full`),
+/// a FIFO, a directory or a symbolic link would be swapped for a regular file,
+/// or written where the link points. Only a regular file, or nothing, may be
+/// replaced.
+fn refuse_unless_regular(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if !metadata.file_type().is_file() => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} exists and is not a regular file ({}); refusing to replace it",
+                path.display(),
+                kind_of(&metadata.file_type())
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn kind_of(file_type: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if file_type.is_char_device() || file_type.is_block_device() {
+            return "a device";
+        }
+        if file_type.is_fifo() {
+            return "a FIFO";
+        }
+        if file_type.is_socket() {
+            return "a socket";
+        }
+    }
+    if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a file"
+    }
+}
+
 /// `name.tmp-<pid>` beside `path`: unique per process, same filesystem.
 pub fn temporary_sibling(path: &Path) -> PathBuf {
     let mut name = path
@@ -68,6 +110,36 @@ pub fn temporary_sibling(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_regular_file_or_nothing_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("folder");
+        std::fs::create_dir(&folder).unwrap();
+        let error = atomic_write(&folder, b"x").unwrap_err().to_string();
+        assert!(
+            error.contains("is not a regular file (a directory)"),
+            "{error}"
+        );
+        assert!(folder.is_dir());
+        #[cfg(unix)]
+        {
+            let link = dir.path().join("link");
+            std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+            let error = atomic_write_private(&link, b"x").unwrap_err().to_string();
+            assert!(error.contains("(a symbolic link)"), "{error}");
+            assert!(link.symlink_metadata().unwrap().file_type().is_symlink());
+            // A device node itself (root may write /dev/full).
+            let error = atomic_write(Path::new("/dev/full"), b"x")
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("(a device)"), "{error}");
+        }
+        let file = dir.path().join("file");
+        atomic_write(&file, b"a").unwrap();
+        atomic_write(&file, b"b").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"b");
+    }
 
     #[test]
     fn replaces_content_and_leaves_no_temporary() {

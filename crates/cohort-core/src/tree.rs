@@ -350,6 +350,25 @@ impl ParamTree {
         leaves
     }
 
+    /// The first float value that is NaN or infinite, depth first: its leaf
+    /// and its index there. Integer and boolean leaves are always finite.
+    pub fn first_non_finite(&self) -> Option<(TreePath, usize)> {
+        let mut found = None;
+        self.for_each_leaf(&mut |path, array| {
+            if found.is_some() {
+                return;
+            }
+            let index = match array.data() {
+                ArrayData::F32(values) => values.iter().position(|x| !x.is_finite()),
+                ArrayData::F16(values) => values.iter().position(|x| !x.is_finite()),
+                ArrayData::BF16(values) => values.iter().position(|x| !x.is_finite()),
+                _ => None,
+            };
+            found = index.map(|index| (path.clone(), index));
+        });
+        found
+    }
+
     /// Mutable leaves in the same depth-first order as [`ParamTree::leaves`].
     pub fn leaves_mut(&mut self) -> Vec<&mut Array> {
         fn walk<'a>(node: &'a mut ParamTree, out: &mut Vec<&'a mut Array>) {

@@ -182,7 +182,7 @@ fn start_point(
     evaluator: &Evaluator,
 ) -> anyhow::Result<StartPoint> {
     let run_dir = &options.run_dir;
-    if options.resume && checkpoint::any_written(run_dir) {
+    if options.resume && checkpoint::any_written(run_dir)? {
         return resume_point(&loaded.result_hash(), run_dir, strategy);
     }
     // Starting over would release the rounds already published again, with

@@ -14,7 +14,7 @@ use anyhow::Context;
 use cohort_core::codec::DecodeLimits;
 use cohort_core::hooks::{ClientReport, ReceivedPayload, RoundPayloads, ServerHooks};
 use cohort_core::strategy::{RoundContext, Strategy};
-use cohort_core::tree::{ArrayData, DTypeRule, ParamTree, check_schema};
+use cohort_core::tree::{DTypeRule, ParamTree, check_schema};
 use cohort_train::trainer::ClientTask;
 
 use crate::client::ClientPartitions;
@@ -346,22 +346,10 @@ pub(crate) fn check_update(
 ) -> Result<(), String> {
     check_schema(global, &arrived.tree, DTypeRule::AnyFloat)
         .map_err(|mismatch| format!("the update does not match the global model: {mismatch}"))?;
-    let mut non_finite = None;
-    arrived.tree.for_each_leaf(&mut |path, array| {
-        if non_finite.is_some() {
-            return;
-        }
-        let bad = match array.data() {
-            ArrayData::F32(values) => values.iter().position(|x| !x.is_finite()),
-            ArrayData::F16(values) => values.iter().position(|x| !x.is_finite()),
-            _ => None,
-        };
-        if let Some(index) = bad {
-            non_finite = Some(format!("`{path}`[{index}] is not finite"));
-        }
-    });
-    if let Some(problem) = non_finite {
-        return Err(format!("the update is poisoned: {problem}"));
+    if let Some((path, index)) = arrived.tree.first_non_finite() {
+        return Err(format!(
+            "the update is poisoned: `{path}`[{index}] is not finite"
+        ));
     }
     let report = &arrived.report;
     let arrival = &arrived.arrival;

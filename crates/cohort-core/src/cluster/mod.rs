@@ -46,8 +46,8 @@ pub use file::{
 pub use launcher::{LauncherRank, launcher_rank};
 pub use place::{MemoryNeed, MemoryShortfall, PlacementError, RankCount, Request, place};
 pub use plan::{
-    HostFile, Launch, LaunchSpec, Peer, PlacedNode, Plan, RankCommand, RankFile, RankPlan,
-    RingPeers, host_file_name,
+    HostFile, HostFileError, Launch, LaunchSpec, Peer, PlacedNode, Plan, RankCommand, RankFile,
+    RankPlan, RingPeers, host_file_name,
 };
 pub use ports::{DEFAULT_BASE_PORT, PORT_SPAN};
 pub use size::format_bytes;

@@ -133,10 +133,68 @@ pub struct RankFile {
     pub rdma_devices: Option<Vec<Vec<Option<String>>>>,
 }
 
+/// Why a host file cannot seat a rank.
+#[derive(Debug, thiserror::Error)]
+pub enum HostFileError {
+    #[error("not the JSON of a host file: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl RankFile {
-    /// Reads a host file's contents (JSON, as [`Plan::host_files`] writes them).
-    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
-        serde_json::from_str(text)
+    /// Reads a host file's contents (JSON, as [`Plan::host_files`] writes
+    /// them) and checks that they can seat a rank: a file is anyone's to
+    /// edit, and a rank or neighbour outside the world would index past it.
+    pub fn parse(text: &str) -> Result<Self, HostFileError> {
+        let file: RankFile = serde_json::from_str(text)?;
+        file.check().map_err(HostFileError::Invalid)?;
+        Ok(file)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let (world, rank) = (self.world_size, &self.rank);
+        if world == 0 {
+            return Err("world_size = 0: a plan has at least one rank".to_owned());
+        }
+        if rank.rank >= world {
+            return Err(format!(
+                "rank = {}, but world_size = {world}: ranks are 0 to {}",
+                rank.rank,
+                world - 1
+            ));
+        }
+        let block = rank.clients;
+        if block.first == 0 || block.first > block.last || block.last > self.num_clients {
+            return Err(format!(
+                "rank {}'s clients {}..={} are not a block of clients 1 to num_clients = {}",
+                rank.rank, block.first, block.last, self.num_clients
+            ));
+        }
+        if let Some(ring) = &rank.ring {
+            for (side, peer) in [("left", &ring.left), ("right", &ring.right)] {
+                if peer.rank >= world {
+                    return Err(format!(
+                        "rank {}'s {side} neighbour is rank {}, but world_size = {world}",
+                        rank.rank, peer.rank
+                    ));
+                }
+            }
+            if ring.hosts.len() != world as usize {
+                return Err(format!(
+                    "rank {}'s ring lists {} hosts for {world} ranks",
+                    rank.rank,
+                    ring.hosts.len()
+                ));
+            }
+        }
+        if let Some(matrix) = &self.rdma_devices
+            && (matrix.len() != world as usize
+                || matrix.iter().any(|row| row.len() != world as usize))
+        {
+            return Err(format!("rdma_devices is not a {world} × {world} matrix"));
+        }
+        Ok(())
     }
 }
 

@@ -579,6 +579,46 @@ fn host_files_of_two_instances_have_their_own_names_and_contents() {
 }
 
 #[test]
+fn host_files_that_cannot_seat_their_rank_are_refused_when_read() {
+    let plan = place(&three_nodes(), &spread("r", Backend::Ring)).unwrap();
+    let file = plan
+        .host_files()
+        .into_iter()
+        .find(|f| f.name == host_file_name("r", 1))
+        .unwrap();
+    let good = RankFile::parse(&file.contents).unwrap();
+    let refused = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut json: serde_json::Value = serde_json::from_str(&file.contents).unwrap();
+        edit(&mut json);
+        match RankFile::parse(&json.to_string()) {
+            Err(HostFileError::Invalid(message)) => message,
+            other => panic!("accepted or misread: {other:?}"),
+        }
+    };
+    let zero = refused(&|j| j["world_size"] = 0.into());
+    assert!(zero.contains("world_size = 0"), "{zero}");
+    let outside = refused(&|j| j["rank"]["rank"] = 3.into());
+    assert_eq!(outside, "rank = 3, but world_size = 3: ranks are 0 to 2");
+    let neighbour = refused(&|j| j["rank"]["ring"]["right"]["rank"] = 7.into());
+    assert!(
+        neighbour.contains("right neighbour is rank 7"),
+        "{neighbour}"
+    );
+    let hosts = refused(&|j| {
+        j["rank"]["ring"]["hosts"].as_array_mut().unwrap().pop();
+    });
+    assert!(hosts.contains("lists 2 hosts for 3 ranks"), "{hosts}");
+    let block = refused(&|j| j["rank"]["clients"]["last"] = (good.num_clients + 1).into());
+    assert!(block.contains("not a block of clients"), "{block}");
+    let empty = refused(&|j| j["rank"]["clients"]["first"] = 0.into());
+    assert!(empty.contains("not a block of clients"), "{empty}");
+    assert!(matches!(
+        RankFile::parse("{\"world_size\": 1}"),
+        Err(HostFileError::Json(_))
+    ));
+}
+
+#[test]
 fn a_backend_this_build_lacks_fails_before_placement() {
     let mut req = request("r", 10, 1);
     req.backend = Backend::Mpi;

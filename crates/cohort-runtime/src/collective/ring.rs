@@ -85,6 +85,12 @@ impl RingCollective {
                 settings.instance.len()
             )));
         }
+        if settings.rank >= settings.world_size {
+            return Err(error(format!(
+                "rank {} of a ring of {} ranks: ranks are 0 to world size − 1",
+                settings.rank, settings.world_size
+            )));
+        }
         if settings.world_size <= 1 {
             return Ok(Self {
                 settings,
@@ -372,6 +378,27 @@ mod tests {
             .iter()
             .map(|l| l.local_addr().unwrap().port())
             .collect()
+    }
+
+    #[test]
+    fn a_rank_outside_its_ring_is_an_error_not_a_panic() {
+        let ports = free_ports(3);
+        for (rank, world) in [(3, 3), (0, 0)] {
+            let seat = RingSettings {
+                rank,
+                world_size: world,
+                ..settings(3, &ports, 0)
+            };
+            match RingCollective::connect(seat) {
+                Err(error) => assert!(
+                    error
+                        .to_string()
+                        .contains(&format!("rank {rank} of a ring of {world}")),
+                    "{error}"
+                ),
+                Ok(_) => panic!("rank {rank} of {world} was seated"),
+            }
+        }
     }
 
     fn settings(world: u32, ports: &[u16], rank: u32) -> RingSettings {
