@@ -246,6 +246,11 @@ struct ClientArgs {
     /// the lowest one no connected process holds].
     #[arg(long, value_name = "ID", requires = "data", value_parser = clap::value_parser!(u32).range(1..))]
     client_id: Option<u32>,
+    /// With --data: the most samples the data set may hold in either split,
+    /// counted from its headers before it is read (the server's
+    /// clients.max_samples refuses more at registration anyway).
+    #[arg(long, value_name = "N", default_value_t = 100_000, requires = "data", value_parser = clap::value_parser!(u64).range(1..))]
+    max_samples: u64,
 }
 
 fn main() -> ExitCode {
@@ -397,7 +402,8 @@ fn load_config(
 /// A model file (PyTorch's layout) as the tree runs train and aggregate:
 /// BatchNorm's `num_batches_tracked` counters dropped.
 fn read_model(path: &std::path::Path) -> anyhow::Result<cohort_core::tree::ParamTree> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = cohort_core::fsutil::read_bounded(path, cohort_core::fsutil::MAX_READ_BYTES)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     let limits = cohort_core::codec::DecodeLimits {
         max_bytes: bytes.len(),
         ..Default::default()
@@ -675,6 +681,7 @@ fn client(args: ClientArgs) -> anyhow::Result<()> {
         own_data: args.data.map(|path| cohort_runtime::OwnDataOptions {
             path,
             client_id: args.client_id,
+            max_samples: args.max_samples,
         }),
     };
     let summary = cohort_runtime::run_worker(&options)?;

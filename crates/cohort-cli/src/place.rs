@@ -126,8 +126,9 @@ fn instance_name(
     {
         return Ok(instance);
     }
-    let cluster_text = std::fs::read(cluster_path)
-        .with_context(|| format!("cannot read {}", cluster_path.display()))?;
+    let cluster_text =
+        cohort_core::fsutil::read_bounded(cluster_path, cohort_core::fsutil::MAX_READ_BYTES)
+            .with_context(|| format!("cannot read {}", cluster_path.display()))?;
     let mut hasher = Sha256::new();
     hasher.update(loaded.hash().as_bytes());
     hasher.update(&cluster_text);
@@ -226,7 +227,7 @@ fn read_host_files(dir: &Path) -> anyhow::Result<Vec<(PathBuf, RankFile)>> {
         if !(name.starts_with("hosts-") && name.ends_with(".json")) {
             continue;
         }
-        let text = std::fs::read_to_string(&path)
+        let text = cohort_core::fsutil::read_bounded_text(&path, crate::rank::MAX_HOST_FILE_BYTES)
             .with_context(|| format!("cannot read {}", path.display()))?;
         let file: RankFile = serde_json::from_str(&text).with_context(|| {
             format!(

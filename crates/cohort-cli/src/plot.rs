@@ -19,7 +19,8 @@ pub struct Series {
 
 pub fn load_run(run_dir: &Path) -> anyhow::Result<Series> {
     let path = run_dir.join("results.csv");
-    let text = std::fs::read_to_string(&path).with_context(|| {
+    let text = cohort_core::fsutil::read_bounded_text(&path, cohort_core::fsutil::MAX_READ_BYTES)
+        .with_context(|| {
         format!(
             "cannot read {} (is {} a run folder?)",
             path.display(),

@@ -14,7 +14,7 @@ use cohort_runtime::collective::ring::{RingPeer, RingSettings};
 use cohort_runtime::{DistributedRun, RankLink};
 
 /// Host files larger than this are not plans.
-const MAX_HOST_FILE_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_HOST_FILE_BYTES: u64 = 1 << 20;
 
 /// This process's seat in a distributed simulation, or `None` for a plain
 /// single-process run: with `--plan`, the plan's host file for this rank
@@ -170,16 +170,7 @@ fn ring_settings(
 }
 
 fn read_host_file(path: &Path) -> anyhow::Result<RankFile> {
-    let size = std::fs::metadata(path)
-        .with_context(|| format!("cannot read the host file {}", path.display()))?
-        .len();
-    if size > MAX_HOST_FILE_BYTES {
-        bail!(
-            "{}: {size} bytes is too large for a host file",
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(path)
+    let text = cohort_core::fsutil::read_bounded_text(path, MAX_HOST_FILE_BYTES)
         .with_context(|| format!("cannot read the host file {}", path.display()))?;
     RankFile::parse(&text)
         .with_context(|| format!("{} is not a host file of `cohort place`", path.display()))

@@ -404,3 +404,45 @@ fn evaluating_a_non_finite_model_is_an_error() {
     assert!(!output.status.success(), "{stderr}");
     assert!(stderr.contains("[3] is not finite"), "{stderr}");
 }
+
+/// Paths that name a device, a FIFO or a link to one: every reader refuses
+/// them at once instead of reading forever or blocking.
+#[cfg(unix)]
+#[test]
+fn readers_refuse_devices_fifos_and_links_to_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", run.join("results.csv")).unwrap();
+    let fifo = fifo.to_str().unwrap();
+    let run = run.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["compare", "/dev/zero", "/dev/zero"],
+            "/dev/zero is not a regular file (a device)",
+        ),
+        (&["compare", fifo, fifo], "is not a regular file (a FIFO)"),
+        (
+            &["plot", run],
+            "results.csv is not a regular file (a device)",
+        ),
+        (
+            &["client", "--server", "127.0.0.1:9", "--data", "/dev/zero"],
+            "not a regular file",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = cohort(args, &fixture_data());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}

@@ -306,13 +306,19 @@ fn check_history(sidecar: &Path, history: &History) -> Result<(), String> {
     Ok(())
 }
 
+/// A checkpoint's part: a regular file of bounded size (a folder is
+/// anyone's to edit; a sidecar linked to `/dev/zero` must not hang a resume).
+fn read_part(path: &Path) -> std::io::Result<Vec<u8>> {
+    crate::fsutil::read_bounded(path, crate::fsutil::MAX_READ_BYTES)
+}
+
 fn read_one(sidecar: &Path) -> Result<(History, ParamTree, StrategyState), String> {
-    let text = std::fs::read(sidecar).map_err(|e| format!("unreadable ({e})"))?;
+    let text = read_part(sidecar).map_err(|e| format!("unreadable ({e})"))?;
     let history: History =
         serde_json::from_slice(&text).map_err(|e| format!("not a valid sidecar ({e})"))?;
     check_history(sidecar, &history)?;
     let model_path = sidecar.with_file_name(&history.model_file);
-    let bytes = std::fs::read(&model_path)
+    let bytes = read_part(&model_path)
         .map_err(|e| format!("model {} unreadable ({e})", model_path.display()))?;
     let digest = format!("{:x}", Sha256::digest(&bytes));
     if digest != history.model_sha256 {
@@ -339,7 +345,7 @@ fn read_strategy_state(
         (None, _) => Default::default(),
         (Some(file), Some(expected)) => {
             let path = sidecar.with_file_name(file);
-            let bytes = std::fs::read(&path)
+            let bytes = read_part(&path)
                 .map_err(|e| format!("strategy state {} unreadable ({e})", path.display()))?;
             let digest = format!("{:x}", Sha256::digest(&bytes));
             if &digest != expected {
@@ -538,6 +544,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(latest(dir.path()).unwrap().history.round, 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_sidecar_linked_to_a_device_is_skipped_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &model(1.0), history(1), NONE).unwrap();
+        write(dir.path(), &model(2.0), history(2), NONE).unwrap();
+        let sidecar = dir.path().join(FOLDER).join("round-0002.json");
+        std::fs::remove_file(&sidecar).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &sidecar).unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.history.round, 1);
+        assert!(
+            restored.skipped[0].contains("not a regular file"),
+            "{:?}",
+            restored.skipped
+        );
     }
 
     #[test]

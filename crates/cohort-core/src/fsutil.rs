@@ -1,6 +1,7 @@
-//! Atomic file writes: a reader sees the old file or the new one, never half of one.
+//! Atomic file writes (a reader sees the old file or the new one, never half
+//! of one) and bounded reads of regular files.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// Writes `bytes` to `path` through a temporary file in the same folder,
@@ -54,6 +55,56 @@ fn write_atomically(path: &Path, bytes: &[u8], private: bool) -> std::io::Result
         let _ = std::fs::remove_file(&temporary);
     }
     result
+}
+
+/// Largest model file, checkpoint part or results file cohort reads: far
+/// beyond any model it trains, and a bound on what a hostile path costs.
+pub const MAX_READ_BYTES: u64 = 1 << 30;
+
+/// The bytes of the regular file at `path`, refused when larger than
+/// `max_bytes`. A path from a user or a run folder can name a device
+/// (`/dev/zero` never ends), a FIFO (which blocks until a writer comes) or a
+/// link to either; a read never allocates more than the bound.
+pub fn read_bounded(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    let metadata = std::fs::metadata(path)?;
+    if !metadata.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a regular file ({})",
+                path.display(),
+                kind_of(&metadata.file_type())
+            ),
+        ));
+    }
+    let too_large = |size: u64| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} is larger than {max_bytes} bytes ({size} bytes or more)",
+                path.display()
+            ),
+        )
+    };
+    if metadata.len() > max_bytes {
+        return Err(too_large(metadata.len()));
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    std::io::Read::take(std::fs::File::open(path)?, max_bytes + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// [`read_bounded`] for text.
+pub fn read_bounded_text(path: &Path, max_bytes: u64) -> std::io::Result<String> {
+    String::from_utf8(read_bounded(path, max_bytes)?).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not UTF-8 text", path.display()),
+        )
+    })
 }
 
 /// A rename replaces whatever has the name: a device node (`/dev/full`),
@@ -110,6 +161,35 @@ pub fn temporary_sibling(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_are_of_regular_files_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"12345").unwrap();
+        assert_eq!(read_bounded(&file, 5).unwrap(), b"12345");
+        let error = read_bounded(&file, 4).unwrap_err().to_string();
+        assert!(error.contains("is larger than 4 bytes"), "{error}");
+        let error = read_bounded(dir.path(), 4).unwrap_err().to_string();
+        assert!(
+            error.contains("not a regular file (a directory)"),
+            "{error}"
+        );
+        #[cfg(unix)]
+        {
+            // A device that never ends, directly and through a link.
+            let error = read_bounded(Path::new("/dev/zero"), 1 << 20)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("(a device)"), "{error}");
+            let link = dir.path().join("zero");
+            std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+            assert!(read_bounded(&link, 1 << 20).is_err());
+        }
+        std::fs::write(&file, [0xff, 0xfe]).unwrap();
+        let error = read_bounded_text(&file, 10).unwrap_err().to_string();
+        assert!(error.contains("not UTF-8"), "{error}");
+    }
 
     #[test]
     fn only_a_regular_file_or_nothing_is_replaced() {

@@ -245,28 +245,8 @@ fn read_model_file(
     limits: cohort_core::codec::DecodeLimits,
 ) -> anyhow::Result<ParamTree> {
     let context = || format!("trainer.initial_model = {}", path.display());
-    let metadata = std::fs::metadata(path).with_context(context)?;
-    if !metadata.is_file() {
-        bail!("{}: not a regular file", context());
-    }
-    if metadata.len() > limits.max_bytes as u64 {
-        bail!(
-            "{}: {} bytes, more than server.max_payload_bytes = {}",
-            context(),
-            metadata.len(),
-            limits.max_bytes
-        );
-    }
-    // The file may grow after the size was read: never read past the bound.
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(
-        &mut std::io::Read::take(
-            std::fs::File::open(path).with_context(context)?,
-            limits.max_bytes as u64,
-        ),
-        &mut bytes,
-    )
-    .with_context(context)?;
+    let bytes =
+        cohort_core::fsutil::read_bounded(path, limits.max_bytes as u64).with_context(context)?;
     let tree = cohort_core::codec::decode(&bytes, &limits).with_context(context)?;
     Ok(cohort_core::layout::from_model_file(tree))
 }

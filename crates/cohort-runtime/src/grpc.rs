@@ -65,6 +65,8 @@ pub const CHUNK_BYTES: usize = 1 << 20;
 /// every registered process, that floods `run.log` and the server's memory
 /// before any token is checked. `cohort client` truncates its own to fit.
 pub const MAX_CLIENT_NAME_BYTES: usize = 256;
+/// Largest TLS certificate or key file read: a PEM chain is kilobytes.
+pub const MAX_PEM_BYTES: u64 = 1 << 20;
 
 /// What the server needs to listen.
 #[derive(Debug, Clone)]
@@ -660,7 +662,7 @@ impl GrpcTransport {
             .max_concurrent_streams(Some(4));
         if let Some((cert, key)) = &settings.tls {
             let read = |path: &PathBuf, what: &str| {
-                std::fs::read(path).with_context(|| {
+                cohort_core::fsutil::read_bounded(path, MAX_PEM_BYTES).with_context(|| {
                     format!(
                         "cannot read the TLS {what} {} (server.tls_{what})",
                         path.display()

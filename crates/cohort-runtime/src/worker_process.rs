@@ -68,6 +68,9 @@ pub struct OwnDataOptions {
     pub path: PathBuf,
     /// The own-data client to claim; `None`: the lowest free one.
     pub client_id: Option<u32>,
+    /// Most samples the data set may hold in either split, checked before it
+    /// is read.
+    pub max_samples: u64,
 }
 
 /// What a worker process did, for its exit message.
@@ -93,7 +96,7 @@ async fn connect(
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .with_context(|| format!("`{}` is not a HOST:PORT address", options.server))?;
     if let Some(ca) = &options.tls_ca {
-        let pem = std::fs::read(ca)
+        let pem = cohort_core::fsutil::read_bounded(ca, crate::grpc::MAX_PEM_BYTES)
             .with_context(|| format!("cannot read the CA certificate {}", ca.display()))?;
         let host = options
             .server
@@ -290,7 +293,7 @@ impl Holdings {
 async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     // Read and checked before connecting: the counts it declares are what it holds.
     let own = match &options.own_data {
-        Some(own) => Some(OwnData::load(&own.path)?),
+        Some(own) => Some(OwnData::load(&own.path, own.max_samples)?),
         None => None,
     };
     let (sender, mut inbound, welcome) = register(options, own.as_ref()).await?;

@@ -64,11 +64,21 @@ pub fn read_idx(path: &Path, expected_rank: usize) -> Result<IdxArray, IdxError>
     )
 }
 
+/// The file at `path`, if it is a regular one: a device or a FIFO would
+/// never end or never start.
 fn open(path: &Path) -> Result<std::fs::File, IdxError> {
-    std::fs::File::open(path).map_err(|source| IdxError::Io {
+    let io = |source| IdxError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let metadata = std::fs::metadata(path).map_err(io)?;
+    if !metadata.is_file() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    std::fs::File::open(path).map_err(io)
 }
 
 fn read_stream(
@@ -98,21 +108,32 @@ fn read_stream(
     parse_idx(&raw, expected_rank).map_err(format_error)
 }
 
-/// The dimensions a gzip-compressed IDX file declares, from its header alone
-/// (a few bytes inflated): what `cohort check` needs to know the sizes of a
-/// data set without reading it.
-pub fn read_idx_gz_dims(path: &Path, expected_rank: usize) -> Result<Vec<usize>, IdxError> {
-    let file = std::fs::File::open(path).map_err(|source| IdxError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+/// The dimensions an IDX file declares, gzip-compressed or not, from its
+/// header alone (a few bytes read or inflated): what `cohort check` needs to
+/// know the sizes of a data set, and what a reader checks before it
+/// allocates for the body.
+pub fn read_idx_dims(path: &Path, expected_rank: usize) -> Result<Vec<usize>, IdxError> {
+    let mut magic = [0u8; 2];
+    let gzip = open(path)?.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+    let file = std::io::BufReader::new(open(path)?);
+    let stream: Box<dyn Read> = if gzip {
+        Box::new(GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    read_header(path, stream, expected_rank)
+}
+
+fn read_header(
+    path: &Path,
+    mut stream: impl Read,
+    expected_rank: usize,
+) -> Result<Vec<usize>, IdxError> {
     let format_error = |reason: String| IdxError::Format {
         path: path.to_path_buf(),
         reason,
     };
-    let corrupt =
-        |e: std::io::Error| format_error(format!("gzip stream is corrupt or truncated ({e})"));
-    let mut stream = GzDecoder::new(std::io::BufReader::new(file));
+    let corrupt = |e: std::io::Error| format_error(format!("stream is corrupt or truncated ({e})"));
     let mut raw = vec![0u8; 4];
     stream.read_exact(&mut raw).map_err(corrupt)?;
     raw.resize(4 + 4 * raw[3] as usize, 0);

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use super::Dataset;
-use super::idx::{IdxError, read_idx};
+use super::idx::{IdxError, read_idx, read_idx_dims};
 
 /// Image side the built-in models take.
 pub const SIDE: usize = 28;
@@ -77,12 +77,15 @@ fn invalid(path: &Path, reason: impl Into<String>) -> OwnDataError {
 }
 
 impl OwnData {
-    /// Reads a folder of IDX files or a safetensors file.
-    pub fn load(path: &Path) -> Result<Self, OwnDataError> {
+    /// Reads a folder of IDX files or a safetensors file of at most
+    /// `max_samples` samples in either split: counted from the headers before
+    /// anything is allocated for them, so a small file that claims millions
+    /// of images is refused, not read.
+    pub fn load(path: &Path, max_samples: u64) -> Result<Self, OwnDataError> {
         let loaded = if path.is_dir() {
-            load_idx_folder(path)?
+            load_idx_folder(path, max_samples)?
         } else {
-            load_safetensors(path)?
+            load_safetensors(path, max_samples)?
         };
         if loaded.train.is_empty() {
             return Err(invalid(path, "holds no training samples"));
@@ -147,7 +150,7 @@ fn idx_file(folder: &Path, name: &str) -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
-fn load_idx_folder(folder: &Path) -> Result<OwnData, OwnDataError> {
+fn load_idx_folder(folder: &Path, max_samples: u64) -> Result<OwnData, OwnDataError> {
     let files = IDX_NAMES.map(|name| idx_file(folder, name));
     let [Some(images), Some(labels), test_images, test_labels] = files else {
         return Err(invalid(
@@ -160,7 +163,7 @@ fn load_idx_folder(folder: &Path) -> Result<OwnData, OwnDataError> {
         ));
     };
     let test = match (test_images, test_labels) {
-        (Some(images), Some(labels)) => Some(read_idx_pair(&images, &labels)?),
+        (Some(images), Some(labels)) => Some(read_idx_pair(&images, &labels, max_samples)?),
         (None, None) => None,
         _ => {
             return Err(invalid(
@@ -174,12 +177,18 @@ fn load_idx_folder(folder: &Path) -> Result<OwnData, OwnDataError> {
     };
     Ok(OwnData {
         source: folder.to_path_buf(),
-        train: read_idx_pair(&images, &labels)?,
+        train: read_idx_pair(&images, &labels, max_samples)?,
         test: test.filter(|t| !t.is_empty()),
     })
 }
 
-fn read_idx_pair(images_path: &Path, labels_path: &Path) -> Result<Samples, OwnDataError> {
+fn read_idx_pair(
+    images_path: &Path,
+    labels_path: &Path,
+    max_samples: u64,
+) -> Result<Samples, OwnDataError> {
+    let declared = read_idx_dims(images_path, 3)?[0];
+    check_count(images_path, declared, max_samples)?;
     let images = read_idx(images_path, 3)?;
     let labels = read_idx(labels_path, 1)?;
     if images.dims[1..] != [SIDE, SIDE] {
@@ -203,16 +212,50 @@ fn read_idx_pair(images_path: &Path, labels_path: &Path) -> Result<Samples, OwnD
         ));
     }
     Ok(Samples {
-        images: images.data.iter().map(|&p| f32::from(p) / 255.0).collect(),
+        images: pixels(images_path, &images.data)?,
         labels: labels.data,
     })
 }
 
-fn load_safetensors(path: &Path) -> Result<OwnData, OwnDataError> {
-    let bytes = std::fs::read(path).map_err(|source| OwnDataError::Io {
-        path: path.to_path_buf(),
-        source,
+/// More samples than the client accepts are refused by name.
+fn check_count(path: &Path, count: usize, max_samples: u64) -> Result<(), OwnDataError> {
+    if count as u64 > max_samples {
+        return Err(invalid(
+            path,
+            format!(
+                "{count} samples, more than the {max_samples} this client accepts \
+                 (cohort client --max-samples)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// uint8 pixels as intensities in [0, 1], allocated fallibly: a data set
+/// too large for this machine's memory is an error, not an abort.
+fn pixels(path: &Path, data: &[u8]) -> Result<Vec<f32>, OwnDataError> {
+    let mut values = Vec::new();
+    values.try_reserve_exact(data.len()).map_err(|_| {
+        invalid(
+            path,
+            format!(
+                "{} pixels do not fit this machine's memory as float32",
+                data.len()
+            ),
+        )
     })?;
+    values.extend(data.iter().map(|&p| f32::from(p) / 255.0));
+    Ok(values)
+}
+
+fn load_safetensors(path: &Path, max_samples: u64) -> Result<OwnData, OwnDataError> {
+    let bytes =
+        crate::fsutil::read_bounded(path, crate::fsutil::MAX_READ_BYTES).map_err(|source| {
+            OwnDataError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
     let file = SafeTensors::deserialize(&bytes).map_err(|error| {
         invalid(
             path,
@@ -224,7 +267,9 @@ fn load_safetensors(path: &Path) -> Result<OwnData, OwnDataError> {
     })?;
     let get = |name: &str| file.tensor(name).ok();
     let train = match (get("images"), get("labels")) {
-        (Some(images), Some(labels)) => samples(path, ("images", images), ("labels", labels))?,
+        (Some(images), Some(labels)) => {
+            samples(path, ("images", images), ("labels", labels), max_samples)?
+        }
         _ => {
             return Err(invalid(
                 path,
@@ -241,6 +286,7 @@ fn load_safetensors(path: &Path) -> Result<OwnData, OwnDataError> {
             path,
             ("test_images", images),
             ("test_labels", labels),
+            max_samples,
         )?),
         (None, None) => None,
         _ => {
@@ -261,6 +307,7 @@ fn samples(
     path: &Path,
     (images_name, images): (&str, TensorView<'_>),
     (labels_name, labels): (&str, TensorView<'_>),
+    max_samples: u64,
 ) -> Result<Samples, OwnDataError> {
     let shape = images.shape();
     let count = match shape {
@@ -275,6 +322,7 @@ fn samples(
             ));
         }
     };
+    check_count(path, count, max_samples)?;
     if labels.shape() != [count] {
         return Err(invalid(
             path,
@@ -286,11 +334,7 @@ fn samples(
         ));
     }
     let image_values = match images.dtype() {
-        Dtype::U8 => images
-            .data()
-            .iter()
-            .map(|&p| f32::from(p) / 255.0)
-            .collect(),
+        Dtype::U8 => pixels(path, images.data())?,
         Dtype::F32 => float_images(path, images_name, images.data())?,
         other => {
             return Err(invalid(
@@ -400,7 +444,7 @@ mod tests {
                 ("test_labels", Dtype::I64, vec![1], test_labels),
             ],
         );
-        let own = OwnData::load(&path).unwrap();
+        let own = OwnData::load(&path, 100_000).unwrap();
         assert_eq!((own.train.len(), own.test_len()), (2, 1));
         let data = own.into_dataset((0.5, 0.25), 10).unwrap();
         assert_eq!(data.labels, [3, 4, 7]);
@@ -479,12 +523,12 @@ mod tests {
         ];
         for (tensors, needle) in cases {
             save(&path, &tensors);
-            let error = OwnData::load(&path).unwrap_err().to_string();
+            let error = OwnData::load(&path, 100_000).unwrap_err().to_string();
             assert!(error.contains(needle), "{needle}: {error}");
             assert!(error.contains("bad.safetensors"), "{error}");
         }
         std::fs::write(&path, b"not a tensor file").unwrap();
-        let error = OwnData::load(&path).unwrap_err().to_string();
+        let error = OwnData::load(&path, 100_000).unwrap_err().to_string();
         assert!(error.contains("neither a folder of IDX files"), "{error}");
     }
 
@@ -504,7 +548,7 @@ mod tests {
         );
         encoder.write_all(&idx(&[2], &[1, 9])).unwrap();
         encoder.finish().unwrap();
-        let own = OwnData::load(dir.path()).unwrap();
+        let own = OwnData::load(dir.path(), 100_000).unwrap();
         assert_eq!(own.train.labels, [1, 9]);
         assert_eq!(own.train.images[0], 0.2);
         assert!(own.test.is_none());
@@ -512,14 +556,57 @@ mod tests {
         assert!(error.contains("label 9 at sample 1"), "{error}");
 
         std::fs::write(dir.path().join(IDX_NAMES[2]), idx(&[1, 28, 28], &[0; 784])).unwrap();
-        let error = OwnData::load(dir.path()).unwrap_err().to_string();
+        let error = OwnData::load(dir.path(), 100_000).unwrap_err().to_string();
         assert!(error.contains("needs both"), "{error}");
         std::fs::write(dir.path().join(IDX_NAMES[3]), idx(&[2], &[0, 0])).unwrap();
-        let error = OwnData::load(dir.path()).unwrap_err().to_string();
+        let error = OwnData::load(dir.path(), 100_000).unwrap_err().to_string();
         assert!(error.contains("2 labels, but"), "{error}");
 
         let empty = tempfile::tempdir().unwrap();
-        let error = OwnData::load(empty.path()).unwrap_err().to_string();
+        let error = OwnData::load(empty.path(), 100_000)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("a data folder needs"), "{error}");
+    }
+
+    #[test]
+    fn a_header_that_claims_more_samples_than_accepted_is_refused_before_reading() {
+        use std::io::Write;
+        // A few bytes of gzip whose header claims 2,000,000 images: refused
+        // from the header, nothing allocated for them.
+        let dir = tempfile::tempdir().unwrap();
+        let mut encoder = flate2::write::GzEncoder::new(
+            std::fs::File::create(dir.path().join(format!("{}.gz", IDX_NAMES[0]))).unwrap(),
+            flate2::Compression::fast(),
+        );
+        encoder
+            .write_all(&idx(&[2_000_000, 28, 28], &[0; 784]))
+            .unwrap();
+        encoder.finish().unwrap();
+        std::fs::write(dir.path().join(IDX_NAMES[1]), idx(&[1], &[0])).unwrap();
+        let error = OwnData::load(dir.path(), 100_000).unwrap_err().to_string();
+        assert!(
+            error.contains("2000000 samples, more than the 100000 this client accepts"),
+            "{error}"
+        );
+
+        // The bound holds for safetensors files too, and is the caller's.
+        let path = dir.path().join("own.safetensors");
+        let images = vec![0u8; 3 * 784];
+        let labels = vec![0u8; 3];
+        let views = [
+            (
+                "images",
+                safetensors::tensor::TensorView::new(Dtype::U8, vec![3, 28, 28], &images).unwrap(),
+            ),
+            (
+                "labels",
+                safetensors::tensor::TensorView::new(Dtype::U8, vec![3], &labels).unwrap(),
+            ),
+        ];
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        assert_eq!(OwnData::load(&path, 3).unwrap().train.len(), 3);
+        let error = OwnData::load(&path, 2).unwrap_err().to_string();
+        assert!(error.contains("3 samples, more than the 2"), "{error}");
     }
 }

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::idx::read_idx_gz_dims;
+use super::idx::read_idx_dims;
 use super::{DataFile, DataSource};
 
 /// One of a data set's four files.
@@ -46,7 +46,7 @@ impl Survey {
                 let state = if !path.is_file() {
                     FileState::Missing
                 } else {
-                    match read_idx_gz_dims(&path, rank) {
+                    match read_idx_dims(&path, rank) {
                         Ok(dims) => FileState::Present(dims),
                         Err(error) => FileState::Broken(error.to_string()),
                     }
