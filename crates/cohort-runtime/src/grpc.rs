@@ -644,7 +644,8 @@ impl GrpcTransport {
             .worker_threads(2)
             .thread_name("cohort-grpc")
             .enable_all()
-            .build()?;
+            .build()
+            .context("cannot start the gRPC server's threads")?;
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind(settings.bind))
             .with_context(|| {

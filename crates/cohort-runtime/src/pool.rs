@@ -17,6 +17,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use anyhow::Context;
 use cohort_core::data::Dataset;
 
 use crate::client::{BatchRunner, BatchTask, ClientPartitions, ClientReply, ClientRunner};
@@ -116,7 +117,13 @@ impl WorkerPool {
             let compute = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads_per_worker)
                 .thread_name(move |i| format!("cohort-worker{worker}-compute{i}"))
-                .build()?;
+                .build()
+                .with_context(|| {
+                    format!(
+                        "cannot start worker {worker}'s {threads_per_worker} compute threads \
+                         (trainer.threads_per_worker)"
+                    )
+                })?;
             let jobs = Arc::clone(&job_receiver);
             let results = result_sender.clone();
             let data = Arc::clone(&data);
@@ -149,6 +156,9 @@ impl WorkerPool {
                             }
                         }
                     }
+                })
+                .with_context(|| {
+                    format!("cannot start worker thread {worker} (trainer.max_concurrency)")
                 })?;
             handles.push(handle);
         }

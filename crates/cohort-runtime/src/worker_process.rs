@@ -137,7 +137,8 @@ pub fn run_worker(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
-        .build()?;
+        .build()
+        .context("cannot start the client's network thread")?;
     runtime.block_on(work(options))
 }
 
@@ -306,7 +307,13 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     let mut runner = ClientRunner::new(&loaded, &selected);
     let compute = rayon::ThreadPoolBuilder::new()
         .num_threads(config.trainer.threads_per_worker as usize)
-        .build()?;
+        .build()
+        .with_context(|| {
+            format!(
+                "cannot start {} compute threads (trainer.threads_per_worker)",
+                config.trainer.threads_per_worker
+            )
+        })?;
     let max_bytes = loaded
         .decode_limits()
         .max_bytes

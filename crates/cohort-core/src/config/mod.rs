@@ -452,6 +452,10 @@ fn file_error(file: &Path, key: Option<String>, message: impl Into<String>) -> C
 
 /// Largest config file read, a thousand times a real one.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Most physical workers (`trainer.max_concurrency`).
+pub const MAX_WORKERS: u32 = 1024;
+/// Most compute threads a worker (`trainer.threads_per_worker`).
+pub const MAX_THREADS_PER_WORKER: u32 = 1024;
 /// Most `include` files one config may pull in, all sections together.
 pub const MAX_INCLUDES: usize = 64;
 
@@ -1223,16 +1227,24 @@ fn validate_trainer(loaded: &LoadedConfig, optimizer_known: bool, fail: Fail) {
             "must be at least 1 (rounds between checkpoints)".to_owned(),
         );
     }
-    if trainer.max_concurrency == 0 {
+    // Each worker is a thread with its own model, and in network mode a
+    // process: bounded so a typo cannot start a hundred thousand of them.
+    if !(1..=MAX_WORKERS).contains(&trainer.max_concurrency) {
         fail(
             "trainer.max_concurrency",
-            "must be at least 1 physical worker".to_owned(),
+            format!(
+                "is {}; must be 1 to {MAX_WORKERS} physical workers",
+                trainer.max_concurrency
+            ),
         );
     }
-    if trainer.threads_per_worker == 0 {
+    if !(1..=MAX_THREADS_PER_WORKER).contains(&trainer.threads_per_worker) {
         fail(
             "trainer.threads_per_worker",
-            "must be at least 1".to_owned(),
+            format!(
+                "is {}; must be 1 to {MAX_THREADS_PER_WORKER} compute threads",
+                trainer.threads_per_worker
+            ),
         );
     }
     if let Some(target) = trainer.target_accuracy

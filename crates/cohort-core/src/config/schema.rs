@@ -398,7 +398,7 @@ impl From<VectorizedClients> for VectorizedValue {
 /// quota counted), 1 when the system does not say: training scales with
 /// cores, and the result is the same for any worker count.
 pub fn default_max_concurrency() -> u32 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+    std::thread::available_parallelism().map_or(1, |n| (n.get() as u32).min(super::MAX_WORKERS))
 }
 
 impl Default for Trainer {

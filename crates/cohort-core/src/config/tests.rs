@@ -90,6 +90,12 @@ fn out_of_range_values_are_refused() {
         ("clip_grad_norm = -1.0", "trainer.clip_grad_norm"),
         ("clip_grad_norm = nan", "trainer.clip_grad_norm"),
         ("max_concurrency = 0", "trainer.max_concurrency"),
+        ("max_concurrency = 100000", "trainer.max_concurrency"),
+        ("threads_per_worker = 0", "trainer.threads_per_worker"),
+        (
+            "threads_per_worker = 4294967295",
+            "trainer.threads_per_worker",
+        ),
         ("epochs = 0", "trainer.epochs"),
         ("rounds = 0", "trainer.rounds"),
         ("model_name = \"lenet\"", "trainer.model_name"),

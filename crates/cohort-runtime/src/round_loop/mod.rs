@@ -205,7 +205,10 @@ impl<'a> RoundLoop<'a> {
         let evaluation_pool = rayon::ThreadPoolBuilder::new()
             .num_threads(parts.settings.evaluation_threads.max(1))
             .thread_name(|i| format!("cohort-eval{i}"))
-            .build()?;
+            .build()
+            .context(
+                "cannot start the evaluation's compute threads (trainer.threads_per_worker)",
+            )?;
         let simulated_before = start
             .results
             .rounds()
