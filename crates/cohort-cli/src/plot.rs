@@ -52,19 +52,38 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         .flat_map(|s| s.rows.iter().map(|r| r.round))
         .max()
         .unwrap_or(1);
-    let max_time = series
-        .iter()
-        .flat_map(|s| s.rows.iter().map(|r| r.elapsed_time))
-        .fold(0.0f64, f64::max)
-        .max(1e-3);
-    let max_simulated = series
-        .iter()
-        .flat_map(|s| s.rows.iter().map(|r| r.simulated_time))
-        .fold(0.0f64, f64::max)
-        .max(1e-3);
+    // Only finite points are drawn: one infinite or NaN value (a results.csv
+    // edited by hand, or written before reports were bounded) would make an
+    // axis infinite, and plotters loops forever laying out its ticks.
+    let points = |x: fn(&RoundRow) -> f64| {
+        move |run: &Series| -> Vec<(f64, f64)> {
+            run.rows
+                .iter()
+                .map(|r| (x(r), r.accuracy))
+                .filter(|&(x, y)| x.is_finite() && y.is_finite())
+                .collect()
+        }
+    };
+    let by_round_points = points(|r| f64::from(r.round));
+    let by_time_points = points(|r| r.elapsed_time);
+    let by_simulated_points = points(|r| r.simulated_time);
+    // The axis runs 5 % past the last point, and never to infinity.
+    let axis_end = |points: &dyn Fn(&Series) -> Vec<(f64, f64)>| {
+        let max = series
+            .iter()
+            .flat_map(points)
+            .map(|(x, _)| x)
+            .fold(0.0f64, f64::max)
+            .max(1e-3);
+        let end = max * 1.05;
+        if end.is_finite() { end } else { max }
+    };
+    let max_time = axis_end(&by_time_points);
+    let max_simulated = axis_end(&by_simulated_points);
     let min_accuracy = series
         .iter()
-        .flat_map(|s| s.rows.iter().map(|r| r.accuracy))
+        .flat_map(by_round_points)
+        .map(|(_, accuracy)| accuracy)
         .fold(1.0f64, f64::min);
     let floor = (min_accuracy - 0.05).clamp(0.0, 1.0);
 
@@ -86,7 +105,7 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(55)
-        .build_cartesian_2d(0.0f64..max_time * 1.05, floor..1.0f64)?;
+        .build_cartesian_2d(0.0f64..max_time, floor..1.0f64)?;
     by_time
         .configure_mesh()
         .x_desc("seconds since start")
@@ -97,7 +116,7 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(55)
-        .build_cartesian_2d(0.0f64..max_simulated * 1.05, floor..1.0f64)?;
+        .build_cartesian_2d(0.0f64..max_simulated, floor..1.0f64)?;
     by_simulated
         .configure_mesh()
         .x_desc("simulated seconds (clients in parallel)")
@@ -106,16 +125,8 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
 
     for (index, run) in series.iter().enumerate() {
         let color = Palette99::pick(index).to_rgba();
-        let rounds: Vec<(f64, f64)> = run
-            .rows
-            .iter()
-            .map(|r| (r.round as f64, r.accuracy))
-            .collect();
-        let times: Vec<(f64, f64)> = run
-            .rows
-            .iter()
-            .map(|r| (r.elapsed_time, r.accuracy))
-            .collect();
+        let rounds = by_round_points(run);
+        let times = by_time_points(run);
         by_round
             .draw_series(LineSeries::new(rounds.clone(), color.stroke_width(2)))?
             .label(run.label.clone())
@@ -125,11 +136,7 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         by_round.draw_series(rounds.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
         by_time.draw_series(LineSeries::new(times.clone(), color.stroke_width(2)))?;
         by_time.draw_series(times.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
-        let simulated: Vec<(f64, f64)> = run
-            .rows
-            .iter()
-            .map(|r| (r.simulated_time, r.accuracy))
-            .collect();
+        let simulated = by_simulated_points(run);
         by_simulated.draw_series(LineSeries::new(simulated.clone(), color.stroke_width(2)))?;
         by_simulated.draw_series(simulated.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
@@ -189,4 +196,69 @@ pub fn draw_partitions(histograms: &[Vec<u64>], output: &Path) -> anyhow::Result
     root.present()
         .with_context(|| format!("cannot write {}", output.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(round: u32, accuracy: f64, elapsed_time: f64, simulated_time: f64) -> RoundRow {
+        RoundRow {
+            round,
+            accuracy,
+            elapsed_time,
+            round_time: 1.0,
+            training_time: 1.0,
+            evaluation_time: 0.1,
+            bytes_to_clients: 10,
+            bytes_to_server: 10,
+            train_loss: 0.5,
+            simulated_time,
+            extra_bytes_to_clients: 0,
+            federated_accuracy: None,
+            epsilon: None,
+        }
+    }
+
+    /// `draw` on its own thread: a chart that loops fails the test instead
+    /// of hanging it.
+    fn draw_within_a_minute(series: Vec<Series>, output: PathBuf) -> anyhow::Result<PathBuf> {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || sender.send(draw(&series, &output)));
+        receiver
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("drawing finishes")
+    }
+
+    #[test]
+    fn non_finite_points_are_skipped_and_the_chart_is_drawn() {
+        let dir = tempfile::tempdir().unwrap();
+        // Parsed from a results.csv, as `cohort plot` reads it: an infinite
+        // simulated time (a report of 1.7e308 s), a NaN accuracy, and the
+        // largest finite wall time.
+        let csv = format!(
+            "{}\n1,0.5,1,1,1,0.1,10,10,0.5,2,0,,\n2,0.6,2,1,1,0.1,10,10,0.5,inf,0,,\n\
+             3,NaN,3,1,1,0.1,10,10,0.5,3,0,,\n4,0.7,1.7e308,1,1,0.1,10,10,0.5,4,0,,\n",
+            cohort_core::results::RESULTS_HEADER
+        );
+        let rows = parse_results(&csv, "results.csv").unwrap();
+        assert!(rows[1].simulated_time.is_infinite() && rows[2].accuracy.is_nan());
+        let series = vec![
+            Series {
+                label: "attacked".into(),
+                rows,
+            },
+            Series {
+                label: "honest".into(),
+                rows: vec![row(1, 0.4, 1.0, 1.0), row(2, 0.8, 2.0, f64::NEG_INFINITY)],
+            },
+        ];
+        let output = dir.path().join("accuracy.png");
+        let written = draw_within_a_minute(series, output.clone()).unwrap();
+        assert_eq!(written, output);
+        let png = std::fs::read(&output).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        // 1800 × 500, big-endian in the IHDR chunk.
+        assert_eq!(&png[16..24], &[0, 0, 7, 8, 0, 0, 1, 244]);
+    }
 }

@@ -80,6 +80,18 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
+    /// A result row with a value JSON cannot hold: it would be stored as
+    /// `null`, and no later `--resume` could read the checkpoint back.
+    #[error(
+        "cannot write checkpoint {path}: round {round}'s `{field}` is {value}, not a finite \
+         number"
+    )]
+    NonFinite {
+        path: PathBuf,
+        round: u32,
+        field: String,
+        value: f64,
+    },
     #[error(
         "no complete checkpoint in {folder}{}",
         if .rejected.is_empty() { String::new() } else { format!("; rejected: {}", .rejected.join("; ")) }
@@ -102,6 +114,15 @@ pub fn write(
     strategy: (&str, &StrategyState),
 ) -> Result<PathBuf, CheckpointError> {
     let folder = run_dir.join(FOLDER);
+    let sidecar = folder.join(format!("{}.json", stem(history.round)));
+    if let Some((round, field, value)) = non_finite(&history) {
+        return Err(CheckpointError::NonFinite {
+            path: sidecar,
+            round,
+            field,
+            value,
+        });
+    }
     std::fs::create_dir_all(&folder).map_err(|source| CheckpointError::Write {
         path: folder.clone(),
         source,
@@ -116,7 +137,6 @@ pub fn write(
     history.format = FORMAT_VERSION;
     history.model_file = model_file;
     history.model_sha256 = format!("{:x}", Sha256::digest(model));
-    let sidecar = folder.join(format!("{}.json", stem(history.round)));
     let json = serde_json::to_vec_pretty(&history).expect("histories serialize");
     // The sidecar may hold a strategy's secret (dp_fedavg's noise key).
     crate::fsutil::atomic_write_private(&sidecar, &json).map_err(|source| {
@@ -126,6 +146,51 @@ pub fn write(
         }
     })?;
     Ok(sidecar)
+}
+
+/// The first value in the rows a sidecar stores that is not finite: the
+/// round it belongs to, its field (`rounds.simulated_time`,
+/// `clients[3].loss`), and the value. `epsilon` may be infinite (no noise, no
+/// privacy: the honest answer); it is stored as an absent value.
+fn non_finite(history: &History) -> Option<(u32, String, f64)> {
+    for row in &history.rounds {
+        let values = [
+            ("accuracy", row.accuracy),
+            ("elapsed_time", row.elapsed_time),
+            ("round_time", row.round_time),
+            ("training_time", row.training_time),
+            ("evaluation_time", row.evaluation_time),
+            ("train_loss", row.train_loss),
+            ("simulated_time", row.simulated_time),
+            ("federated_accuracy", row.federated_accuracy.unwrap_or(0.0)),
+            // Infinite is allowed, NaN is not.
+            (
+                "epsilon",
+                row.epsilon
+                    .map_or(0.0, |e| if e.is_nan() { e } else { 0.0 }),
+            ),
+        ];
+        if let Some((field, value)) = values.into_iter().find(|(_, value)| !value.is_finite()) {
+            return Some((row.round, format!("rounds.{field}"), value));
+        }
+    }
+    for (index, row) in history.clients.iter().enumerate() {
+        let values = [
+            ("loss", row.loss),
+            ("training_time", row.training_time),
+            ("processing_time", row.processing_time),
+            ("comm_time", row.comm_time),
+            ("test_accuracy", row.test_accuracy.unwrap_or(0.0)),
+        ];
+        if let Some((field, value)) = values.into_iter().find(|(_, value)| !value.is_finite()) {
+            return Some((
+                row.round,
+                format!("clients[{index}].{field} (client {})", row.client_id),
+                value,
+            ));
+        }
+    }
+    None
 }
 
 fn write_strategy_state(
@@ -419,6 +484,61 @@ mod tests {
         scalars: serde_json::Value::Null,
         tensors: std::collections::BTreeMap::new(),
     };
+
+    #[test]
+    fn a_non_finite_value_in_the_rows_is_refused_naming_round_and_field_not_stored_as_null() {
+        let dir = tempfile::tempdir().unwrap();
+        let row = |round: u32| RoundRow {
+            round,
+            accuracy: 0.5,
+            elapsed_time: 1.0,
+            round_time: 1.0,
+            training_time: 1.0,
+            evaluation_time: 0.1,
+            bytes_to_clients: 10,
+            bytes_to_server: 10,
+            train_loss: 0.7,
+            simulated_time: 2.0,
+            extra_bytes_to_clients: 0,
+            federated_accuracy: None,
+            epsilon: Some(f64::INFINITY),
+        };
+        let mut good = history(2);
+        good.rounds = vec![row(1), row(2)];
+        good.clients = vec![ClientRow::empty(1, 4), ClientRow::empty(2, 4)];
+        write(dir.path(), &model(1.0), good.clone(), NONE).unwrap();
+
+        let mut overflowed = history(3);
+        overflowed.rounds = vec![row(1), row(2), row(3)];
+        overflowed.rounds[2].simulated_time = f64::INFINITY;
+        let error = write(dir.path(), &model(2.0), overflowed, NONE)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("round 3's `rounds.simulated_time` is inf, not a finite number"),
+            "{error}"
+        );
+        let mut poisoned = history(3);
+        poisoned.rounds = good.rounds.clone();
+        poisoned.clients = vec![ClientRow::empty(1, 4), ClientRow::empty(3, 9)];
+        poisoned.clients[1].training_time = f64::NAN;
+        let error = write(dir.path(), &model(2.0), poisoned, NONE)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("round 3's `clients[1].training_time (client 9)` is NaN"),
+            "{error}"
+        );
+        // Nothing of the refused round was written: the last good checkpoint stands.
+        assert!(!dir.path().join(FOLDER).join("round-0003.json").exists());
+        assert!(
+            !dir.path()
+                .join(FOLDER)
+                .join("round-0003.safetensors")
+                .exists()
+        );
+        assert_eq!(latest(dir.path()).unwrap().history.round, 2);
+    }
 
     #[test]
     fn strategy_state_round_trips_and_is_verified() {

@@ -25,6 +25,7 @@ pub mod data;
 pub mod fsutil;
 pub mod hooks;
 pub mod layout;
+pub mod number;
 pub mod optim;
 pub mod partition;
 pub mod processors;

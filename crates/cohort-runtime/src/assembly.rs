@@ -335,6 +335,13 @@ fn loop_settings(loaded: &LoadedConfig, options: &RunOptions) -> LoopSettings {
             batch_size: trainer.batch_size,
             do_test: clients.do_test,
         },
+        // Client processes are dropped after `payload_timeout`, so no honest
+        // report claims more; in-process workers are waited for without one.
+        max_report_seconds: if clients.comm_simulation {
+            cohort_core::config::MAX_TIMEOUT_SECONDS
+        } else {
+            server.payload_timeout
+        },
         wall_time: SimulatedWallTime {
             simulate: server.simulate_wall_time,
             downlink_mbps: clients.downlink_mbps,

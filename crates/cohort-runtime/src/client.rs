@@ -50,6 +50,9 @@ pub enum ClientError {
     Evaluation(#[source] cohort_train::trainer::EvalError),
     #[error("cannot unpack the strategy's gradient correction: {0}")]
     Correction(#[source] cohort_core::codec::CodecError),
+    /// The task's numbers are not ones to train by; nothing was trained.
+    #[error("refused to train: {0}")]
+    Instructions(String),
 }
 
 /// The training settings of a config, shared by the server's in-process
@@ -154,6 +157,27 @@ pub fn load_data(
     Ok((splits, partitions))
 }
 
+/// The trainer's plan for a task, from its instructions as they arrived:
+/// refused before anything is unpacked or trained when the numbers are not
+/// ones to train by ([`TaskInstructions::check`]).
+fn local_plan(
+    instructions: &TaskInstructions,
+    limits: &DecodeLimits,
+) -> Result<LocalPlan, ClientError> {
+    instructions.check().map_err(ClientError::Instructions)?;
+    Ok(LocalPlan {
+        learning_rate: instructions.learning_rate,
+        proximal_mu: instructions.proximal_mu,
+        update_clip_norm: instructions.update_clip_norm,
+        gradient_correction: instructions
+            .correction
+            .as_deref()
+            .map(|bytes| codec::decode(bytes, limits))
+            .transpose()
+            .map_err(ClientError::Correction)?,
+    })
+}
+
 /// A physical worker: one model instance reused for every logical client it runs.
 pub struct ClientRunner {
     trainer: LocalTrainer,
@@ -190,8 +214,8 @@ impl ClientRunner {
         held_out: &[u32],
     ) -> Result<ClientReply, ClientError> {
         let unpacking = Instant::now();
-        let global = self.unpack(global_payload)?;
         let plan = self.plan(instructions)?;
+        let global = self.unpack(global_payload)?;
         let processing_time = unpacking.elapsed().as_secs_f64();
         let test_correct = self.held_out(&global, data, held_out)?;
         let update = self.trainer.train(task, &global, data, partition, &plan)?;
@@ -205,17 +229,7 @@ impl ClientRunner {
     }
 
     fn plan(&self, instructions: &TaskInstructions) -> Result<LocalPlan, ClientError> {
-        Ok(LocalPlan {
-            learning_rate: instructions.learning_rate,
-            proximal_mu: instructions.proximal_mu,
-            update_clip_norm: instructions.update_clip_norm,
-            gradient_correction: instructions
-                .correction
-                .as_deref()
-                .map(|bytes| codec::decode(bytes, &self.limits))
-                .transpose()
-                .map_err(ClientError::Correction)?,
-        })
+        local_plan(instructions, &self.limits)
     }
 
     /// Correct predictions of `global` on `held_out` (0 when empty).
@@ -351,5 +365,34 @@ impl BatchRunner {
             .into_iter()
             .map(|r| r.expect("every task has a result"))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_with_a_nan_or_negative_number_becomes_no_plan() {
+        let limits = DecodeLimits::default();
+        let plan = local_plan(&TaskInstructions::plain(0.05), &limits).unwrap();
+        assert_eq!(plan.learning_rate, 0.05);
+        let refused = |instructions: TaskInstructions| {
+            local_plan(&instructions, &limits).unwrap_err().to_string()
+        };
+        assert_eq!(
+            refused(TaskInstructions::plain(f64::NAN)),
+            "refused to train: the task's `learning_rate` is NaN; expected a finite number >= 0"
+        );
+        let negative_mu = TaskInstructions {
+            proximal_mu: -0.5,
+            ..TaskInstructions::plain(0.05)
+        };
+        assert!(refused(negative_mu).contains("`proximal_mu` is -0.5"));
+        let nan_clip = TaskInstructions {
+            update_clip_norm: Some(f64::NAN),
+            ..TaskInstructions::plain(0.05)
+        };
+        assert!(refused(nan_clip).contains("`update_clip_norm` is NaN"));
     }
 }

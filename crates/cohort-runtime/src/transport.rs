@@ -65,6 +65,48 @@ impl TaskInstructions {
         }
     }
 
+    /// Whether a client can train by these numbers: a server (or anyone who
+    /// speaks for one) could send a NaN or negative learning rate, μ or clip
+    /// norm, and the client would train on it and send back garbage. The
+    /// reason names the field, its value and what was expected.
+    ///
+    /// A learning rate of exactly 0 is allowed: a cosine schedule ends at
+    /// `trainer.lr_min`, which is 0 by default.
+    pub fn check(&self) -> Result<(), String> {
+        let fields = [
+            (
+                "learning_rate",
+                self.learning_rate,
+                self.learning_rate >= 0.0,
+                "a finite number >= 0",
+            ),
+            (
+                "proximal_mu",
+                self.proximal_mu,
+                self.proximal_mu >= 0.0,
+                "a finite number >= 0",
+            ),
+        ]
+        .into_iter()
+        .chain(self.update_clip_norm.map(|clip| {
+            (
+                "update_clip_norm",
+                clip,
+                clip > 0.0,
+                "a finite number > 0 when present",
+            )
+        }));
+        for (field, value, in_range, expected) in fields {
+            if !(value.is_finite() && in_range) {
+                return Err(format!(
+                    "the task's `{field}` is {}; expected {expected}",
+                    cohort_core::number::shown(value)
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes beside the global model (the correction).
     pub fn extra_bytes(&self) -> u64 {
         self.correction.as_ref().map_or(0, |c| c.len() as u64)
@@ -138,7 +180,73 @@ pub trait Transport {
 
 #[cfg(test)]
 mod tests {
-    use super::truncated;
+    use super::{TaskInstructions, truncated};
+
+    #[test]
+    fn instructions_a_client_cannot_train_by_are_refused_naming_field_and_value() {
+        let good = TaskInstructions {
+            learning_rate: 0.05,
+            proximal_mu: 0.01,
+            update_clip_norm: Some(1.0),
+            correction: None,
+        };
+        assert_eq!(good.check(), Ok(()));
+        // The last round of a cosine schedule to lr_min = 0.
+        assert_eq!(TaskInstructions::plain(0.0).check(), Ok(()));
+        let cases = [
+            (
+                TaskInstructions::plain(f64::NAN),
+                "the task's `learning_rate` is NaN; expected a finite number >= 0",
+            ),
+            (
+                TaskInstructions::plain(-0.1),
+                "the task's `learning_rate` is -0.1; expected a finite number >= 0",
+            ),
+            (
+                TaskInstructions::plain(f64::INFINITY),
+                "the task's `learning_rate` is inf; expected a finite number >= 0",
+            ),
+            (
+                TaskInstructions {
+                    proximal_mu: -1.0,
+                    ..good.clone()
+                },
+                "the task's `proximal_mu` is -1; expected a finite number >= 0",
+            ),
+            (
+                TaskInstructions {
+                    proximal_mu: f64::NAN,
+                    ..good.clone()
+                },
+                "the task's `proximal_mu` is NaN; expected a finite number >= 0",
+            ),
+            (
+                TaskInstructions {
+                    update_clip_norm: Some(0.0),
+                    ..good.clone()
+                },
+                "the task's `update_clip_norm` is 0; expected a finite number > 0 when present",
+            ),
+            (
+                TaskInstructions {
+                    update_clip_norm: Some(f64::NAN),
+                    ..good.clone()
+                },
+                "the task's `update_clip_norm` is NaN; expected a finite number > 0 when present",
+            ),
+            (
+                TaskInstructions {
+                    update_clip_norm: Some(-1e-310),
+                    ..good.clone()
+                },
+                "the task's `update_clip_norm` is -1e-310; expected a finite number > 0 when \
+                 present",
+            ),
+        ];
+        for (instructions, reason) in cases {
+            assert_eq!(instructions.check(), Err(reason.to_owned()));
+        }
+    }
 
     #[test]
     fn truncation_never_splits_a_character() {

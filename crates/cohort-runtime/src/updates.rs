@@ -13,6 +13,7 @@ use anyhow::Context;
 
 use cohort_core::codec::DecodeLimits;
 use cohort_core::hooks::{ClientReport, ReceivedPayload, RoundPayloads, ServerHooks};
+use cohort_core::number::shown;
 use cohort_core::strategy::{RoundContext, Strategy};
 use cohort_core::tree::{DTypeRule, ParamTree, check_schema};
 use cohort_train::trainer::ClientTask;
@@ -337,12 +338,15 @@ pub(crate) fn own_data_expectation(
 }
 
 /// Why an update that unpacked cannot join the round: a layout other than
-/// the global model's, a value that is not finite, or numbers in its report
-/// other than the server knows them to be.
+/// the global model's, a value that is not finite, numbers in its report
+/// other than the server knows them to be, or a training or processing time
+/// above `max_seconds` (a finite time that large would make the simulated
+/// time infinite, and no checkpoint could store it).
 pub(crate) fn check_update(
     arrived: &Arrived,
     expected: &ExpectedReport,
     global: &ParamTree,
+    max_seconds: f64,
 ) -> Result<(), String> {
     check_schema(global, &arrived.tree, DTypeRule::AnyFloat)
         .map_err(|mismatch| format!("the update does not match the global model: {mismatch}"))?;
@@ -380,6 +384,19 @@ pub(crate) fn check_update(
     ] {
         if !(value.is_finite() && value >= 0.0) {
             return Err(format!("reports a {what} of {value}"));
+        }
+    }
+    for (what, value) in [
+        ("training time", report.training_time),
+        ("processing time", arrival.processing_time),
+    ] {
+        if value > max_seconds {
+            return Err(format!(
+                "reports a {what} of {} s, more than the {} s a task may take \
+                 (server.payload_timeout over the network)",
+                shown(value),
+                shown(max_seconds)
+            ));
         }
     }
     if arrival.test_correct > arrival.test_samples {
@@ -575,18 +592,23 @@ pub(crate) mod tests {
         };
         let global = tree(&[0.0, 0.0]);
         assert_eq!(
-            check_update(&arrived(tree(&[1.0, 2.0]), 3), &expected, &global),
+            check_update(&arrived(tree(&[1.0, 2.0]), 3), &expected, &global, 600.0),
             Ok(())
         );
-        let transposed = check_update(&arrived(tree(&[1.0]), 3), &expected, &global);
+        let transposed = check_update(&arrived(tree(&[1.0]), 3), &expected, &global, 600.0);
         assert!(
             transposed
                 .unwrap_err()
                 .contains("does not match the global model")
         );
-        let poisoned = check_update(&arrived(tree(&[1.0, f32::NAN]), 3), &expected, &global);
+        let poisoned = check_update(
+            &arrived(tree(&[1.0, f32::NAN]), 3),
+            &expected,
+            &global,
+            600.0,
+        );
         assert!(poisoned.unwrap_err().contains("`w`[1] is not finite"));
-        let steps = check_update(&arrived(tree(&[1.0, 2.0]), 0), &expected, &global);
+        let steps = check_update(&arrived(tree(&[1.0, 2.0]), 0), &expected, &global, 600.0);
         assert_eq!(
             steps.unwrap_err(),
             "reports 0 local steps, but the server expects 3"
@@ -594,10 +616,45 @@ pub(crate) mod tests {
         let mut greedy = arrived(tree(&[1.0, 2.0]), 3);
         greedy.report.num_samples = u64::MAX;
         assert!(
-            check_update(&greedy, &expected, &global)
+            check_update(&greedy, &expected, &global, 600.0)
                 .unwrap_err()
                 .contains("training samples")
         );
+    }
+
+    #[test]
+    fn reported_times_above_the_payload_timeout_are_refused() {
+        let expected = ExpectedReport {
+            train_samples: 30,
+            local_steps: 1,
+            test_samples: 4,
+        };
+        let global = tree(&[0.0]);
+        let timed = |training_time: f64, processing_time: f64| Arrived {
+            slot: 0,
+            report: report(1, 30, 0.5, training_time),
+            tree: tree(&[1.0]),
+            arrival: Arrival {
+                processing_time,
+                ..arrival(10, (4, 3))
+            },
+            declared: None,
+        };
+        // Up to the bound is fine: a task may take as long as the server waits.
+        assert_eq!(
+            check_update(&timed(600.0, 600.0), &expected, &global, 600.0),
+            Ok(())
+        );
+        // Each finite, but their sum over a round is infinite.
+        let huge = check_update(&timed(1.7e308, 0.5), &expected, &global, 600.0).unwrap_err();
+        assert!(
+            huge.contains("training time of 1.7e308 s") && huge.contains("600 s"),
+            "{huge}"
+        );
+        let huge = check_update(&timed(1.0, 1.7e308), &expected, &global, 600.0).unwrap_err();
+        assert!(huge.contains("processing time of 1.7e308 s"), "{huge}");
+        let late = check_update(&timed(600.5, 0.0), &expected, &global, 600.0).unwrap_err();
+        assert!(late.contains("training time of 600.5 s"), "{late}");
     }
 
     #[test]

@@ -354,3 +354,77 @@ fn uploads_past_the_inflight_room_wait_for_it() {
         "with room for both, the quick one is first"
     );
 }
+
+/// #28 item 18: a real client process refuses a task whose numbers it
+/// cannot train by (here a NaN learning rate), answering TaskFailed with the
+/// field and value, without unpacking or training anything; then it keeps
+/// serving until the server goes.
+#[test]
+fn an_honest_client_refuses_a_nan_learning_rate_without_training() {
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data");
+    let config_toml = r#"
+[clients]
+total_clients = 4
+per_round = 1
+comm_simulation = false
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_size = 100
+[trainer]
+rounds = 1
+epochs = 1
+batch_size = 20
+optimizer = "sgd"
+[parameters.optimizer]
+learning_rate = 0.05
+"#;
+    let mut transport = GrpcTransport::start(ServerSettings {
+        config_toml: config_toml.to_owned(),
+        ..settings(Duration::from_secs(60))
+    })
+    .unwrap();
+    let options = cohort_runtime::WorkerOptions {
+        server: transport.local_addr().to_string(),
+        token: None,
+        tls_ca: None,
+        tls_domain: None,
+        data_root: Some(data),
+        max_payload_bytes: 1 << 20,
+        device: cohort_train::device::DeviceRequest::Cpu,
+        connect_timeout: Duration::from_secs(20),
+        own_data: None,
+        host_name: "honest".into(),
+    };
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        done.send(cohort_runtime::run_worker(&options).map_err(|e| e.to_string()))
+    });
+    transport.wait_for_clients(1).unwrap();
+    // Not even a model: a client that looked at the payload would fail
+    // unpacking it instead.
+    let poisoned = TaskSpec {
+        instructions: TaskInstructions::plain(f64::NAN),
+        ..task(4)
+    };
+    transport
+        .dispatch(Arc::new(vec![1, 2, 3]), vec![poisoned])
+        .unwrap();
+    let reason = transport
+        .next_outcome()
+        .unwrap()
+        .result
+        .expect_err("the client must refuse the task");
+    assert!(
+        reason.contains(
+            "refused to train: the task's `learning_rate` is NaN; expected a finite number >= 0"
+        ),
+        "{reason}"
+    );
+    drop(transport);
+    let summary = finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the client leaves when the server goes")
+        .unwrap();
+    assert_eq!((summary.tasks, summary.failed), (1, 1));
+}

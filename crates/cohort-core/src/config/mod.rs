@@ -830,6 +830,12 @@ fn check_unknown_keys(
 /// The longest timeout a config may set: a year, far below where a
 /// `Duration` of seconds overflows.
 pub const MAX_TIMEOUT_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+/// The slowest `clients.uplink_mbps` / `downlink_mbps`: 1 kbit/s. Far slower
+/// ones (`1e-310`) make a payload's simulated transfer time overflow to
+/// infinity, which no result file or checkpoint can hold.
+pub const MIN_MBPS: f64 = 1e-3;
+/// The fastest: 1 Pbit/s.
+pub const MAX_MBPS: f64 = 1e9;
 
 /// `[algorithm]`: `type` names a registered strategy, and every other key is
 /// one of that strategy's options. Both lists come from the registry's serde
@@ -1016,11 +1022,16 @@ fn validate_clients(config: &Config, fail: Fail) {
         ("clients.downlink_mbps", clients.downlink_mbps),
     ] {
         if let Some(value) = value
-            && !(value.is_finite() && value > 0.0)
+            && !(MIN_MBPS..=MAX_MBPS).contains(&value)
         {
             fail(
                 key,
-                format!("must be a finite number > 0 (Mbit/s), got {value}"),
+                format!(
+                    "must be a bandwidth in [{}, {}] Mbit/s (1 kbit/s to 1 Pbit/s), got {}",
+                    crate::number::shown(MIN_MBPS),
+                    crate::number::shown(MAX_MBPS),
+                    crate::number::shown(value)
+                ),
             );
         }
     }

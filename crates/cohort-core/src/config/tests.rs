@@ -350,6 +350,37 @@ fn network_keys_are_checked() {
 }
 
 #[test]
+fn bandwidths_are_bounded_to_a_range_that_keeps_transfer_times_finite() {
+    let with = |line: &str| MINIMAL.replace("per_round = 2", &format!("per_round = 2\n{line}"));
+    for (line, key) in [
+        ("uplink_mbps = 1e-310", "clients.uplink_mbps"),
+        ("downlink_mbps = 1e-310", "clients.downlink_mbps"),
+        ("uplink_mbps = 0.0009", "clients.uplink_mbps"),
+        ("downlink_mbps = 1e10", "clients.downlink_mbps"),
+        ("uplink_mbps = -5.0", "clients.uplink_mbps"),
+        ("downlink_mbps = inf", "clients.downlink_mbps"),
+        ("uplink_mbps = nan", "clients.uplink_mbps"),
+    ] {
+        let error = error_of(&with(line));
+        assert_eq!(error.key.as_deref(), Some(key), "{line}");
+        assert!(
+            error.message.contains("[0.001, 1000000000] Mbit/s"),
+            "{line}: {}",
+            error.message
+        );
+    }
+    let tiny = error_of(&with("uplink_mbps = 1e-310"));
+    assert!(tiny.message.ends_with("got 1e-310"), "{}", tiny.message);
+    for line in [
+        "uplink_mbps = 0.001",
+        "downlink_mbps = 1e9",
+        "uplink_mbps = 10.0",
+    ] {
+        assert!(load_text(&with(line)).is_ok(), "{line}");
+    }
+}
+
+#[test]
 fn own_data_clients_need_network_mode_and_a_bounded_sample_count() {
     let network = |extra: &str| {
         MINIMAL.replace(

@@ -76,6 +76,10 @@ pub(crate) struct LoopSettings {
     pub(crate) limits: DecodeLimits,
     pub(crate) attack: SimulatedAttack,
     pub(crate) own_data: OwnDataRules,
+    /// The most seconds a report may claim for training or for processing:
+    /// `server.payload_timeout` over the network (a task cannot take longer
+    /// than the server waits for it), a year for in-process workers.
+    pub(crate) max_report_seconds: f64,
     pub(crate) wall_time: SimulatedWallTime,
     pub(crate) record: RecordSettings,
     /// Compute threads for the test-set evaluation.
@@ -418,9 +422,14 @@ impl<'a> RoundLoop<'a> {
         let mut kept = Vec::with_capacity(collected.updates.len());
         for arrived in collected.updates {
             let client_id = arrived.report.client_id;
-            let verdict = self
-                .expected_report(&arrived)
-                .and_then(|expected| check_update(&arrived, &expected, &self.global));
+            let verdict = self.expected_report(&arrived).and_then(|expected| {
+                check_update(
+                    &arrived,
+                    &expected,
+                    &self.global,
+                    self.settings.max_report_seconds,
+                )
+            });
             match verdict {
                 Ok(()) => kept.push(arrived),
                 Err(reason) => {

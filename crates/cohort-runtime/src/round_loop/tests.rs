@@ -132,6 +132,7 @@ fn settings(run_dir: &Path, last_round: u32, min_per_round: usize) -> LoopSettin
             batch_size: 1000,
             do_test: false,
         },
+        max_report_seconds: 600.0,
         wall_time: SimulatedWallTime::default(),
         record: RecordSettings {
             run_dir: run_dir.to_path_buf(),
