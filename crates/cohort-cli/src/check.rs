@@ -24,6 +24,9 @@ pub struct Findings {
 /// `data.data_path`).
 pub fn check(loaded: &LoadedConfig, data_root: Option<&Path>) -> Findings {
     let mut findings = Findings::default();
+    if let Some(warning) = loaded.attack_warning() {
+        findings.notes.push(format!("warning: {warning}"));
+    }
     check_data(loaded, data_root, &mut findings);
     check_files(loaded, &mut findings);
     findings

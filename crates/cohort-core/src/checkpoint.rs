@@ -280,6 +280,16 @@ pub struct Restored {
 /// The newest complete checkpoint of `run_dir`, falling back to older ones
 /// when the newest is truncated or corrupt. Never returns a broken state.
 pub fn latest(run_dir: &Path) -> Result<Restored, CheckpointError> {
+    latest_accepted(run_dir, |_| Ok(()))
+}
+
+/// [`latest`], where a checkpoint must also pass `accept` (what only the
+/// caller knows: the model's layout, the selector's stream, the strategy's
+/// state); one it refuses is skipped with its reason, as a torn one is.
+pub fn latest_accepted(
+    run_dir: &Path,
+    mut accept: impl FnMut(&Restored) -> Result<(), String>,
+) -> Result<Restored, CheckpointError> {
     let folder = run_dir.join(FOLDER);
     let entries = std::fs::read_dir(&folder).map_err(|source| CheckpointError::Read {
         path: folder.clone(),
@@ -293,13 +303,20 @@ pub fn latest(run_dir: &Path) -> Result<Restored, CheckpointError> {
     sidecars.sort();
     let mut skipped = Vec::new();
     for (_, sidecar) in sidecars.iter().rev() {
-        match read_one(sidecar) {
-            Ok((history, model, strategy_state)) => {
+        let restored = read_one(sidecar).and_then(|(history, model, strategy_state)| {
+            let restored = Restored {
+                history,
+                model,
+                strategy_state,
+                skipped: Vec::new(),
+            };
+            accept(&restored).map(|()| restored)
+        });
+        match restored {
+            Ok(restored) => {
                 return Ok(Restored {
-                    history,
-                    model,
-                    strategy_state,
                     skipped,
+                    ..restored
                 });
             }
             Err(reason) => skipped.push(format!("{}: {reason}", sidecar.display())),
@@ -354,6 +371,25 @@ fn check_history(sidecar: &Path, history: &History) -> Result<(), String> {
     }
     if history.round == 0 || history.round > MAX_ROUND {
         return Err(format!("round {} is out of range", history.round));
+    }
+    // The rows are the run's record up to its round: one per round, in
+    // order, and no client row of a later round.
+    let rounds: Vec<u32> = history.rounds.iter().map(|row| row.round).collect();
+    if !rounds.iter().copied().eq(1..=history.round) {
+        return Err(format!(
+            "records round {} but holds {} result rows (rounds {:?}..{:?}), not one per round \
+             from 1",
+            history.round,
+            rounds.len(),
+            rounds.first(),
+            rounds.last()
+        ));
+    }
+    if let Some(row) = history.clients.iter().find(|row| row.round > history.round) {
+        return Err(format!(
+            "records round {} but holds a client row of round {}",
+            history.round, row.round
+        ));
     }
     let files = std::iter::once(history.model_file.as_str()).chain(
         history
@@ -472,11 +508,72 @@ mod tests {
                 word_pos: 16 * round as u128,
             },
             algorithm_state: None,
-            rounds: Vec::new(),
+            rounds: (1..=round).map(row).collect(),
             clients: Vec::new(),
             model_file: String::new(),
             model_sha256: String::new(),
         }
+    }
+
+    fn row(round: u32) -> RoundRow {
+        RoundRow {
+            round,
+            accuracy: 0.5,
+            elapsed_time: 1.0,
+            round_time: 1.0,
+            training_time: 1.0,
+            evaluation_time: 0.1,
+            bytes_to_clients: 10,
+            bytes_to_server: 10,
+            train_loss: 0.7,
+            simulated_time: 2.0,
+            extra_bytes_to_clients: 0,
+            federated_accuracy: None,
+            epsilon: None,
+        }
+    }
+
+    #[test]
+    fn rows_that_do_not_match_the_round_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &model(1.0), history(1), NONE).unwrap();
+        let mut extra = history(2);
+        extra.rounds.push(row(3));
+        write(dir.path(), &model(2.0), extra, NONE).unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.history.round, 1);
+        assert!(
+            restored.skipped[0].contains("records round 2 but holds 3 result rows"),
+            "{:?}",
+            restored.skipped
+        );
+        let mut later = history(2);
+        later.clients = vec![ClientRow::empty(5, 1)];
+        write(dir.path(), &model(2.0), later, NONE).unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert!(
+            restored.skipped[0].contains("a client row of round 5"),
+            "{:?}",
+            restored.skipped
+        );
+    }
+
+    #[test]
+    fn what_the_caller_refuses_is_skipped_like_a_torn_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &model(1.0), history(1), NONE).unwrap();
+        write(dir.path(), &model(2.0), history(2), NONE).unwrap();
+        let restored = latest_accepted(dir.path(), |r| match r.history.round {
+            2 => Err("not for me".to_owned()),
+            _ => Ok(()),
+        })
+        .unwrap();
+        assert_eq!(restored.history.round, 1);
+        assert!(
+            restored.skipped[0].ends_with("not for me"),
+            "{:?}",
+            restored.skipped
+        );
     }
 
     const NONE: (&str, &StrategyState) = ("fedavg", &EMPTY);

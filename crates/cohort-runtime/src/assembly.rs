@@ -31,7 +31,7 @@ use crate::round_loop::{
     ClientFacts, LoopParts, LoopSettings, RankRole, RoundLoop, Selection, SimulatedAttack,
 };
 use crate::run::{Parts, RunOptions, RunSummary, toml_text};
-use crate::start::{StartPoint, fresh_start, resume_point};
+use crate::start::{ResumeChecks, StartPoint, fresh_start, resume_point};
 use crate::transport::Transport;
 use crate::updates::{OwnDataRules, expected_reports};
 
@@ -79,6 +79,9 @@ pub(crate) fn build_and_run(
         )
     });
     tracing::info!(strategy = strategy.name(), "strategy");
+    if let Some(warning) = loaded.attack_warning() {
+        tracing::warn!("{warning}");
+    }
     let start = start_point(
         loaded,
         options,
@@ -183,7 +186,13 @@ fn start_point(
 ) -> anyhow::Result<StartPoint> {
     let run_dir = &options.run_dir;
     if options.resume && checkpoint::any_written(run_dir)? {
-        return resume_point(&loaded.result_hash(), run_dir, strategy);
+        let config = loaded.config();
+        let checks = ResumeChecks {
+            config_hash: &loaded.result_hash(),
+            reference: &evaluator.parameters(),
+            selection: selection(config),
+        };
+        return resume_point(&checks, run_dir, strategy);
     }
     // Starting over would release the rounds already published again, with
     // fresh noise: together the two releases leak what the noise hid.
@@ -303,6 +312,15 @@ fn rank_role(
     ))
 }
 
+/// Who is drawn each round, from which stream.
+fn selection(config: &cohort_core::config::Config) -> Selection {
+    Selection {
+        seed: config.server.random_seed,
+        total_clients: config.clients.total_clients,
+        per_round: config.clients.per_round,
+    }
+}
+
 /// The loop's settings, read from the config once.
 fn loop_settings(loaded: &LoadedConfig, options: &RunOptions) -> LoopSettings {
     let config = loaded.config();
@@ -310,11 +328,7 @@ fn loop_settings(loaded: &LoadedConfig, options: &RunOptions) -> LoopSettings {
     let pipelines = loaded.pipelines();
     LoopSettings {
         last_round: options.rounds.unwrap_or(trainer.rounds),
-        selection: Selection {
-            seed: server.random_seed,
-            total_clients: clients.total_clients,
-            per_round: clients.per_round,
-        },
+        selection: selection(config),
         min_per_round: loaded.min_per_round() as usize,
         target_accuracy: trainer.target_accuracy,
         checkpoint_interval: server.checkpoint_interval,
@@ -327,6 +341,7 @@ fn loop_settings(loaded: &LoadedConfig, options: &RunOptions) -> LoopSettings {
             kind: clients.attack,
             attackers_per_round: clients.attackers_per_round,
             scale: clients.attack_scale,
+            warning: loaded.attack_warning(),
         },
         own_data: OwnDataRules {
             clients: clients.own_data_clients,

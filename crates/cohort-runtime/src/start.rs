@@ -4,14 +4,16 @@
 
 use std::path::Path;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use cohort_core::checkpoint;
 use cohort_core::layout;
 use cohort_core::results::ResultsWriter;
 use cohort_core::selection::ClientSelector;
 use cohort_core::strategy::Strategy;
-use cohort_core::tree::ParamTree;
+use cohort_core::tree::{DTypeRule, ParamTree, check_schema};
+
+use crate::round_loop::Selection;
 
 /// Where a run starts: fresh, or from a checkpoint.
 #[derive(Debug)]
@@ -24,14 +26,32 @@ pub(crate) struct StartPoint {
     pub(crate) elapsed_before: f64,
 }
 
-/// The newest complete checkpoint of `run_dir`, checked against the hash of
-/// the config that resumes it; restores the strategy's state into `strategy`.
+/// What a checkpoint must fit beyond its own integrity: the hash of the
+/// config that resumes it, the model's layout, and the selector's stream.
+pub(crate) struct ResumeChecks<'a> {
+    pub(crate) config_hash: &'a str,
+    /// The model's parameters as it builds them (names, shapes, dtypes).
+    pub(crate) reference: &'a ParamTree,
+    pub(crate) selection: Selection,
+}
+
+/// The newest complete checkpoint of `run_dir` that fits `checks` and whose
+/// strategy state `strategy` takes (a forged or damaged one is skipped with
+/// the reason, as a torn one is); restores that state into `strategy`.
 pub(crate) fn resume_point(
-    config_hash: &str,
+    checks: &ResumeChecks<'_>,
     run_dir: &Path,
     strategy: &mut dyn Strategy,
 ) -> anyhow::Result<StartPoint> {
-    let restored = checkpoint::latest(run_dir)?;
+    let config_hash = checks.config_hash;
+    let restored = checkpoint::latest_accepted(run_dir, |restored| {
+        fits(checks, restored)?;
+        // Taken here, so that a state it refuses falls back like the rest; a
+        // later checkpoint's restore replaces an earlier one's.
+        strategy
+            .restore(restored.strategy_state.clone())
+            .map_err(|error| format!("its strategy state is refused: {error}"))
+    })?;
     for skipped in &restored.skipped {
         tracing::warn!("skipping checkpoint {skipped}");
     }
@@ -59,9 +79,6 @@ pub(crate) fn resume_point(
             strategy.name()
         );
     }
-    strategy
-        .restore(restored.strategy_state)
-        .with_context(|| format!("round {}", history.round))?;
     tracing::info!(
         round = history.round,
         "resuming after round {}",
@@ -74,6 +91,41 @@ pub(crate) fn resume_point(
         first_round: history.round + 1,
         results: ResultsWriter::resume(run_dir, history.rounds, history.clients),
     })
+}
+
+/// Why `restored` cannot continue this run: a model of another layout or
+/// with non-finite values, a strategy tensor that is not finite, or a
+/// selector whose position is not where the seeded draws of its rounds end.
+fn fits(checks: &ResumeChecks<'_>, restored: &checkpoint::Restored) -> Result<(), String> {
+    let model = layout::from_model_file(restored.model.clone());
+    check_schema(checks.reference, &model, DTypeRule::Exact)
+        .map_err(|mismatch| format!("its model does not fit the model: {mismatch}"))?;
+    if let Some((path, index)) = model.first_non_finite() {
+        return Err(format!("its model's `{path}`[{index}] is not finite"));
+    }
+    for (name, tree) in &restored.strategy_state.tensors {
+        if let Some((path, index)) = tree.first_non_finite() {
+            return Err(format!(
+                "its strategy state `{name}`'s `{path}`[{index}] is not finite"
+            ));
+        }
+    }
+    let history = &restored.history;
+    let selection = checks.selection;
+    let mut replay = ClientSelector::new(selection.seed);
+    for _ in 0..history.round {
+        replay.select(selection.total_clients, selection.per_round);
+    }
+    if replay.state(selection.seed) != history.selector {
+        return Err(format!(
+            "its selector is at {:?}, but {} rounds of server.random_seed = {} end at {:?}",
+            history.selector,
+            history.round,
+            selection.seed,
+            replay.state(selection.seed)
+        ));
+    }
+    Ok(())
 }
 
 /// Round 1 of a new run: `initial` is the global model (seeded, or read

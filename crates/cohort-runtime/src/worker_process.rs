@@ -422,7 +422,9 @@ async fn answer(
 }
 
 /// `announced` bytes sent as chunks, refusing more than `max_bytes` (the
-/// config's `server.max_payload_bytes`) before allocating anything.
+/// config's `server.max_payload_bytes`) before allocating anything. The
+/// buffer grows as chunks arrive: an announcement alone (a server could
+/// announce a gigabyte and send nothing) reserves no more than a few chunks.
 async fn receive_bytes(
     inbound: &mut tonic::Streaming<ServerMessage>,
     announced: u64,
@@ -438,7 +440,7 @@ async fn receive_bytes(
                  the limit of {max_bytes} (server.max_payload_bytes, capped by --max-payload-bytes)"
             )
         })?;
-    let mut bytes = Vec::with_capacity(size);
+    let mut bytes = Vec::with_capacity(first_capacity(size));
     while bytes.len() < size {
         match next(inbound).await? {
             Some(ServerKind::Chunk(chunk)) if bytes.len() + chunk.data.len() <= size => {
@@ -451,9 +453,20 @@ async fn receive_bytes(
     Ok(bytes)
 }
 
+/// What a payload of `announced` bytes reserves before its first chunk.
+fn first_capacity(announced: usize) -> usize {
+    announced.min(4 * crate::grpc::CHUNK_BYTES)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_announced_size_reserves_a_few_chunks_at_most() {
+        assert_eq!(first_capacity(1000), 1000);
+        assert_eq!(first_capacity(1 << 30), 4 << 20);
+    }
 
     #[test]
     fn a_long_host_name_is_cut_to_the_servers_bound_and_keeps_the_pid() {

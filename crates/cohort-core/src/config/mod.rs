@@ -364,6 +364,26 @@ impl LoadedConfig {
         fields
     }
 
+    /// A warning when `clients.attackers_per_round` is more than the robust
+    /// strategy withstands in a round of `clients.per_round` updates: the run
+    /// is legal (an experiment may want to see it fail) but its result is
+    /// not what the strategy's guarantee describes.
+    pub fn attack_warning(&self) -> Option<String> {
+        let clients = &self.config.clients;
+        let attackers = clients.attackers_per_round;
+        let algorithm = &self.config.algorithm;
+        let tolerated = algorithm.attackers_tolerated(clients.per_round)?;
+        (attackers > tolerated).then(|| {
+            format!(
+                "clients.attackers_per_round = {attackers} is more than `{}` withstands in a \
+                 round of clients.per_round = {} updates ({tolerated}); expect the attack to \
+                 succeed",
+                algorithm.name(),
+                clients.per_round
+            )
+        })
+    }
+
     /// SHA-256 of [`LoadedConfig::result_fields`]: equal for configs that
     /// compute the same run.
     pub fn result_hash(&self) -> String {

@@ -998,3 +998,35 @@ fn vectorized_clients_refuses_what_it_cannot_train_and_names_the_key() {
         assert!(error.message.contains(needle), "{error}");
     }
 }
+
+#[test]
+fn more_attackers_than_a_robust_strategy_withstands_are_warned_of() {
+    let with = |algorithm: &str, attackers: u32| {
+        load_text(&format!(
+            "[clients]\ntotal_clients = 20\nper_round = 10\nattack = \"sign_flip\"\n\
+             attackers_per_round = {attackers}\n[trainer]\noptimizer = \"sgd\"\n\
+             [parameters.optimizer]\nlearning_rate = 0.01\n[algorithm]\n{algorithm}\n"
+        ))
+        .unwrap()
+        .attack_warning()
+    };
+    // Krum's byzantine, ⌊0.2 · 10⌋ = 2 trimmed a side, the median's ⌈10/2⌉ − 1 = 4.
+    for (algorithm, tolerated) in [
+        ("type = \"krum\"\nbyzantine = 1", 1),
+        ("type = \"multi_krum\"\nbyzantine = 2", 2),
+        ("type = \"trimmed_mean\"\nbeta = 0.2", 2),
+        ("type = \"median\"", 4),
+    ] {
+        assert_eq!(with(algorithm, tolerated), None, "{algorithm}");
+        let warning = with(algorithm, tolerated + 1).expect(algorithm);
+        assert!(
+            warning.contains(&format!(
+                "clients.attackers_per_round = {} is more than",
+                tolerated + 1
+            )) && warning.contains(&format!("updates ({tolerated})")),
+            "{warning}"
+        );
+    }
+    // The means claim no tolerance: nothing to warn against.
+    assert_eq!(with("type = \"fedavg\"", 5), None);
+}

@@ -75,6 +75,22 @@ impl AlgorithmConfig {
         }
     }
 
+    /// How many attackers among `updates` the strategy is built to withstand,
+    /// for the robust ones (the means claim nothing): Krum's and Multi-Krum's
+    /// `byzantine`, trimmed mean's `⌊beta · n⌋` trimmed from each side, the
+    /// median's `⌈n/2⌉ − 1`.
+    pub fn attackers_tolerated(&self, updates: u32) -> Option<u32> {
+        match self {
+            AlgorithmConfig::Krum(c) => Some(c.byzantine),
+            AlgorithmConfig::MultiKrum(c) => Some(c.byzantine),
+            AlgorithmConfig::TrimmedMean(c) => {
+                Some(robust::trimmed_per_side(c.beta, updates as usize) as u32)
+            }
+            AlgorithmConfig::Median(_) => Some(updates.div_ceil(2).saturating_sub(1)),
+            _ => None,
+        }
+    }
+
     /// Checks the options against each other and against the run.
     pub fn check(&self, run: &RunShape) -> Result<(), OptionError> {
         match self {

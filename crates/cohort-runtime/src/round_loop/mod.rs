@@ -97,11 +97,13 @@ pub(crate) struct Selection {
 
 /// `clients.attack`: the first `attackers_per_round` slots of each round
 /// replace their updates (a robustness experiment).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct SimulatedAttack {
     pub(crate) kind: cohort_core::attack::Attack,
     pub(crate) attackers_per_round: u32,
     pub(crate) scale: f64,
+    /// More attackers than the strategy withstands, in words.
+    pub(crate) warning: Option<String>,
 }
 
 /// The parts a loop runs with.
@@ -461,7 +463,7 @@ impl<'a> RoundLoop<'a> {
                 &collected.failures,
             )?;
         }
-        let attack = self.settings.attack;
+        let attack = &self.settings.attack;
         for arrived in &mut collected.updates {
             if arrived.slot < attack.attackers_per_round as usize {
                 let honest = std::mem::replace(&mut arrived.tree, ParamTree::None);
@@ -501,16 +503,27 @@ impl<'a> RoundLoop<'a> {
             bail!(
                 "round {round}: only {updates} of {selected} clients returned an update, and \
                  clients.min_per_round = {min_per_round}; the global model stays at round {}. \
-                 Dropped: {}",
+                 Dropped: {}{}",
                 round - 1,
                 failures
                     .iter()
                     .map(Dropped::to_string)
                     .collect::<Vec<_>>()
-                    .join("; ")
+                    .join("; "),
+                self.attack_note()
             );
         }
         Ok(())
+    }
+
+    /// Why a round may have failed that the run was warned of: more
+    /// simulated attackers than the strategy withstands.
+    fn attack_note(&self) -> String {
+        self.settings
+            .attack
+            .warning
+            .as_ref()
+            .map_or(String::new(), |warning| format!(" ({warning})"))
     }
 
     /// `cluster.reduce = partial`: this rank's checked updates become one
@@ -605,7 +618,7 @@ impl<'a> RoundLoop<'a> {
         let outcome = self
             .strategy
             .aggregate(&self.context(round), &self.global, &updates)
-            .with_context(|| format!("round {round}: aggregation refused"))?;
+            .with_context(|| format!("round {round}: aggregation refused{}", self.attack_note()))?;
         match outcome.model {
             Some(model) => self.global = model,
             None => tracing::warn!(round, "total sample weight is zero; global model unchanged"),

@@ -16,7 +16,7 @@ use cohort_train::trainer::ClientTask;
 use super::*;
 use crate::client::ClientReply;
 use crate::record::MODEL_FILE;
-use crate::start::{fresh_start, resume_point};
+use crate::start::{ResumeChecks, fresh_start, resume_point};
 use crate::transport::{ClientOutcome, Delivered, TaskSpec};
 
 const TOTAL: u32 = 5;
@@ -124,6 +124,7 @@ fn settings(run_dir: &Path, last_round: u32, min_per_round: usize) -> LoopSettin
             kind: cohort_core::attack::Attack::None,
             attackers_per_round: 0,
             scale: 1.0,
+            warning: None,
         },
         own_data: OwnDataRules {
             clients: 0,
@@ -342,7 +343,17 @@ fn a_resumed_loop_ends_where_an_uninterrupted_one_does_bit_for_bit() {
     let start = fresh_start(initial, 7, split.path());
     run_loop(split.path(), start, 2, &[], momentum()).unwrap();
     let mut strategy = momentum();
-    let start = resume_point("test", split.path(), strategy.as_mut()).unwrap();
+    let reference = evaluator().parameters();
+    let checks = |config_hash| ResumeChecks {
+        config_hash,
+        reference: &reference,
+        selection: Selection {
+            seed: 7,
+            total_clients: TOTAL,
+            per_round: PER_ROUND,
+        },
+    };
+    let start = resume_point(&checks("test"), split.path(), strategy.as_mut()).unwrap();
     assert_eq!(start.first_round, 3);
     let (events, _) = run_loop(split.path(), start, 3, &[], strategy).unwrap();
     assert!(matches!(events[0], RunEvent::RoundStarted { round: 3, .. }));
@@ -350,11 +361,67 @@ fn a_resumed_loop_ends_where_an_uninterrupted_one_does_bit_for_bit() {
     let read = |dir: &Path| std::fs::read(dir.join(MODEL_FILE)).unwrap();
     assert_eq!(read(whole.path()), read(split.path()));
     // A checkpoint of another config is refused.
-    let error = resume_point("other", split.path(), momentum().as_mut()).unwrap_err();
+    let error = resume_point(&checks("other"), split.path(), momentum().as_mut()).unwrap_err();
     assert!(error.to_string().contains("config hash"), "{error}");
     let rows = |dir: &Path| {
         let text = std::fs::read_to_string(dir.join("results.csv")).unwrap();
         text.lines().count()
     };
     assert_eq!(rows(whole.path()), rows(split.path()));
+}
+
+#[test]
+fn a_forged_checkpoint_falls_back_to_the_one_before_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let initial = evaluator().parameters();
+    run_loop(
+        dir.path(),
+        fresh_start(initial.clone(), 7, dir.path()),
+        2,
+        &[],
+        fedavg(),
+    )
+    .unwrap();
+    let reference = evaluator().parameters();
+    let checks = ResumeChecks {
+        config_hash: "test",
+        reference: &reference,
+        selection: Selection {
+            seed: 7,
+            total_clients: TOTAL,
+            per_round: PER_ROUND,
+        },
+    };
+    let sidecar = dir.path().join("checkpoints").join("round-0002.json");
+    let original = std::fs::read(&sidecar).unwrap();
+    let forge = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut json: serde_json::Value = serde_json::from_slice(&original).unwrap();
+        edit(&mut json);
+        std::fs::write(&sidecar, serde_json::to_vec(&json).unwrap()).unwrap();
+        let start = resume_point(&checks, dir.path(), fedavg().as_mut()).unwrap();
+        assert_eq!(start.first_round, 2, "the forged round 2 was taken");
+    };
+    // A selector moved elsewhere would silently draw other clients.
+    forge(&|json| json["selector"]["word_pos"] = 12345.into());
+    // A model of another layout (its sha256 recomputed by whoever forged it).
+    let compact = Evaluator::new(
+        ModelName::Lenet5Compact,
+        10,
+        &cohort_train::device::cpu(),
+        8,
+    );
+    let model_path = dir
+        .path()
+        .join("checkpoints")
+        .join("round-0002.safetensors");
+    let bytes = codec::encode(&compact.parameters()).unwrap();
+    std::fs::write(&model_path, &bytes).unwrap();
+    let digest = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    forge(&|json| json["model_sha256"] = digest.clone().into());
+    // A non-finite model.
+    let nan = shifted(&initial, f32::NAN);
+    let bytes = codec::encode(&nan).unwrap();
+    std::fs::write(&model_path, &bytes).unwrap();
+    let digest = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    forge(&|json| json["model_sha256"] = digest.clone().into());
 }
