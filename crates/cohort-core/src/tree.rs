@@ -350,6 +350,36 @@ impl ParamTree {
         leaves
     }
 
+    /// The L2 distance between the float leaves of `self` and `other`, in
+    /// float64; `None` where their layouts differ (check the schema first).
+    /// Integer and boolean leaves are not part of it.
+    pub fn float_distance(&self, other: &ParamTree) -> Option<f64> {
+        fn floats(data: &ArrayData) -> Option<Box<dyn Iterator<Item = f64> + '_>> {
+            match data {
+                ArrayData::F32(values) => Some(Box::new(values.iter().map(|&x| f64::from(x)))),
+                ArrayData::F16(values) => {
+                    Some(Box::new(values.iter().map(|x| f64::from(x.to_f32()))))
+                }
+                _ => None,
+            }
+        }
+        let (ours, theirs) = (self.leaves(), other.leaves());
+        if ours.len() != theirs.len() {
+            return None;
+        }
+        let mut sum = 0.0f64;
+        for ((_, a), (_, b)) in ours.iter().zip(&theirs) {
+            match (floats(a.data()), floats(b.data())) {
+                (Some(x), Some(y)) if a.len() == b.len() => {
+                    sum += x.zip(y).map(|(p, q)| (p - q).powi(2)).sum::<f64>();
+                }
+                (None, None) => {}
+                _ => return None,
+            }
+        }
+        Some(sum.sqrt())
+    }
+
     /// The first float value that is NaN or infinite, depth first: its leaf
     /// and its index there. Integer and boolean leaves are always finite.
     pub fn first_non_finite(&self) -> Option<(TreePath, usize)> {

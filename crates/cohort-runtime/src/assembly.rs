@@ -343,6 +343,7 @@ fn loop_settings(loaded: &LoadedConfig, options: &RunOptions) -> LoopSettings {
             scale: clients.attack_scale,
             warning: loaded.attack_warning(),
         },
+        max_update_norm_ratio: server.max_update_norm_ratio,
         own_data: OwnDataRules {
             clients: clients.own_data_clients,
             max_samples: clients.max_samples,

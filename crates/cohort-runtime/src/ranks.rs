@@ -93,6 +93,12 @@ pub(crate) fn partial_reduce(
             strategy.name()
         );
     }
+    if loaded.config().server.max_update_norm_ratio.is_some() {
+        bail!(
+            "cluster.reduce = \"partial\": server.max_update_norm_ratio compares each update \
+             with the round's median, which no rank holds; use reduce = \"gather\""
+        );
+    }
     if !hooks.passes_through() {
         bail!(
             "cluster.reduce = \"partial\": server hooks see every payload of a round, which no \

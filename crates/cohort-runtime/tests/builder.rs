@@ -239,3 +239,37 @@ fn the_transport_and_the_data_can_be_the_callers_own() {
     let model = std::fs::read(dir.path().join("run").join(MODEL_FILE)).unwrap();
     assert_eq!(model, codec::encode(&seeded).unwrap());
 }
+
+/// One update boosted ×1e30, finite, every round: FedAvg alone ends the run
+/// (the next round's honest updates come back non-finite and are dropped);
+/// with `server.max_update_norm_ratio` the boosted update is dropped from
+/// each round and the run ends as an honest one would.
+#[test]
+fn a_huge_finite_update_is_dropped_by_the_norm_bound_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let attacked = JOB.replace(
+        "per_round = 2\n",
+        "per_round = 3\nmin_per_round = 2\nattack = \"scale\"\nattackers_per_round = 1\nattack_scale = 1e30\n",
+    );
+    let run = |text: &str, name: &str| {
+        let loaded = config(text);
+        let options = RunOptions {
+            rounds: Some(3),
+            ..options(dir.path().join(name))
+        };
+        RunBuilder::new(&loaded, options).run()
+    };
+    let error = format!("{:#}", run(&attacked, "unbounded").unwrap_err());
+    assert!(error.contains("min_per_round"), "{error}");
+
+    let bounded = format!("{attacked}[server]\nmax_update_norm_ratio = 10.0\n");
+    let summary = run(&bounded, "bounded").unwrap();
+    assert_eq!(summary.rounds.len(), 3);
+    let clients = std::fs::read_to_string(dir.path().join("bounded").join("clients.csv")).unwrap();
+    let dropped = clients
+        .lines()
+        .filter(|line| line.contains("update too far"))
+        .count();
+    assert_eq!(dropped, 3, "{clients}");
+    assert!(summary.rounds[2].accuracy > 0.2, "{:?}", summary.rounds);
+}

@@ -1059,6 +1059,16 @@ fn validate_clients(config: &Config, fail: Fail) {
 
 fn validate_server(config: &Config, fail: Fail) {
     let server = &config.server;
+    if let Some(ratio) = server.max_update_norm_ratio
+        && !(ratio.is_finite() && ratio > 1.0)
+    {
+        fail(
+            "server.max_update_norm_ratio",
+            format!(
+                "must be a finite number above 1 (times the round's median update norm), got {ratio}"
+            ),
+        );
+    }
     for (key, value) in [
         ("server.payload_timeout", server.payload_timeout),
         ("server.registration_timeout", server.registration_timeout),

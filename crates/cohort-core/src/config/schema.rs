@@ -146,6 +146,9 @@ pub struct Server {
     /// PEM certificate chain and key for TLS; default: plain TCP.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    /// Drops an update whose distance from the global model is more than
+    /// this many times the round's median distance; default: off.
+    pub max_update_norm_ratio: Option<f64>,
 }
 
 impl Default for Server {
@@ -166,6 +169,7 @@ impl Default for Server {
             auth_token: None,
             tls_cert: None,
             tls_key: None,
+            max_update_norm_ratio: None,
         }
     }
 }

@@ -1030,3 +1030,22 @@ fn more_attackers_than_a_robust_strategy_withstands_are_warned_of() {
     // The means claim no tolerance: nothing to warn against.
     assert_eq!(with("type = \"fedavg\"", 5), None);
 }
+
+#[test]
+fn the_update_norm_bound_is_a_ratio_above_one() {
+    for bad in ["1.0", "0.5", "nan", "inf", "-3.0"] {
+        let error = error_of(&format!(
+            "{MINIMAL}[server]\nmax_update_norm_ratio = {bad}\n"
+        ));
+        assert_eq!(
+            error.key.as_deref(),
+            Some("server.max_update_norm_ratio"),
+            "{bad}"
+        );
+    }
+    let loaded = load_text(&format!(
+        "{MINIMAL}[server]\nmax_update_norm_ratio = 10.0\n"
+    ))
+    .unwrap();
+    assert_eq!(loaded.config().server.max_update_norm_ratio, Some(10.0));
+}

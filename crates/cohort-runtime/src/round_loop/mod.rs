@@ -75,6 +75,8 @@ pub(crate) struct LoopSettings {
     pub(crate) inbound: Pipeline,
     pub(crate) limits: DecodeLimits,
     pub(crate) attack: SimulatedAttack,
+    /// `server.max_update_norm_ratio`.
+    pub(crate) max_update_norm_ratio: Option<f64>,
     pub(crate) own_data: OwnDataRules,
     /// The most seconds a report may claim for training or for processing:
     /// `server.payload_timeout` over the network (a task cannot take longer
@@ -422,8 +424,7 @@ impl<'a> RoundLoop<'a> {
         )?;
         // One bad client is dropped from its round, never the end of the run.
         let mut kept = Vec::with_capacity(collected.updates.len());
-        for arrived in collected.updates {
-            let client_id = arrived.report.client_id;
+        for arrived in std::mem::take(&mut collected.updates) {
             let verdict = self.expected_report(&arrived).and_then(|expected| {
                 check_update(
                     &arrived,
@@ -434,27 +435,20 @@ impl<'a> RoundLoop<'a> {
             });
             match verdict {
                 Ok(()) => kept.push(arrived),
-                Err(reason) => {
-                    tracing::warn!(
-                        round,
-                        client = client_id,
-                        "update refused, client dropped: {reason}"
-                    );
-                    let dropped = Dropped {
-                        client_id,
-                        worker: Some(arrived.report.worker),
-                        reason: format!("update refused: {reason}"),
-                    };
-                    self.observer.on_event(&RunEvent::ClientDropped {
-                        round,
-                        client_id,
-                        reason: dropped.reason.clone(),
-                    });
-                    collected.failures.push(dropped);
-                }
+                Err(reason) => self.drop_update(
+                    round,
+                    &arrived,
+                    "update refused",
+                    reason,
+                    &mut collected.failures,
+                ),
             }
         }
         collected.updates = kept;
+        self.simulate_attacks(round, &mut collected);
+        if let Some(ratio) = self.settings.max_update_norm_ratio {
+            self.drop_outliers(round, ratio, &mut collected);
+        }
         if whole_round {
             self.require_min(
                 round,
@@ -463,6 +457,39 @@ impl<'a> RoundLoop<'a> {
                 &collected.failures,
             )?;
         }
+        Ok(collected)
+    }
+
+    /// `arrived`'s client is out of the round: `what` happened, `detail` says why.
+    fn drop_update(
+        &mut self,
+        round: u32,
+        arrived: &Arrived,
+        what: &str,
+        detail: String,
+        failures: &mut Vec<Dropped>,
+    ) {
+        let client_id = arrived.report.client_id;
+        tracing::warn!(
+            round,
+            client = client_id,
+            "{what}, client dropped: {detail}"
+        );
+        let reason = format!("{what}: {detail}");
+        self.observer.on_event(&RunEvent::ClientDropped {
+            round,
+            client_id,
+            reason: reason.clone(),
+        });
+        failures.push(Dropped {
+            client_id,
+            worker: Some(arrived.report.worker),
+            reason,
+        });
+    }
+
+    /// `clients.attack`: the round's first slots replace their updates.
+    fn simulate_attacks(&self, round: u32, collected: &mut Collected) {
         let attack = &self.settings.attack;
         for arrived in &mut collected.updates {
             if arrived.slot < attack.attackers_per_round as usize {
@@ -472,7 +499,47 @@ impl<'a> RoundLoop<'a> {
                 tracing::info!(round, client = arrived.report.client_id, attack = ?attack.kind, "simulated attacker");
             }
         }
-        Ok(collected)
+    }
+
+    /// `server.max_update_norm_ratio`: an update farther from the global
+    /// model than `ratio` times the round's (lower) median distance is
+    /// dropped, so one huge but finite update cannot carry the average away
+    /// (a mean has no defence against it).
+    fn drop_outliers(&mut self, round: u32, ratio: f64, collected: &mut Collected) {
+        let norms: Vec<f64> = collected
+            .updates
+            .iter()
+            .map(|a| a.tree.float_distance(&self.global).unwrap_or(f64::INFINITY))
+            .collect();
+        let mut sorted = norms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let Some(&median) = sorted.get(sorted.len().saturating_sub(1) / 2) else {
+            return;
+        };
+        let mut kept = Vec::with_capacity(norms.len());
+        for (arrived, norm) in std::mem::take(&mut collected.updates)
+            .into_iter()
+            .zip(norms)
+        {
+            if norm > ratio * median {
+                let detail = format!(
+                    "its distance from the global model, {}, is more than \
+                     server.max_update_norm_ratio = {ratio} times the round's median {}",
+                    cohort_core::number::shown(norm),
+                    cohort_core::number::shown(median)
+                );
+                self.drop_update(
+                    round,
+                    &arrived,
+                    "update too far",
+                    detail,
+                    &mut collected.failures,
+                );
+            } else {
+                kept.push(arrived);
+            }
+        }
+        collected.updates = kept;
     }
 
     /// What `arrived`'s report must say: the numbers of the partition the

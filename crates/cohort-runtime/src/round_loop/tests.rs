@@ -126,6 +126,7 @@ fn settings(run_dir: &Path, last_round: u32, min_per_round: usize) -> LoopSettin
             scale: 1.0,
             warning: None,
         },
+        max_update_norm_ratio: None,
         own_data: OwnDataRules {
             clients: 0,
             max_samples: 1000,
