@@ -145,6 +145,15 @@ pub(crate) fn start_transport(
         return Ok((Box::new(pool), None));
     }
     let server = &config.server;
+    if server.auth_token.is_none() {
+        tracing::warn!(
+            address = %server.address,
+            "network mode without server.auth_token: anyone who reaches {}:{} can register as \
+             a client, hold its connection slots and send updates (see docs/SECURITY.md)",
+            server.address,
+            server.port
+        );
+    }
     if server.auth_token.is_some() && server.tls_cert.is_none() {
         tracing::warn!(
             "server.auth_token is set but TLS is off: the token crosses the network in the \

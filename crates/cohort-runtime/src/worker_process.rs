@@ -165,12 +165,61 @@ fn process_name(host: &str, pid: u32) -> String {
     format!("{host}{pid}")
 }
 
+type Joined = (Outbox, tonic::Streaming<ServerMessage>, proto::Welcome);
+
 /// Registers (with an own-data claim when `own` is given) and waits for the
-/// server's welcome.
-async fn register(
-    options: &WorkerOptions,
-    own: Option<&OwnData>,
-) -> anyhow::Result<(Outbox, tonic::Streaming<ServerMessage>, proto::Welcome)> {
+/// server's welcome. A refusal that may clear (a server whose connection
+/// slots are full cuts the connection) is retried until `--connect-timeout`;
+/// a refusal of this client itself (token, name, protocol, declaration, an
+/// id held by another process) is final.
+async fn register(options: &WorkerOptions, own: Option<&OwnData>) -> anyhow::Result<Joined> {
+    let started = Instant::now();
+    loop {
+        match try_register(options, own).await {
+            Ok(joined) => return Ok(joined),
+            Err(Refused::Passing(status)) if started.elapsed() < options.connect_timeout => {
+                tracing::info!(
+                    reason = status.message(),
+                    "the server did not take this client yet; retrying"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(Refused::Passing(status)) => bail!(
+                "the server did not take this client within {} s (--connect-timeout): {}",
+                options.connect_timeout.as_secs_f64(),
+                status.message()
+            ),
+            Err(Refused::Final(error)) => return Err(error),
+        }
+    }
+}
+
+/// Why one registration attempt failed.
+enum Refused {
+    /// May clear by itself: try again.
+    Passing(tonic::Status),
+    Final(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Refused {
+    fn from(error: anyhow::Error) -> Self {
+        Refused::Final(error)
+    }
+}
+
+/// Statuses that say "not now" rather than "not you": a connection cut
+/// before registration (slots full), every own-data id held. An explicit
+/// `--client-id` another process holds stays a refusal: its holder is
+/// connected, and waiting for it would only hide the conflict.
+fn passing(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::ResourceExhausted | Code::Cancelled
+    )
+}
+
+async fn try_register(options: &WorkerOptions, own: Option<&OwnData>) -> Result<Joined, Refused> {
     let mut client = connect(options).await?;
     let (sender, receiver) = tokio::sync::mpsc::channel::<ClientMessage>(4);
     let name = process_name(&options.host_name, std::process::id());
@@ -191,15 +240,26 @@ async fn register(
             protocol: PROTOCOL_VERSION,
             own_data,
         })))
-        .await?;
-    let mut inbound = client
-        .join(ReceiverStream::new(receiver))
         .await
-        .map_err(|status| anyhow::anyhow!("the server refused this client: {}", status.message()))?
-        .into_inner();
-    match next(&mut inbound).await? {
-        Some(ServerKind::Welcome(welcome)) => Ok((sender, inbound, welcome)),
-        _ => bail!("the server did not welcome this client"),
+        .map_err(anyhow::Error::from)?;
+    let mut inbound = match client.join(ReceiverStream::new(receiver)).await {
+        Ok(response) => response.into_inner(),
+        Err(status) if passing(&status) => return Err(Refused::Passing(status)),
+        Err(status) => {
+            return Err(Refused::Final(anyhow::anyhow!(
+                "the server refused this client: {}",
+                status.message()
+            )));
+        }
+    };
+    match inbound.message().await {
+        Ok(Some(ServerMessage {
+            kind: Some(ServerKind::Welcome(welcome)),
+        })) => Ok((sender, inbound, welcome)),
+        Err(status) if passing(&status) => Err(Refused::Passing(status)),
+        _ => Err(Refused::Final(anyhow::anyhow!(
+            "the server did not welcome this client"
+        ))),
     }
 }
 

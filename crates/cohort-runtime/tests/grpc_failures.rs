@@ -428,3 +428,52 @@ learning_rate = 0.05
         .unwrap();
     assert_eq!((summary.tasks, summary.failed), (1, 1));
 }
+
+/// #28 item 4: connections that hold every slot make the server cut an
+/// honest client's connection at once; the client keeps trying until its
+/// --connect-timeout and gets in once the silent ones are closed.
+#[test]
+fn an_honest_client_retries_past_a_server_whose_slots_are_full() {
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data");
+    let mut settings = settings(Duration::from_secs(10));
+    settings.config_toml = "[clients]\ntotal_clients = 4\nper_round = 1\ncomm_simulation = false\n\
+        [data]\ndatasource = \"FashionMNIST\"\ndownload = false\npartition_size = 100\n\
+        [trainer]\noptimizer = \"sgd\"\n[parameters.optimizer]\nlearning_rate = 0.05\n"
+        .to_owned();
+    settings.admission = cohort_runtime::admission::Admission {
+        max_connections: 4,
+        first_byte_within: Duration::from_secs(2),
+        register_within: Duration::from_secs(2),
+    };
+    let transport = GrpcTransport::start(settings).unwrap();
+    let address = transport.local_addr();
+    let squatters: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| {
+            let socket = std::net::TcpStream::connect(address).unwrap();
+            socket.set_nodelay(true).unwrap();
+            socket
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let options = cohort_runtime::WorkerOptions {
+        server: address.to_string(),
+        token: None,
+        tls_ca: None,
+        tls_domain: None,
+        data_root: Some(data),
+        max_payload_bytes: 1 << 20,
+        device: cohort_train::device::DeviceRequest::Cpu,
+        connect_timeout: Duration::from_secs(20),
+        own_data: None,
+        host_name: "honest".into(),
+    };
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        done.send(cohort_runtime::run_worker(&options).map_err(|e| e.to_string()))
+    });
+    transport.wait_for_clients(1).unwrap();
+    drop(squatters);
+    drop(transport);
+    // The server going away ends the client; what matters is that it got in.
+    let _ = finished.recv_timeout(Duration::from_secs(30));
+}
