@@ -422,15 +422,25 @@ fn compare_models(
         tolerance.is_finite() && tolerance >= 0.0,
         "--tolerance must be a finite number >= 0, got {tolerance}"
     );
-    let comparison =
-        cohort_core::compare::compare(&read_model(reference)?, &read_model(candidate)?)
-            .with_context(|| {
-                format!(
-                    "{} and {} are not the same model layout",
-                    reference.display(),
-                    candidate.display()
-                )
-            })?;
+    let (reference_model, candidate_model) = (read_model(reference)?, read_model(candidate)?);
+    // A distance to NaN or infinity says nothing: name where the values are.
+    for (path, model) in [(reference, &reference_model), (candidate, &candidate_model)] {
+        if let Some((leaf, index)) = model.first_non_finite() {
+            anyhow::bail!(
+                "{}: `{leaf}`[{index}] is not finite; models with NaN or infinite values cannot \
+                 be compared by distance",
+                path.display()
+            );
+        }
+    }
+    let comparison = cohort_core::compare::compare(&reference_model, &candidate_model)
+        .with_context(|| {
+            format!(
+                "{} and {} are not the same model layout",
+                reference.display(),
+                candidate.display()
+            )
+        })?;
     let at = comparison
         .max_abs_at
         .as_ref()

@@ -403,6 +403,18 @@ fn evaluating_a_non_finite_model_is_an_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
     assert!(stderr.contains("[3] is not finite"), "{stderr}");
+
+    // Nor has it a distance to itself.
+    let compared = cohort(
+        &["compare", model.to_str().unwrap(), model.to_str().unwrap()],
+        &fixture_data(),
+    );
+    let stderr = String::from_utf8_lossy(&compared.stderr);
+    assert!(!compared.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("[3] is not finite") && !stderr.contains("relative L2"),
+        "{stderr}"
+    );
 }
 
 /// Paths that name a device, a FIFO or a link to one: every reader refuses

@@ -1,8 +1,8 @@
 //! Memory sizes in the cluster file: a plain integer of bytes, or a number with
 //! a unit such as `"64 GiB"` or `"1.5 TB"`.
 //!
-//! Binary units (`KiB`, `MiB`, `GiB`, `TiB`) are powers of 1024, decimal units
-//! (`KB`, `MB`, `GB`, `TB`) powers of 1000, as the IEC defines them; units are
+//! Binary units (`KiB` … `EiB`) are powers of 1024, decimal units (`KB` …
+//! `EB`) powers of 1000, as the IEC defines them; units are
 //! read without regard to case and the space before them is optional. The
 //! arithmetic is exact in integers (no float rounding), up to nine decimals.
 
@@ -14,10 +14,14 @@ const UNITS: &[(&str, u64)] = &[
     ("mib", 1 << 20),
     ("gib", 1 << 30),
     ("tib", 1 << 40),
+    ("pib", 1 << 50),
+    ("eib", 1 << 60),
     ("kb", 1_000),
     ("mb", 1_000_000),
     ("gb", 1_000_000_000),
     ("tb", 1_000_000_000_000),
+    ("pb", 1_000_000_000_000_000),
+    ("eb", 1_000_000_000_000_000_000),
 ];
 
 const EXPECTED: &str =
@@ -45,23 +49,29 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     if whole.is_empty() || !digits_only(whole) || !digits_only(fraction) || fraction.len() > 9 {
         return Err(bad());
     }
+    let too_large = || format!("size `{text}` is larger than {} bytes", u64::MAX);
     let denominator = 10u128.pow(fraction.len() as u32);
-    // Both parts are digit strings of bounded length, so they parse; the
-    // product stays far inside u128 and is checked against u64 below.
-    let whole: u128 = whole.parse().map_err(|_| bad())?;
+    // A whole part of more than 39 digits does not parse into u128; every
+    // step after is checked, so no size overflows on the way to u64.
+    let whole: u128 = whole.parse().map_err(|_| too_large())?;
     let fraction: u128 = if fraction.is_empty() {
         0
     } else {
         fraction.parse().map_err(|_| bad())?
     };
-    let bytes = (whole * denominator + fraction) * u128::from(scale) / denominator;
-    u64::try_from(bytes).map_err(|_| format!("size `{text}` is larger than {} bytes", u64::MAX))
+    let bytes = whole
+        .checked_mul(denominator)
+        .and_then(|scaled| scaled.checked_add(fraction))
+        .and_then(|scaled| scaled.checked_mul(u128::from(scale)))
+        .ok_or_else(too_large)?
+        / denominator;
+    u64::try_from(bytes).map_err(|_| too_large())
 }
 
 /// `bytes` in the largest binary unit that keeps it at least 1, one decimal:
 /// `"16.0 GiB"`, `"512.0 MiB"`, `"12 B"`.
 pub fn format_bytes(bytes: u64) -> String {
-    const NAMES: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    const NAMES: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut unit = None;
     for (power, name) in NAMES.iter().enumerate() {
         if bytes >= 1u64 << (10 * (power + 1)) {
@@ -117,6 +127,27 @@ mod tests {
         assert_eq!(parse_size("2 gb"), Ok(2_000_000_000));
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size(" 7 B "), Ok(7));
+    }
+
+    #[test]
+    fn sizes_up_to_what_a_u64_holds_are_read_and_larger_ones_refused_without_overflow() {
+        assert_eq!(parse_size("15 EiB"), Ok(15 << 60));
+        assert_eq!(parse_size("18 EB"), Ok(18_000_000_000_000_000_000));
+        assert_eq!(parse_size("2 PiB"), Ok(2 << 50));
+        assert_eq!(format_bytes(15 << 60), "15.0 EiB");
+        for huge in [
+            "16 EiB",
+            "19 EB",
+            "999999999999999999999999999999999999 EiB",
+        ] {
+            let error = parse_size(huge).unwrap_err();
+            assert!(
+                error.contains("is larger than 18446744073709551615 bytes"),
+                "{error}"
+            );
+        }
+        let error = parse_size(&"9".repeat(60)).unwrap_err();
+        assert!(error.contains("is larger than"), "{error}");
     }
 
     #[test]
