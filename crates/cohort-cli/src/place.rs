@@ -28,7 +28,7 @@ use cohort_core::cluster::{
     Request,
 };
 use cohort_core::config::{Config, LoadedConfig, Sampler};
-use cohort_core::fsutil::atomic_write;
+use cohort_core::fsutil::{atomic_write, atomic_write_private};
 
 #[derive(Args)]
 pub struct PlaceArgs {
@@ -242,6 +242,9 @@ fn read_host_files(dir: &Path) -> anyhow::Result<Vec<(PathBuf, RankFile)>> {
 }
 
 /// Writes the plan's host files and launch lines into `dir`, each atomically.
+/// The host files carry a ring secret drawn fresh for this plan, so they are
+/// written readable and writable by their owner only (Unix); copy them to the
+/// nodes the same way (`scp -p`, a Kubernetes Secret), not world-readable.
 /// Host files this instance left from an earlier plan with more ranks are
 /// removed, so that `cohort worker --rank` cannot start from a stale one.
 fn emit(
@@ -251,14 +254,21 @@ fn emit(
     earlier: &[(PathBuf, RankFile)],
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let write = |name: &str, contents: &str| {
+    let write = |name: &str, contents: &str, private: bool| {
         let path = dir.join(name);
-        atomic_write(&path, contents.as_bytes())
-            .with_context(|| format!("cannot write {}", path.display()))
+        let written = if private {
+            atomic_write_private(&path, contents.as_bytes())
+        } else {
+            atomic_write(&path, contents.as_bytes())
+        };
+        written.with_context(|| format!("cannot write {}", path.display()))
     };
-    let files = plan.host_files();
+    let secret = cluster::RingSecret::generate().map_err(anyhow::Error::msg)?;
+    let files = plan.host_files(&secret);
     for file in &files {
-        write(&file.name, &file.contents)?;
+        // Rank files hold the secret; the Slurm host list does not.
+        let private = file.name.starts_with("hosts-");
+        write(&file.name, &file.contents, private)?;
     }
     for (path, old) in earlier {
         let ours = old.instance == plan.instance
@@ -275,7 +285,11 @@ fn emit(
         config: config.display().to_string(),
     };
     let launch_name = format!("launch-{}.txt", plan.instance);
-    write(&launch_name, &launch_text(plan, &plan.launch(&spec), dir))?;
+    write(
+        &launch_name,
+        &launch_text(plan, &plan.launch(&spec), dir),
+        false,
+    )?;
     eprintln!(
         "wrote hosts-{instance}-{{0..{}}}.json, slurm-hosts-{instance} and {launch_name} to {}",
         plan.world_size - 1,

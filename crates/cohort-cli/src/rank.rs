@@ -156,6 +156,13 @@ fn ring_settings(
         address: p.address,
         node: p.node,
     };
+    // RankFile::parse refused a file without one (an older cohort's).
+    let secret = file.secret.clone().with_context(|| {
+        format!(
+            "{}: no ring secret; emit the plan again with `cohort place --emit`",
+            path.display()
+        )
+    })?;
     let server = &loaded.config().server;
     Ok(RingSettings {
         instance: file.instance.clone(),
@@ -164,6 +171,7 @@ fn ring_settings(
         listen: rank.listen,
         left: peer(left),
         right: peer(right),
+        secret,
         connect_timeout: Duration::from_secs_f64(server.registration_timeout),
         io_timeout: Duration::from_secs_f64(server.payload_timeout),
     })

@@ -179,6 +179,38 @@ fn two_instances_emitted_into_one_folder_keep_their_own_files_and_ports() {
     assert!(last.contains_key("hosts-first-2.json"));
 }
 
+/// `cohort place --emit` gives every host file of a plan one secret, drawn
+/// fresh for each plan, and writes them readable by their owner only.
+#[test]
+fn emitted_host_files_share_a_fresh_secret_and_are_private() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("plan");
+    let secrets = |dir: &Path| {
+        (0..3u32)
+            .map(|rank| {
+                let path = dir.join(format!("hosts-s-{rank}.json"));
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+                    assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                RankFile::parse(&text).unwrap().secret.unwrap().to_hex()
+            })
+            .collect::<BTreeSet<String>>()
+    };
+    emit(&dir, "s");
+    let first = secrets(&dir);
+    assert_eq!(first.len(), 1, "{first:?}");
+    emit(&dir, "s");
+    let second = secrets(&dir);
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(first, second, "the same secret for two plans");
+    let launch = std::fs::read_to_string(dir.join("launch-s.txt")).unwrap();
+    assert!(!launch.contains(first.first().unwrap()));
+}
+
 #[cfg(not(feature = "mpi"))]
 #[test]
 fn mpi_in_a_default_build_names_the_valid_backends_and_the_feature() {

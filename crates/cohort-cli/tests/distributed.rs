@@ -75,7 +75,7 @@ fn write_ring_plan(
     request.base_port = 40_000 + (std::process::id() % 20_000) as u16 + span * 1_024;
     let plan = place(&topology, &request).unwrap();
     std::fs::create_dir_all(dir).unwrap();
-    for file in plan.host_files() {
+    for file in plan.host_files(&cohort_core::cluster::RingSecret::generate().unwrap()) {
         std::fs::write(dir.join(file.name), file.contents).unwrap();
     }
     plan
@@ -152,6 +152,28 @@ fn three_ranks_in_a_ring_give_the_single_process_model_bit_for_bit() {
             "ranks that trained: {workers:?}\n{clients}"
         );
     }
+}
+
+/// A host file without a ring secret (an older cohort's) is refused before
+/// the rank listens, with what to do; the rank never runs unauthenticated.
+#[test]
+fn a_host_file_without_a_secret_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &job("fedavg", 1));
+    let plan = dir.path().join("plan");
+    write_plan_of(&plan, "old", 2);
+    let path = plan.join("hosts-old-1.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json.as_object_mut().unwrap().remove("secret");
+    std::fs::write(&path, json.to_string()).unwrap();
+    let output = start_rank(&config, &plan, &dir.path().join("ranks"), 1, &[])
+        .wait_with_output()
+        .unwrap();
+    let message = stderr(&output);
+    assert!(!output.status.success(), "{message}");
+    assert!(message.contains("has no ring secret"), "{message}");
+    assert!(message.contains("cohort place --emit"), "{message}");
 }
 
 /// `cluster.reduce = partial`: each rank sends one partial sum. FedAvg

@@ -13,8 +13,9 @@
 //! each rank reaches, ring neighbours per rank or the RDMA device matrix, and
 //! ports that collide neither within the plan nor with the ports the caller
 //! says are taken. From a plan come, still without I/O, a table, the per-rank
-//! host files (name and contents, keyed by instance and rank) and the command
-//! lines that start the ranks (plain, mpirun, srun).
+//! host files (name and contents, keyed by instance and rank, each with the
+//! plan's [`RingSecret`]) and the command lines that start the ranks (plain,
+//! mpirun, srun).
 //!
 //! Checked before any placement: the backend is one this build has (the
 //! caller passes the list: core has no cargo features), the request can be
@@ -33,6 +34,7 @@ mod launcher;
 mod place;
 mod plan;
 mod ports;
+mod secret;
 mod size;
 mod split;
 mod topology;
@@ -50,6 +52,7 @@ pub use plan::{
     RankPlan, RingPeers, host_file_name,
 };
 pub use ports::{DEFAULT_BASE_PORT, PORT_SPAN};
+pub use secret::{RING_SECRET_BYTES, RingSecret};
 pub use size::format_bytes;
 pub use split::{ClientBlock, client_blocks};
 pub use topology::{

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::Backend;
 use super::place::{Layout, Request};
+use super::secret::RingSecret;
 use super::size::format_bytes;
 use super::split::ClientBlock;
 use super::topology::Topology;
@@ -131,6 +132,13 @@ pub struct RankFile {
     /// The RDMA device matrix, for `rdma`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rdma_devices: Option<Vec<Vec<Option<String>>>>,
+    /// The plan's ring secret, the same in every host file of the plan (64
+    /// hex digits): ring ranks prove they hold it before they exchange
+    /// anything. Optional here only so that a file written by an older cohort
+    /// reads and is refused by [`RankFile::parse`] with a reason (and so that
+    /// `cohort place --emit` can still read such files' ports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<RingSecret>,
 }
 
 /// Why a host file cannot seat a rank.
@@ -154,6 +162,14 @@ impl RankFile {
 
     fn check(&self) -> Result<(), String> {
         let (world, rank) = (self.world_size, &self.rank);
+        if self.secret.is_none() {
+            return Err(format!(
+                "the host file of rank {} of `{}` has no ring secret: it was written by an \
+                 older cohort; emit the plan again (`cohort place --emit DIR`) and copy the new \
+                 host files to every node",
+                rank.rank, self.instance
+            ));
+        }
         if world == 0 {
             return Err("world_size = 0: a plan has at least one rank".to_owned());
         }
@@ -389,9 +405,11 @@ impl Plan {
         self.ranks.iter().map(|r| r.listen.port()).collect()
     }
 
-    /// The host file of each rank, `hosts-<instance>-<rank>.json`, and
-    /// `slurm-hosts-<instance>` (one host per rank, for `srun`).
-    pub fn host_files(&self) -> Vec<HostFile> {
+    /// The host file of each rank, `hosts-<instance>-<rank>.json`, each with
+    /// `secret` (draw a fresh one per plan: [`RingSecret::generate`]; the files
+    /// are then secrets, to write readable by their owner only), and
+    /// `slurm-hosts-<instance>` (one host per rank, for `srun`; no secret).
+    pub fn host_files(&self, secret: &RingSecret) -> Vec<HostFile> {
         let mut files: Vec<HostFile> = self
             .ranks
             .iter()
@@ -403,6 +421,7 @@ impl Plan {
                     num_clients: self.num_clients,
                     rank: rank.clone(),
                     rdma_devices: self.rdma_devices.clone(),
+                    secret: Some(secret.clone()),
                 };
                 let json = serde_json::to_string_pretty(&file).expect("plans serialize");
                 HostFile {

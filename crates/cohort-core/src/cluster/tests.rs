@@ -554,7 +554,8 @@ fn host_files_of_two_instances_have_their_own_names_and_contents() {
     let mut b = spread("run-b", Backend::Ring);
     b.ports_in_use = a.ports();
     let b = place(&topology, &b).unwrap();
-    let (files_a, files_b) = (a.host_files(), b.host_files());
+    let secret = RingSecret::generate().unwrap();
+    let (files_a, files_b) = (a.host_files(&secret), b.host_files(&secret));
     let names = |files: &[HostFile]| {
         files
             .iter()
@@ -582,7 +583,7 @@ fn host_files_of_two_instances_have_their_own_names_and_contents() {
 fn host_files_that_cannot_seat_their_rank_are_refused_when_read() {
     let plan = place(&three_nodes(), &spread("r", Backend::Ring)).unwrap();
     let file = plan
-        .host_files()
+        .host_files(&RingSecret::generate().unwrap())
         .into_iter()
         .find(|f| f.name == host_file_name("r", 1))
         .unwrap();
@@ -614,6 +615,45 @@ fn host_files_that_cannot_seat_their_rank_are_refused_when_read() {
     assert!(empty.contains("not a block of clients"), "{empty}");
     assert!(matches!(
         RankFile::parse("{\"world_size\": 1}"),
+        Err(HostFileError::Json(_))
+    ));
+}
+
+/// Every host file of a plan carries the one secret it was written with; a
+/// host file without one (an older cohort's) is refused when read, with what
+/// to do, and a malformed one is not a host file.
+#[test]
+fn every_host_file_of_a_plan_carries_its_secret_and_one_without_is_refused() {
+    let plan = place(&three_nodes(), &spread("r", Backend::Ring)).unwrap();
+    let secret = RingSecret::generate().unwrap();
+    let files = plan.host_files(&secret);
+    let ranks: Vec<RankFile> = files
+        .iter()
+        .filter(|f| f.name.starts_with("hosts-"))
+        .map(|f| RankFile::parse(&f.contents).unwrap())
+        .collect();
+    assert_eq!(ranks.len(), 3);
+    for file in &ranks {
+        assert_eq!(file.secret.as_ref(), Some(&secret));
+    }
+    let slurm = files.iter().find(|f| f.name.starts_with("slurm")).unwrap();
+    assert!(!slurm.contents.contains(&secret.to_hex()));
+    let other = plan.host_files(&RingSecret::generate().unwrap());
+    assert_ne!(other[0].contents, files[0].contents);
+
+    let mut json: serde_json::Value = serde_json::from_str(&files[1].contents).unwrap();
+    assert_eq!(json["secret"], secret.to_hex().as_str());
+    json.as_object_mut().unwrap().remove("secret");
+    match RankFile::parse(&json.to_string()) {
+        Err(HostFileError::Invalid(message)) => {
+            assert!(message.contains("has no ring secret"), "{message}");
+            assert!(message.contains("cohort place --emit"), "{message}");
+        }
+        other => panic!("a host file without a secret was read: {other:?}"),
+    }
+    json["secret"] = "abc".into();
+    assert!(matches!(
+        RankFile::parse(&json.to_string()),
         Err(HostFileError::Json(_))
     ));
 }

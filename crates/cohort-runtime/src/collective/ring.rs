@@ -5,24 +5,65 @@
 //! its left, so every link carries the same load and no rank is a hub.
 //!
 //! Peers are other ranks of the same run, but what they send is still
-//! checked: a hello naming the instance and the expected rank before a
-//! connection is used, and every frame's magic, sequence number, origin and
-//! size (bounded by the caller) before its bytes are read. A dead peer or a
-//! cut link surfaces as an error naming the rank and its address within the
-//! I/O timeout, never as a hang.
+//! checked. A connection is used only once both ends have proved that they
+//! hold the plan's ring secret (32 random bytes `cohort place --emit` wrote
+//! into every host file of the plan): in the hello, each side sends a fresh
+//! random nonce and an HMAC-SHA256, keyed by the secret, over the instance,
+//! both ranks, both nonces and the direction of the proof; proofs are
+//! compared in constant time. So a process that knows only the plan's
+//! instance and ranks can neither join the ring (and have its update
+//! aggregated) nor be sent anyone's update: the connecting side sends nothing
+//! of the run before the accepting side has proved itself, and the accepting
+//! side reads nothing of the run from a peer that has not.
+//!
+//! What the secret does not protect: confidentiality and integrity in
+//! transit. After the hello, updates cross in the clear, unsigned, so anyone
+//! who can read or rewrite the traffic between two nodes sees every update
+//! and could alter one; run the ring on a private network or through a VPN
+//! (WireGuard, IPsec). Nor does it protect against a node that holds a host
+//! file: anyone who can read one is a rank. See docs/SECURITY.md, "Cluster
+//! ranks".
+//!
+//! Every frame's magic, sequence number, origin and size (bounded by the
+//! caller) are checked before its bytes are read. Time is bounded at each
+//! stage: each accepted connection has [`HELLO_TIMEOUT`] (or what is left of
+//! the connect window) for its whole hello, so an idle or stray connection is
+//! dropped and accepting goes on; each all-gather step has one deadline, the
+//! I/O timeout, for its whole frame in each direction (every read and write
+//! is given only the time left), so a peer that trickles a byte at a time is
+//! cut off like a silent one. A dead peer or a cut link surfaces as an error
+//! naming the rank and its address, never as a hang.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use cohort_core::cluster::HostPort;
+use cohort_core::cluster::{HostPort, RingSecret};
+use hmac::{Hmac, Mac};
+use rand::TryRngCore;
+use sha2::Sha256;
 use std::time::{Duration, Instant};
+use subtle::ConstantTimeEq;
 
 use super::{Collective, CollectiveError};
 
-const HELLO: &[u8; 12] = b"cohort-ring1";
+/// Version 2: authenticated hellos (version 1 had none).
+const HELLO: &[u8; 12] = b"cohort-ring2";
 const FRAME_MAGIC: u32 = 0xC04F_2701;
 /// Instance names longer than this are refused in a hello.
 const MAX_INSTANCE_BYTES: usize = 256;
+const NONCE_BYTES: usize = 32;
+const PROOF_BYTES: usize = 32;
+/// The whole hello of one accepted connection, proofs included, must arrive
+/// within this (or the rest of the connect window, when shorter); then the
+/// connection is dropped and the next one accepted.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The accepting side's last byte of the hello: the connecting side's proof
+/// was good.
+const ACCEPTED: u8 = 1;
+/// Which side a proof is from, so that one side's proof is never the other's.
+const FROM_ACCEPTOR: u8 = 1;
+const FROM_CONNECTOR: u8 = 2;
 
 /// Another rank as this one reaches it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,10 +96,12 @@ pub struct RingSettings {
     pub listen: SocketAddr,
     pub left: RingPeer,
     pub right: RingPeer,
+    /// The plan's ring secret, which both neighbours must prove they hold.
+    pub secret: RingSecret,
     /// How long the ring may take to form (ranks start at different times).
     pub connect_timeout: Duration,
-    /// How long one step may wait for its neighbour: longer than the slowest
-    /// rank's training of a round, since ranks gather after training.
+    /// How long one step may take to pass its block each way: longer than the
+    /// slowest rank's training of a round, since ranks gather after training.
     pub io_timeout: Duration,
 }
 
@@ -74,8 +117,9 @@ fn error(message: String) -> CollectiveError {
 }
 
 impl RingCollective {
-    /// Joins the ring: binds, connects to the right neighbour (retrying until
-    /// it listens), then accepts the left one. One rank needs no sockets.
+    /// Joins the ring: binds, then at once connects to the right neighbour
+    /// (retrying until it listens) and accepts the left one, each with the
+    /// authenticated hello. One rank needs no sockets.
     pub fn connect(settings: RingSettings) -> Result<Self, CollectiveError> {
         // The hello carries the instance; a name the peer would refuse is
         // refused here, before anything is sent.
@@ -105,8 +149,24 @@ impl RingCollective {
             ))
         })?;
         let deadline = Instant::now() + settings.connect_timeout;
-        let right = connect_right(&settings, deadline)?;
-        let left = accept_left(&settings, &listener, deadline)?;
+        // Both at once: each rank's right neighbour answers its hello only
+        // from its own accepting side, so connecting first everywhere would
+        // wait around the ring for ever.
+        let given_up = AtomicBool::new(false);
+        let (right, left) = std::thread::scope(|scope| {
+            let right = scope.spawn(|| {
+                let right = connect_right(&settings, deadline);
+                if right.is_err() {
+                    given_up.store(true, Ordering::Relaxed);
+                }
+                right
+            });
+            let left = accept_left(&settings, &listener, deadline, &given_up);
+            (right.join(), left)
+        });
+        let right =
+            right.map_err(|_| error("the ring's connecting thread panicked".to_owned()))??;
+        let left = left?;
         for stream in [&left, &right] {
             let _ = stream.set_nodelay(true);
             stream
@@ -123,27 +183,184 @@ impl RingCollective {
     }
 }
 
+/// Reads and writes on `stream` that together end by `deadline`: each is
+/// given only the time left as its socket timeout, so a peer that trickles a
+/// byte at a time is cut off at the deadline, as a silent one is.
+struct Deadline<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl<'a> Deadline<'a> {
+    fn new(stream: &'a TcpStream, deadline: Instant) -> Self {
+        Self { stream, deadline }
+    }
+
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the deadline passed",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        let mut stream = self.stream;
+        stream.read(buf)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        let mut stream = self.stream;
+        stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut stream = self.stream;
+        stream.flush()
+    }
+}
+
+fn nonce() -> Result<[u8; NONCE_BYTES], String> {
+    let mut nonce = [0u8; NONCE_BYTES];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut nonce)
+        .map_err(|e| format!("the operating system gave no random bytes for a nonce: {e}"))?;
+    Ok(nonce)
+}
+
+/// What one side proves: that it holds `secret`, for this instance, these
+/// two ranks, these two nonces and this direction.
+fn proof(
+    secret: &RingSecret,
+    from: u8,
+    instance: &str,
+    connector: u32,
+    acceptor: u32,
+    connector_nonce: &[u8; NONCE_BYTES],
+    acceptor_nonce: &[u8; NONCE_BYTES],
+) -> [u8; PROOF_BYTES] {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key");
+    mac.update(HELLO);
+    mac.update(&[from]);
+    // Bounded in connect(): fits a u16.
+    mac.update(&(instance.len() as u16).to_le_bytes());
+    mac.update(instance.as_bytes());
+    mac.update(&connector.to_le_bytes());
+    mac.update(&acceptor.to_le_bytes());
+    mac.update(connector_nonce);
+    mac.update(acceptor_nonce);
+    mac.finalize().into_bytes().into()
+}
+
+fn proofs_match(got: &[u8; PROOF_BYTES], expected: &[u8; PROOF_BYTES]) -> bool {
+    bool::from(got.ct_eq(expected))
+}
+
+/// The connecting side's first message: greeting, rank, instance, nonce.
+fn hello_bytes(instance: &str, rank: u32, nonce: &[u8; NONCE_BYTES]) -> Vec<u8> {
+    let mut hello = HELLO.to_vec();
+    hello.extend_from_slice(&rank.to_le_bytes());
+    // Bounded in connect(): fits a u16.
+    hello.extend_from_slice(&(instance.len() as u16).to_le_bytes());
+    hello.extend_from_slice(instance.as_bytes());
+    hello.extend_from_slice(nonce);
+    hello
+}
+
+/// Why one attempt to reach the right neighbour failed.
+enum Attempt {
+    /// Not (yet) there, or not answering as a rank: tried again.
+    Retry(String),
+    /// It answered, but with a wrong proof: given up at once.
+    Refused(String),
+}
+
 fn connect_right(settings: &RingSettings, deadline: Instant) -> Result<TcpStream, CollectiveError> {
     let right = &settings.right;
-    let mut hello = HELLO.to_vec();
-    hello.extend_from_slice(&settings.rank.to_le_bytes());
-    // Bounded in connect(): fits a u16.
-    hello.extend_from_slice(&(settings.instance.len() as u16).to_le_bytes());
-    hello.extend_from_slice(settings.instance.as_bytes());
     loop {
-        let attempt = connect_any(&right.address)
-            .and_then(|mut stream| stream.write_all(&hello).map(|()| stream));
-        match attempt {
+        match try_right(settings, deadline) {
             Ok(stream) => return Ok(stream),
-            Err(e) if Instant::now() >= deadline => {
+            Err(Attempt::Refused(reason)) => {
+                return Err(error(format!("rank {}: {reason}", settings.rank)));
+            }
+            Err(Attempt::Retry(reason)) if Instant::now() >= deadline => {
                 return Err(error(format!(
-                    "rank {}: cannot reach its right neighbour {right} within {} s: {e}",
+                    "rank {}: cannot reach its right neighbour {right} within {} s: {reason}",
                     settings.rank,
                     settings.connect_timeout.as_secs_f64()
                 )));
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            Err(Attempt::Retry(_)) => std::thread::sleep(Duration::from_millis(100)),
         }
+    }
+}
+
+/// One connection to the right neighbour and its hello: this side sends
+/// nothing of the run before the other has proved that it holds the secret.
+fn try_right(settings: &RingSettings, deadline: Instant) -> Result<TcpStream, Attempt> {
+    let right = &settings.right;
+    let retry = |e: std::io::Error| Attempt::Retry(describe_hello_io(e));
+    let stream = connect_any(&right.address).map_err(|e| Attempt::Retry(e.to_string()))?;
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| right.address.to_string(), |a| a.to_string());
+    // A neighbour busy with strays answers late, but within the window.
+    let mut io = Deadline::new(
+        &stream,
+        deadline.max(Instant::now() + Duration::from_secs(1)),
+    );
+    let mine = nonce().map_err(Attempt::Refused)?;
+    io.write_all(&hello_bytes(&settings.instance, settings.rank, &mine))
+        .map_err(retry)?;
+    let mut answer = [0u8; 12 + 4 + NONCE_BYTES + PROOF_BYTES];
+    io.read_exact(&mut answer).map_err(retry)?;
+    if &answer[..12] != HELLO {
+        return Err(Attempt::Retry(format!(
+            "{peer} did not answer as a ring rank"
+        )));
+    }
+    let rank = u32::from_le_bytes(answer[12..16].try_into().expect("4 bytes"));
+    if rank != right.rank {
+        return Err(Attempt::Retry(format!(
+            "{peer} answered as rank {rank}, expected {}",
+            right.rank
+        )));
+    }
+    let theirs: [u8; NONCE_BYTES] = answer[16..16 + NONCE_BYTES].try_into().expect("32 bytes");
+    let got: [u8; PROOF_BYTES] = answer[16 + NONCE_BYTES..].try_into().expect("32 bytes");
+    let (me, instance, secret) = (settings.rank, &settings.instance, &settings.secret);
+    let expected = proof(secret, FROM_ACCEPTOR, instance, me, rank, &mine, &theirs);
+    if !proofs_match(&got, &expected) {
+        return Err(Attempt::Refused(format!(
+            "its right neighbour {right} answered from {peer}, but authentication failed: it              does not hold this plan's ring secret (the ranks' host files are of different              plans, or it is not a rank of this one); nothing was sent to it"
+        )));
+    }
+    let own = proof(secret, FROM_CONNECTOR, instance, me, rank, &mine, &theirs);
+    io.write_all(&own).map_err(retry)?;
+    let mut accepted = [0u8; 1];
+    io.read_exact(&mut accepted).map_err(retry)?;
+    if accepted[0] != ACCEPTED {
+        return Err(Attempt::Retry(format!("{peer} did not accept the hello")));
+    }
+    Ok(stream)
+}
+
+fn describe_hello_io(e: std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            "no complete hello in time".to_owned()
+        }
+        std::io::ErrorKind::UnexpectedEof => "closed the connection during the hello".to_owned(),
+        _ => e.to_string(),
     }
 }
 
@@ -164,29 +381,41 @@ fn connect_any(address: &HostPort) -> std::io::Result<TcpStream> {
     Err(last)
 }
 
-/// Accepts connections until one says hello as the left neighbour of this
-/// instance; strays are closed.
+/// Accepts connections until one completes the hello as the left neighbour of
+/// this instance; each has [`HELLO_TIMEOUT`] for it, and the others are
+/// closed. When the connecting side has `given_up`, it goes on for one more
+/// hello at most (within [`HELLO_TIMEOUT`]): the left neighbour, refused
+/// with a wrong secret too, then learns so from this side's proof instead of
+/// finding the port closed.
 fn accept_left(
     settings: &RingSettings,
     listener: &TcpListener,
     deadline: Instant,
+    given_up: &AtomicBool,
 ) -> Result<TcpStream, CollectiveError> {
     let left = &settings.left;
     listener
         .set_nonblocking(true)
         .map_err(|e| error(format!("cannot poll the ring listener: {e}")))?;
+    let mut last_refusal = String::new();
+    let mut grace: Option<Instant> = None;
     loop {
+        let stopping = grace.is_some();
         match listener.accept() {
             Ok((stream, peer)) => {
                 let _ = stream.set_nonblocking(false);
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                let _ = stream.set_read_timeout(Some(remaining.max(Duration::from_millis(100))));
-                match read_hello(stream, &settings.instance) {
-                    Ok((stream, rank)) if rank == left.rank => return Ok(stream),
-                    Ok((_, rank)) => {
-                        tracing::warn!(%peer, rank, "ring hello from rank {rank}, expected {}; closed", left.rank)
+                let now = Instant::now();
+                let by = (now + HELLO_TIMEOUT).min(deadline.max(now + Duration::from_millis(100)));
+                match accept_hello(&stream, settings, by) {
+                    Ok(()) => return Ok(stream),
+                    Err(reason) => {
+                        tracing::warn!(%peer, "not the ring's left neighbour ({reason}); closed");
+                        last_refusal =
+                            format!("; the last connection refused, from {peer}: {reason}");
                     }
-                    Err(reason) => tracing::warn!(%peer, "not a ring peer ({reason}); closed"),
+                }
+                if stopping {
+                    grace = Some(now);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -194,9 +423,18 @@ fn accept_left(
             }
             Err(e) => return Err(error(format!("ring listener failed: {e}"))),
         }
+        if grace.is_none() && given_up.load(Ordering::Relaxed) {
+            grace = Some(Instant::now() + HELLO_TIMEOUT);
+        }
+        if grace.is_some_and(|end| Instant::now() >= end) {
+            return Err(error(format!(
+                "rank {}: stopped waiting for its left neighbour {left}{last_refusal}",
+                settings.rank
+            )));
+        }
         if Instant::now() >= deadline {
             return Err(error(format!(
-                "rank {}: its left neighbour {left} did not connect within {} s",
+                "rank {}: its left neighbour {left} did not connect within {} s{last_refusal}",
                 settings.rank,
                 settings.connect_timeout.as_secs_f64()
             )));
@@ -204,30 +442,71 @@ fn accept_left(
     }
 }
 
-fn read_hello(mut stream: TcpStream, instance: &str) -> Result<(TcpStream, u32), String> {
+/// The accepting side of the hello, all by `deadline`: the left neighbour's
+/// greeting, rank, instance and nonce; this side's nonce and proof; the
+/// neighbour's proof, checked before the connection is used.
+fn accept_hello(
+    stream: &TcpStream,
+    settings: &RingSettings,
+    deadline: Instant,
+) -> Result<(), String> {
+    let mut io = Deadline::new(stream, deadline);
     let mut head = [0u8; 18];
-    stream.read_exact(&mut head).map_err(|e| e.to_string())?;
+    io.read_exact(&mut head).map_err(describe_hello_io)?;
     if &head[..12] != HELLO {
         return Err("wrong greeting".to_owned());
     }
     let rank = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
     let length = u16::from_le_bytes(head[16..18].try_into().expect("2 bytes")) as usize;
+    if rank != settings.left.rank {
+        return Err(format!(
+            "hello from rank {rank}, expected {}",
+            settings.left.rank
+        ));
+    }
     if length > MAX_INSTANCE_BYTES {
         return Err(format!("instance name of {length} bytes"));
     }
     let mut name = vec![0u8; length];
-    stream.read_exact(&mut name).map_err(|e| e.to_string())?;
+    io.read_exact(&mut name).map_err(describe_hello_io)?;
+    let instance = &settings.instance;
     if name != instance.as_bytes() {
         return Err(format!(
             "instance `{}`, this one is `{instance}`",
             String::from_utf8_lossy(&name)
         ));
     }
-    Ok((stream, rank))
+    let mut theirs = [0u8; NONCE_BYTES];
+    io.read_exact(&mut theirs).map_err(describe_hello_io)?;
+    let mine = nonce()?;
+    let (me, secret) = (settings.rank, &settings.secret);
+    let mut answer = HELLO.to_vec();
+    answer.extend_from_slice(&me.to_le_bytes());
+    answer.extend_from_slice(&mine);
+    answer.extend_from_slice(&proof(
+        secret,
+        FROM_ACCEPTOR,
+        instance,
+        rank,
+        me,
+        &theirs,
+        &mine,
+    ));
+    io.write_all(&answer).map_err(describe_hello_io)?;
+    let mut got = [0u8; PROOF_BYTES];
+    io.read_exact(&mut got).map_err(describe_hello_io)?;
+    let expected = proof(secret, FROM_CONNECTOR, instance, rank, me, &theirs, &mine);
+    if !proofs_match(&got, &expected) {
+        return Err(
+            "authentication failed: its proof does not match this plan's ring secret".to_owned(),
+        );
+    }
+    io.write_all(&[ACCEPTED]).map_err(describe_hello_io)?;
+    Ok(())
 }
 
 fn write_frame(
-    stream: &mut TcpStream,
+    stream: &mut impl Write,
     sequence: u64,
     origin: u32,
     bytes: &[u8],
@@ -245,7 +524,7 @@ fn write_frame(
 /// Reads the frame of step `sequence`, which must carry rank `origin`'s block
 /// of at most `max_bytes`.
 fn read_frame(
-    stream: &mut TcpStream,
+    stream: &mut impl Read,
     sequence: u64,
     origin: u32,
     max_bytes: u64,
@@ -284,7 +563,9 @@ fn read_frame(
 fn describe_io(e: std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            "sent nothing within the ring's I/O timeout (dead, stuck or cut off)".to_owned()
+            "did not finish the step within the ring's I/O timeout (dead, stuck, cut off or \
+             too slow)"
+                .to_owned()
         }
         std::io::ErrorKind::UnexpectedEof => "closed the connection".to_owned(),
         _ => e.to_string(),
@@ -317,7 +598,7 @@ impl Collective for RingCollective {
         let rank = settings.rank as usize;
         let mut blocks: Vec<Option<Vec<u8>>> = vec![None; n];
         blocks[rank] = Some(mine);
-        let Some((left, right)) = self.links.as_mut() else {
+        let Some((left, right)) = self.links.as_ref() else {
             return Ok(blocks.into_iter().flatten().collect());
         };
         for step in 0..n - 1 {
@@ -325,15 +606,21 @@ impl Collective for RingCollective {
             let incoming_index = (rank + 2 * n - step - 1) % n;
             let sequence = self.sequence;
             self.sequence += 1;
+            // One deadline for the whole step, each way: every read and write
+            // gets only the time left, so a trickle is cut off like silence.
+            let step_deadline = Instant::now() + settings.io_timeout;
             let outgoing = blocks[outgoing_index]
                 .as_deref()
                 .expect("held since the step before");
             // Send and receive at once: with both blocking, large blocks
             // would fill every socket buffer of the ring and stall it.
             let (sent, received) = std::thread::scope(|scope| {
-                let sender =
-                    scope.spawn(|| write_frame(right, sequence, outgoing_index as u32, outgoing));
-                let received = read_frame(left, sequence, incoming_index as u32, max_bytes);
+                let sender = scope.spawn(|| {
+                    let mut right = Deadline::new(right, step_deadline);
+                    write_frame(&mut right, sequence, outgoing_index as u32, outgoing)
+                });
+                let mut left = Deadline::new(left, step_deadline);
+                let received = read_frame(&mut left, sequence, incoming_index as u32, max_bytes);
                 (sender.join(), received)
             });
             // Both sides are reported: the neighbour that died is named even
@@ -414,6 +701,7 @@ mod tests {
             listen: SocketAddr::from(([127, 0, 0, 1], ports[rank as usize])),
             left: peer((rank + world - 1) % world),
             right: peer((rank + 1) % world),
+            secret: RingSecret::from_bytes([7; 32]),
             connect_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(5),
         }
@@ -518,5 +806,141 @@ mod tests {
             own.contains("its own contribution of 1000 bytes exceeds 100"),
             "{own}"
         );
+    }
+
+    /// Connects to `port` until it listens.
+    fn connect_until_listening(port: u16) -> TcpStream {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(stream) => return stream,
+                Err(e) if Instant::now() >= deadline => panic!("port {port}: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// A process that knows the instance and says rank 0, but not the
+    /// secret, connects to rank 1 first: it is refused (no acceptance, nothing
+    /// of the run), and the honest rank 0 still joins and gathers.
+    #[test]
+    fn a_fake_rank_without_the_secret_is_refused_and_the_ring_still_forms() {
+        let ports = free_ports(2);
+        let one = {
+            let settings = settings(2, &ports, 1);
+            std::thread::spawn(move || {
+                let mut ring = RingCollective::connect(settings).map_err(|e| e.to_string())?;
+                ring.all_gather(vec![1; 10], 100).map_err(|e| e.to_string())
+            })
+        };
+        let mut fake = connect_until_listening(ports[1]);
+        fake.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+        fake.write_all(&hello_bytes("test", 0, &[3; NONCE_BYTES]))
+            .unwrap();
+        let mut answer = [0u8; 12 + 4 + NONCE_BYTES + PROOF_BYTES];
+        fake.read_exact(&mut answer).unwrap();
+        // A guess at the proof, and an update it would like aggregated.
+        fake.write_all(&[0x55; PROOF_BYTES]).unwrap();
+        let _ = write_frame(&mut fake, 0, 0, &[66; 10]);
+        let mut got = Vec::new();
+        let _ = fake.read_to_end(&mut got);
+        assert!(got.is_empty(), "the fake rank was sent {got:?}");
+
+        let zero = {
+            let settings = settings(2, &ports, 0);
+            std::thread::spawn(move || {
+                let mut ring = RingCollective::connect(settings).map_err(|e| e.to_string())?;
+                ring.all_gather(vec![0; 10], 100).map_err(|e| e.to_string())
+            })
+        };
+        for handle in [zero, one] {
+            let blocks = handle.join().unwrap().unwrap();
+            assert_eq!(blocks, vec![vec![0; 10], vec![1; 10]]);
+        }
+    }
+
+    /// Ranks whose host files hold different secrets do not form a ring:
+    /// each refuses the other, naming its address and the authentication.
+    #[test]
+    fn ranks_with_different_secrets_fail_naming_authentication() {
+        let ports = free_ports(2);
+        let started = Instant::now();
+        let handles: Vec<_> = (0..2u32)
+            .map(|rank| {
+                let mut settings = settings(2, &ports, rank);
+                if rank == 1 {
+                    settings.secret = RingSecret::from_bytes([8; 32]);
+                }
+                std::thread::spawn(move || RingCollective::connect(settings).map(|_| ()))
+            })
+            .collect();
+        for (rank, handle) in handles.into_iter().enumerate() {
+            let message = handle.join().unwrap().unwrap_err().to_string();
+            let other = ports[1 - rank];
+            assert!(message.contains("authentication failed"), "{message}");
+            assert!(message.contains(&format!("127.0.0.1:{other}")), "{message}");
+        }
+        assert!(started.elapsed() < Duration::from_secs(8));
+    }
+
+    /// An idle connection to a rank's port holds its accepting side for the
+    /// hello deadline only, not the whole connect window.
+    #[test]
+    fn an_idle_connection_does_not_stop_the_ring_forming() {
+        let ports = free_ports(2);
+        let spawn = |rank: u32| {
+            let mut settings = settings(2, &ports, rank);
+            settings.connect_timeout = Duration::from_secs(30);
+            std::thread::spawn(move || {
+                let mut ring = RingCollective::connect(settings).unwrap();
+                ring.all_gather(vec![rank as u8; 4], 100).unwrap()
+            })
+        };
+        let one = spawn(1);
+        let _idle = connect_until_listening(ports[1]);
+        let started = Instant::now();
+        let zero = spawn(0);
+        for handle in [zero, one] {
+            assert_eq!(handle.join().unwrap(), vec![vec![0; 4], vec![1; 4]]);
+        }
+        let took = started.elapsed();
+        assert!(took < HELLO_TIMEOUT + Duration::from_secs(4), "{took:?}");
+    }
+
+    /// A neighbour that sends its frame a byte every 200 ms, each byte well
+    /// within the 1 s I/O timeout, is cut off when the step's 1 s is up.
+    #[test]
+    fn a_trickling_neighbour_is_cut_at_the_step_deadline() {
+        let ports = free_ports(2);
+        let trickler = {
+            let settings = settings(2, &ports, 1);
+            std::thread::spawn(move || RingCollective::connect(settings).unwrap())
+        };
+        let mut zero_settings = settings(2, &ports, 0);
+        zero_settings.io_timeout = Duration::from_secs(1);
+        let mut zero = RingCollective::connect(zero_settings).unwrap();
+        let one = trickler.join().unwrap();
+        let (_, to_zero) = one.links.as_ref().unwrap();
+        let mut to_zero = to_zero.try_clone().unwrap();
+        let trickle = std::thread::spawn(move || {
+            let mut frame = Vec::new();
+            write_frame(&mut frame, 0, 1, &[1; 10]).unwrap();
+            for byte in frame {
+                if to_zero.write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        let started = Instant::now();
+        let result = zero.all_gather(vec![0; 10], 100);
+        let took = started.elapsed();
+        let message = result.unwrap_err().to_string();
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert!(message.contains("its left neighbour rank 1"), "{message}");
+        assert!(message.contains("I/O timeout"), "{message}");
+        drop(zero);
+        drop(one);
+        trickle.join().unwrap();
     }
 }
