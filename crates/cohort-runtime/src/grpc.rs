@@ -90,11 +90,26 @@ pub struct ServerSettings {
 
 /// Which logical clients bring their own data, and the bound on what they
 /// may declare (`clients.own_data_clients`, `clients.max_samples`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct OwnDataSettings {
     /// Logical clients `1..=clients` are own-data clients; 0: none.
     pub clients: u32,
     pub max_samples: u64,
+    /// One token per own-data client (client `c` at index `c − 1`,
+    /// `clients.own_data_token_file`); empty: a claim needs the run's token
+    /// only, and any process holding it may claim any free id.
+    pub tokens: Vec<String>,
+}
+
+impl std::fmt::Debug for OwnDataSettings {
+    // The tokens are secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnDataSettings")
+            .field("clients", &self.clients)
+            .field("max_samples", &self.max_samples)
+            .field("tokens", &format_args!("[{} hidden]", self.tokens.len()))
+            .finish()
+    }
 }
 
 impl Default for OwnDataSettings {
@@ -102,6 +117,7 @@ impl Default for OwnDataSettings {
         Self {
             clients: 0,
             max_samples: 100_000,
+            tokens: Vec::new(),
         }
     }
 }
@@ -135,6 +151,9 @@ struct Queues {
     shared: VecDeque<Job>,
     /// Connected own-data clients by logical id, with their tasks.
     claims: BTreeMap<u32, Claim>,
+    /// Who held each own-data id last (its peer address), so that an id
+    /// served by another process mid-run is said loudly.
+    held_by: BTreeMap<u32, String>,
 }
 
 struct Shared {
@@ -199,8 +218,8 @@ impl Shared {
 
     /// Checks an own-data registration and records the claim; the error is
     /// the refusal the client prints.
-    fn claim(&self, own: &proto::OwnData) -> Result<(u32, usize, Declared), Status> {
-        let settings = self.settings.own_data;
+    fn claim(&self, own: &proto::OwnData, peer: &str) -> Result<(u32, usize, Declared), Status> {
+        let settings = &self.settings.own_data;
         if settings.clients == 0 {
             return Err(Status::failed_precondition(
                 "this run has no own-data clients (clients.own_data_clients = 0); start the \
@@ -258,6 +277,15 @@ impl Shared {
                 jobs: VecDeque::new(),
             },
         );
+        if let Some(before) = queues.held_by.insert(id, peer.to_owned()) {
+            tracing::warn!(
+                client = id,
+                now = %peer,
+                before = %before,
+                "own-data client {id} is claimed again, by another process: its updates from \
+                 here on come from {peer} (before: {before})"
+            );
+        }
         Ok((id, worker, declared))
     }
 
@@ -352,7 +380,12 @@ impl Federation for Service {
                  {MAX_CLIENT_NAME_BYTES} (MAX_CLIENT_NAME_BYTES)"
             )));
         }
-        if let Some(expected) = &self.shared.settings.auth_token
+        // With per-id tokens an own-data client proves which id it is; the
+        // run's token then admits only ordinary client processes.
+        let own_data_tokens = &self.shared.settings.own_data.tokens;
+        let per_id = register.own_data.is_some() && !own_data_tokens.is_empty();
+        if !per_id
+            && let Some(expected) = &self.shared.settings.auth_token
             && !token_matches(expected, &register.token)
         {
             // Not the name: whoever sent it has not shown they may write to
@@ -369,7 +402,16 @@ impl Federation for Service {
         // in one cannot forge or garble log lines.
         let (lane, worker, declared) = match &register.own_data {
             Some(own) => {
-                let (id, worker, declared) = shared.claim(own).inspect_err(|refusal| {
+                let own = match per_id {
+                    true => own_data_of_token(own, own_data_tokens, &register.token)
+                        .inspect_err(|_| {
+                            if let Some(times) = shared.refused(ip, "token") {
+                                tracing::warn!(%peer, times, "own-data claim refused: wrong or missing own-data token");
+                            }
+                        })?,
+                    false => *own,
+                };
+                let (id, worker, declared) = shared.claim(&own, &peer).inspect_err(|refusal| {
                     if let Some(times) = shared.refused(ip, "own-data") {
                         tracing::warn!(%peer, name = ?register.name, times, "own-data client refused: {}", refusal.message());
                     }
@@ -430,6 +472,36 @@ enum TaskError {
     Failed(String),
     /// The connection is unusable; the worker is dropped.
     Broken(String),
+}
+
+/// The claim `own` with the id whose token `token` is: an explicit id must
+/// be that one. Every token is compared in constant time, so the time taken
+/// says nothing of which one was close.
+fn own_data_of_token(
+    own: &proto::OwnData,
+    tokens: &[String],
+    token: &str,
+) -> Result<proto::OwnData, Status> {
+    let mut found = None;
+    for (index, expected) in tokens.iter().enumerate() {
+        if token_matches(expected, token) {
+            found = Some(index as u32 + 1);
+        }
+    }
+    match found {
+        Some(id) if own.client_id == 0 || own.client_id == id => Ok(proto::OwnData {
+            client_id: id,
+            ..*own
+        }),
+        Some(id) => Err(Status::unauthenticated(format!(
+            "this token is own-data client {id}'s, not client {}'s (--client-id)",
+            own.client_id
+        ))),
+        None => Err(Status::unauthenticated(
+            "wrong or missing own-data token: this run gives each own-data client a token \
+             of its own (cohort client --token, or COHORT_TOKEN)",
+        )),
+    }
 }
 
 /// A registered client process, as the server serves it.

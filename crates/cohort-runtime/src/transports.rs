@@ -184,6 +184,10 @@ pub(crate) fn start_transport(
         own_data: crate::grpc::OwnDataSettings {
             clients: config.clients.own_data_clients,
             max_samples: config.clients.max_samples,
+            tokens: match &config.clients.own_data_token_file {
+                Some(path) => own_data_tokens(path, config.clients.own_data_clients)?,
+                None => Vec::new(),
+            },
         },
     })?;
     observer.on_event(&RunEvent::Listening {
@@ -209,6 +213,69 @@ pub(crate) fn start_transport(
     Ok((Box::new(grpc), children))
 }
 
+/// Shortest own-data token accepted: a guessable one would be no credential.
+const MIN_TOKEN_CHARS: usize = 16;
+
+/// `clients.own_data_token_file`: one `ID TOKEN` line for each own-data
+/// client 1..=`clients` (blank lines and `#` comments aside), each id once,
+/// each token its own; the tokens by id.
+fn own_data_tokens(path: &std::path::Path, clients: u32) -> anyhow::Result<Vec<String>> {
+    let text = cohort_core::fsutil::read_bounded_text(path, 1 << 20)
+        .with_context(|| format!("clients.own_data_token_file = {}", path.display()))?;
+    let mut tokens = vec![None; clients as usize];
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = || format!("{}, line {}", path.display(), number + 1);
+        let (id, token) = match line.split_whitespace().collect::<Vec<_>>()[..] {
+            [id, token] => (id, token),
+            _ => anyhow::bail!("{}: expected `ID TOKEN`", at()),
+        };
+        let slot = id
+            .parse::<u32>()
+            .ok()
+            .filter(|id| (1..=clients).contains(id))
+            .and_then(|id| tokens.get_mut(id as usize - 1))
+            .with_context(|| {
+                format!(
+                    "{}: `{id}` is not an own-data client id, 1 to {clients}",
+                    at()
+                )
+            })?;
+        anyhow::ensure!(slot.is_none(), "{}: client {id} has a token already", at());
+        anyhow::ensure!(
+            token.chars().count() >= MIN_TOKEN_CHARS,
+            "{}: client {id}'s token is shorter than {MIN_TOKEN_CHARS} characters",
+            at()
+        );
+        *slot = Some(token.to_owned());
+    }
+    let tokens: Vec<String> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(index, token)| {
+            token.with_context(|| {
+                format!(
+                    "{}: no token for own-data client {}",
+                    path.display(),
+                    index + 1
+                )
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut unique = tokens.clone();
+    unique.sort();
+    unique.dedup();
+    anyhow::ensure!(
+        unique.len() == tokens.len(),
+        "{}: two own-data clients share a token; each needs its own",
+        path.display()
+    );
+    Ok(tokens)
+}
+
 /// How many ordinary client processes network mode waits for: those it
 /// starts, or `trainer.max_concurrency` started elsewhere; none when every
 /// client brings its own data (those are waited for by id).
@@ -224,6 +291,47 @@ fn expected_clients(options: &RunOptions, config: &cohort_core::config::Config) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_data_token_files_name_each_id_once_with_a_token_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tokens");
+        let read = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            own_data_tokens(&file, 2).map_err(|e| format!("{e:#}"))
+        };
+        let (a, b) = ("aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb");
+        assert_eq!(
+            read(&format!("# ids and tokens\n2 {b}\n\n1 {a}\n")).unwrap(),
+            [a, b]
+        );
+        for (text, expected) in [
+            (
+                format!("1 {a}\n"),
+                "no token for own-data client 2".to_owned(),
+            ),
+            (
+                format!("1 {a}\n1 {b}\n"),
+                "line 2: client 1 has a token already".to_owned(),
+            ),
+            (
+                format!("1 {a}\n3 {b}\n"),
+                "line 2: `3` is not an own-data client id, 1 to 2".to_owned(),
+            ),
+            (format!("1 {a}\n2 {a}\n"), "share a token".to_owned()),
+            (
+                "1 short\n2 x\n".to_owned(),
+                "line 1: client 1's token is shorter than 16".to_owned(),
+            ),
+            (
+                format!("1 {a} extra\n"),
+                "line 1: expected `ID TOKEN`".to_owned(),
+            ),
+        ] {
+            let error = read(&text).unwrap_err();
+            assert!(error.contains(&expected), "{text:?}: {error}");
+        }
+    }
 
     #[test]
     fn a_batch_too_large_for_the_devices_buffers_is_an_error_naming_the_key() {

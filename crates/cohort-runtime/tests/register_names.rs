@@ -216,3 +216,84 @@ fn refusals_from_one_peer_are_logged_once_per_window() {
     assert!(!log.contains("yyyyyyyyyy"), "a refused name was logged");
     assert_eq!(transport.connected(), 0);
 }
+
+/// #28 item 9: with per-id tokens an own-data id is claimed by its token
+/// alone: the run's token, another id's token or none cannot take it, and an
+/// id served by another process after its holder left is logged loudly.
+#[test]
+fn own_data_ids_are_claimed_by_their_own_tokens() {
+    let (one, two) = ("own-data-token-one-0001", "own-data-token-two-0002");
+    log();
+    let transport = GrpcTransport::start(ServerSettings {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        config_toml: String::new(),
+        auth_token: Some("the-run-token".to_owned()),
+        tls: None,
+        payload_timeout: Duration::from_secs(10),
+        registration_timeout: Duration::from_secs(5),
+        max_payload_bytes: 1000,
+        max_inflight_bytes: 1 << 20,
+        admission: Default::default(),
+        own_data: cohort_runtime::grpc::OwnDataSettings {
+            clients: 2,
+            max_samples: 100,
+            tokens: vec![one.to_owned(), two.to_owned()],
+        },
+    })
+    .unwrap();
+    let address = transport.local_addr();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let claim = |token: &str, client_id: u32| {
+        runtime.block_on(register(
+            address,
+            token,
+            "own".to_owned(),
+            Some(proto::OwnData {
+                client_id,
+                train_samples: 10,
+                test_samples: 0,
+            }),
+        ))
+    };
+    for (token, id) in [
+        ("the-run-token", 1),
+        ("", 1),
+        ("own-data-token-one-0002", 0),
+    ] {
+        let status = refusal(claim(token, id));
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unauthenticated,
+            "{token}: {status:?}"
+        );
+    }
+    let status = refusal(claim(two, 1));
+    assert_eq!(
+        status.message(),
+        "this token is own-data client 2's, not client 1's (--client-id)"
+    );
+    // The token names the id; no --client-id needed.
+    let (_, _, welcome) = claim(two, 0).unwrap();
+    assert_eq!(welcome.client_id, 2);
+    let holder = claim(one, 1).unwrap();
+    assert_eq!(holder.2.client_id, 1);
+    drop(holder);
+    // Once its holder left, id 1 may be claimed again (with its token), and
+    // that is said.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match claim(one, 1) {
+            Ok(joined) => break joined,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(status) => panic!("{status:?}"),
+        }
+    };
+    assert_eq!(again.2.client_id, 1);
+    let text = String::from_utf8_lossy(&log().lock().unwrap()).into_owned();
+    assert!(
+        text.contains("own-data client 1 is claimed again"),
+        "{text}"
+    );
+    // The tokens never reach the log.
+    assert!(!text.contains(one) && !text.contains(two), "{text}");
+}

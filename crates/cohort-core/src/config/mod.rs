@@ -333,6 +333,7 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "server.payload_timeout",
     "server.registration_timeout",
     "server.auth_token",
+    "clients.own_data_token_file",
     "server.tls_cert",
     "server.tls_key",
     "server.max_payload_bytes",
@@ -1366,6 +1367,12 @@ fn validate_own_data(clients: &schema::Clients, fail: Fail) {
             "own-data clients are `cohort client --data` processes: set \
              clients.comm_simulation = false (network mode)"
                 .to_owned(),
+        );
+    }
+    if clients.own_data_token_file.is_some() && clients.own_data_clients == 0 {
+        fail(
+            "clients.own_data_token_file",
+            "gives own-data clients their tokens, but clients.own_data_clients = 0".to_owned(),
         );
     }
     if !(1..=MAX_SAMPLES_BOUND).contains(&clients.max_samples) {

@@ -80,6 +80,10 @@ pub struct Clients {
     /// Most training (and held-out) samples an own-data client may declare,
     /// and so the most weight it can get in a sample-weighted average.
     pub max_samples: u64,
+    /// A file of `ID TOKEN` lines, one per own-data client: a process may
+    /// claim an id only with its token. Default: none (the run's
+    /// `server.auth_token` admits a claim of any free id).
+    pub own_data_token_file: Option<PathBuf>,
 }
 
 impl Default for Clients {
@@ -101,6 +105,7 @@ impl Default for Clients {
             downlink_mbps: None,
             own_data_clients: 0,
             max_samples: 100_000,
+            own_data_token_file: None,
         }
     }
 }

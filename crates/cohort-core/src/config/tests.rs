@@ -1049,3 +1049,22 @@ fn the_update_norm_bound_is_a_ratio_above_one() {
     .unwrap();
     assert_eq!(loaded.config().server.max_update_norm_ratio, Some(10.0));
 }
+
+#[test]
+fn an_own_data_token_file_needs_own_data_clients_and_changes_no_result() {
+    let error = error_of(&MINIMAL.replace(
+        "per_round = 2\n",
+        "per_round = 2\nown_data_token_file = \"tokens\"\n",
+    ));
+    assert_eq!(error.key.as_deref(), Some("clients.own_data_token_file"));
+    let network = MINIMAL.replace(
+        "per_round = 2\n",
+        "per_round = 2\ncomm_simulation = false\nown_data_clients = 2\n",
+    );
+    let with = load_text(&network.replace(
+        "own_data_clients = 2\n",
+        "own_data_clients = 2\nown_data_token_file = \"tokens\"\n",
+    ))
+    .unwrap();
+    assert_eq!(with.result_hash(), load_text(&network).unwrap().result_hash());
+}
