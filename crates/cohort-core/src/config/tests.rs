@@ -1066,5 +1066,8 @@ fn an_own_data_token_file_needs_own_data_clients_and_changes_no_result() {
         "own_data_clients = 2\nown_data_token_file = \"tokens\"\n",
     ))
     .unwrap();
-    assert_eq!(with.result_hash(), load_text(&network).unwrap().result_hash());
+    assert_eq!(
+        with.result_hash(),
+        load_text(&network).unwrap().result_hash()
+    );
 }

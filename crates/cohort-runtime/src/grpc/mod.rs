@@ -40,11 +40,11 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::client::ClientReply;
-use crate::transport::{
-    ClientOutcome, Declared, Delivered, MAX_REASON_BYTES, TaskSpec, Transport, truncated,
-};
-use cohort_train::trainer::ClientTask;
+use crate::transport::{ClientOutcome, Declared, TaskSpec, Transport};
+
+mod serve;
+
+use serve::{Process, serve_worker};
 
 pub mod proto {
     tonic::include_proto!("cohort.v1");
@@ -466,14 +466,6 @@ impl Federation for Service {
     }
 }
 
-/// Why a task did not come back.
-enum TaskError {
-    /// The client said so and can take further tasks.
-    Failed(String),
-    /// The connection is unusable; the worker is dropped.
-    Broken(String),
-}
-
 /// The claim `own` with the id whose token `token` is: an explicit id must
 /// be that one. Every token is compared in constant time, so the time taken
 /// says nothing of which one was close.
@@ -501,201 +493,6 @@ fn own_data_of_token(
             "wrong or missing own-data token: this run gives each own-data client a token \
              of its own (cohort client --token, or COHORT_TOKEN)",
         )),
-    }
-}
-
-/// A registered client process, as the server serves it.
-struct Process {
-    worker: usize,
-    /// Free text from its Register message, for the log; at most
-    /// [`MAX_CLIENT_NAME_BYTES`].
-    name: String,
-    lane: Lane,
-    declared: Option<Declared>,
-}
-
-async fn serve_worker(
-    shared: &Shared,
-    process: &Process,
-    mut inbound: Streaming<ClientMessage>,
-    sender: tokio::sync::mpsc::Sender<Result<ServerMessage, Status>>,
-) {
-    let (worker, name) = (process.worker, &process.name);
-    loop {
-        // An idle client that leaves is noticed now, not when a task it would
-        // have lost is handed to it.
-        let job = tokio::select! {
-            job = shared.next_job(process.lane) => job,
-            idle = inbound.message() => {
-                match idle {
-                    Ok(Some(_)) => tracing::warn!(worker, process = name, "unexpected message from an idle client; dropping it"),
-                    Ok(None) | Err(_) => tracing::info!(worker, process = name, "client process left"),
-                }
-                None
-            }
-        };
-        let Some(job) = job else { break };
-        let started = Instant::now();
-        let task = job.spec.task;
-        let attempt = tokio::time::timeout(
-            shared.settings.payload_timeout,
-            run_task(shared, &sender, &mut inbound, &job),
-        )
-        .await;
-        let (result, keep_worker) = match attempt {
-            Ok(Ok(reply)) => {
-                let own = reply.training_time + reply.processing_time;
-                let comm_time = (started.elapsed().as_secs_f64() - own).max(0.0);
-                let declared = process.declared;
-                (
-                    Ok(Delivered {
-                        reply,
-                        comm_time,
-                        declared,
-                    }),
-                    true,
-                )
-            }
-            Ok(Err(TaskError::Failed(reason))) => (Err(reason), true),
-            Ok(Err(TaskError::Broken(reason))) => (Err(reason), false),
-            Err(_) => (
-                Err(format!(
-                    "no report within server.payload_timeout = {} s",
-                    shared.settings.payload_timeout.as_secs_f64()
-                )),
-                false,
-            ),
-        };
-        if let Err(reason) = &result {
-            tracing::warn!(
-                client = task.client_id,
-                round = task.round,
-                worker,
-                process = name,
-                "client dropped from the round: {reason}"
-            );
-        }
-        shared.push_outcome(ClientOutcome {
-            slot: job.spec.slot,
-            task,
-            worker,
-            result,
-        });
-        if !keep_worker {
-            break;
-        }
-    }
-}
-
-async fn run_task(
-    shared: &Shared,
-    sender: &tokio::sync::mpsc::Sender<Result<ServerMessage, Status>>,
-    inbound: &mut Streaming<ClientMessage>,
-    job: &Job,
-) -> Result<ClientReply, TaskError> {
-    let gone = || TaskError::Broken("the client process disconnected".to_owned());
-    let ClientTask { client_id, round } = job.spec.task;
-    let instructions = &job.spec.instructions;
-    let correction: &[u8] = instructions
-        .correction
-        .as_deref()
-        .map_or(&[], Vec::as_slice);
-    sender
-        .send(message(ServerKind::Task(proto::Task {
-            client_id,
-            round,
-            learning_rate: instructions.learning_rate,
-            payload_bytes: job.payload.len() as u64,
-            proximal_mu: instructions.proximal_mu,
-            update_clip_norm: instructions.update_clip_norm,
-            correction_bytes: correction.len() as u64,
-        })))
-        .await
-        .map_err(|_| gone())?;
-    for chunk in job
-        .payload
-        .chunks(CHUNK_BYTES)
-        .chain(correction.chunks(CHUNK_BYTES))
-    {
-        sender
-            .send(message(ServerKind::Chunk(proto::Chunk {
-                data: chunk.to_vec(),
-            })))
-            .await
-            .map_err(|_| gone())?;
-    }
-    let report = match next_message(inbound).await? {
-        ClientKind::Report(report) => report,
-        ClientKind::Failed(failed) if failed.client_id == client_id && failed.round == round => {
-            let reason = truncated(&failed.reason, MAX_REASON_BYTES);
-            let cut = if reason.len() < failed.reason.len() {
-                format!(" … ({} bytes in all)", failed.reason.len())
-            } else {
-                String::new()
-            };
-            return Err(TaskError::Failed(format!(
-                "the client's training failed: {reason}{cut}"
-            )));
-        }
-        _ => return Err(malformed("expected a report")),
-    };
-    if report.client_id != client_id || report.round != round {
-        return Err(malformed(&format!(
-            "report for client {} round {}, but the task was client {client_id} round {round}",
-            report.client_id, report.round
-        )));
-    }
-    let size = usize::try_from(report.payload_bytes).unwrap_or(usize::MAX);
-    if size > shared.settings.max_payload_bytes {
-        return Err(malformed(&format!(
-            "update of {} bytes exceeds server.max_payload_bytes = {}",
-            report.payload_bytes, shared.settings.max_payload_bytes
-        )));
-    }
-    // Room is reserved for the announced size before anything is buffered,
-    // and the buffer grows only as bytes arrive.
-    let _room = shared
-        .inflight
-        .acquire_many(kib(size))
-        .await
-        .map_err(|_| TaskError::Broken("the server is stopping".to_owned()))?;
-    let mut payload = Vec::with_capacity(size.min(CHUNK_BYTES));
-    while payload.len() < size {
-        match next_message(inbound).await? {
-            ClientKind::Chunk(chunk) if payload.len() + chunk.data.len() <= size => {
-                payload.extend_from_slice(&chunk.data)
-            }
-            ClientKind::Chunk(_) => return Err(malformed("more payload bytes than announced")),
-            _ => return Err(malformed("the update payload ended early")),
-        }
-    }
-    Ok(ClientReply {
-        num_samples: report.num_samples,
-        loss: report.loss,
-        training_time: report.training_time,
-        processing_time: report.processing_time,
-        local_steps: report.local_steps,
-        test_samples: report.test_samples,
-        test_correct: report.test_correct.min(report.test_samples),
-        payload,
-    })
-}
-
-fn malformed(what: &str) -> TaskError {
-    TaskError::Broken(format!("malformed message from the client: {what}"))
-}
-
-async fn next_message(inbound: &mut Streaming<ClientMessage>) -> Result<ClientKind, TaskError> {
-    match inbound.message().await {
-        Ok(Some(ClientMessage { kind: Some(kind) })) => Ok(kind),
-        Ok(Some(ClientMessage { kind: None })) => Err(malformed("empty message")),
-        Ok(None) => Err(TaskError::Broken(
-            "the client process closed the connection".to_owned(),
-        )),
-        Err(status) => Err(TaskError::Broken(format!(
-            "the connection to the client process broke: {}",
-            status.message()
-        ))),
     }
 }
 
