@@ -30,6 +30,7 @@
 mod address;
 mod backend;
 mod file;
+mod frame;
 mod launcher;
 mod place;
 mod plan;
@@ -44,6 +45,10 @@ pub use backend::{Backend, BackendError, built_backends, check_backend};
 pub use file::{
     ClusterError, ClusterSpec, InterfaceSpec, LinkEnd, LinkSpec, MAX_CLUSTER_BYTES, NodeSpec, load,
     parse,
+};
+pub use frame::{
+    FRAME_HEADER_BYTES, FRAME_MAGIC, FrameError, FrameExpectation, FrameHeader, decode_frame,
+    encode_frame,
 };
 pub use launcher::{LauncherRank, launcher_rank};
 pub use place::{MemoryNeed, MemoryShortfall, PlacementError, RankCount, Request, place};

@@ -38,7 +38,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cohort_core::cluster::{HostPort, RingSecret};
+use cohort_core::cluster::{
+    FRAME_HEADER_BYTES, FrameError, FrameExpectation, FrameHeader, HostPort, RingSecret,
+};
 use hmac::{Hmac, Mac};
 use rand::TryRngCore;
 use sha2::Sha256;
@@ -49,7 +51,6 @@ use super::{Collective, CollectiveError};
 
 /// Version 2: authenticated hellos (version 1 had none).
 const HELLO: &[u8; 12] = b"cohort-ring2";
-const FRAME_MAGIC: u32 = 0xC04F_2701;
 /// Instance names longer than this are refused in a hello.
 const MAX_INSTANCE_BYTES: usize = 256;
 const NONCE_BYTES: usize = 32;
@@ -511,51 +512,33 @@ fn write_frame(
     origin: u32,
     bytes: &[u8],
 ) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(24);
-    head.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
-    head.extend_from_slice(&sequence.to_le_bytes());
-    head.extend_from_slice(&origin.to_le_bytes());
-    head.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-    stream.write_all(&head)?;
+    let header = FrameHeader {
+        sequence,
+        origin,
+        length: bytes.len() as u64,
+    };
+    stream.write_all(&header.encode())?;
     stream.write_all(bytes)?;
     stream.flush()
 }
 
-/// Reads the frame of step `sequence`, which must carry rank `origin`'s block
-/// of at most `max_bytes`.
-fn read_frame(
-    stream: &mut impl Read,
-    sequence: u64,
-    origin: u32,
-    max_bytes: u64,
-) -> Result<Vec<u8>, String> {
-    let mut head = [0u8; 24];
+/// Reads the frame of step `expected.sequence`, which must carry rank
+/// `expected.origin`'s block of at most `expected.max_bytes`; the header is
+/// checked (`cohort_core::cluster::FrameHeader::decode`) before any of it.
+fn read_frame(stream: &mut impl Read, expected: &FrameExpectation) -> Result<Vec<u8>, String> {
+    let mut head = [0u8; FRAME_HEADER_BYTES];
     stream.read_exact(&mut head).map_err(describe_io)?;
-    let magic = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
-    let got_sequence = u64::from_le_bytes(head[4..12].try_into().expect("8 bytes"));
-    let got_origin = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
-    let length = u64::from_le_bytes(head[16..24].try_into().expect("8 bytes"));
-    if magic != FRAME_MAGIC || got_sequence != sequence || got_origin != origin {
-        return Err(format!(
-            "sent frame {got_sequence} of rank {got_origin} (magic {magic:#x}) where frame \
-             {sequence} of rank {origin} belongs: the ranks are out of step"
-        ));
-    }
-    if length > max_bytes {
-        return Err(format!(
-            "announced {length} bytes for rank {origin}, more than the {max_bytes} allowed"
-        ));
-    }
+    let length = FrameHeader::decode(&head, expected)
+        .map_err(|e| e.to_string())?
+        .length;
     let mut bytes = Vec::with_capacity(length.min(1 << 20) as usize);
     stream
         .take(length)
         .read_to_end(&mut bytes)
         .map_err(describe_io)?;
     if bytes.len() as u64 != length {
-        return Err(format!(
-            "closed the connection after {} of {length} bytes",
-            bytes.len()
-        ));
+        let got = bytes.len() as u64;
+        return Err(FrameError::ShortBlock { got, length }.to_string());
     }
     Ok(bytes)
 }
@@ -619,8 +602,14 @@ impl Collective for RingCollective {
                     let mut right = Deadline::new(right, step_deadline);
                     write_frame(&mut right, sequence, outgoing_index as u32, outgoing)
                 });
+                let expected = FrameExpectation {
+                    sequence,
+                    origin: incoming_index as u32,
+                    world_size: settings.world_size,
+                    max_bytes,
+                };
                 let mut left = Deadline::new(left, step_deadline);
-                let received = read_frame(&mut left, sequence, incoming_index as u32, max_bytes);
+                let received = read_frame(&mut left, &expected);
                 (sender.join(), received)
             });
             // Both sides are reported: the neighbour that died is named even
