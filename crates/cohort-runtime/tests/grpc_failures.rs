@@ -384,18 +384,7 @@ learning_rate = 0.05
         ..settings(Duration::from_secs(60))
     })
     .unwrap();
-    let options = cohort_runtime::WorkerOptions {
-        server: transport.local_addr().to_string(),
-        token: None,
-        tls_ca: None,
-        tls_domain: None,
-        data_root: Some(data),
-        max_payload_bytes: 1 << 20,
-        device: cohort_train::device::DeviceRequest::Cpu,
-        connect_timeout: Duration::from_secs(20),
-        own_data: None,
-        host_name: "honest".into(),
-    };
+    let options = honest_client(transport.local_addr(), data);
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         done.send(cohort_runtime::run_worker(&options).map_err(|e| e.to_string()))
@@ -455,7 +444,24 @@ fn an_honest_client_retries_past_a_server_whose_slots_are_full() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(200));
-    let options = cohort_runtime::WorkerOptions {
+    let options = honest_client(address, data);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        done.send(cohort_runtime::run_worker(&options).map_err(|e| e.to_string()))
+    });
+    transport.wait_for_clients(1).unwrap();
+    drop(squatters);
+    drop(transport);
+    // The server going away ends the client; what matters is that it got in.
+    let _ = finished.recv_timeout(Duration::from_secs(30));
+}
+
+/// A `cohort client` of the server at `address`, on the fixtures in `data`.
+fn honest_client(
+    address: std::net::SocketAddr,
+    data: std::path::PathBuf,
+) -> cohort_runtime::WorkerOptions {
+    cohort_runtime::WorkerOptions {
         server: address.to_string(),
         token: None,
         tls_ca: None,
@@ -466,14 +472,5 @@ fn an_honest_client_retries_past_a_server_whose_slots_are_full() {
         connect_timeout: Duration::from_secs(20),
         own_data: None,
         host_name: "honest".into(),
-    };
-    let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        done.send(cohort_runtime::run_worker(&options).map_err(|e| e.to_string()))
-    });
-    transport.wait_for_clients(1).unwrap();
-    drop(squatters);
-    drop(transport);
-    // The server going away ends the client; what matters is that it got in.
-    let _ = finished.recv_timeout(Duration::from_secs(30));
+    }
 }
