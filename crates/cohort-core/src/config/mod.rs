@@ -342,7 +342,7 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     // An alias that must equal algorithm.type: writing it or not changes nothing.
     "server.type",
     // Where the ranks run: a distributed run computes the single-process
-    // run's model (issue 11), and `--resume` may continue on another plan.
+    // run's model, and `--resume` may continue on another plan.
     "cluster.backend",
     "cluster.file",
     "cluster.ranks",
