@@ -48,7 +48,15 @@ pub fn report(findings: &Findings) -> anyhow::Result<()> {
 /// cuts no partitions).
 fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Findings) {
     let data = &loaded.config().data;
-    let survey = Survey::of(data.datasource, data_root.unwrap_or(&data.data_path));
+    let Some(source) = data.builtin_source() else {
+        findings.notes.push(format!(
+            "data: `{}` is a data set of the program's own registry; its files are read when \
+             the run starts, not surveyed here",
+            data.datasource
+        ));
+        return;
+    };
+    let survey = Survey::of(source, data_root.unwrap_or(&data.data_path));
     let own_data = loaded.config().clients.all_own_data();
     let (files, problems, why) = if own_data {
         (

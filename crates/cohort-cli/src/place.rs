@@ -29,6 +29,7 @@ use cohort_core::cluster::{
 };
 use cohort_core::config::{Config, LoadedConfig, Sampler};
 use cohort_core::fsutil::{atomic_write, atomic_write_private};
+use cohort_train::registry::Registry;
 
 #[derive(Args)]
 pub struct PlaceArgs {
@@ -72,8 +73,9 @@ fn parse_backend(name: &str) -> Result<Backend, String> {
 }
 
 /// `cohort place`.
-pub fn place(args: &PlaceArgs) -> anyhow::Result<()> {
+pub fn place(args: &PlaceArgs, registry: &Registry) -> anyhow::Result<()> {
     let loaded = cohort_core::config::load(&args.config)?;
+    let size = run_size(&loaded, registry)?;
     let cluster_path = cluster_path(args, &loaded)?;
     let topology = cluster::load(&cluster_path)?;
     let instance = instance_name(args, &loaded, &cluster_path)?;
@@ -81,7 +83,7 @@ pub fn place(args: &PlaceArgs) -> anyhow::Result<()> {
         Some(dir) => read_host_files(dir)?,
         None => Vec::new(),
     };
-    let mut request = request(args, loaded.config(), instance);
+    let mut request = request(args, loaded.config(), instance, &size);
     request.ports_in_use = earlier
         .iter()
         .filter(|(_, file)| file.instance != request.instance)
@@ -161,9 +163,10 @@ fn place_in_this_build(
 }
 
 /// The request: flags first, then the config's `[cluster]`, then defaults.
-fn request(args: &PlaceArgs, config: &Config, instance: String) -> Request {
+fn request(args: &PlaceArgs, config: &Config, instance: String, size: &RunSize) -> Request {
     let cluster = &config.cluster;
-    let mut request = Request::new(instance, config.clients.total_clients, memory_need(config));
+    let need = memory_need(config, size);
+    let mut request = Request::new(instance, config.clients.total_clients, need);
     request.backend = args.backend.or(cluster.backend).unwrap_or(Backend::Grpc);
     request.available_backends = cohort_runtime::available_backends();
     request.ranks = args
@@ -178,32 +181,45 @@ fn request(args: &PlaceArgs, config: &Config, instance: String) -> Request {
 /// Bytes per parameter: cohort trains in float32.
 const PARAMETER_BYTES: u64 = 4;
 
-/// The configured model's size (counted on a model built on the CPU, which
-/// takes milliseconds) and each client's training data, as the runtime holds
-/// it: float32 pixels and a label byte per sample.
-fn memory_need(config: &Config) -> MemoryNeed {
-    let model = cohort_train::model::Net::build(
-        config.trainer.model_name,
-        config.parameters.model.num_classes,
-        &cohort_train::device::cpu(),
-    );
-    let parameters = cohort_train::params::extract(&model).num_elements() as u64;
-    let source = config.data.datasource;
-    let sample_bytes = (source.pixels_per_image() * 4 + 1) as u64;
-    let per_client = (samples_per_client(config) as u64).saturating_mul(sample_bytes);
-    MemoryNeed::estimate(parameters, PARAMETER_BYTES, per_client)
+/// What the memory need is counted from, known before any data is read.
+struct RunSize {
+    /// Parameters of the model, counted on one built on the CPU (milliseconds).
+    parameters: u64,
+    /// Values of one sample of the data set.
+    values_per_sample: usize,
+    /// Samples of the data set's training split.
+    train_samples: usize,
+}
+
+fn run_size(loaded: &LoadedConfig, registry: &Registry) -> anyhow::Result<RunSize> {
+    let model = registry.config_model(loaded)?;
+    let dataset = registry.dataset_of(loaded)?;
+    Ok(RunSize {
+        parameters: model.template()?.num_elements() as u64,
+        values_per_sample: dataset.sample_shape().iter().product(),
+        train_samples: dataset.train_samples(),
+    })
+}
+
+/// The model's parameters and each client's training data, as the runtime
+/// holds it: float32 values and a 4-byte label per sample.
+fn memory_need(config: &Config, size: &RunSize) -> MemoryNeed {
+    let sample_bytes = (size.values_per_sample * 4 + 4) as u64;
+    let per_client =
+        (samples_per_client(config, size.train_samples) as u64).saturating_mul(sample_bytes);
+    MemoryNeed::estimate(size.parameters, PARAMETER_BYTES, per_client)
 }
 
 /// Samples of the largest client the config names; for samplers that size
 /// clients from the labels (not read here), the even share of the training
 /// set, which is what a client holds on average.
-fn samples_per_client(config: &Config) -> usize {
+fn samples_per_client(config: &Config, train_samples: usize) -> usize {
     let data = &config.data;
     let clients = config.clients.total_clients.max(1) as usize;
     match (data.sampler, &data.partition_sizes, data.partition_size) {
         (Sampler::Iid, Some(sizes), _) => sizes.iter().copied().max().unwrap_or(0),
         (Sampler::Iid | Sampler::IidCyclic, None, Some(size)) => size,
-        _ => data.datasource.train_samples().div_ceil(clients),
+        _ => train_samples.div_ceil(clients),
     }
 }
 
@@ -330,11 +346,12 @@ fn launch_text(plan: &Plan, launch: &Launch, dir: &Path) -> String {
 mod tests {
     use super::*;
 
+    fn loaded(text: &str) -> LoadedConfig {
+        cohort_core::config::from_str(text, Path::new("run.toml")).unwrap()
+    }
+
     fn config(text: &str) -> Config {
-        cohort_core::config::from_str(text, Path::new("run.toml"))
-            .unwrap()
-            .config()
-            .clone()
+        loaded(text).config().clone()
     }
 
     const BASE: &str = "[parameters.optimizer]\nlearning_rate = 0.01\n";
@@ -345,23 +362,25 @@ mod tests {
             "{BASE}[clients]\ntotal_clients = 3\nper_round = 1\n\
              [data]\npartition_sizes = [10, 300, 20]\n"
         ));
-        assert_eq!(samples_per_client(&sized), 300);
+        assert_eq!(samples_per_client(&sized, 60_000), 300);
         let fixed = config(&format!("{BASE}[data]\npartition_size = 6000\n"));
-        assert_eq!(samples_per_client(&fixed), 6000);
+        assert_eq!(samples_per_client(&fixed, 60_000), 6000);
         // 60,000 training images over the default 10 clients.
-        assert_eq!(samples_per_client(&config(BASE)), 6000);
+        assert_eq!(samples_per_client(&config(BASE), 60_000), 6000);
         let skewed = config(&format!(
             "{BASE}[clients]\ntotal_clients = 7\n[data]\nsampler = \"dirichlet\"\n"
         ));
-        assert_eq!(samples_per_client(&skewed), 8572);
+        assert_eq!(samples_per_client(&skewed, 60_000), 8572);
     }
 
     #[test]
     fn the_memory_need_counts_the_model_and_the_client_data() {
-        let need = memory_need(&config(&format!("{BASE}[data]\npartition_size = 100\n")));
-        // 100 samples of 784 float32 pixels and a label byte.
-        assert_eq!(need.per_client, 100 * 3137);
+        let loaded = loaded(&format!("{BASE}[data]\npartition_size = 100\n"));
+        let size = run_size(&loaded, &Registry::builtin()).unwrap();
+        let need = memory_need(loaded.config(), &size);
+        // 100 samples of 784 float32 pixels and a 4-byte label.
+        assert_eq!(need.per_client, 100 * 3140);
         // LeNet-5's 61,706 parameters, 4 bytes each.
-        assert_eq!(need, MemoryNeed::estimate(61_706, 4, 100 * 3137));
+        assert_eq!(need, MemoryNeed::estimate(61_706, 4, 100 * 3140));
     }
 }

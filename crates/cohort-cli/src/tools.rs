@@ -117,6 +117,7 @@ pub struct Evaluation {
 /// (`[samples, classes]` float32) and label (int64) there as safetensors.
 pub fn evaluate(
     loaded: &LoadedConfig,
+    registry: &cohort_train::registry::Registry,
     data_root: Option<&Path>,
     model: &Path,
     first: Option<usize>,
@@ -133,13 +134,19 @@ pub fn evaluate(
             model.display()
         );
     }
-    let fetch = if config.data.download {
-        cohort_core::data::Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
-    } else {
-        cohort_core::data::Fetch::Never
+    let request = cohort_train::registry::DataRequest {
+        root: data_root.unwrap_or(&config.data.data_path).to_path_buf(),
+        fetch: if config.data.download {
+            cohort_core::data::Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
+        } else {
+            cohort_core::data::Fetch::Never
+        },
+        test_only: true,
     };
-    let data_root = data_root.unwrap_or(&config.data.data_path);
-    let test = cohort_core::data::load_test(config.data.datasource, data_root, &fetch)?;
+    let test = registry
+        .load_data(loaded, &request)
+        .map_err(anyhow::Error::from_boxed)?
+        .test;
     let samples = first.unwrap_or(test.len());
     if samples == 0 || samples > test.len() {
         bail!(
@@ -150,12 +157,9 @@ pub fn evaluate(
         );
     }
     let selected = cohort_train::device::select(device)?;
-    let mut evaluator = cohort_train::trainer::Evaluator::new(
-        config.trainer.model_name,
-        config.parameters.model.num_classes,
-        &selected.device,
-        config.trainer.eval_batch_size,
-    );
+    let mut evaluator = registry
+        .run_model(loaded, test.sample_shape.clone())?
+        .evaluator(&selected.device, config.trainer.eval_batch_size)?;
     let indices: Vec<u32> = (0..samples as u32).collect();
     let predictions = evaluator
         .predictions(&tree, &test, &indices)
@@ -196,6 +200,7 @@ pub fn evaluate(
 /// Each client's label histogram under the config's partitioner.
 pub fn partition_histograms(
     loaded: &LoadedConfig,
+    registry: &cohort_train::registry::Registry,
     data_root: Option<&Path>,
 ) -> anyhow::Result<(Vec<Vec<u64>>, String)> {
     let clients = &loaded.config().clients;
@@ -207,7 +212,7 @@ pub fn partition_histograms(
             clients.total_clients
         );
     }
-    let (splits, partitions) = cohort_runtime::client::load_data(loaded, data_root)?;
+    let (splits, partitions) = cohort_runtime::client::load_data(loaded, registry, data_root)?;
     let classes = loaded.config().parameters.model.num_classes;
     let labels = &splits.train.labels;
     let table = cohort_core::partition::summary_table(&partitions.train, labels, classes);

@@ -17,22 +17,33 @@
 ))]
 
 use cohort_core::compare::compare;
-use cohort_core::config::ModelName;
 use cohort_core::data::Dataset;
 use cohort_core::optim::OptimizerSpec;
 use cohort_train::device::{self, DeviceRequest};
 use cohort_train::init::seeded_parameters;
 use cohort_train::local::LocalPlan;
-use cohort_train::trainer::{ClientTask, Evaluator, LocalTrainer, TrainSettings};
+use cohort_train::model::ModelSpec;
+use cohort_train::registry::{Registry, RunModel};
+use cohort_train::trainer::{ClientTask, TrainSettings};
+
+/// The built-in model `name` for 28×28 grayscale images and 10 classes.
+fn model(name: &str) -> RunModel {
+    RunModel {
+        entry: Registry::builtin().model(name).unwrap().clone(),
+        spec: ModelSpec {
+            sample_shape: vec![1, 28, 28],
+            classes: 10,
+        },
+    }
+}
 
 fn synthetic(count: usize) -> Dataset {
     Dataset {
-        images: (0..count * 784)
+        inputs: (0..count * 784)
             .map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5)
             .collect(),
-        labels: (0..count).map(|i| (i % 10) as u8).collect(),
-        rows: 28,
-        cols: 28,
+        labels: (0..count).map(|i| (i % 10) as u32).collect(),
+        sample_shape: vec![1, 28, 28],
     }
 }
 
@@ -60,10 +71,11 @@ fn the_gpu_answers_and_trains_like_the_cpu() {
     let cpu = device::select(DeviceRequest::Cpu).unwrap();
     let data = synthetic(256);
     let partition: Vec<u32> = (0..256).collect();
-    for model in [ModelName::Lenet5, ModelName::CnnBn] {
-        let mut on_cpu = LocalTrainer::new(model, 10, &cpu.device, settings());
-        let mut on_gpu = LocalTrainer::new(model, 10, &gpu.device, settings());
-        let template = Evaluator::new(model, 10, &cpu.device, 64).parameters();
+    for name in ["lenet5", "cnn_bn"] {
+        let model = model(name);
+        let mut on_cpu = model.trainer(&cpu.device, settings()).unwrap();
+        let mut on_gpu = model.trainer(&gpu.device, settings()).unwrap();
+        let template = model.template().unwrap();
         let global = seeded_parameters(&template, 11);
         let task = ClientTask {
             client_id: 1,
@@ -77,18 +89,20 @@ fn the_gpu_answers_and_trains_like_the_cpu() {
             .unwrap();
         let distance = compare(&a.tree, &b.tree).unwrap();
         eprintln!(
-            "{model}: 8 steps, GPU vs CPU: max |a-b| {:.3e}, relative L2 {:.3e}",
+            "{name}: 8 steps, GPU vs CPU: max |a-b| {:.3e}, relative L2 {:.3e}",
             distance.max_abs, distance.relative_l2
         );
-        assert!(distance.relative_l2 < 1e-3, "{model}: {distance:?}");
+        assert!(distance.relative_l2 < 1e-3, "{name}: {distance:?}");
 
         let accuracy = |selected: &device::Selected| {
-            Evaluator::new(model, 10, &selected.device, 64)
+            model
+                .evaluator(&selected.device, 64)
+                .unwrap()
                 .accuracy(&a.tree, &data)
                 .unwrap()
         };
         let (cpu_accuracy, gpu_accuracy) = (accuracy(&cpu), accuracy(&gpu));
-        eprintln!("{model}: accuracy CPU {cpu_accuracy:.4}, GPU {gpu_accuracy:.4}");
+        eprintln!("{name}: accuracy CPU {cpu_accuracy:.4}, GPU {gpu_accuracy:.4}");
         assert!((cpu_accuracy - gpu_accuracy).abs() <= 2.0 / 256.0);
     }
 }
@@ -101,7 +115,7 @@ fn gpu_cpu_distance_by_number_of_steps() {
     let gpu = device::select(DeviceRequest::Gpu)
         .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
     let cpu = device::select(DeviceRequest::Cpu).unwrap();
-    let template = Evaluator::new(ModelName::Lenet5, 10, &cpu.device, 64).parameters();
+    let template = model("lenet5").template().unwrap();
     let global = seeded_parameters(&template, 11);
     let data = synthetic(4096);
     for steps in [8usize, 32, 128] {
@@ -111,7 +125,9 @@ fn gpu_cpu_distance_by_number_of_steps() {
             round: 1,
         };
         let train = |selected: &device::Selected| {
-            LocalTrainer::new(ModelName::Lenet5, 10, &selected.device, settings())
+            model("lenet5")
+                .trainer(&selected.device, settings())
+                .unwrap()
                 .train(task, &global, &data, &partition, &LocalPlan::plain(0.05))
                 .unwrap()
                 .tree
@@ -143,7 +159,7 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
     let gpu = device::select(DeviceRequest::Gpu)
         .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
     let cpu = device::select(DeviceRequest::Cpu).unwrap();
-    let template = Evaluator::new(ModelName::Lenet5, 10, &cpu.device, 64).parameters();
+    let template = model("lenet5").template().unwrap();
     let global = seeded_parameters(&template, 1);
     let r1 = TrainSettings {
         epochs: 1,
@@ -165,7 +181,9 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
             round: 1,
         };
         let train = |selected: &device::Selected| {
-            LocalTrainer::new(ModelName::Lenet5, 10, &selected.device, r1.clone())
+            model("lenet5")
+                .trainer(&selected.device, r1.clone())
+                .unwrap()
                 .train(
                     task,
                     &global,
@@ -202,7 +220,6 @@ fn vectorized_clients_on_the_gpu_equal_each_client_alone() {
     use cohort_train::vectorized::{Job, VectorizedTrainer};
     let gpu = device::select(DeviceRequest::Gpu)
         .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
-    let cpu = device::select(DeviceRequest::Cpu).unwrap();
     let data = synthetic(700);
     let sizes = [70u32, 45, 256, 7, 300];
     let mut start = 0;
@@ -217,8 +234,9 @@ fn vectorized_clients_on_the_gpu_equal_each_client_alone() {
         .iter()
         .map(|&rate| LocalPlan::plain(rate))
         .collect();
-    for model in [ModelName::Lenet5, ModelName::Lenet5Compact] {
-        let template = Evaluator::new(model, 10, &cpu.device, 64).parameters();
+    for name in ["lenet5", "lenet5_compact"] {
+        let model = model(name);
+        let template = model.template().unwrap();
         let global = seeded_parameters(&template, 11);
         let jobs: Vec<Job<'_>> = partitions
             .iter()
@@ -234,9 +252,11 @@ fn vectorized_clients_on_the_gpu_equal_each_client_alone() {
                 plan,
             })
             .collect();
-        let mut vectorized = VectorizedTrainer::new(model, 10, &gpu.device, settings()).unwrap();
+        let mut vectorized =
+            VectorizedTrainer::new(name, model.accelerated().unwrap(), &gpu.device, settings())
+                .unwrap();
         let together = vectorized.train(&jobs, &data);
-        let mut alone = LocalTrainer::new(model, 10, &gpu.device, settings());
+        let mut alone = model.trainer(&gpu.device, settings()).unwrap();
         for (job, together) in jobs.iter().zip(together) {
             let single = alone
                 .train(job.task, &global, &data, job.partition, job.plan)
@@ -245,17 +265,17 @@ fn vectorized_clients_on_the_gpu_equal_each_client_alone() {
             assert_eq!(together.local_steps, single.local_steps);
             let distance = compare(&single.tree, &together.tree).unwrap();
             eprintln!(
-                "{model}, client {} ({} samples): vectorized vs alone on the GPU: max |a-b| {:.3e}, \
+                "{name}, client {} ({} samples): vectorized vs alone on the GPU: max |a-b| {:.3e}, \
                  relative L2 {:.3e}",
                 job.task.client_id,
                 job.partition.len(),
                 distance.max_abs,
                 distance.relative_l2
             );
-            assert!(distance.max_abs <= 1e-4, "{model}: {}", distance.max_abs);
+            assert!(distance.max_abs <= 1e-4, "{name}: {}", distance.max_abs);
             assert!(
                 distance.relative_l2 <= 1e-4,
-                "{model}: {}",
+                "{name}: {}",
                 distance.relative_l2
             );
         }

@@ -376,13 +376,10 @@ fn libc_sigpipe() -> i32 {
 #[test]
 fn evaluating_a_non_finite_model_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let evaluator = cohort_train::trainer::Evaluator::new(
-        cohort_core::config::ModelName::Lenet5,
+    let mut tree = cohort_train::params::extract(&cohort_train::model::LeNet5::new(
         10,
         &cohort_train::device::cpu(),
-        100,
-    );
-    let mut tree = evaluator.parameters();
+    ));
     if let ArrayData::F32(values) = tree.leaves_mut()[0].data_mut() {
         values[3] = f32::NAN;
     }

@@ -171,7 +171,7 @@ fn three_clients_with_their_own_data_give_the_sample_weighted_fedavg() {
     }
     let log = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
     assert!(
-        log.contains("loaded the test set of FashionMnist"),
+        log.contains("loaded the test set of FashionMNIST"),
         "run.log: {log}"
     );
 }

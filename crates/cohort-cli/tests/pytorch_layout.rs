@@ -254,8 +254,8 @@ fn tensors_of(file: &Path) -> BTreeMap<String, (Vec<usize>, String)> {
 #[ignore = "needs python3 with numpy and safetensors: .ci/run runs ignored tests"]
 fn every_built_in_model_file_is_its_pytorch_state_dict() {
     require_python(&["numpy", "safetensors.numpy"]);
-    for name in cohort_core::config::ModelName::all() {
-        let name = name.to_string();
+    for entry in cohort_train::registry::Registry::builtin().models() {
+        let name = entry.name().to_owned();
         let expected: BTreeMap<String, (Vec<usize>, String)> = pytorch_state_dict(&name)
             .into_iter()
             .map(|(k, (shape, dtype))| (k, (shape, dtype.to_owned())))

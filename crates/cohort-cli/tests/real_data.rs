@@ -23,7 +23,7 @@ fn fashion_mnist_reads_completely_and_is_balanced() {
     let splits = data::load(DataSource::FashionMnist, &dir, &Fetch::Never).unwrap();
     assert_eq!(splits.train.len(), 60_000);
     assert_eq!(splits.test.len(), 10_000);
-    assert_eq!((splits.train.rows, splits.train.cols), (28, 28));
+    assert_eq!(splits.train.sample_shape, [1, 28, 28]);
     let mut per_class = [0usize; 10];
     splits
         .train
@@ -34,7 +34,7 @@ fn fashion_mnist_reads_completely_and_is_balanced() {
     // Normalized with (0.1307, 0.3081): pixel 0 maps to -0.4242.
     let min = splits
         .train
-        .images
+        .inputs
         .iter()
         .copied()
         .fold(f32::INFINITY, f32::min);

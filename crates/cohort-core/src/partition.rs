@@ -72,7 +72,7 @@ pub enum PartitionError {
     #[error("label {label} of training sample {index} is outside 0..{num_classes}")]
     LabelOutOfRange {
         index: usize,
-        label: u8,
+        label: u32,
         num_classes: usize,
     },
 }
@@ -196,7 +196,7 @@ pub fn iid_sized(
 /// Like NIID-Bench, all classes are redrawn until every client has `min_size`
 /// samples, at most [`MAX_DRAWS`] times. `min_size = 0` allows empty clients.
 pub fn dirichlet(
-    labels: &[u8],
+    labels: &[u32],
     num_classes: usize,
     clients: usize,
     alpha: f64,
@@ -258,7 +258,7 @@ pub fn dirichlet(
 /// from the shuffled order before sorting, a random subset rather than the
 /// tail of the last class.
 pub fn shards(
-    labels: &[u8],
+    labels: &[u32],
     clients: usize,
     shards_per_client: usize,
     seed: u64,
@@ -351,7 +351,7 @@ pub fn quantity_skew(
 ///
 /// # Panics
 /// If `partition` holds an index outside `labels`.
-pub fn label_histogram(labels: &[u8], partition: &[u32], num_classes: usize) -> Vec<u64> {
+pub fn label_histogram(labels: &[u32], partition: &[u32], num_classes: usize) -> Vec<u64> {
     let mut histogram = vec![0u64; num_classes];
     for &index in partition {
         let label = labels[index as usize] as usize;
@@ -393,7 +393,7 @@ pub fn holdout(
 ///
 /// # Panics
 /// If a partition holds an index outside `labels`.
-pub fn summary_table(partitions: &[Vec<u32>], labels: &[u8], num_classes: usize) -> String {
+pub fn summary_table(partitions: &[Vec<u32>], labels: &[u32], num_classes: usize) -> String {
     let histograms: Vec<Vec<u64>> = partitions
         .iter()
         .map(|partition| label_histogram(labels, partition, num_classes))
@@ -448,7 +448,7 @@ fn check_min_size(available: usize, clients: usize, min_size: usize) -> Result<(
     Ok(())
 }
 
-fn indices_by_class(labels: &[u8], num_classes: usize) -> Result<Vec<Vec<u32>>, PartitionError> {
+fn indices_by_class(labels: &[u32], num_classes: usize) -> Result<Vec<Vec<u32>>, PartitionError> {
     let mut by_class = vec![Vec::new(); num_classes];
     for (index, &label) in labels.iter().enumerate() {
         let Some(class) = by_class.get_mut(label as usize) else {
@@ -677,7 +677,7 @@ mod tests {
     }
 
     /// `per_class` samples of each of `classes` labels, interleaved.
-    fn balanced_labels(classes: u8, per_class: usize) -> Vec<u8> {
+    fn balanced_labels(classes: u32, per_class: usize) -> Vec<u32> {
         (0..per_class).flat_map(|_| 0..classes).collect()
     }
 
@@ -779,7 +779,7 @@ mod tests {
     fn unreachable_min_size_is_an_error_after_bounded_draws() {
         // One class of 50 over 10 clients at α = 0.01: nearly all of it goes
         // to one client in every draw, so no draw gives everyone 4.
-        let labels = vec![0u8; 50];
+        let labels = vec![0u32; 50];
         let error = dirichlet(&labels, 1, 10, 0.01, 4, 1).unwrap_err();
         let PartitionError::MinSizeNotReached {
             smallest, attempts, ..
@@ -805,7 +805,7 @@ mod tests {
         // 5 labels × 4 samples, 5 clients × 2 shards of 2: each shard lies
         // within one label, so each client has 4 samples of at most 2 labels,
         // each label in an even count.
-        let labels: Vec<u8> = (0..20).map(|i| (i / 4) as u8).collect();
+        let labels: Vec<u32> = (0..20).map(|i| (i / 4) as u32).collect();
         let parts = shards(&labels, 5, 2, 11).unwrap();
         assert_eq!(assert_disjoint(&parts, 20), 20);
         for part in &parts {
@@ -822,7 +822,7 @@ mod tests {
     #[test]
     fn shards_leave_out_the_remainder_and_refuse_too_few_samples() {
         // 20 samples in 3 × 2 = 6 shards of 3: 2 samples are left out.
-        let labels: Vec<u8> = (0..20).map(|i| (i / 4) as u8).collect();
+        let labels: Vec<u32> = (0..20).map(|i| (i / 4) as u32).collect();
         let parts = shards(&labels, 3, 2, 1).unwrap();
         assert!(parts.iter().all(|p| p.len() == 6));
         assert_eq!(assert_disjoint(&parts, 20), 18);
@@ -874,7 +874,7 @@ mod tests {
     /// Mean over clients of the total-variation distance between a client's
     /// label distribution and the uniform one: 0 for iid, near 1 for one
     /// class per client.
-    fn mean_label_skew(parts: &[Vec<u32>], labels: &[u8], classes: usize) -> f64 {
+    fn mean_label_skew(parts: &[Vec<u32>], labels: &[u32], classes: usize) -> f64 {
         let skews: Vec<f64> = parts
             .iter()
             .filter(|p| !p.is_empty())
@@ -915,7 +915,7 @@ mod tests {
 
     #[test]
     fn histogram_and_summary_table() {
-        let labels = [0u8, 1, 1, 2, 9];
+        let labels = [0u32, 1, 1, 2, 9];
         assert_eq!(label_histogram(&labels, &[1, 2, 3], 3), [0, 2, 1]);
         // A label past num_classes widens the histogram instead of vanishing.
         assert_eq!(label_histogram(&labels, &[4], 3).len(), 10);
@@ -929,7 +929,7 @@ mod tests {
     proptest! {
         #[test]
         fn dirichlet_partitions_are_disjoint_and_cover(
-            labels in proptest::collection::vec(0u8..5, 0..300),
+            labels in proptest::collection::vec(0u32..5, 0..300),
             clients in 1usize..12,
             alpha in prop::sample::select(vec![0.05, 0.3, 1.0, 10.0]),
             seed in any::<u64>(),
@@ -941,7 +941,7 @@ mod tests {
 
         #[test]
         fn dirichlet_meets_min_size_or_says_why(
-            labels in proptest::collection::vec(0u8..3, 0..200),
+            labels in proptest::collection::vec(0u32..3, 0..200),
             clients in 1usize..8,
             min_size in 1usize..6,
             seed in any::<u64>(),
@@ -963,7 +963,7 @@ mod tests {
 
         #[test]
         fn shards_are_disjoint_and_equal(
-            labels in proptest::collection::vec(0u8..10, 1..400),
+            labels in proptest::collection::vec(0u32..10, 1..400),
             clients in 1usize..10,
             shards_per_client in 1usize..4,
             seed in any::<u64>(),

@@ -73,17 +73,12 @@ fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("usage: norm_bounded_fedavg CONFIG"))?;
     let loaded = cohort_core::config::load(std::path::Path::new(&path))?;
     let options = cohort_runtime::RunOptions {
-        device: cohort_train::device::DeviceRequest::Auto,
-        run_dir: cohort_runtime::new_run_dir(
+        data_root: std::env::var_os("COHORT_DATA_DIR").map(Into::into),
+        ..cohort_runtime::RunOptions::new(cohort_runtime::new_run_dir(
             &loaded.config().general.base_path,
             std::path::Path::new(&path),
             None,
-        )?,
-        rounds: None,
-        data_root: std::env::var_os("COHORT_DATA_DIR").map(Into::into),
-        resume: false,
-        local_clients: None,
-        distributed: None,
+        )?)
     };
     let strategy = Box::new(NormBoundedFedAvg {
         bound: 1.0,
@@ -170,14 +165,10 @@ learning_rate = 0.05
         let dir = tempfile::tempdir().unwrap();
         let options = cohort_runtime::RunOptions {
             device: cohort_train::device::DeviceRequest::Cpu,
-            run_dir: dir.path().join("run"),
-            rounds: None,
             data_root: Some(
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data"),
             ),
-            resume: false,
-            local_clients: None,
-            distributed: None,
+            ..cohort_runtime::RunOptions::new(dir.path().join("run"))
         };
         let mut hooks = cohort_core::hooks::NoHooks;
         let summary = cohort_runtime::run_with_strategy(

@@ -20,7 +20,7 @@ use cohort_core::strategy::Strategy;
 use cohort_core::tree::ParamTree;
 use cohort_train::device::{self, Selected};
 use cohort_train::init::seeded_parameters;
-use cohort_train::trainer::Evaluator;
+use cohort_train::trainer::ModelEvaluator;
 
 use crate::children::ChildClients;
 use crate::client::{ClientPartitions, load_data};
@@ -67,17 +67,18 @@ pub(crate) fn build_and_run(
     tracing::info!(device = selected.name, "compute device");
     let (splits, partitions) = match data {
         Some(data) => data,
-        None => load_data(loaded, options.data_root.as_deref())?,
+        None => load_data(loaded, &options.registry, options.data_root.as_deref())?,
     };
     let config = loaded.config();
-    let evaluator = evaluator.unwrap_or_else(|| {
-        Evaluator::new(
-            config.trainer.model_name,
-            config.parameters.model.num_classes,
-            &selected.device,
-            config.trainer.eval_batch_size,
-        )
-    });
+    let model = options
+        .registry
+        .run_model(loaded, splits.train.sample_shape.clone())?;
+    let evaluator = match evaluator {
+        Some(evaluator) => evaluator,
+        None => model
+            .evaluator(&selected.device, config.trainer.eval_batch_size)
+            .with_context(|| format!("model `{}`", model.name()))?,
+    };
     tracing::info!(strategy = strategy.name(), "strategy");
     if let Some(warning) = loaded.attack_warning() {
         tracing::warn!("{warning}");
@@ -87,7 +88,7 @@ pub(crate) fn build_and_run(
         options,
         strategy.as_mut(),
         initial_model,
-        &evaluator,
+        evaluator.as_ref(),
     )?;
     let facts = run_facts(
         loaded,
@@ -108,6 +109,7 @@ pub(crate) fn build_and_run(
         Some(transport) => (transport, None),
         None => crate::transports::start_transport(
             loaded,
+            &model,
             options,
             &selected,
             splits.train,
@@ -182,7 +184,7 @@ fn start_point(
     options: &RunOptions,
     strategy: &mut dyn Strategy,
     initial_model: Option<ParamTree>,
-    evaluator: &Evaluator,
+    evaluator: &dyn ModelEvaluator,
 ) -> anyhow::Result<StartPoint> {
     let run_dir = &options.run_dir;
     if options.resume && checkpoint::any_written(run_dir)? {
@@ -459,9 +461,11 @@ fn data_facts(
     let name_of = |value: toml::Value| value.as_str().map(str::to_owned).unwrap_or_default();
     let sampler =
         toml::Value::try_from(config.data.sampler).map_or_else(|_| String::new(), name_of);
-    let source =
-        toml::Value::try_from(config.data.datasource).map_or_else(|_| String::new(), name_of);
-    let folder = data_root.join(config.data.datasource.folder());
+    let source = &config.data.datasource;
+    let folder = match config.data.builtin_source() {
+        Some(builtin) => data_root.join(builtin.folder()),
+        None => data_root.clone(),
+    };
     if config.clients.all_own_data() {
         format!(
             "{source}: {} test samples from {}; every client trains on its own data",

@@ -10,12 +10,13 @@ use anyhow::Context;
 
 use cohort_core::codec::{self, DecodeLimits};
 use cohort_core::config::LoadedConfig;
-use cohort_core::data::{self, Dataset, Fetch, Splits};
+use cohort_core::data::{Dataset, Fetch, Splits};
 use cohort_core::processors::{Pipeline, ProcessError};
 use cohort_core::tree::ParamTree;
 use cohort_train::device::Selected;
 use cohort_train::local::LocalPlan;
-use cohort_train::trainer::{ClientTask, LocalTrainer, LocalUpdate, TrainError, TrainSettings};
+use cohort_train::registry::{DataRequest, Registry, RunModel};
+use cohort_train::trainer::{ClientTask, ClientTrainer, LocalUpdate, TrainError, TrainSettings};
 use cohort_train::vectorized::{Job, VectorizedTrainer};
 
 use crate::transport::TaskInstructions;
@@ -83,52 +84,60 @@ pub struct ClientPartitions {
 /// The server and each client process call this, so they agree on partitions.
 ///
 /// When every client brings its own data (`Clients::all_own_data`), only the
-/// test split is read: the training set is empty (no images, the test set's
-/// image size) and every partition is an empty list, so a server needs no
+/// test split is read: the training set is empty (no samples, the test set's
+/// sample shape) and every partition is an empty list, so a server needs no
 /// training files.
 pub fn load_data(
     loaded: &LoadedConfig,
+    registry: &Registry,
     data_root: Option<&Path>,
 ) -> anyhow::Result<(Splits, ClientPartitions)> {
     let config = &loaded.config();
-    let source = config.data.datasource;
-    let data_root = data_root.unwrap_or(&config.data.data_path);
-    let fetch = if config.data.download {
-        Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
-    } else {
-        Fetch::Never
+    let source = &config.data.datasource;
+    let request = DataRequest {
+        root: data_root.unwrap_or(&config.data.data_path).to_path_buf(),
+        fetch: if config.data.download {
+            Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
+        } else {
+            Fetch::Never
+        },
+        test_only: config.clients.all_own_data(),
     };
     let loading = Instant::now();
-    if config.clients.all_own_data() {
-        let test = data::load_test(source, data_root, &fetch)?;
+    let splits = registry
+        .load_data(loaded, &request)
+        .map_err(anyhow::Error::from_boxed)?;
+    if request.test_only {
         tracing::info!(
-            test = test.len(),
+            test = splits.test.len(),
             seconds = loading.elapsed().as_secs_f64(),
-            "loaded the test set of {:?} from {} (every client brings its own training data)",
-            source,
-            data_root.display()
+            "loaded the test set of {source} from {} (every client brings its own training data)",
+            request.root.display()
         );
-        let train = Dataset {
-            images: Vec::new(),
-            labels: Vec::new(),
-            rows: test.rows,
-            cols: test.cols,
-        };
         let none = vec![Vec::new(); config.clients.total_clients as usize];
         let partitions = ClientPartitions {
             train: none.clone(),
             test: none,
         };
-        return Ok((Splits { train, test }, partitions));
+        let train = Dataset {
+            inputs: Vec::new(),
+            labels: Vec::new(),
+            sample_shape: splits.test.sample_shape.clone(),
+        };
+        return Ok((
+            Splits {
+                train,
+                test: splits.test,
+            },
+            partitions,
+        ));
     }
-    let splits = data::load(source, data_root, &fetch)?;
     tracing::info!(
         train = splits.train.len(),
         test = splits.test.len(),
         seconds = loading.elapsed().as_secs_f64(),
-        "loaded {:?} from {}",
-        source,
-        data_root.display()
+        "loaded {source} from {}",
+        request.root.display()
     );
     let partitions = loaded.partitions(&splits.train.labels).context(
         "config `data.sampler` and its options / `clients.total_clients` do not fit the training set",
@@ -180,26 +189,25 @@ fn local_plan(
 
 /// A physical worker: one model instance reused for every logical client it runs.
 pub struct ClientRunner {
-    trainer: LocalTrainer,
+    trainer: Box<dyn ClientTrainer>,
     inbound: Pipeline,
     outbound: Pipeline,
     limits: DecodeLimits,
 }
 
 impl ClientRunner {
-    pub fn new(loaded: &LoadedConfig, device: &Selected) -> Self {
+    /// A worker of `model` on `device`, its settings from the config.
+    pub fn new(loaded: &LoadedConfig, model: &RunModel, device: &Selected) -> anyhow::Result<Self> {
         let pipelines = loaded.pipelines();
-        Self {
-            trainer: LocalTrainer::new(
-                loaded.config().trainer.model_name,
-                loaded.config().parameters.model.num_classes,
-                &device.device,
-                train_settings(loaded),
-            ),
+        let trainer = model
+            .trainer(&device.device, train_settings(loaded))
+            .with_context(|| format!("model `{}`", model.name()))?;
+        Ok(Self {
+            trainer,
             inbound: pipelines.client_inbound,
             outbound: pipelines.client_outbound,
             limits: loaded.decode_limits(),
-        }
+        })
     }
 
     /// Runs one task: evaluates the global model on `held_out` (when not
@@ -290,15 +298,15 @@ pub struct BatchRunner {
 }
 
 impl BatchRunner {
-    pub fn new(loaded: &LoadedConfig, device: &Selected) -> anyhow::Result<Self> {
+    pub fn new(loaded: &LoadedConfig, model: &RunModel, device: &Selected) -> anyhow::Result<Self> {
         let vectorized = VectorizedTrainer::new(
-            loaded.config().trainer.model_name,
-            loaded.config().parameters.model.num_classes,
+            model.name(),
+            model.accelerated()?,
             &device.device,
             train_settings(loaded),
         )?;
         Ok(Self {
-            single: ClientRunner::new(loaded, device),
+            single: ClientRunner::new(loaded, model, device)?,
             vectorized,
         })
     }

@@ -18,6 +18,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use cohort_core::config::LoadedConfig;
 use cohort_core::data::Splits;
@@ -26,7 +27,8 @@ use cohort_core::results::RoundRow;
 use cohort_core::strategy::Strategy;
 use cohort_core::tree::ParamTree;
 use cohort_train::device::DeviceRequest;
-use cohort_train::trainer::Evaluator;
+use cohort_train::registry::Registry;
+use cohort_train::trainer::ModelEvaluator;
 
 use crate::children::LocalClients;
 use crate::client::ClientPartitions;
@@ -51,6 +53,8 @@ pub struct RunOptions {
     pub local_clients: Option<LocalClients>,
     /// This process is one rank of a distributed simulation.
     pub distributed: Option<DistributedRun>,
+    /// The models `trainer.model_name` may name.
+    pub registry: Arc<Registry>,
 }
 
 impl RunOptions {
@@ -64,6 +68,7 @@ impl RunOptions {
             resume: false,
             local_clients: None,
             distributed: None,
+            registry: Arc::new(Registry::builtin()),
         }
     }
 }
@@ -86,7 +91,7 @@ pub(crate) struct Parts<'a> {
     pub(crate) observer: Observers<'a>,
     pub(crate) transport: Option<Box<dyn Transport>>,
     pub(crate) data: Option<(Splits, ClientPartitions)>,
-    pub(crate) evaluator: Option<Evaluator>,
+    pub(crate) evaluator: Option<Box<dyn ModelEvaluator>>,
     pub(crate) initial_model: Option<ParamTree>,
 }
 
@@ -166,8 +171,15 @@ impl<'a> RunBuilder<'a> {
 
     /// Evaluates the global model after each round instead of the config's
     /// model on its device.
-    pub fn evaluator(mut self, evaluator: Evaluator) -> Self {
+    pub fn evaluator(mut self, evaluator: Box<dyn ModelEvaluator>) -> Self {
         self.parts.evaluator = Some(evaluator);
+        self
+    }
+
+    /// The models the config may name, instead of cohort's built-in ones
+    /// (a registry with models of the caller's added).
+    pub fn registry(mut self, registry: Arc<Registry>) -> Self {
+        self.options.registry = registry;
         self
     }
 

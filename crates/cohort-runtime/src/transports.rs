@@ -9,6 +9,7 @@ use anyhow::Context;
 use cohort_core::config::{LoadedConfig, VectorizedClients};
 use cohort_core::data::Dataset;
 use cohort_train::device::Selected;
+use cohort_train::registry::RunModel;
 
 use crate::children::ChildClients;
 use crate::client::{BatchRunner, ClientPartitions, ClientRunner};
@@ -22,6 +23,7 @@ use crate::transport::Transport;
 /// each, or with `trainer.vectorized_clients` K clients as one batch.
 fn pool_runners(
     loaded: &LoadedConfig,
+    model: &RunModel,
     selected: &Selected,
     workers: u32,
     train: &Dataset,
@@ -30,12 +32,12 @@ fn pool_runners(
     let chunk = match trainer.vectorized_clients {
         VectorizedClients::Off => {
             let runners = (0..workers)
-                .map(|_| Runner::One(ClientRunner::new(loaded, selected)))
-                .collect();
+                .map(|_| ClientRunner::new(loaded, model, selected).map(Runner::One))
+                .collect::<anyhow::Result<_>>()?;
             return Ok((runners, 1));
         }
-        VectorizedClients::Clients(k) => checked_batch(loaded, selected, train, k as usize)?,
-        VectorizedClients::Auto => auto_batch(loaded, selected, workers, train)?,
+        VectorizedClients::Clients(k) => checked_batch(loaded, model, selected, train, k as usize)?,
+        VectorizedClients::Auto => auto_batch(loaded, model, selected, workers, train)?,
     };
     tracing::info!(
         clients_per_batch = chunk,
@@ -43,7 +45,7 @@ fn pool_runners(
         "vectorized clients: each worker trains up to {chunk} clients as one batch"
     );
     let runners = (0..workers)
-        .map(|_| BatchRunner::new(loaded, selected).map(Runner::Batch))
+        .map(|_| BatchRunner::new(loaded, model, selected).map(Runner::Batch))
         .collect::<anyhow::Result<_>>()
         .context("trainer.vectorized_clients")?;
     Ok((runners, chunk))
@@ -54,12 +56,13 @@ fn pool_runners(
 /// would not fit the largest buffer the device allocates.
 fn checked_batch(
     loaded: &LoadedConfig,
+    model: &RunModel,
     selected: &Selected,
     train: &Dataset,
     k: usize,
 ) -> anyhow::Result<usize> {
     let largest = k.min(loaded.config().clients.per_round as usize);
-    let fit = clients_per_buffer(loaded, selected, train);
+    let fit = clients_per_buffer(loaded, model, selected, train)?;
     anyhow::ensure!(
         largest <= fit,
         "trainer.vectorized_clients = {k}: a batch of {largest} clients needs a tensor larger \
@@ -74,6 +77,7 @@ fn checked_batch(
 /// an error where not even one client fits a buffer.
 fn auto_batch(
     loaded: &LoadedConfig,
+    model: &RunModel,
     selected: &Selected,
     workers: u32,
     train: &Dataset,
@@ -87,9 +91,8 @@ fn auto_batch(
         "vectorized clients: K from the memory each worker may use"
     );
     let k = cohort_train::vectorized::clients_for_memory(
-        trainer.model_name,
-        loaded.config().parameters.model.num_classes,
-        [train.rows, train.cols],
+        model.accelerated()?,
+        image_of(train),
         trainer.batch_size,
         budget,
         selected.max_buffer_bytes,
@@ -105,20 +108,34 @@ fn auto_batch(
     Ok(k)
 }
 
-fn clients_per_buffer(loaded: &LoadedConfig, selected: &Selected, train: &Dataset) -> usize {
-    cohort_train::vectorized::clients_per_buffer(
-        loaded.config().trainer.model_name,
-        loaded.config().parameters.model.num_classes,
-        [train.rows, train.cols],
+fn clients_per_buffer(
+    loaded: &LoadedConfig,
+    model: &RunModel,
+    selected: &Selected,
+    train: &Dataset,
+) -> anyhow::Result<usize> {
+    Ok(cohort_train::vectorized::clients_per_buffer(
+        model.accelerated()?,
+        image_of(train),
         loaded.config().trainer.batch_size,
         selected.max_buffer_bytes,
-    )
+    ))
+}
+
+/// Height and width of one-channel image samples, the only ones the
+/// vectorized trainer stacks (its models refuse others when built).
+fn image_of(data: &Dataset) -> [usize; 2] {
+    match data.sample_shape.as_slice() {
+        &[_, height, width] => [height, width],
+        _ => [0, 0],
+    }
 }
 
 /// The transport `clients.comm_simulation` asks for: worker threads, or a
 /// gRPC server (with the local client processes it starts).
 pub(crate) fn start_transport(
     loaded: &LoadedConfig,
+    model: &RunModel,
     options: &RunOptions,
     selected: &Selected,
     train: Dataset,
@@ -134,7 +151,7 @@ pub(crate) fn start_transport(
             .as_ref()
             .and_then(|d| d.workers)
             .unwrap_or(trainer.max_concurrency);
-        let (runners, chunk) = pool_runners(loaded, selected, workers, &train)?;
+        let (runners, chunk) = pool_runners(loaded, model, selected, workers, &train)?;
         let pool = WorkerPool::start(
             runners,
             Arc::new(train),
@@ -345,11 +362,13 @@ mod tests {
         )
         .unwrap();
         let images = Dataset {
-            images: Vec::new(),
+            inputs: Vec::new(),
             labels: Vec::new(),
-            rows: 28,
-            cols: 28,
+            sample_shape: vec![1, 28, 28],
         };
+        let model = cohort_train::registry::Registry::builtin()
+            .run_model(&loaded, images.sample_shape.clone())
+            .unwrap();
         // One LeNet-5 client at batch 32: 3,763,200 bytes in its largest tensor.
         let gpu = |max_buffer_bytes| Selected {
             device: cohort_train::device::cpu(),
@@ -358,30 +377,34 @@ mod tests {
             max_buffer_bytes,
         };
         let ten = gpu(Some(10 * 3_763_200));
-        assert_eq!(checked_batch(&loaded, &ten, &images, 10).unwrap(), 10);
-        let error = checked_batch(&loaded, &ten, &images, 11)
+        assert_eq!(
+            checked_batch(&loaded, &model, &ten, &images, 10).unwrap(),
+            10
+        );
+        let error = checked_batch(&loaded, &model, &ten, &images, 11)
             .unwrap_err()
             .to_string();
         assert!(error.contains("trainer.vectorized_clients = 11"), "{error}");
         assert!(error.contains("at most 10"), "{error}");
         assert_eq!(
-            checked_batch(&loaded, &gpu(None), &images, 100_000).unwrap(),
+            checked_batch(&loaded, &model, &gpu(None), &images, 100_000).unwrap(),
             100_000
         );
         // A K beyond the round's 100 clients trains batches of 100 at most.
         let hundred = gpu(Some(100 * 3_763_200));
         assert_eq!(
-            checked_batch(&loaded, &hundred, &images, 1_000).unwrap(),
+            checked_batch(&loaded, &model, &hundred, &images, 1_000).unwrap(),
             1_000
         );
-        let error = checked_batch(&loaded, &ten, &images, 1_000)
+        let error = checked_batch(&loaded, &model, &ten, &images, 1_000)
             .unwrap_err()
             .to_string();
         assert!(error.contains("a batch of 100 clients"), "{error}");
         // "auto" stays within both the memory and the buffer, and says so
         // where not even one client fits.
-        assert_eq!(auto_batch(&loaded, &ten, 1, &images).unwrap(), 10);
-        let error = auto_batch(&loaded, &gpu(Some(3_763_200 - 256)), 1, &images).unwrap_err();
+        assert_eq!(auto_batch(&loaded, &model, &ten, 1, &images).unwrap(), 10);
+        let error =
+            auto_batch(&loaded, &model, &gpu(Some(3_763_200 - 256)), 1, &images).unwrap_err();
         assert!(
             error.to_string().contains("lower the batch size"),
             "{error}"

@@ -59,6 +59,9 @@ pub struct WorkerOptions {
     pub own_data: Option<OwnDataOptions>,
     /// How this machine is named in the server's log (with the process id).
     pub host_name: String,
+    /// The models the server's config may name: those of the program the
+    /// server runs, so that the client builds the same model.
+    pub registry: std::sync::Arc<cohort_train::registry::Registry>,
 }
 
 /// `cohort client --data PATH [--client-id ID]`.
@@ -281,6 +284,13 @@ enum Holdings {
 }
 
 impl Holdings {
+    /// One sample's shape in the data held.
+    fn sample_shape(&self) -> &[usize] {
+        match self {
+            Self::Shared { data, .. } | Self::Own { data, .. } => &data.sample_shape,
+        }
+    }
+
     fn prepare(
         loaded: &LoadedConfig,
         options: &WorkerOptions,
@@ -288,7 +298,8 @@ impl Holdings {
         granted: u32,
     ) -> anyhow::Result<Self> {
         let Some(own) = own else {
-            let (splits, partitions) = load_data(loaded, options.data_root.as_deref())?;
+            let (splits, partitions) =
+                load_data(loaded, &options.registry, options.data_root.as_deref())?;
             return Ok(Self::Shared {
                 data: splits.train,
                 partitions,
@@ -303,10 +314,15 @@ impl Holdings {
         let total = u32::try_from(train + test)
             .with_context(|| format!("{}: more than 2^32 samples", own.source.display()))?;
         let train = u32::try_from(train).unwrap_or(total);
-        let data = own.into_dataset(
-            config.data.datasource.normalization(),
-            config.parameters.model.num_classes,
-        )?;
+        // Own data is read as MNIST-family images (IDX or safetensors) and
+        // normalized as the server's data set of that family is.
+        let source = config.data.builtin_source().with_context(|| {
+            format!(
+                "--data: own data is read as 28×28 grayscale images, normalized as MNIST or                  FashionMNIST are, but the server's data.datasource is `{}`",
+                config.data.datasource
+            )
+        })?;
+        let data = own.into_dataset(source.normalization(), config.parameters.model.num_classes)?;
         let held_out = if config.clients.do_test {
             (train..total).collect()
         } else {
@@ -364,7 +380,11 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     let config = &loaded.config();
     let selected = device::select(options.device)?;
     let holdings = Holdings::prepare(&loaded, options, own, welcome.client_id)?;
-    let mut runner = ClientRunner::new(&loaded, &selected);
+    let model = options
+        .registry
+        .run_model(&loaded, holdings.sample_shape().to_vec())
+        .context("the server's model")?;
+    let mut runner = ClientRunner::new(&loaded, &model, &selected)?;
     let compute = rayon::ThreadPoolBuilder::new()
         .num_threads(config.trainer.threads_per_worker as usize)
         .build()

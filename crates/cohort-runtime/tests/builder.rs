@@ -102,13 +102,9 @@ fn round_one_can_start_from_a_model_file_checked_against_the_model() {
 
     // The seeded initial model, written as a model file: a run that reads
     // it computes the seeded run bit for bit.
-    let evaluator = cohort_train::trainer::Evaluator::new(
-        cohort_core::config::ModelName::Lenet5,
-        10,
-        &cohort_train::device::cpu(),
-        100,
-    );
-    let initial = cohort_train::init::seeded_parameters(&evaluator.parameters(), 3);
+    let cpu = cohort_train::device::cpu();
+    let lenet = cohort_train::params::extract(&cohort_train::model::LeNet5::new(10, &cpu));
+    let initial = cohort_train::init::seeded_parameters(&lenet, 3);
     let file = dir.path().join("initial.safetensors");
     std::fs::write(&file, codec::encode(&initial).unwrap()).unwrap();
     let from_file = config(&JOB.replace(
@@ -120,13 +116,8 @@ fn round_one_can_start_from_a_model_file_checked_against_the_model() {
     assert_eq!(model("seeded"), model("from-file"));
 
     // Another model's file is refused before any round, naming the key.
-    let compact = cohort_train::trainer::Evaluator::new(
-        cohort_core::config::ModelName::Lenet5Compact,
-        10,
-        &cohort_train::device::cpu(),
-        100,
-    );
-    std::fs::write(&file, codec::encode(&compact.parameters()).unwrap()).unwrap();
+    let compact = cohort_train::params::extract(&cohort_train::model::LeNet5Compact::new(10, &cpu));
+    std::fs::write(&file, codec::encode(&compact).unwrap()).unwrap();
     let error = one_round(&from_file, "wrong").unwrap_err().to_string();
     assert!(error.contains("trainer.initial_model = "), "{error}");
     assert!(error.contains("does not fit model `lenet5`"), "{error}");
@@ -191,10 +182,9 @@ fn the_transport_and_the_data_can_be_the_callers_own() {
     let dir = tempfile::tempdir().unwrap();
     let loaded = config(JOB);
     let images = |count: usize| cohort_core::data::Dataset {
-        images: vec![0.5; count * 28 * 28],
-        labels: (0..count as u8).collect(),
-        rows: 28,
-        cols: 28,
+        inputs: vec![0.5; count * 28 * 28],
+        labels: (0..count as u32).collect(),
+        sample_shape: vec![1, 28, 28],
     };
     let splits = cohort_core::data::Splits {
         train: images(8),
@@ -229,13 +219,8 @@ fn the_transport_and_the_data_can_be_the_callers_own() {
     assert_eq!(*dispatched.borrow(), 2 * 2);
     let data = facts.into_inner().unwrap();
     assert!(data.contains("8 training and 4 test samples"), "{data}");
-    let evaluator = cohort_train::trainer::Evaluator::new(
-        cohort_core::config::ModelName::Lenet5,
-        10,
-        &cohort_train::device::cpu(),
-        100,
-    );
-    let seeded = cohort_train::init::seeded_parameters(&evaluator.parameters(), 3);
+    let lenet = cohort_train::model::LeNet5::new(10, &cohort_train::device::cpu());
+    let seeded = cohort_train::init::seeded_parameters(&cohort_train::params::extract(&lenet), 3);
     let model = std::fs::read(dir.path().join("run").join(MODEL_FILE)).unwrap();
     assert_eq!(model, codec::encode(&seeded).unwrap());
 }

@@ -472,5 +472,6 @@ fn honest_client(
         connect_timeout: Duration::from_secs(20),
         own_data: None,
         host_name: "honest".into(),
+        registry: std::sync::Arc::new(cohort_train::registry::Registry::builtin()),
     }
 }

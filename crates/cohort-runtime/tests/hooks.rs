@@ -29,12 +29,9 @@ learning_rate = 0.05
 fn options(run_dir: PathBuf, rounds: u32) -> RunOptions {
     RunOptions {
         device: DeviceRequest::Cpu,
-        run_dir,
         rounds: Some(rounds),
         data_root: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")),
-        resume: false,
-        local_clients: None,
-        distributed: None,
+        ..RunOptions::new(run_dir)
     }
 }
 

@@ -13,10 +13,10 @@
 
 use std::time::Instant;
 
-use cohort_core::config::ModelName;
 use cohort_core::data::Dataset;
 use cohort_core::optim::OptimizerSpec;
 use cohort_core::strategy::ClientInstructions;
+use cohort_train::model::LeNet5;
 use cohort_train::trainer::{ClientTask, Evaluator, LocalTrainer, TrainSettings};
 
 /// Multiply-adds of one LeNet-5 forward pass: conv1, conv2, conv3, fc4, fc5.
@@ -30,10 +30,9 @@ fn dataset(count: usize) -> Dataset {
         .map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5)
         .collect();
     Dataset {
-        images,
-        labels: (0..count).map(|i| (i % 10) as u8).collect(),
-        rows: 28,
-        cols: 28,
+        inputs: images,
+        labels: (0..count).map(|i| (i % 10) as u32).collect(),
+        sample_shape: vec![1, 28, 28],
     }
 }
 
@@ -93,9 +92,9 @@ fn main() {
         clip_grad_norm: None,
         training_seed: Some(1),
     };
-    let mut evaluator = Evaluator::new(ModelName::Lenet5, 10, &device, 1000);
+    let mut evaluator = Evaluator::new(LeNet5::new(10, &device), 1000);
     let global = evaluator.parameters();
-    let mut trainer = LocalTrainer::new(ModelName::Lenet5, 10, &device, settings);
+    let mut trainer = LocalTrainer::new(|d| LeNet5::new(10, d), &device, settings);
     let train = dataset(6000);
     let partition: Vec<u32> = (0..6000).collect();
     let plan = ClientInstructions::plain(0.01);

@@ -69,15 +69,14 @@ pub fn seeded_parameters(template: &ParamTree, seed: u64) -> ParamTree {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Net;
+    use crate::model::LeNet5;
     use crate::params::extract;
-    use cohort_core::config::ModelName;
 
     #[test]
     fn same_seed_same_parameters_other_seed_other_parameters() {
         let device = crate::device::cpu();
-        let template_a = extract(&Net::build(ModelName::Lenet5, 10, &device));
-        let template_b = extract(&Net::build(ModelName::Lenet5, 10, &device));
+        let template_a = extract(&LeNet5::new(10, &device));
+        let template_b = extract(&LeNet5::new(10, &device));
         assert_ne!(template_a, template_b, "unseeded construction differs");
         assert_eq!(
             seeded_parameters(&template_a, 17),
@@ -95,7 +94,7 @@ mod tests {
         assert_eq!(fan_in(&[84, 120]), Some(120));
         assert_eq!(fan_in(&[16]), None);
         let device = crate::device::cpu();
-        let tree = seeded_parameters(&extract(&Net::build(ModelName::Lenet5, 10, &device)), 1);
+        let tree = seeded_parameters(&extract(&LeNet5::new(10, &device)), 1);
         for (path, array) in tree.leaves() {
             let max = array
                 .as_f32()

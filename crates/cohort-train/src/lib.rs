@@ -1,6 +1,7 @@
 //! Models, local training and evaluation of cohort, on the burn tensor library.
 //!
-//! This crate owns everything that touches tensors: the models ([`model`]),
+//! This crate owns everything that touches tensors: the model seam and the
+//! models ([`model`]), the names a run can give them ([`registry`]),
 //! moving parameters between modules and host trees ([`params`]), the
 //! optimizers with MLX's rules ([`optim`]), the local trainer and the evaluator
 //! ([`trainer`]), and the device choice ([`device`]). Aggregation and all other
@@ -13,6 +14,7 @@ pub mod local;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod registry;
 pub mod switches;
 pub mod trainer;
 pub mod vectorized;

@@ -19,7 +19,6 @@ use burn::tensor::{Tensor, TensorData};
 use cohort_core::strategy::ClientInstructions;
 use cohort_core::tree::{Array, ParamTree};
 
-use crate::model::Net;
 use crate::params::{LoadError, PathStack, to_burn};
 
 /// What the strategy asks of one local run.
@@ -34,8 +33,8 @@ pub(crate) struct GradientTerms {
 
 impl GradientTerms {
     /// Resolves `plan` against `model`, whose parameters are `global`.
-    pub(crate) fn new(
-        model: &Net,
+    pub(crate) fn new<M: Module>(
+        model: &M,
         plan: &LocalPlan,
         global: &ParamTree,
     ) -> Result<Option<Self>, LoadError> {
@@ -58,7 +57,7 @@ impl GradientTerms {
     }
 
     /// `grads` with the terms added.
-    pub(crate) fn apply(&self, model: &Net, grads: GradientsParams) -> GradientsParams {
+    pub(crate) fn apply<M: Module>(&self, model: &M, grads: GradientsParams) -> GradientsParams {
         let mut adder = AddTerms { terms: self, grads };
         model.visit(&mut adder);
         adder.grads
@@ -94,8 +93,8 @@ impl ModuleVisitor for AddTerms<'_> {
 /// Each parameter's leaf of `tree` (PyTorch's layout) as a flat tensor in
 /// burn's order on the parameter's (non-autodiff) device. The tree must have
 /// exactly the model's parameters.
-fn tensors_by_param(
-    model: &Net,
+fn tensors_by_param<M: Module>(
+    model: &M,
     tree: &ParamTree,
 ) -> Result<HashMap<ParamId, Tensor<1>>, LoadError> {
     let leaves: HashMap<String, &Array> = tree

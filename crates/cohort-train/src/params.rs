@@ -77,8 +77,8 @@ fn transposed_hint(model: &[usize], tree: &[usize]) -> &'static str {
 }
 
 /// Dotted paths of a module's fields in PyTorch's naming, without enum variant
-/// names, so the same layer has the same name whichever
-/// [`crate::model::Net`] variant holds it.
+/// names, so the same layer has the same name whichever variant of a model
+/// enum holds it.
 #[derive(Default)]
 pub(crate) struct PathStack {
     segments: Vec<String>,
@@ -287,14 +287,13 @@ pub fn load<M: Module>(module: M, tree: &ParamTree) -> Result<M, LoadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Net;
-    use cohort_core::config::ModelName;
+    use crate::model::{CnnBn, LeNet5, LeNet5Compact};
 
     #[test]
     fn extract_load_round_trip_and_names() {
         let device = crate::device::cpu();
-        let a = Net::build(ModelName::Lenet5, 10, &device);
-        let b = Net::build(ModelName::Lenet5, 10, &device);
+        let a = LeNet5::new(10, &device);
+        let b = LeNet5::new(10, &device);
         let tree = extract(&a);
         let names: Vec<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
         assert!(names.contains(&"conv1.weight".to_owned()), "{names:?}");
@@ -307,8 +306,7 @@ mod tests {
     #[test]
     fn every_model_round_trips_in_pytorch_names_and_shapes() {
         let device = crate::device::cpu();
-        for name in ModelName::all() {
-            let a = Net::build(name, 10, &device);
+        fn round_trip<M: burn::module::Module>(a: M, b: M, name: &str) {
             let tree = extract(&a);
             let names: Vec<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
             assert!(
@@ -317,15 +315,21 @@ mod tests {
                     .all(|n| !n.ends_with("gamma") && !n.ends_with("beta")),
                 "{name}: {names:?}"
             );
-            let b = load(Net::build(name, 10, &device), &tree).unwrap();
+            let b = load(b, &tree).unwrap();
             assert_eq!(extract(&b), tree, "{name}");
         }
-        let shapes: BTreeMap<String, Vec<usize>> =
-            extract(&Net::build(ModelName::CnnBn, 10, &device))
-                .leaves()
-                .into_iter()
-                .map(|(p, a)| (p.to_string(), a.shape().to_vec()))
-                .collect();
+        round_trip(LeNet5::new(10, &device), LeNet5::new(10, &device), "lenet5");
+        round_trip(
+            LeNet5Compact::new(10, &device),
+            LeNet5Compact::new(10, &device),
+            "lenet5_compact",
+        );
+        round_trip(CnnBn::new(10, &device), CnnBn::new(10, &device), "cnn_bn");
+        let shapes: BTreeMap<String, Vec<usize>> = extract(&CnnBn::new(10, &device))
+            .leaves()
+            .into_iter()
+            .map(|(p, a)| (p.to_string(), a.shape().to_vec()))
+            .collect();
         assert_eq!(shapes["fc3.weight"], vec![128, 1568]);
         assert_eq!(shapes["bn2.weight"], vec![32]);
         assert_eq!(shapes["bn2.bias"], vec![32]);
@@ -334,7 +338,7 @@ mod tests {
     #[test]
     fn a_linear_weight_is_out_by_in_as_pytorch_computes_x_w_transposed_plus_b() {
         let device = crate::device::cpu();
-        let model = Net::build(ModelName::Lenet5, 10, &device);
+        let model = LeNet5::new(10, &device);
         let tree = extract(&model);
         let leaf = |path: &str| {
             tree.leaves()
@@ -345,9 +349,7 @@ mod tests {
         };
         let (weight, bias) = (leaf("fc5.weight"), leaf("fc5.bias"));
         assert_eq!(weight.shape(), &[10, 84]);
-        let Net::LeNet5(lenet) = &model else {
-            unreachable!()
-        };
+        let lenet = &model;
         let x: Vec<f32> = (0..84).map(|i| (i as f32 * 0.37).sin()).collect();
         let burn_out = lenet
             .fc5_for_tests()
@@ -368,7 +370,7 @@ mod tests {
     #[test]
     fn files_in_burn_layout_are_refused_naming_what_changed() {
         let device = crate::device::cpu();
-        let tree = extract(&Net::build(ModelName::CnnBn, 10, &device));
+        let tree = extract(&CnnBn::new(10, &device));
         let burn_layout = ParamTree::from_dotted(tree.leaves().into_iter().map(|(p, a)| {
             let name = p
                 .to_string()
@@ -376,7 +378,7 @@ mod tests {
                 .replace("bn1.bias", "bn1.beta");
             (name, a.clone())
         }));
-        let error = load(Net::build(ModelName::CnnBn, 10, &device), &burn_layout)
+        let error = load(CnnBn::new(10, &device), &burn_layout)
             .unwrap_err()
             .to_string();
         assert!(
@@ -391,7 +393,7 @@ mod tests {
             };
             (p.to_string(), array)
         }));
-        let error = load(Net::build(ModelName::CnnBn, 10, &device), &transposed)
+        let error = load(CnnBn::new(10, &device), &transposed)
             .unwrap_err()
             .to_string();
         assert!(
@@ -403,7 +405,7 @@ mod tests {
     #[test]
     fn extraction_is_a_snapshot() {
         let device = crate::device::cpu();
-        let model = Net::build(ModelName::Lenet5, 10, &device);
+        let model = LeNet5::new(10, &device);
         let before = extract(&model);
         let zeros = ParamTree::from_dotted(before.leaves().into_iter().map(|(p, a)| {
             (
@@ -424,8 +426,8 @@ mod tests {
     #[test]
     fn wrong_trees_are_refused() {
         let device = crate::device::cpu();
-        let tree = extract(&Net::build(ModelName::Lenet5Compact, 10, &device));
-        let error = load(Net::build(ModelName::Lenet5, 10, &device), &tree).unwrap_err();
+        let tree = extract(&LeNet5Compact::new(10, &device));
+        let error = load(LeNet5::new(10, &device), &tree).unwrap_err();
         assert!(
             matches!(error, LoadError::Shape { .. } | LoadError::Missing(_)),
             "{error}"

@@ -22,11 +22,10 @@ use cohort_core::optim::OptimizerSpec;
 use cohort_core::seeds::training_stream;
 use cohort_core::tree::ParamTree;
 
-use crate::kernels::Native;
+use crate::kernels::{Native, argmax};
 use crate::local::{GradientTerms, LocalPlan};
-use crate::model::Net;
+use crate::model::{FederatedModel, Inputs, Randomness};
 use crate::params::{self, LoadError};
-use cohort_core::config::ModelName;
 
 /// What local training needs besides the data.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,10 +92,10 @@ pub enum TrainError {
     EmptyPartition { client_id: u32, round: u32 },
 }
 
-/// One physical worker's trainer.
-pub struct LocalTrainer {
+/// One physical worker's trainer of a model of type `M`.
+pub struct LocalTrainer<M: FederatedModel> {
     /// `None` only while a run has taken it.
-    model: Option<Net>,
+    model: Option<M>,
     device: Device,
     settings: TrainSettings,
     images: Vec<f32>,
@@ -105,18 +104,15 @@ pub struct LocalTrainer {
     native: Option<Native>,
 }
 
-impl LocalTrainer {
-    /// A trainer with its own model instance on the autodiff version of `device`.
-    pub fn new(
-        model: ModelName,
-        num_classes: usize,
-        device: &Device,
-        settings: TrainSettings,
-    ) -> Self {
+impl<M: FederatedModel> LocalTrainer<M> {
+    /// A trainer with its own model instance, which `build` makes on the
+    /// autodiff version of `device`.
+    pub fn new(build: impl FnOnce(&Device) -> M, device: &Device, settings: TrainSettings) -> Self {
         let device = device.clone().autodiff();
+        let model = build(&device);
         Self {
-            model: Some(Net::build(model, num_classes, &device)),
-            native: Native::for_model(model, num_classes, &device),
+            native: Native::for_model(model.accelerated(), &device),
+            model: Some(model),
             device,
             settings,
             images: Vec::new(),
@@ -173,7 +169,6 @@ impl LocalTrainer {
         let mut order = partition.to_vec();
         let mut loss_sum = LossSum::new(&self.device);
         let mut seen = 0usize;
-        let (rows, cols) = (data.rows, data.cols);
         let mut failure = None;
         'training: for epoch in 1..=self.settings.epochs {
             let mut rng = match self.settings.training_seed {
@@ -185,7 +180,8 @@ impl LocalTrainer {
             order.shuffle(&mut rng);
             for (step, batch) in order.chunks(self.settings.batch_size).enumerate() {
                 data.gather(batch, &mut self.images, &mut self.labels);
-                let mut grads = self.batch_gradients(&model, [rows, cols], &mut rng, &mut loss_sum);
+                let mut grads =
+                    self.batch_gradients(&model, &data.sample_shape, &mut rng, &mut loss_sum);
                 seen += batch.len();
                 if let Some(terms) = &terms {
                     grads = terms.apply(&model, grads);
@@ -253,14 +249,14 @@ impl LossSum {
     }
 }
 
-impl LocalTrainer {
-    /// The gradients of the batch in `self.images`/`self.labels` (images of
-    /// `rows × cols`) at `model`, its loss added to `loss_sum`: through the
+impl<M: FederatedModel> LocalTrainer<M> {
+    /// The gradients of the batch in `self.images`/`self.labels` (samples of
+    /// `sample_shape`) at `model`, its loss added to `loss_sum`: through the
     /// native kernels where they cover the model, else burn's autodiff.
     fn batch_gradients(
         &mut self,
-        model: &Net,
-        [rows, cols]: [usize; 2],
+        model: &M,
+        sample_shape: &[usize],
         rng: &mut ChaCha8Rng,
         loss_sum: &mut LossSum,
     ) -> GradientsParams {
@@ -270,20 +266,18 @@ impl LocalTrainer {
             loss_sum.host += loss * size as f32;
             return grads;
         }
-        let images = Tensor::<4>::from_data(
-            TensorData::new(self.images.clone(), [size, 1, rows, cols]),
-            &self.device,
-        );
+        let inputs = Inputs::from_host(self.images.clone(), sample_shape, &self.device);
         let targets =
             Tensor::<1, Int>::from_data(TensorData::new(self.labels.clone(), [size]), &self.device);
         let loss_fn = CrossEntropyLossConfig::new().init(&self.device);
-        let loss = loss_fn.forward(model.forward(images, Some(rng)), targets);
+        let outputs = model.forward(inputs, &mut Randomness::from_stream(rng));
+        let loss = loss_fn.forward(outputs, targets);
         loss_sum.device = loss_sum.device.clone() + loss.clone().detach().mul_scalar(size as f32);
         GradientsParams::from_grads(loss.backward(), model)
     }
 }
 
-impl LocalTrainer {
+impl<M: FederatedModel> LocalTrainer<M> {
     /// Correct predictions of `global` on the samples `indices` of `data`
     /// (a client's held-out data), in evaluation mode.
     pub fn count_correct(
@@ -338,7 +332,7 @@ impl ModuleVisitor for SquaredNorm<'_> {
 }
 
 /// L2 norm over all gradients together.
-fn global_norm(model: &Net, grads: &GradientsParams) -> f64 {
+fn global_norm<M: Module>(model: &M, grads: &GradientsParams) -> f64 {
     let mut visitor = SquaredNorm { grads, total: 0.0 };
     model.visit(&mut visitor);
     visitor.total.sqrt()
@@ -357,22 +351,24 @@ impl ModuleVisitor for Scale {
     }
 }
 
-fn scale_gradients(model: &Net, grads: GradientsParams, factor: f32) -> GradientsParams {
+fn scale_gradients<M: Module>(model: &M, grads: GradientsParams, factor: f32) -> GradientsParams {
     let mut visitor = Scale { grads, factor };
     model.visit(&mut visitor);
     visitor.grads
 }
 
 /// Test-set evaluation on a model without autodiff.
-pub struct Evaluator {
-    model: Option<Net>,
+pub struct Evaluator<M: FederatedModel> {
+    model: Option<M>,
     batch_size: usize,
 }
 
-impl Evaluator {
-    pub fn new(model: ModelName, num_classes: usize, device: &Device, batch_size: usize) -> Self {
+impl<M: FederatedModel> Evaluator<M> {
+    /// Evaluates through `model` (built on a plain device), `batch_size`
+    /// samples at a time.
+    pub fn new(model: M, batch_size: usize) -> Self {
         Self {
-            model: Some(Net::build(model, num_classes, device)),
+            model: Some(model),
             batch_size,
         }
     }
@@ -405,11 +401,11 @@ pub struct Predictions {
     /// `[samples, classes]`, row-major.
     pub logits: Vec<f32>,
     pub classes: usize,
-    pub labels: Vec<u8>,
+    pub labels: Vec<u32>,
     pub correct: u64,
 }
 
-impl Evaluator {
+impl<M: FederatedModel> Evaluator<M> {
     /// The logits of `tree` on the samples `indices` of `data`, in evaluation
     /// mode, and how many it classifies correctly, counted exactly as
     /// [`Evaluator::accuracy`] does.
@@ -440,11 +436,8 @@ impl Evaluator {
         let mut classes = 0;
         for batch in indices.chunks(self.batch_size.max(1)) {
             data.gather(batch, &mut images, &mut labels);
-            let input = Tensor::<4>::from_data(
-                TensorData::new(images.clone(), [batch.len(), 1, data.rows, data.cols]),
-                &device,
-            );
-            let output = model.forward(input, None);
+            let input = Inputs::from_host(images.clone(), &data.sample_shape, &device);
+            let output = model.forward(input, &mut Randomness::none());
             classes = output.dims()[1];
             logits.extend(
                 output
@@ -471,7 +464,7 @@ pub enum EvalError {
     #[error("test sample {index} has label {label}, but the model has {classes} classes")]
     LabelOutOfRange {
         index: usize,
-        label: u8,
+        label: u32,
         classes: usize,
     },
 }
@@ -486,7 +479,11 @@ impl From<LoadError> for EvalError {
 /// BatchNorm uses its running statistics and dropout is off. The caller's model,
 /// training mode included, is left exactly as it was, also when evaluation
 /// stops with an error halfway (it only ever sees a `valid()` copy).
-pub fn evaluate(model: &Net, data: &Dataset, batch_size: usize) -> Result<f64, EvalError> {
+pub fn evaluate<M: FederatedModel>(
+    model: &M,
+    data: &Dataset,
+    batch_size: usize,
+) -> Result<f64, EvalError> {
     let all: Vec<u32> = (0..data.len() as u32).collect();
     let correct = count_correct(model, data, &all, batch_size)?;
     Ok(correct as f64 / data.len().max(1) as f64)
@@ -494,8 +491,8 @@ pub fn evaluate(model: &Net, data: &Dataset, batch_size: usize) -> Result<f64, E
 
 /// How many of the samples `indices` of `data` `model` classifies correctly,
 /// in evaluation mode (see [`evaluate`]).
-pub fn count_correct(
-    model: &Net,
+pub fn count_correct<M: FederatedModel>(
+    model: &M,
     data: &Dataset,
     indices: &[u32],
     batch_size: usize,
@@ -513,11 +510,8 @@ pub fn count_correct(
     let (mut images, mut labels) = (Vec::new(), Vec::new());
     for (batch_index, batch) in indices.chunks(batch_size.max(1)).enumerate() {
         data.gather(batch, &mut images, &mut labels);
-        let input = Tensor::<4>::from_data(
-            TensorData::new(images.clone(), [batch.len(), 1, data.rows, data.cols]),
-            &device,
-        );
-        let logits = model.forward(input, None);
+        let input = Inputs::from_host(images.clone(), &data.sample_shape, &device);
+        let logits = model.forward(input, &mut Randomness::none());
         let classes = logits.dims()[1];
         check_labels(&labels, classes, batch_index * batch_size.max(1))?;
         let targets =
@@ -533,9 +527,9 @@ pub fn count_correct(
 const NATIVE_EVAL_CHUNK: usize = 32;
 
 /// [`count_correct`] through the native kernels.
-fn count_correct_native(
+fn count_correct_native<M: FederatedModel>(
     native: &mut Native,
-    model: &Net,
+    model: &M,
     data: &Dataset,
     indices: &[u32],
     batch_size: usize,
@@ -545,8 +539,8 @@ fn count_correct_native(
     for (batch_index, batch) in indices.chunks(batch_size.max(1)).enumerate() {
         data.gather(batch, &mut images, &mut labels);
         check_labels(&labels, native.classes(), batch_index * batch_size.max(1))?;
-        native.predict(model, &images, NATIVE_EVAL_CHUNK, |i, class| {
-            correct += u64::from(labels[i] == class as i64);
+        native.predict(model, &images, NATIVE_EVAL_CHUNK, |i, logits| {
+            correct += u64::from(labels[i] == argmax(logits) as i64);
         });
     }
     Ok(correct)
@@ -558,16 +552,97 @@ fn check_labels(labels: &[i64], classes: usize, first: usize) -> Result<(), Eval
     match labels.iter().position(|&l| l < 0 || l as usize >= classes) {
         Some(offset) => Err(EvalError::LabelOutOfRange {
             index: first + offset,
-            label: labels[offset] as u8,
+            label: labels[offset] as u32,
             classes,
         }),
         None => Ok(()),
     }
 }
 
+/// A worker's trainer of whichever model the registry built: what the
+/// runtime holds, so that it never names a model type.
+pub trait ClientTrainer: Send {
+    /// See [`LocalTrainer::train`].
+    fn train(
+        &mut self,
+        task: ClientTask,
+        global: &ParamTree,
+        data: &Dataset,
+        partition: &[u32],
+        plan: &LocalPlan,
+    ) -> Result<LocalUpdate, TrainError>;
+
+    /// See [`LocalTrainer::count_correct`].
+    fn count_correct(
+        &mut self,
+        global: &ParamTree,
+        data: &Dataset,
+        indices: &[u32],
+    ) -> Result<u64, EvalError>;
+}
+
+impl<M: FederatedModel> ClientTrainer for LocalTrainer<M> {
+    fn train(
+        &mut self,
+        task: ClientTask,
+        global: &ParamTree,
+        data: &Dataset,
+        partition: &[u32],
+        plan: &LocalPlan,
+    ) -> Result<LocalUpdate, TrainError> {
+        LocalTrainer::train(self, task, global, data, partition, plan)
+    }
+
+    fn count_correct(
+        &mut self,
+        global: &ParamTree,
+        data: &Dataset,
+        indices: &[u32],
+    ) -> Result<u64, EvalError> {
+        LocalTrainer::count_correct(self, global, data, indices)
+    }
+}
+
+/// The evaluator of whichever model the registry built.
+pub trait ModelEvaluator: Send {
+    /// See [`Evaluator::parameters`].
+    fn parameters(&self) -> ParamTree;
+
+    /// See [`Evaluator::accuracy`].
+    fn accuracy(&mut self, tree: &ParamTree, data: &Dataset) -> Result<f64, EvalError>;
+
+    /// See [`Evaluator::predictions`].
+    fn predictions(
+        &mut self,
+        tree: &ParamTree,
+        data: &Dataset,
+        indices: &[u32],
+    ) -> Result<Predictions, EvalError>;
+}
+
+impl<M: FederatedModel> ModelEvaluator for Evaluator<M> {
+    fn parameters(&self) -> ParamTree {
+        Evaluator::parameters(self)
+    }
+
+    fn accuracy(&mut self, tree: &ParamTree, data: &Dataset) -> Result<f64, EvalError> {
+        Evaluator::accuracy(self, tree, data)
+    }
+
+    fn predictions(
+        &mut self,
+        tree: &ParamTree,
+        data: &Dataset,
+        indices: &[u32],
+    ) -> Result<Predictions, EvalError> {
+        Evaluator::predictions(self, tree, data, indices)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{CnnBn, LeNet5};
     use cohort_core::tree::ParamTree;
 
     /// 64 random-looking 28×28 images with labels, enough for two batches of 32.
@@ -580,10 +655,9 @@ mod tests {
             images[5] = f32::NAN;
         }
         Dataset {
-            images,
-            labels: (0..count).map(|i| (i % 10) as u8).collect(),
-            rows: 28,
-            cols: 28,
+            inputs: images,
+            labels: (0..count).map(|i| (i % 10) as u32).collect(),
+            sample_shape: vec![1, 28, 28],
         }
     }
 
@@ -621,7 +695,7 @@ mod tests {
 
     fn one_step(clip: Option<f64>, poison: bool) -> (ParamTree, Result<LocalUpdate, TrainError>) {
         let device = crate::device::cpu();
-        let mut trainer = LocalTrainer::new(ModelName::Lenet5, 10, &device, sgd(clip));
+        let mut trainer = LocalTrainer::new(|d| LeNet5::new(10, d), &device, sgd(clip));
         let global =
             crate::init::seeded_parameters(&params::extract(trainer.model.as_ref().unwrap()), 3);
         let data = dataset(poison);
@@ -648,7 +722,7 @@ mod tests {
             epochs: steps,
             ..sgd(None)
         };
-        let mut trainer = LocalTrainer::new(ModelName::Lenet5, 10, &device, settings);
+        let mut trainer = LocalTrainer::new(|d| LeNet5::new(10, d), &device, settings);
         let global =
             crate::init::seeded_parameters(&params::extract(trainer.model.as_ref().unwrap()), 3);
         let partition: Vec<u32> = (0..32).collect();
@@ -813,7 +887,7 @@ mod tests {
             }
         }
         let device = crate::device::cpu().autodiff();
-        let model = Net::build(ModelName::Lenet5, 10, &device);
+        let model = LeNet5::new(10, &device);
         let mut first = None;
         model.visit(&mut FirstBias(&mut first));
         let mut values = vec![1.0f32; 6];
@@ -866,7 +940,7 @@ mod tests {
         assert_eq!(a.unwrap().tree, b.unwrap().tree);
     }
 
-    fn bn_trainer(seed: u64) -> (LocalTrainer, ParamTree) {
+    fn bn_trainer(seed: u64) -> (LocalTrainer<CnnBn>, ParamTree) {
         let mut settings = sgd(None);
         settings.optimizer = OptimizerSpec::Sgd {
             learning_rate: 0.05,
@@ -876,13 +950,13 @@ mod tests {
             nesterov: false,
         };
         settings.training_seed = Some(seed);
-        let trainer = LocalTrainer::new(ModelName::CnnBn, 10, &crate::device::cpu(), settings);
+        let trainer = LocalTrainer::new(|d| CnnBn::new(10, d), &crate::device::cpu(), settings);
         let global =
             crate::init::seeded_parameters(&params::extract(trainer.model.as_ref().unwrap()), 5);
         (trainer, global)
     }
 
-    fn bn_train(trainer: &mut LocalTrainer, global: &ParamTree) -> ParamTree {
+    fn bn_train(trainer: &mut LocalTrainer<CnnBn>, global: &ParamTree) -> ParamTree {
         let partition: Vec<u32> = (0..64).collect();
         let task = ClientTask {
             client_id: 3,
@@ -916,6 +990,17 @@ mod tests {
     }
 
     #[test]
+    fn the_native_kernels_are_chosen_for_the_lenets_on_the_cpu_only() {
+        let cpu = crate::device::cpu();
+        let lenet = LocalTrainer::new(|d| LeNet5::new(10, d), &cpu, sgd(None));
+        let compact =
+            LocalTrainer::new(|d| crate::model::LeNet5Compact::new(10, d), &cpu, sgd(None));
+        let bn = LocalTrainer::new(|d| CnnBn::new(10, d), &cpu, sgd(None));
+        assert!(lenet.native.is_some() && compact.native.is_some());
+        assert!(bn.native.is_none());
+    }
+
+    #[test]
     fn running_statistics_travel_in_the_tree_and_training_updates_them() {
         let (mut trainer, global) = bn_trainer(1);
         assert_eq!(leaf(&global, "bn1.running_mean"), vec![0.0; 16]);
@@ -935,30 +1020,28 @@ mod tests {
         let device = crate::device::cpu().autodiff();
         let data = dataset(false);
         let batch = |n: usize, device: &Device| {
-            Tensor::<4>::from_data(
-                TensorData::new(data.images[..n * 784].to_vec(), [n, 1, 28, 28]),
-                device,
-            )
+            Inputs::from_host(data.inputs[..n * 784].to_vec(), &[1, 28, 28], device)
         };
+        let none = || Randomness::none();
         // Training mode, dropout off: a sample's output depends on its batch.
-        let small = rows(model.forward(batch(4, &device), None));
-        let large = rows(model.forward(batch(8, &device), None));
+        let small = rows(model.forward(batch(4, &device), &mut none()));
+        let large = rows(model.forward(batch(8, &device), &mut none()));
         assert_ne!(small[..10], large[..10]);
         // Dropout masks come from the stream: same stream, same output.
         let mut rng_a = ChaCha8Rng::seed_from_u64(9);
         let mut rng_b = ChaCha8Rng::seed_from_u64(9);
         let mut rng_c = ChaCha8Rng::seed_from_u64(10);
-        let a = rows(model.forward(batch(4, &device), Some(&mut rng_a)));
-        let b = rows(model.forward(batch(4, &device), Some(&mut rng_b)));
-        let c = rows(model.forward(batch(4, &device), Some(&mut rng_c)));
+        let a = rows(model.forward(batch(4, &device), &mut Randomness::from_stream(&mut rng_a)));
+        let b = rows(model.forward(batch(4, &device), &mut Randomness::from_stream(&mut rng_b)));
+        let c = rows(model.forward(batch(4, &device), &mut Randomness::from_stream(&mut rng_c)));
         assert_eq!(a, b);
         assert_ne!(a, c);
         // Evaluation mode: per-sample outputs, whatever the batch or the stream.
         let eval = model.valid();
         let plain = crate::device::cpu();
         let mut rng = ChaCha8Rng::seed_from_u64(9);
-        let small = rows(eval.forward(batch(4, &plain), Some(&mut rng)));
-        let large = rows(eval.forward(batch(8, &plain), None));
+        let small = rows(eval.forward(batch(4, &plain), &mut Randomness::from_stream(&mut rng)));
+        let large = rows(eval.forward(batch(8, &plain), &mut none()));
         for (x, y) in small.iter().zip(&large[..40]) {
             assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
         }
@@ -989,11 +1072,12 @@ mod tests {
         // Still in training mode: on the autodiff device, and a forward pass
         // still moves the running statistics.
         assert!(model.devices()[0].is_autodiff());
-        let input = Tensor::<4>::from_data(
-            TensorData::new(data.images[..8 * 784].to_vec(), [8, 1, 28, 28]),
+        let input = Inputs::from_host(
+            data.inputs[..8 * 784].to_vec(),
+            &[1, 28, 28],
             &model.devices()[0],
         );
-        let _ = model.forward(input, None);
+        let _ = model.forward(input, &mut Randomness::none());
         assert_ne!(
             leaf(&params::extract(&model.valid()), "bn1.running_mean"),
             leaf(&before, "bn1.running_mean")

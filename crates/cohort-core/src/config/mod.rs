@@ -196,7 +196,7 @@ impl LoadedConfig {
     /// split by `data.sampler` from the training set's `labels`.
     pub fn partitions(
         &self,
-        labels: &[u8],
+        labels: &[u32],
     ) -> Result<Vec<Vec<u32>>, crate::partition::PartitionError> {
         use crate::partition;
         let data = &self.config.data;
@@ -298,6 +298,17 @@ impl LoadedConfig {
     /// The file that set `key` (dotted), or the top-level file.
     pub fn origin_of(&self, key: &str) -> &Path {
         self.origins.get(key).unwrap_or(&self.path)
+    }
+
+    /// A problem with `key`'s value found after loading, by a layer that
+    /// knows what cohort-core does not (the model registry), naming the file
+    /// that set the key as every other config error does.
+    pub fn error_at(&self, key: &str, message: impl Into<String>) -> ConfigErrors {
+        ConfigErrors(vec![file_error(
+            self.origin_of(key),
+            Some(key.to_owned()),
+            message,
+        )])
     }
 
     /// SHA-256 over the merged config, keys sorted: equal for configs that mean
@@ -1212,7 +1223,7 @@ fn validate_data(config: &Config, fail: Fail) {
             "must list at least one URL when set".to_owned(),
         );
     }
-    if config.parameters.model.num_classes != 10 {
+    if config.data.builtin_source().is_some() && config.parameters.model.num_classes != 10 {
         fail(
             "parameters.model.num_classes",
             format!(
@@ -1308,24 +1319,14 @@ fn validate_trainer(loaded: &LoadedConfig, optimizer_known: bool, fail: Fail) {
     validate_vectorized(loaded, optimizer_known, fail);
 }
 
-/// What `trainer.vectorized_clients` can train: the LeNet-5 models with SGD,
-/// in the server's worker pool.
+/// What `trainer.vectorized_clients` can train: SGD, in the server's worker
+/// pool. Whether the model can be stacked is the model registry's check.
 fn validate_vectorized(loaded: &LoadedConfig, optimizer_known: bool, fail: Fail) {
     let config = &loaded.config;
     if config.trainer.vectorized_clients == schema::VectorizedClients::Off {
         return;
     }
     let key = "trainer.vectorized_clients";
-    if config.trainer.model_name == schema::ModelName::CnnBn {
-        fail(
-            key,
-            format!(
-                "supports trainer.model_name = \"lenet5\" or \"lenet5_compact\", not \"{}\" \
-                 (set trainer.vectorized_clients = \"off\")",
-                config.trainer.model_name
-            ),
-        );
-    }
     if optimizer_known && !matches!(loaded.optimizer, crate::optim::OptimizerSpec::Sgd { .. }) {
         fail(
             key,
@@ -1494,7 +1495,11 @@ fn check_iid_cyclic(config: &Config, fail: Fail) {
         return;
     }
     let clients = u64::from(config.clients.total_clients);
-    let available = config.data.datasource.train_samples() as u64;
+    // A data set of the registry's is sized when it is loaded.
+    let Some(source) = config.data.builtin_source() else {
+        return;
+    };
+    let available = source.train_samples() as u64;
     let size = config
         .data
         .partition_size
@@ -1565,7 +1570,9 @@ fn check_iid_fits(config: &Config, fail: Fail) {
         return;
     };
     let clients = config.clients.total_clients;
-    let source = config.data.datasource;
+    let Some(source) = config.data.builtin_source() else {
+        return;
+    };
     let available = source.train_samples() as u64;
     if needed > available {
         fail(

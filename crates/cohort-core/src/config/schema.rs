@@ -182,7 +182,10 @@ impl Default for Server {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Data {
-    pub datasource: crate::data::DataSource,
+    /// A data set of the registry the run is given: cohort's `MNIST` and
+    /// `FashionMNIST` ([`crate::data::DataSource`]), plus any an embedding
+    /// program registers; checked against it when the run is assembled.
+    pub datasource: String,
     pub data_path: PathBuf,
     /// How the training set is split among the clients.
     pub sampler: Sampler,
@@ -207,10 +210,17 @@ pub struct Data {
     pub mirrors: Option<Vec<String>>,
 }
 
+impl Data {
+    /// `datasource` when it is one of cohort's own data sets.
+    pub fn builtin_source(&self) -> Option<crate::data::DataSource> {
+        crate::data::DataSource::from_name(&self.datasource)
+    }
+}
+
 impl Default for Data {
     fn default() -> Self {
         Self {
-            datasource: crate::data::DataSource::Mnist,
+            datasource: "MNIST".to_owned(),
             data_path: PathBuf::from("data"),
             sampler: Sampler::Iid,
             partition_size: None,
@@ -265,43 +275,6 @@ impl std::fmt::Display for Sampler {
     }
 }
 
-/// `trainer.model_name`: the models `cohort-train` builds. Adding a model is
-/// a variant here and its arm in `cohort_train::model::Net::build`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ModelName {
-    /// LeNet-5 as in the reference job (61,706 parameters).
-    Lenet5,
-    /// LeNet-5 with fewer filters (44,426 parameters).
-    Lenet5Compact,
-    /// A CNN with BatchNorm and seeded dropout.
-    CnnBn,
-}
-
-impl ModelName {
-    /// Every model, in declaration order (read from the serde derive).
-    pub fn all() -> Vec<ModelName> {
-        super::introspect::unit_variants_of::<ModelName>()
-            .iter()
-            .filter_map(|name| name.parse().ok())
-            .collect()
-    }
-}
-
-impl std::str::FromStr for ModelName {
-    type Err = String;
-
-    fn from_str(name: &str) -> Result<Self, String> {
-        super::introspect::parse_unit_variant(name)
-    }
-}
-
-impl std::fmt::Display for ModelName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&super::introspect::unit_variant_name(self))
-    }
-}
-
 /// `trainer.lr_scheduler`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -328,7 +301,10 @@ pub struct Trainer {
     pub epochs: u32,
     pub batch_size: usize,
     pub optimizer: String,
-    pub model_name: ModelName,
+    /// A model of the registry the run is given (`cohort-train`'s built-in
+    /// models, plus any an embedding program registers); checked against it
+    /// when the run is assembled, since cohort-core knows no model names.
+    pub model_name: String,
     pub model_seed: Option<u64>,
     /// Round 1's global model from a safetensors file in PyTorch's layout
     /// (a `model.safetensors` of an earlier run, or a PyTorch state dict)
@@ -420,7 +396,7 @@ impl Default for Trainer {
             epochs: 5,
             batch_size: 32,
             optimizer: "adam".to_owned(),
-            model_name: ModelName::Lenet5,
+            model_name: "lenet5".to_owned(),
             model_seed: None,
             initial_model: None,
             training_seed: None,

@@ -113,8 +113,13 @@ impl DataSource {
 
     /// Pixels of one image (28 × 28 for both).
     pub fn pixels_per_image(self) -> usize {
+        self.sample_shape().iter().product()
+    }
+
+    /// One sample's shape, `[channels, height, width]`.
+    pub fn sample_shape(self) -> Vec<usize> {
         match self {
-            DataSource::Mnist | DataSource::FashionMnist => 28 * 28,
+            DataSource::Mnist | DataSource::FashionMnist => vec![1, 28, 28],
         }
     }
 
@@ -128,16 +133,56 @@ impl DataSource {
     }
 }
 
-/// Images normalized to float32, `[count, 1, rows, cols]` row-major, with labels.
+/// Samples of any shape, normalized to float32, with one class id each.
+///
+/// Sample `i` is `inputs[i * n .. (i + 1) * n]` with `n` the product of
+/// `sample_shape`, row-major: `[channels, height, width]` for images, `[features]`
+/// for tabular rows, `[length]` for token sequences (token ids as exact
+/// float32 integers). `labels[i]` is its target: the class of a classification
+/// task, the next token of a next-token task.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dataset {
-    pub images: Vec<f32>,
-    pub labels: Vec<u8>,
-    pub rows: usize,
-    pub cols: usize,
+    pub inputs: Vec<f32>,
+    pub labels: Vec<u32>,
+    pub sample_shape: Vec<usize>,
 }
 
 impl Dataset {
+    /// A dataset after checking that `inputs` holds one sample of
+    /// `sample_shape` per label.
+    pub fn new(
+        inputs: Vec<f32>,
+        labels: Vec<u32>,
+        sample_shape: Vec<usize>,
+    ) -> Result<Self, ShapeError> {
+        let dataset = Self {
+            inputs,
+            labels,
+            sample_shape,
+        };
+        dataset.check()?;
+        Ok(dataset)
+    }
+
+    /// That `inputs` holds one sample of `sample_shape` per label (the
+    /// fields are public, so a data set made by hand is checked here).
+    pub fn check(&self) -> Result<(), ShapeError> {
+        let per_sample = self
+            .sample_shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|&n| n > 0)
+            .ok_or_else(|| ShapeError::SampleShape(self.sample_shape.clone()))?;
+        if per_sample.checked_mul(self.labels.len()) != Some(self.inputs.len()) {
+            return Err(ShapeError::Count {
+                values: self.inputs.len(),
+                labels: self.labels.len(),
+                sample_shape: self.sample_shape.clone(),
+            });
+        }
+        Ok(())
+    }
+
     pub fn len(&self) -> usize {
         self.labels.len()
     }
@@ -146,23 +191,46 @@ impl Dataset {
         self.labels.is_empty()
     }
 
-    pub fn pixels_per_image(&self) -> usize {
-        self.rows * self.cols
+    /// Values of one sample: the product of `sample_shape`.
+    pub fn values_per_sample(&self) -> usize {
+        self.sample_shape.iter().product()
     }
 
-    /// Copies the images and labels at `indices` into `images` and `labels`
+    /// Copies the inputs and labels at `indices` into `inputs` and `labels`
     /// (cleared first), ready to become a batch tensor.
-    pub fn gather(&self, indices: &[u32], images: &mut Vec<f32>, labels: &mut Vec<i64>) {
-        let pixels = self.pixels_per_image();
-        images.clear();
+    pub fn gather(&self, indices: &[u32], inputs: &mut Vec<f32>, labels: &mut Vec<i64>) {
+        let per_sample = self.values_per_sample();
+        inputs.clear();
         labels.clear();
-        images.reserve(indices.len() * pixels);
+        inputs.reserve(indices.len() * per_sample);
         for &index in indices {
-            let start = index as usize * pixels;
-            images.extend_from_slice(&self.images[start..start + pixels]);
-            labels.push(self.labels[index as usize] as i64);
+            let start = index as usize * per_sample;
+            inputs.extend_from_slice(&self.inputs[start..start + per_sample]);
+            labels.push(i64::from(self.labels[index as usize]));
         }
     }
+
+    /// The first label at or above `classes`, with its index.
+    pub fn label_out_of(&self, classes: usize) -> Option<(usize, u32)> {
+        self.labels
+            .iter()
+            .enumerate()
+            .find(|(_, label)| **label as usize >= classes)
+            .map(|(index, &label)| (index, label))
+    }
+}
+
+/// Why values and labels do not make a [`Dataset`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    #[error("sample shape {0:?} has no values (or more than fit in memory)")]
+    SampleShape(Vec<usize>),
+    #[error("{values} values are not {labels} samples of shape {sample_shape:?}")]
+    Count {
+        values: usize,
+        labels: usize,
+        sample_shape: Vec<usize>,
+    },
 }
 
 /// Train and test splits.
@@ -287,14 +355,13 @@ fn read_split(
     let scale = 1.0 / (255.0 * std);
     let shift = mean / std;
     Ok(Dataset {
-        images: image_array
+        inputs: image_array
             .data
             .iter()
             .map(|&p| p as f32 * scale - shift)
             .collect(),
-        labels: label_array.data,
-        rows: image_array.dims[1],
-        cols: image_array.dims[2],
+        labels: label_array.data.into_iter().map(u32::from).collect(),
+        sample_shape: vec![1, image_array.dims[1], image_array.dims[2]],
     })
 }
 

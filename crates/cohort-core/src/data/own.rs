@@ -128,10 +128,9 @@ impl OwnData {
         }
         images.iter_mut().for_each(|x| *x = (*x - mean) / std);
         Ok(Dataset {
-            images,
-            labels,
-            rows: SIDE,
-            cols: SIDE,
+            inputs: images,
+            labels: labels.into_iter().map(u32::from).collect(),
+            sample_shape: vec![1, SIDE, SIDE],
         })
     }
 }
@@ -448,8 +447,8 @@ mod tests {
         assert_eq!((own.train.len(), own.test_len()), (2, 1));
         let data = own.into_dataset((0.5, 0.25), 10).unwrap();
         assert_eq!(data.labels, [3, 4, 7]);
-        assert_eq!(data.images[0], 2.0);
-        assert_eq!(data.images[2 * pixels], 0.0);
+        assert_eq!(data.inputs[0], 2.0);
+        assert_eq!(data.inputs[2 * pixels], 0.0);
     }
 
     #[test]

@@ -41,7 +41,7 @@ use cohort_core::schedule::LrSchedule;
 use cohort_core::selection::ClientSelector;
 use cohort_core::strategy::{ClientUpdate, PrivacySpent, RoundContext, Strategy};
 use cohort_core::tree::ParamTree;
-use cohort_train::trainer::Evaluator;
+use cohort_train::trainer::ModelEvaluator;
 
 use crate::distributed::{SharedCollective, share_accuracy};
 use crate::events::{RunEvent, RunObserver};
@@ -114,7 +114,7 @@ pub(crate) struct LoopParts<'a> {
     pub(crate) transport: Box<dyn Transport>,
     pub(crate) hooks: &'a mut dyn ServerHooks,
     pub(crate) observer: &'a mut dyn RunObserver,
-    pub(crate) evaluator: Evaluator,
+    pub(crate) evaluator: Box<dyn ModelEvaluator>,
     pub(crate) test: Dataset,
     pub(crate) clients: ClientFacts,
     /// This process is one rank of a distributed simulation.
@@ -192,7 +192,7 @@ pub(crate) struct RoundLoop<'a> {
     observer: &'a mut dyn RunObserver,
     strategy: Box<dyn Strategy>,
     transport: Box<dyn Transport>,
-    evaluator: Evaluator,
+    evaluator: Box<dyn ModelEvaluator>,
     /// Evaluation's own compute threads, so it does not oversubscribe the
     /// workers' cores while the next round trains.
     evaluation_pool: rayon::ThreadPool,

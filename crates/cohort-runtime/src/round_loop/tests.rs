@@ -7,7 +7,6 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::rc::Rc;
 
-use cohort_core::config::ModelName;
 use cohort_core::hooks::NoHooks;
 use cohort_core::strategy::AlgorithmConfig;
 use cohort_core::tree::ArrayData;
@@ -145,16 +144,16 @@ fn settings(run_dir: &Path, last_round: u32, min_per_round: usize) -> LoopSettin
     }
 }
 
-fn evaluator() -> Evaluator {
-    Evaluator::new(ModelName::Lenet5, 10, &cohort_train::device::cpu(), 8)
+fn evaluator() -> Box<dyn ModelEvaluator> {
+    let lenet = cohort_train::model::LeNet5::new(10, &cohort_train::device::cpu());
+    Box::new(cohort_train::trainer::Evaluator::new(lenet, 8))
 }
 
 fn test_set() -> Dataset {
     Dataset {
-        images: vec![0.0; 4 * 28 * 28],
+        inputs: vec![0.0; 4 * 28 * 28],
         labels: vec![0, 1, 2, 3],
-        rows: 28,
-        cols: 28,
+        sample_shape: vec![1, 28, 28],
     }
 }
 
@@ -405,17 +404,15 @@ fn a_forged_checkpoint_falls_back_to_the_one_before_with_the_reason() {
     // A selector moved elsewhere would silently draw other clients.
     forge(&|json| json["selector"]["word_pos"] = 12345.into());
     // A model of another layout (its sha256 recomputed by whoever forged it).
-    let compact = Evaluator::new(
-        ModelName::Lenet5Compact,
+    let compact = cohort_train::params::extract(&cohort_train::model::LeNet5Compact::new(
         10,
         &cohort_train::device::cpu(),
-        8,
-    );
+    ));
     let model_path = dir
         .path()
         .join("checkpoints")
         .join("round-0002.safetensors");
-    let bytes = codec::encode(&compact.parameters()).unwrap();
+    let bytes = codec::encode(&compact).unwrap();
     std::fs::write(&model_path, &bytes).unwrap();
     let digest = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&bytes));
     forge(&|json| json["model_sha256"] = digest.clone().into());

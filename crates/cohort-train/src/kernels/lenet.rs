@@ -11,7 +11,7 @@
 
 use super::conv::{self, ConvShape, K};
 use super::gemm::{MatRef, Strides, matmul};
-use cohort_core::config::ModelName;
+use crate::model::{Accelerated, LeNetVariant};
 
 /// How a dense layer's weight is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,8 +47,8 @@ pub(crate) struct Arch {
 }
 
 impl Arch {
-    /// The architecture of `model`, when the native kernels implement it.
-    pub(crate) fn of(model: ModelName, classes: usize) -> Option<Self> {
+    /// The architecture of the accelerated model.
+    pub(crate) fn of(Accelerated { lenet, classes }: Accelerated) -> Self {
         let dense = |inputs, outputs, layout| DenseShape {
             inputs,
             outputs,
@@ -60,25 +60,24 @@ impl Arch {
             size,
             pad,
         };
-        let (convs, first) = match model {
-            ModelName::Lenet5 => (
+        let (convs, first) = match lenet {
+            LeNetVariant::Padded => (
                 [conv(1, 6, 28, 2), conv(6, 16, 14, 0)],
                 dense(400, 120, WeightLayout::OutIn),
             ),
-            ModelName::Lenet5Compact => (
+            LeNetVariant::Compact => (
                 [conv(1, 6, 28, 0), conv(6, 16, 12, 0)],
                 dense(256, 120, WeightLayout::InOut),
             ),
-            ModelName::CnnBn => return None,
         };
-        Some(Self {
+        Self {
             convs,
             dense: [
                 first,
                 dense(120, 84, WeightLayout::InOut),
                 dense(84, classes, WeightLayout::InOut),
             ],
-        })
+        }
     }
 
     /// Element counts of every parameter, in visit order.

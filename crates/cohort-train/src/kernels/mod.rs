@@ -5,7 +5,7 @@
 //!
 //! The contract:
 //! * **Same numbers as burn, up to rounding.** The gradients and logits are
-//!   those of the burn model (`Net::LeNet5`, `Net::LeNet5Compact`) on the same
+//!   those of the burn model ([`crate::model::LeNet5`], [`crate::model::LeNet5Compact`]) on the same
 //!   parameters; the tests below hold the two against each other on random
 //!   inputs to a few ulps of the values involved. Only the order of the sums
 //!   differs.
@@ -26,12 +26,10 @@ mod gemm;
 mod lenet;
 mod simd;
 
+use crate::model::{Accelerated, FederatedModel};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
-use cohort_core::config::ModelName;
-
-use crate::model::Net;
 use lenet::{Arch, NativeLeNet};
 
 /// Whether the native kernels may run on `device` (burn's CPU backend,
@@ -50,12 +48,12 @@ pub(crate) struct Native {
 }
 
 impl Native {
-    /// The native path for `model` on `device`, where there is one.
-    pub(crate) fn for_model(model: ModelName, classes: usize, device: &Device) -> Option<Self> {
+    /// The native path for a model that names it, on `device`.
+    pub(crate) fn for_model(model: Option<Accelerated>, device: &Device) -> Option<Self> {
         if !enabled_on(device) {
             return None;
         }
-        let arch = Arch::of(model, classes)?;
+        let arch = Arch::of(model?);
         let count = arch.param_lens().len();
         Some(Self {
             net: NativeLeNet::new(arch),
@@ -66,19 +64,16 @@ impl Native {
     }
 
     /// The native path for running `model` as it is, where there is one.
-    pub(crate) fn for_net(model: &Net) -> Option<Self> {
+    pub(crate) fn for_net<M: FederatedModel>(model: &M) -> Option<Self> {
         let device = model.devices().into_iter().next()?;
-        // The last parameter is the output layer's bias: one per class.
-        let mut last = LastLen(0);
-        model.visit(&mut last);
-        Self::for_model(model.name(), last.0, &device)
+        Self::for_model(model.accelerated(), &device)
     }
 
     /// Copies `model`'s parameters in.
     ///
     /// # Panics
     /// When `model` is not the architecture this path was made for.
-    fn read(&mut self, model: &Net) {
+    fn read<M: Module>(&mut self, model: &M) {
         let mut reader = Reader {
             slots: &mut self.params,
             next: 0,
@@ -90,9 +85,9 @@ impl Native {
 
     /// Mean cross-entropy of one batch and the gradients of `model`'s
     /// parameters, as `loss.backward()` on the burn model would give them.
-    pub(crate) fn step(
+    pub(crate) fn step<M: Module>(
         &mut self,
-        model: &Net,
+        model: &M,
         images: &[f32],
         labels: &[i64],
     ) -> (f32, GradientsParams) {
@@ -113,14 +108,14 @@ impl Native {
         self.net.arch().classes()
     }
 
-    /// Top class of each image (the first on a tie) of `model`, through
-    /// `predict(row, class)` in sample order; images in chunks of `chunk`.
-    pub(crate) fn predict(
+    /// The logits of each image of `model`, through `predict(row, logits)`
+    /// in sample order; images in chunks of `chunk`.
+    pub(crate) fn predict<M: Module>(
         &mut self,
-        model: &Net,
+        model: &M,
         images: &[f32],
         chunk: usize,
-        mut predict: impl FnMut(usize, usize),
+        mut predict: impl FnMut(usize, &[f32]),
     ) {
         self.read(model);
         let image_len = self.net.arch().image_len();
@@ -134,13 +129,14 @@ impl Native {
                 n,
             );
             for (i, row) in logits.chunks_exact(classes).enumerate() {
-                predict(start + i, argmax(row));
+                predict(start + i, row);
             }
         }
     }
 }
 
-fn argmax(row: &[f32]) -> usize {
+/// The top class of a row of logits, the first on a tie (as burn's argmax).
+pub(crate) fn argmax(row: &[f32]) -> usize {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
         if v > row[best] {
@@ -148,14 +144,6 @@ fn argmax(row: &[f32]) -> usize {
         }
     }
     best
-}
-
-struct LastLen(usize);
-
-impl ModuleVisitor for LastLen {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        self.0 = param.val().dims().iter().product();
-    }
 }
 
 struct Reader<'a> {

@@ -5,13 +5,12 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor, TensorData};
-use cohort_core::config::ModelName;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::Native;
 use super::conv::{ConvShape, col2im, im2col, pad};
-use crate::model::Net;
+use crate::model::{CnnBn, FederatedModel, Inputs, LeNet5, LeNet5Compact, Randomness};
 
 fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
@@ -40,7 +39,7 @@ impl ModuleVisitor for Collect<'_> {
     }
 }
 
-fn collect(model: &Net, grads: &GradientsParams) -> Vec<Vec<f32>> {
+fn collect<M: Module>(model: &M, grads: &GradientsParams) -> Vec<Vec<f32>> {
     let mut visitor = Collect {
         grads,
         out: Vec::new(),
@@ -64,14 +63,22 @@ fn assert_close(a: &[f32], b: &[f32], tolerance: f32, what: &str) {
     );
 }
 
-fn burn_step(model: &Net, images: &[f32], labels: &[i64]) -> (f32, Vec<Vec<f32>>) {
+fn logits<M: FederatedModel>(
+    model: &M,
+    images: &[f32],
+    device: &burn::tensor::Device,
+) -> Tensor<2> {
+    let input = Inputs::from_host(images.to_vec(), &[1, 28, 28], device);
+    model.forward(input, &mut Randomness::none())
+}
+
+fn burn_step<M: FederatedModel>(model: &M, images: &[f32], labels: &[i64]) -> (f32, Vec<Vec<f32>>) {
     let device = crate::device::cpu().autodiff();
     let n = labels.len();
-    let input = Tensor::<4>::from_data(TensorData::new(images.to_vec(), [n, 1, 28, 28]), &device);
     let targets = Tensor::<1, Int>::from_data(TensorData::new(labels.to_vec(), [n]), &device);
     let loss = CrossEntropyLossConfig::new()
         .init(&device)
-        .forward(model.forward(input, None), targets);
+        .forward(logits(model, images, &device), targets);
     let value = loss.clone().into_scalar::<f32>();
     let grads = GradientsParams::from_grads(loss.backward(), model);
     (value, collect(model, &grads))
@@ -80,9 +87,13 @@ fn burn_step(model: &Net, images: &[f32], labels: &[i64]) -> (f32, Vec<Vec<f32>>
 #[test]
 fn gradients_match_burns_for_both_lenets_and_odd_batches() {
     let device = crate::device::cpu().autodiff();
-    for model_name in [ModelName::Lenet5, ModelName::Lenet5Compact] {
-        let model = Net::build(model_name, 10, &device);
-        let mut native = Native::for_model(model_name, 10, &device).expect("a CPU path");
+    gradients_match_burns(LeNet5::new(10, &device), "lenet5");
+    gradients_match_burns(LeNet5Compact::new(10, &device), "lenet5_compact");
+}
+
+fn gradients_match_burns<M: FederatedModel>(model: M, model_name: &str) {
+    {
+        let mut native = Native::for_net(&model).expect("a CPU path");
         for (n, seed) in [(32, 1), (7, 2), (1, 3)] {
             let (images, labels) = batch(n, seed);
             let (loss, expected) = burn_step(&model, &images, &labels);
@@ -102,14 +113,16 @@ fn gradients_match_burns_for_both_lenets_and_odd_batches() {
 #[test]
 fn predictions_match_burns_logits() {
     let device = crate::device::cpu();
-    for model_name in [ModelName::Lenet5, ModelName::Lenet5Compact] {
-        let model = Net::build(model_name, 10, &device);
-        let mut native = Native::for_model(model_name, 10, &device).unwrap();
+    predictions_match_burns(LeNet5::new(10, &device), "lenet5");
+    predictions_match_burns(LeNet5Compact::new(10, &device), "lenet5_compact");
+}
+
+fn predictions_match_burns<M: FederatedModel>(model: M, model_name: &str) {
+    let device = crate::device::cpu();
+    {
+        let mut native = Native::for_net(&model).unwrap();
         let (images, _) = batch(45, 4);
-        let input =
-            Tensor::<4>::from_data(TensorData::new(images.clone(), [45, 1, 28, 28]), &device);
-        let logits = model
-            .forward(input, None)
+        let logits = logits(&model, &images, &device)
             .into_data()
             .try_to_vec::<f32>()
             .unwrap();
@@ -117,7 +130,9 @@ fn predictions_match_burns_logits() {
         let got = native.net.forward(&native.params, &images, 45).to_vec();
         assert_close(&got, &logits, 1e-5, &format!("{model_name} logits"));
         let mut predicted = vec![usize::MAX; 45];
-        native.predict(&model, &images, 16, |i, class| predicted[i] = class);
+        native.predict(&model, &images, 16, |i, row| {
+            predicted[i] = super::argmax(row)
+        });
         let expected: Vec<usize> = logits.chunks(10).map(super::argmax).collect();
         assert_eq!(predicted, expected, "{model_name}");
     }
@@ -126,10 +141,10 @@ fn predictions_match_burns_logits() {
 #[test]
 fn the_same_step_gives_the_same_bits() {
     let device = crate::device::cpu().autodiff();
-    let model = Net::build(ModelName::Lenet5, 10, &device);
+    let model = LeNet5::new(10, &device);
     let (images, labels) = batch(32, 5);
-    let mut first = Native::for_model(ModelName::Lenet5, 10, &device).unwrap();
-    let mut second = Native::for_model(ModelName::Lenet5, 10, &device).unwrap();
+    let mut first = Native::for_net(&model).unwrap();
+    let mut second = Native::for_net(&model).unwrap();
     // A smaller batch first, so the second instance reuses larger buffers.
     let (small, small_labels) = batch(3, 6);
     second.step(&model, &small, &small_labels);
@@ -141,7 +156,7 @@ fn the_same_step_gives_the_same_bits() {
 
 #[test]
 fn no_native_path_for_batchnorm_models() {
-    assert!(Native::for_model(ModelName::CnnBn, 10, &crate::device::cpu()).is_none());
+    assert!(Native::for_net(&CnnBn::new(10, &crate::device::cpu())).is_none());
 }
 
 #[test]

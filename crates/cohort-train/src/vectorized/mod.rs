@@ -34,9 +34,9 @@ mod net;
 
 use std::time::Instant;
 
+use crate::model::{Accelerated, LeNetVariant};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use cohort_core::config::ModelName;
 use cohort_core::data::Dataset;
 use cohort_core::optim::OptimizerSpec;
 use cohort_core::seeds::training_stream;
@@ -60,7 +60,7 @@ pub enum Unsupported {
         "trainer.vectorized_clients supports trainer.model_name = \"lenet5\" or \
          \"lenet5_compact\", not \"{0}\""
     )]
-    Model(ModelName),
+    Model(String),
     #[error("trainer.vectorized_clients supports trainer.optimizer = \"sgd\" only, not \"{0}\"")]
     Optimizer(String),
 }
@@ -87,7 +87,7 @@ struct Sgd {
 pub struct VectorizedTrainer {
     device: Device,
     settings: TrainSettings,
-    model: ModelName,
+    model: LeNetVariant,
     classes: usize,
     sgd: Sgd,
     /// Built for the data's image size on first use.
@@ -119,14 +119,15 @@ pub fn memory_budget(device_memory: Option<u64>, workers: u32) -> u64 {
 }
 
 impl VectorizedTrainer {
-    /// A trainer for `model` with `settings`, or why it cannot have one.
+    /// A trainer for the model `model_name` (which `accelerated` says whether
+    /// the trainer implements) with `settings`, or why it cannot have one.
     pub fn new(
-        model: ModelName,
-        classes: usize,
+        model_name: &str,
+        accelerated: Option<Accelerated>,
         device: &Device,
         settings: TrainSettings,
     ) -> Result<Self, Unsupported> {
-        check(model, &settings.optimizer)?;
+        let Accelerated { lenet, classes } = check(model_name, accelerated, &settings.optimizer)?;
         let OptimizerSpec::Sgd {
             momentum,
             weight_decay,
@@ -140,7 +141,7 @@ impl VectorizedTrainer {
         Ok(Self {
             device: device.clone(),
             settings,
-            model,
+            model: lenet,
             classes,
             sgd: Sgd {
                 momentum: momentum as f32,
@@ -157,7 +158,15 @@ impl VectorizedTrainer {
     /// Whether `plan` can be trained vectorized: gradient terms (FedProx,
     /// SCAFFOLD) are not stacked, so such clients train alone.
     pub fn supports(plan: &LocalPlan) -> bool {
-        plan.proximal_mu <= 0.0 && plan.gradient_correction.is_none()
+        // Destructured field by field, so that an instruction added later does
+        // not train vectorized until it is implemented here.
+        let LocalPlan {
+            learning_rate: _,
+            proximal_mu,
+            gradient_correction,
+            update_clip_norm: _,
+        } = plan;
+        *proximal_mu <= 0.0 && gradient_correction.is_none()
     }
 
     /// Trains `jobs` together; one result per job, in order.
@@ -227,17 +236,16 @@ impl VectorizedTrainer {
     /// Builds the stacked net for `data`'s image size and uploads its images,
     /// each once for as long as the data stays the same.
     fn prepare_for(&mut self, data: &Dataset) {
-        let image = [data.rows, data.cols];
+        let image = image_of(data);
         if self.net.as_ref().is_none_or(|(_, built)| *built != image) {
-            let net = StackedNet::new(self.model, self.classes, image, &self.device)
-                .expect("the model was checked when the trainer was built");
+            let net = StackedNet::new(self.model, self.classes, image, &self.device);
             self.net = Some((net, image));
         }
         let key = DataKey::of(data);
         if self.images.as_ref().is_none_or(|(held, _)| *held != key) {
-            let (samples, pixels) = (data.labels.len(), data.rows * data.cols);
+            let (samples, pixels) = (data.labels.len(), data.values_per_sample());
             let mut rows = Vec::with_capacity((samples + 1) * pixels);
-            rows.extend_from_slice(&data.images[..samples * pixels]);
+            rows.extend_from_slice(&data.inputs[..samples * pixels]);
             rows.resize((samples + 1) * pixels, 0.0);
             let rows = TensorData::new(rows, [samples + 1, pixels]);
             self.images = Some((key, Tensor::<2>::from_data(rows, &self.device)));
@@ -262,25 +270,39 @@ impl DataKey {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         data.labels.hash(&mut hasher);
-        for pixel in data.images.iter().step_by(61) {
+        for pixel in data.inputs.iter().step_by(61) {
             pixel.to_bits().hash(&mut hasher);
         }
         Self {
-            address: data.images.as_ptr() as usize,
+            address: data.inputs.as_ptr() as usize,
             samples: data.labels.len(),
-            shape: [data.rows, data.cols],
+            shape: image_of(data),
             fingerprint: hasher.finish(),
         }
     }
 }
 
-/// Whether `model` and `optimizer` can be trained vectorized.
-pub fn check(model: ModelName, optimizer: &OptimizerSpec) -> Result<(), Unsupported> {
-    if model == ModelName::CnnBn {
-        return Err(Unsupported::Model(model));
+/// The height and width of a data set of one-channel images (the LeNets
+/// refuse any other sample shape when they are built).
+fn image_of(data: &Dataset) -> [usize; 2] {
+    match data.sample_shape.as_slice() {
+        &[_, height, width] => [height, width],
+        _ => [0, 0],
     }
+}
+
+/// What the vectorized trainer implements of the model `model_name` and
+/// `optimizer`, or why it cannot train them.
+pub fn check(
+    model_name: &str,
+    accelerated: Option<Accelerated>,
+    optimizer: &OptimizerSpec,
+) -> Result<Accelerated, Unsupported> {
+    let Some(accelerated) = accelerated else {
+        return Err(Unsupported::Model(model_name.to_owned()));
+    };
     match optimizer {
-        OptimizerSpec::Sgd { .. } => Ok(()),
+        OptimizerSpec::Sgd { .. } => Ok(accelerated),
         OptimizerSpec::Adam { .. } => Err(Unsupported::Optimizer("adam".to_owned())),
         OptimizerSpec::AdamW { .. } => Err(Unsupported::Optimizer("adamw".to_owned())),
         OptimizerSpec::RmsProp { .. } => Err(Unsupported::Optimizer("rmsprop".to_owned())),
@@ -296,14 +318,13 @@ pub fn check(model: ModelName, optimizer: &OptimizerSpec) -> Result<(), Unsuppor
 /// client's largest tensor exceeds a buffer. The training images on the
 /// device are not counted: one copy per worker, whatever K is.
 pub fn clients_for_memory(
-    model: ModelName,
-    classes: usize,
+    model: Option<Accelerated>,
     image: [usize; 2],
     batch_size: usize,
     budget: u64,
     max_buffer_bytes: Option<u64>,
 ) -> usize {
-    let Some(net) = stacked_net(model, classes, image) else {
+    let Some(net) = stacked_net(model, image) else {
         return 1;
     };
     let floats = 2 * batch_size * net.activation_elements() + 4 * net.parameter_count();
@@ -318,13 +339,12 @@ pub fn clients_for_memory(
 /// allocate a 7.68 GB tensor); unbounded without a limit; 0 where not even
 /// one client's fits (a batch size too large for the device).
 pub fn clients_per_buffer(
-    model: ModelName,
-    classes: usize,
+    model: Option<Accelerated>,
     image: [usize; 2],
     batch_size: usize,
     max_buffer_bytes: Option<u64>,
 ) -> usize {
-    match stacked_net(model, classes, image) {
+    match stacked_net(model, image) {
         Some(net) => fit_in_buffer(&net, batch_size, max_buffer_bytes),
         None => usize::MAX,
     }
@@ -343,8 +363,14 @@ fn fit_in_buffer(net: &StackedNet, batch_size: usize, max_buffer_bytes: Option<u
 }
 
 /// The stacked net on the CPU, for counting its tensors.
-fn stacked_net(model: ModelName, classes: usize, image: [usize; 2]) -> Option<StackedNet> {
-    StackedNet::new(model, classes, image, &crate::device::cpu())
+fn stacked_net(model: Option<Accelerated>, image: [usize; 2]) -> Option<StackedNet> {
+    let Accelerated { lenet, classes } = model?;
+    Some(StackedNet::new(
+        lenet,
+        classes,
+        image,
+        &crate::device::cpu(),
+    ))
 }
 
 /// The stacked parameters of a batch: weight and bias of each layer, on the host.

@@ -26,9 +26,9 @@
 //! `[out, fan_in]` and transposed, with `fan_in` in PyTorch's `(c, ky, kx)`
 //! order, so a client's slice converts to the tree's layout by a transpose.
 
+use crate::model::LeNetVariant;
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use cohort_core::config::ModelName;
 
 /// One layer of the stacked network.
 pub(crate) struct Layer {
@@ -84,13 +84,13 @@ pub(crate) struct StackedNet {
 }
 
 impl StackedNet {
-    /// The stacked form of `model`, or `None` for a model it has no form for.
+    /// The stacked form of `model`.
     pub(crate) fn new(
-        model: ModelName,
+        model: LeNetVariant,
         classes: usize,
         image: [usize; 2],
         device: &Device,
-    ) -> Option<Self> {
+    ) -> Self {
         let mut shape = Shape {
             h: image[0],
             w: image[1],
@@ -98,21 +98,20 @@ impl StackedNet {
         };
         let mut conv = |name, out, pad, pool| conv_layer(name, &mut shape, out, pad, pool, device);
         let mut layers = match model {
-            ModelName::Lenet5 => vec![
+            LeNetVariant::Padded => vec![
                 conv("conv1", 6, 2, true),
                 conv("conv2", 16, 0, true),
                 conv("conv3", 120, 0, false),
             ],
-            ModelName::Lenet5Compact => {
+            LeNetVariant::Compact => {
                 vec![conv("conv1", 6, 0, true), conv("conv2", 16, 0, true)]
             }
-            ModelName::CnnBn => return None,
         };
         let flat = shape.h * shape.w * shape.c;
         let channels_last = (shape.h * shape.w > 1).then_some([shape.h, shape.w, shape.c]);
         let linears: &[(&'static str, usize)] = match model {
-            ModelName::Lenet5 => &[("fc4", 84), ("fc5", classes)],
-            _ => &[("fc3", 120), ("fc4", 84), ("fc5", classes)],
+            LeNetVariant::Padded => &[("fc4", 84), ("fc5", classes)],
+            LeNetVariant::Compact => &[("fc3", 120), ("fc4", 84), ("fc5", classes)],
         };
         let mut inputs = flat;
         for (index, &(name, outputs)) in linears.iter().enumerate() {
@@ -128,7 +127,7 @@ impl StackedNet {
             });
             inputs = outputs;
         }
-        Some(Self { layers, classes })
+        Self { layers, classes }
     }
 
     /// Logits `[K, B, classes]` of `images` (`[K·B, h·w]`) under `params`

@@ -9,8 +9,30 @@
 //! per-client rates), 7.5e-9 (compact LeNet-5), against moves of 0.02-0.18.
 
 use super::*;
-use crate::trainer::LocalTrainer;
+use crate::model::ModelSpec;
+use crate::registry::{ModelEntry, Registry};
 use rand::Rng;
+
+const MNIST: [usize; 3] = [1, 28, 28];
+
+fn spec() -> ModelSpec {
+    ModelSpec {
+        sample_shape: MNIST.to_vec(),
+        classes: 10,
+    }
+}
+
+fn entry(name: &str) -> ModelEntry {
+    Registry::builtin().model(name).unwrap().clone()
+}
+
+fn accel(name: &str) -> Option<Accelerated> {
+    entry(name).accelerated(&spec()).unwrap()
+}
+
+fn vectorized(name: &str, settings: TrainSettings) -> VectorizedTrainer {
+    VectorizedTrainer::new(name, accel(name), &crate::device::cpu(), settings).unwrap()
+}
 
 /// Largest |vectorized − alone| allowed over every parameter of every client.
 const TOLERANCE: f32 = 1e-6;
@@ -24,10 +46,9 @@ fn dataset(count: usize, poison: Option<usize>) -> Dataset {
         images[sample * 784 + 300] = f32::INFINITY;
     }
     Dataset {
-        images,
-        labels: (0..count).map(|_| rng.random_range(0..10u8)).collect(),
-        rows: 28,
-        cols: 28,
+        inputs: images,
+        labels: (0..count).map(|_| rng.random_range(0..10u32)).collect(),
+        sample_shape: MNIST.to_vec(),
     }
 }
 
@@ -47,9 +68,8 @@ fn settings(clip: Option<f64>, epochs: u32, weight_decay: f64, nesterov: bool) -
     }
 }
 
-fn global_model(model: ModelName) -> ParamTree {
-    let trainer = crate::trainer::Evaluator::new(model, 10, &crate::device::cpu(), 32);
-    crate::init::seeded_parameters(&trainer.parameters(), 3)
+fn global_model(model: &str) -> ParamTree {
+    crate::init::seeded_parameters(&entry(model).template(&spec()).unwrap(), 3)
 }
 
 /// Client `c`'s partition: unequal sizes, none a multiple of the batch.
@@ -85,7 +105,7 @@ struct Compared {
 
 /// Trains every client alone and all together; returns the largest
 /// difference between the two, and how far alone moved from the global model.
-fn compare(model: ModelName, settings: TrainSettings, rates: &[f64]) -> Compared {
+fn compare(model: &str, settings: TrainSettings, rates: &[f64]) -> Compared {
     let device = crate::device::cpu();
     let data = dataset(222, None);
     let global = global_model(model);
@@ -105,9 +125,9 @@ fn compare(model: ModelName, settings: TrainSettings, rates: &[f64]) -> Compared
             plan,
         })
         .collect();
-    let mut vectorized = VectorizedTrainer::new(model, 10, &device, settings.clone()).unwrap();
+    let mut vectorized = vectorized(model, settings.clone());
     let together = vectorized.train(&jobs, &data);
-    let mut alone = LocalTrainer::new(model, 10, &device, settings);
+    let mut alone = entry(model).trainer(&spec(), &device, settings).unwrap();
     let mut compared = Compared {
         worst: 0.0,
         moved: 0.0,
@@ -140,7 +160,7 @@ fn compare(model: ModelName, settings: TrainSettings, rates: &[f64]) -> Compared
 #[test]
 fn vectorized_sgd_momentum_equals_each_client_alone() {
     let result = compare(
-        ModelName::Lenet5,
+        "lenet5",
         settings(None, 2, 0.0, false),
         &[0.05, 0.05, 0.05, 0.05],
     );
@@ -155,7 +175,7 @@ fn vectorized_sgd_momentum_equals_each_client_alone() {
 fn vectorized_with_clipping_weight_decay_and_own_rates_equals_alone() {
     // A limit well below the free norm, so every step is clipped.
     let result = compare(
-        ModelName::Lenet5,
+        "lenet5",
         settings(Some(0.5), 2, 1e-3, true),
         &[0.05, 0.02, 0.1, 0.07],
     );
@@ -169,7 +189,7 @@ fn vectorized_with_clipping_weight_decay_and_own_rates_equals_alone() {
 #[test]
 fn vectorized_compact_lenet_equals_alone() {
     let result = compare(
-        ModelName::Lenet5Compact,
+        "lenet5_compact",
         settings(Some(2.0), 1, 0.0, false),
         &[0.05, 0.05, 0.05, 0.05],
     );
@@ -181,7 +201,7 @@ fn a_non_finite_client_fails_as_alone_and_the_others_do_not_notice() {
     let device = crate::device::cpu();
     // Sample 80 is client 2's (70..115).
     let data = dataset(222, Some(80));
-    let global = global_model(ModelName::Lenet5);
+    let global = global_model("lenet5");
     let parts = partitions();
     let plan = LocalPlan::plain(0.05);
     let jobs: Vec<Job<'_>> = parts
@@ -198,10 +218,9 @@ fn a_non_finite_client_fails_as_alone_and_the_others_do_not_notice() {
         })
         .collect();
     let settings = settings(Some(1.0), 1, 0.0, false);
-    let mut vectorized =
-        VectorizedTrainer::new(ModelName::Lenet5, 10, &device, settings.clone()).unwrap();
+    let mut vectorized = vectorized("lenet5", settings.clone());
     let together = vectorized.train(&jobs, &data);
-    let mut alone = LocalTrainer::new(ModelName::Lenet5, 10, &device, settings);
+    let mut alone = entry("lenet5").trainer(&spec(), &device, settings).unwrap();
     for (job, together) in jobs.iter().zip(together) {
         let single = alone.train(job.task, &global, &data, job.partition, job.plan);
         match (together, single) {
@@ -232,10 +251,9 @@ fn a_non_finite_client_fails_as_alone_and_the_others_do_not_notice() {
 
 #[test]
 fn an_empty_partition_or_a_foreign_tree_fails_its_client_only() {
-    let device = crate::device::cpu();
     let data = dataset(222, None);
-    let global = global_model(ModelName::Lenet5);
-    let foreign = global_model(ModelName::Lenet5Compact);
+    let global = global_model("lenet5");
+    let foreign = global_model("lenet5_compact");
     let plan = LocalPlan::plain(0.05);
     let parts = partitions();
     let task = |client_id| ClientTask {
@@ -268,13 +286,7 @@ fn an_empty_partition_or_a_foreign_tree_fails_its_client_only() {
             plan: &plan,
         },
     ];
-    let mut vectorized = VectorizedTrainer::new(
-        ModelName::Lenet5,
-        10,
-        &device,
-        settings(None, 1, 0.0, false),
-    )
-    .unwrap();
+    let mut vectorized = vectorized("lenet5", settings(None, 1, 0.0, false));
     let results = vectorized.train(&jobs, &data);
     assert!(results[0].is_ok());
     assert!(matches!(
@@ -297,42 +309,28 @@ fn unsupported_models_and_optimizers_name_the_key() {
         eps: 1e-8,
         bias_correction: false,
     };
-    let error = check(ModelName::Lenet5, &adam).unwrap_err();
+    let error = check("lenet5", accel("lenet5"), &adam).unwrap_err();
     assert_eq!(
         error.to_string(),
         "trainer.vectorized_clients supports trainer.optimizer = \"sgd\" only, not \"adam\""
     );
     let sgd = settings(None, 1, 0.0, false).optimizer;
-    let error = check(ModelName::CnnBn, &sgd).unwrap_err();
+    let error = check("cnn_bn", accel("cnn_bn"), &sgd).unwrap_err();
     assert!(error.to_string().contains("trainer.model_name"), "{error}");
-    assert!(check(ModelName::Lenet5Compact, &sgd).is_ok());
+    assert!(check("lenet5_compact", accel("lenet5_compact"), &sgd).is_ok());
 }
 
 #[test]
 fn the_memory_budget_chooses_the_batch_of_clients() {
-    let k = clients_for_memory(
-        ModelName::Lenet5,
-        10,
-        [28, 28],
-        32,
-        AUTO_MEMORY_BUDGET,
-        None,
-    );
+    let k = clients_for_memory(accel("lenet5"), [28, 28], 32, AUTO_MEMORY_BUDGET, None);
     // 3,758,376 floats (15.0 MB) a LeNet-5 client at batch 32: 285 clients
     // fit in 4 GiB.
     assert_eq!(k, 285);
     assert!((100..400).contains(&k), "{k}");
-    let half = clients_for_memory(
-        ModelName::Lenet5,
-        10,
-        [28, 28],
-        32,
-        AUTO_MEMORY_BUDGET / 2,
-        None,
-    );
+    let half = clients_for_memory(accel("lenet5"), [28, 28], 32, AUTO_MEMORY_BUDGET / 2, None);
     assert!(half.abs_diff(k / 2) <= 1, "{half} vs {k}");
     assert_eq!(
-        clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, 1, None),
+        clients_for_memory(accel("lenet5"), [28, 28], 32, 1, None),
         1
     );
 }
@@ -353,15 +351,15 @@ fn the_device_memory_is_shared_by_the_workers_with_room_for_tuning() {
     // tensor (32 · 29,400 floats, 3,763,200 bytes a client) of 570.
     let (memory, buffer) = (150_754_820_096, 2_147_483_644);
     let budget = memory_budget(Some(memory), 1);
-    let unbounded = clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, budget, None);
+    let unbounded = clients_for_memory(accel("lenet5"), [28, 28], 32, budget, None);
     assert!(unbounded > 3_000, "{unbounded}");
-    let h200 = clients_for_memory(ModelName::Lenet5, 10, [28, 28], 32, budget, Some(buffer));
+    let h200 = clients_for_memory(accel("lenet5"), [28, 28], 32, budget, Some(buffer));
     assert_eq!(h200, 570);
 }
 
 #[test]
 fn a_batch_fits_the_largest_buffer() {
-    let net = StackedNet::new(ModelName::Lenet5, 10, [28, 28], &crate::device::cpu()).unwrap();
+    let net = StackedNet::new(LeNetVariant::Padded, 10, [28, 28], &crate::device::cpu());
     // Counted by hand: conv2's input gradient gathers, for each of the
     // 14·14·6 inputs of a sample, the 25 patch entries at most that read it
     // (29,400 floats a sample; conv1's patches are 28·28 positions × 25, 19,600
@@ -369,7 +367,7 @@ fn a_batch_fits_the_largest_buffer() {
     assert_eq!(net.largest_tensor_elements(1), 400 * 120);
     assert_eq!(net.largest_tensor_elements(32), 32 * 14 * 14 * 6 * 25);
     let per_client = 32 * 14 * 14 * 6 * 25 * 4;
-    let fit = |limit| clients_per_buffer(ModelName::Lenet5, 10, [28, 28], 32, Some(limit));
+    let fit = |limit| clients_per_buffer(accel("lenet5"), [28, 28], 32, Some(limit));
     // A client's 3,763,200 bytes are 14,700 × 256; cubecl's pools round a
     // limit down to 256 bytes, and so does the count.
     assert_eq!(fit(per_client * 7 + 255), 7);
@@ -377,7 +375,7 @@ fn a_batch_fits_the_largest_buffer() {
     assert_eq!(fit(per_client * 7 - 1), 6);
     assert_eq!(fit(per_client - 1), 0);
     assert_eq!(
-        clients_per_buffer(ModelName::Lenet5, 10, [28, 28], 32, None),
+        clients_per_buffer(accel("lenet5"), [28, 28], 32, None),
         usize::MAX
     );
 }
@@ -390,8 +388,8 @@ fn written_out_backward_equals_autodiff() {
     let device = crate::device::cpu();
     let (k, batch, classes) = (3, 5, 10);
     let mut rng = ChaCha8Rng::seed_from_u64(23);
-    for model in [ModelName::Lenet5, ModelName::Lenet5Compact] {
-        let net = net::StackedNet::new(model, classes, [28, 28], &device).unwrap();
+    for model in [LeNetVariant::Padded, LeNetVariant::Compact] {
+        let net = net::StackedNet::new(model, classes, [28, 28], &device);
         let params: Vec<Tensor<3>> = net
             .layers
             .iter()
@@ -423,7 +421,7 @@ fn written_out_backward_equals_autodiff() {
         let (written_loss, written) = written_out_step(&net, &params, images, weights);
 
         let close = |a: Tensor<3>, b: Tensor<3>, what: &str| {
-            assert_eq!(a.dims(), b.dims(), "{model} {what}");
+            assert_eq!(a.dims(), b.dims(), "{model:?} {what}");
             let expected = b.into_data().try_to_vec::<f32>().unwrap();
             let got = a.into_data().try_to_vec::<f32>().unwrap();
             let largest = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -431,10 +429,10 @@ fn written_out_backward_equals_autodiff() {
                 .iter()
                 .zip(&got)
                 .fold(0.0f32, |m, (e, g)| m.max((e - g).abs()));
-            assert!(largest > 0.0, "{model} {what}: no gradient");
+            assert!(largest > 0.0, "{model:?} {what}: no gradient");
             assert!(
                 worst <= 1e-5 * largest.max(1.0),
-                "{model} {what}: |written − autodiff| {worst:e} (largest {largest:e})"
+                "{model:?} {what}: |written − autodiff| {worst:e} (largest {largest:e})"
             );
         };
         close(written_loss, recorded_loss, "loss");
@@ -449,15 +447,13 @@ fn written_out_backward_equals_autodiff() {
 /// dataset trains on another of the same shape exactly as a fresh trainer.
 #[test]
 fn a_new_dataset_replaces_the_images_on_the_device() {
-    let device = crate::device::cpu();
     let first = dataset(222, None);
     let second = Dataset {
-        images: first.images.iter().map(|v| 1.0 - v).collect(),
+        inputs: first.inputs.iter().map(|v| 1.0 - v).collect(),
         labels: first.labels.iter().rev().copied().collect(),
-        rows: first.rows,
-        cols: first.cols,
+        sample_shape: first.sample_shape.clone(),
     };
-    let global = global_model(ModelName::Lenet5Compact);
+    let global = global_model("lenet5_compact");
     let partition: Vec<u32> = (0..40).collect();
     let plan = LocalPlan::plain(0.05);
     let jobs = [Job {
@@ -469,15 +465,7 @@ fn a_new_dataset_replaces_the_images_on_the_device() {
         partition: &partition,
         plan: &plan,
     }];
-    let trainer = || {
-        VectorizedTrainer::new(
-            ModelName::Lenet5Compact,
-            10,
-            &device,
-            settings(None, 1, 0.0, false),
-        )
-        .unwrap()
-    };
+    let trainer = || vectorized("lenet5_compact", settings(None, 1, 0.0, false));
     let mut reused = trainer();
     let on_first = reused.train(&jobs, &first).remove(0).unwrap();
     let on_second = reused.train(&jobs, &second).remove(0).unwrap();

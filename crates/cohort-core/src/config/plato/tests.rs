@@ -1,6 +1,6 @@
 use std::path::Path;
 
-use crate::config::{ConfigErrors, LoadedConfig, ModelName, Sampler, from_str};
+use crate::config::{ConfigErrors, LoadedConfig, Sampler, from_str};
 use crate::data::DataSource;
 use crate::optim::OptimizerSpec;
 
@@ -119,8 +119,8 @@ fn the_seeds_mlx_config_loads_as_the_reference_job() {
     let config = &loaded.config;
     assert_eq!(config.trainer.kind, "basic");
     assert_eq!(config.algorithm.name(), "fedavg");
-    assert_eq!(config.trainer.model_name, ModelName::Lenet5Compact);
-    assert_eq!(config.data.datasource, DataSource::Mnist);
+    assert_eq!(config.trainer.model_name, "lenet5_compact");
+    assert_eq!(config.data.builtin_source(), Some(DataSource::Mnist));
     assert_eq!(config.data.sampler, Sampler::IidCyclic);
     assert_eq!(config.data.partition_size, Some(20_000));
     assert_eq!(config.server.port, 9006);
@@ -168,7 +168,7 @@ fn platos_mnist_noniid_config_loads_as_dirichlet_with_pytorch_sgd() {
     assert_eq!(config.data.concentration, 0.5);
     assert_eq!(config.data.partition_size, None);
     // The PyTorch trainer's LeNet-5 is the padded one.
-    assert_eq!(config.trainer.model_name, ModelName::Lenet5);
+    assert_eq!(config.trainer.model_name, "lenet5");
     assert!(matches!(
         loaded.optimizer,
         OptimizerSpec::Sgd { learning_rate, momentum, weight_decay, .. }
@@ -206,7 +206,7 @@ fn cohorts_own_names_leave_no_notes() {
     let loaded = load(&text).unwrap();
     assert!(loaded.notes.is_empty(), "{:#?}", loaded.notes);
     assert_eq!(loaded.config.data.sampler, Sampler::Iid);
-    assert_eq!(loaded.config.trainer.model_name, ModelName::Lenet5);
+    assert_eq!(loaded.config.trainer.model_name, "lenet5");
 }
 
 #[test]
@@ -240,7 +240,10 @@ fn torchvision_needs_a_dataset_cohort_has() {
     );
 
     let fashion = load(&MLX_REFERENCE.replace("\"MNIST\"", "\"FashionMNIST\"")).unwrap();
-    assert_eq!(fashion.config.data.datasource, DataSource::FashionMnist);
+    assert_eq!(
+        fashion.config.data.builtin_source(),
+        Some(DataSource::FashionMnist)
+    );
 
     let stray = errors_of(&MLX_REFERENCE.replace("\"Torchvision\"", "\"MNIST\""));
     assert_eq!(stray.first().key.as_deref(), Some("data.dataset_name"));

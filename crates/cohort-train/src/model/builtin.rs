@@ -1,21 +1,16 @@
-//! The models cohort trains. Each is a burn module with a `forward` from a batch
-//! of `[batch, 1, 28, 28]` images to `[batch, classes]` logits.
-//!
-//! Modes follow from where a model runs, as in burn: on an autodiff device
-//! (the trainer's) BatchNorm normalizes by batch statistics and updates its
-//! running statistics, and dropout drops; on a plain device (evaluation)
-//! BatchNorm uses its running statistics and dropout is the identity. Dropout
-//! draws its masks from the caller's seeded stream, never from a global RNG.
+//! The models cohort ships: LeNet-class networks for `[1, 28, 28]` images.
 
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
-use burn::tensor::{Device, Tensor, TensorData};
-use cohort_core::config::ModelName;
-use rand::Rng;
-use rand_chacha::ChaCha8Rng;
+use burn::tensor::{Device, Tensor};
+
+use super::{Accelerated, FederatedModel, Inputs, LeNetVariant, ModelError, ModelSpec, Randomness};
+
+/// The sample shape all three take: MNIST's.
+const MNIST_SAMPLE: [usize; 3] = [1, 28, 28];
 
 /// Classic LeNet-5, the layout of Plato's PyTorch model (61,706 parameters):
 /// conv 1→6 5×5 pad 2, ReLU, max-pool 2; conv 6→16 5×5, ReLU, max-pool 2;
@@ -44,16 +39,35 @@ impl LeNet5 {
         }
     }
 
+    /// For `spec`'s classes, refusing samples other than `[1, 28, 28]`.
+    pub fn build(spec: &ModelSpec, device: &Device) -> Result<Self, ModelError> {
+        spec.require_sample_shape(&MNIST_SAMPLE)?;
+        Ok(Self::new(spec.classes, device))
+    }
+
     #[cfg(test)]
     pub(crate) fn fc5_for_tests(&self) -> &Linear {
         &self.fc5
     }
 
-    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+    pub fn logits(&self, images: Tensor<4>) -> Tensor<2> {
         let x = self.pool.forward(relu(self.conv1.forward(images)));
         let x = self.pool.forward(relu(self.conv2.forward(x)));
         let x = relu(self.conv3.forward(x)).flatten::<2>(1, 3);
         self.fc5.forward(relu(self.fc4.forward(x)))
+    }
+}
+
+impl FederatedModel for LeNet5 {
+    fn forward(&self, inputs: Inputs, _randomness: &mut Randomness<'_>) -> Tensor<2> {
+        self.logits(inputs.images())
+    }
+
+    fn accelerated(&self) -> Option<Accelerated> {
+        Some(Accelerated {
+            lenet: LeNetVariant::Padded,
+            classes: self.fc5.weight.val().dims()[1],
+        })
     }
 }
 
@@ -81,7 +95,13 @@ impl LeNet5Compact {
         }
     }
 
-    pub fn forward(&self, images: Tensor<4>) -> Tensor<2> {
+    /// For `spec`'s classes, refusing samples other than `[1, 28, 28]`.
+    pub fn build(spec: &ModelSpec, device: &Device) -> Result<Self, ModelError> {
+        spec.require_sample_shape(&MNIST_SAMPLE)?;
+        Ok(Self::new(spec.classes, device))
+    }
+
+    pub fn logits(&self, images: Tensor<4>) -> Tensor<2> {
         let x = self.pool.forward(relu(self.conv1.forward(images)));
         let x = self
             .pool
@@ -89,6 +109,19 @@ impl LeNet5Compact {
             .flatten::<2>(1, 3);
         let x = relu(self.fc3.forward(x));
         self.fc5.forward(relu(self.fc4.forward(x)))
+    }
+}
+
+impl FederatedModel for LeNet5Compact {
+    fn forward(&self, inputs: Inputs, _randomness: &mut Randomness<'_>) -> Tensor<2> {
+        self.logits(inputs.images())
+    }
+
+    fn accelerated(&self) -> Option<Accelerated> {
+        Some(Accelerated {
+            lenet: LeNetVariant::Compact,
+            classes: self.fc5.weight.val().dims()[1],
+        })
     }
 }
 
@@ -128,118 +161,80 @@ impl CnnBn {
         }
     }
 
-    pub fn forward(&self, images: Tensor<4>, dropout: Option<&mut ChaCha8Rng>) -> Tensor<2> {
+    /// For `spec`'s classes, refusing samples other than `[1, 28, 28]`.
+    pub fn build(spec: &ModelSpec, device: &Device) -> Result<Self, ModelError> {
+        spec.require_sample_shape(&MNIST_SAMPLE)?;
+        Ok(Self::new(spec.classes, device))
+    }
+}
+
+impl FederatedModel for CnnBn {
+    fn forward(&self, inputs: Inputs, randomness: &mut Randomness<'_>) -> Tensor<2> {
         let x = self
             .pool
-            .forward(relu(self.bn1.forward(self.conv1.forward(images))));
+            .forward(relu(self.bn1.forward(self.conv1.forward(inputs.images()))));
         let x = self
             .pool
             .forward(relu(self.bn2.forward(self.conv2.forward(x))))
             .flatten::<2>(1, 3);
         let x = relu(self.fc3.forward(x));
-        let x = match dropout {
-            Some(rng) if x.device().is_autodiff() => seeded_dropout(x, self.dropout, rng),
-            _ => x,
-        };
+        let x = randomness.dropout(x, self.dropout);
         self.fc4.forward(x)
-    }
-}
-
-/// Inverted dropout with a mask drawn on the host from `rng`, so the dropped
-/// units depend only on the client's training stream.
-fn seeded_dropout(x: Tensor<2>, prob: f64, rng: &mut ChaCha8Rng) -> Tensor<2> {
-    let dims = x.dims();
-    let keep_scale = (1.0 / (1.0 - prob)) as f32;
-    let mask: Vec<f32> = (0..dims[0] * dims[1])
-        .map(|_| {
-            if rng.random::<f64>() < prob {
-                0.0
-            } else {
-                keep_scale
-            }
-        })
-        .collect();
-    let mask = Tensor::<2>::from_data(TensorData::new(mask, dims), &x.device());
-    x * mask
-}
-
-/// Any model cohort can train, chosen by `trainer.model_name`.
-// One `Net` per worker, built once and moved by value only between rounds:
-// boxing the variants would buy nothing measurable.
-#[allow(clippy::large_enum_variant)]
-#[derive(Module, Debug)]
-pub enum Net {
-    LeNet5(LeNet5),
-    LeNet5Compact(LeNet5Compact),
-    CnnBn(CnnBn),
-}
-
-impl Net {
-    /// The model `trainer.model_name` names, freshly initialized.
-    pub fn build(model: ModelName, num_classes: usize, device: &Device) -> Self {
-        match model {
-            ModelName::Lenet5 => Net::LeNet5(LeNet5::new(num_classes, device)),
-            ModelName::Lenet5Compact => Net::LeNet5Compact(LeNet5Compact::new(num_classes, device)),
-            ModelName::CnnBn => Net::CnnBn(CnnBn::new(num_classes, device)),
-        }
-    }
-
-    /// Which model this is.
-    pub fn name(&self) -> ModelName {
-        match self {
-            Net::LeNet5(_) => ModelName::Lenet5,
-            Net::LeNet5Compact(_) => ModelName::Lenet5Compact,
-            Net::CnnBn(_) => ModelName::CnnBn,
-        }
-    }
-
-    /// Logits. `dropout` is the stream dropout masks come from while training;
-    /// evaluation passes `None` (and runs on a plain device, so dropout is off
-    /// either way).
-    pub fn forward(&self, images: Tensor<4>, dropout: Option<&mut ChaCha8Rng>) -> Tensor<2> {
-        match self {
-            Net::LeNet5(model) => model.forward(images),
-            Net::LeNet5Compact(model) => model.forward(images),
-            Net::CnnBn(model) => model.forward(images, dropout),
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::module::Module;
+
+    fn spec(classes: usize) -> ModelSpec {
+        ModelSpec {
+            sample_shape: MNIST_SAMPLE.to_vec(),
+            classes,
+        }
+    }
 
     #[test]
     fn parameter_counts_match_the_reference_layouts() {
         let device = crate::device::cpu();
-        assert_eq!(
-            Net::build(ModelName::Lenet5, 10, &device).num_params(),
-            61_706
-        );
-        assert_eq!(
-            Net::build(ModelName::CnnBn, 10, &device).num_params(),
-            207_018 + 96
-        );
-        assert_eq!(
-            Net::build(ModelName::Lenet5Compact, 10, &device).num_params(),
-            44_426
-        );
+        assert_eq!(LeNet5::new(10, &device).num_params(), 61_706);
+        assert_eq!(CnnBn::new(10, &device).num_params(), 207_018 + 96);
+        assert_eq!(LeNet5Compact::new(10, &device).num_params(), 44_426);
     }
 
     #[test]
     fn forward_gives_one_logit_row_per_image() {
         let device = crate::device::cpu();
-        for name in ModelName::all() {
-            let model = Net::build(name, 10, &device);
-            let logits = model.forward(Tensor::zeros([3, 1, 28, 28], &device), None);
-            assert_eq!(logits.dims(), [3, 10], "{name}");
+        let inputs = || Inputs::from_host(vec![0.0; 3 * 784], &MNIST_SAMPLE, &device);
+        let mut none = Randomness::none();
+        let outputs = [
+            LeNet5::build(&spec(7), &device)
+                .unwrap()
+                .forward(inputs(), &mut none),
+            LeNet5Compact::build(&spec(7), &device)
+                .unwrap()
+                .forward(inputs(), &mut none),
+            CnnBn::build(&spec(7), &device)
+                .unwrap()
+                .forward(inputs(), &mut none),
+        ];
+        for logits in outputs {
+            assert_eq!(logits.dims(), [3, 7]);
         }
     }
 
     #[test]
-    fn every_model_name_is_built() {
-        assert_eq!(ModelName::all().len(), 3);
-        let error = "resnet".parse::<ModelName>().unwrap_err();
-        assert!(error.contains("lenet5_compact"), "{error}");
+    fn other_sample_shapes_are_refused_naming_both() {
+        let device = crate::device::cpu();
+        let cifar = ModelSpec {
+            sample_shape: vec![3, 32, 32],
+            classes: 10,
+        };
+        let error = LeNet5::build(&cifar, &device).unwrap_err().to_string();
+        assert!(
+            error.contains("[1, 28, 28]") && error.contains("[3, 32, 32]"),
+            "{error}"
+        );
     }
 }

@@ -1,0 +1,788 @@
+//! `cohort`: federated learning from the command line.
+//!
+//! The `cohort` binary is [`main_with`] over cohort's built-in models. A
+//! program of your own that registers more models calls [`main_with`] with
+//! its registry and is the whole command line with them: `run`, `client`,
+//! `worker`, `check`, `evaluate`, `aggregate`, `partitions`, network mode and
+//! ranks, its server and client processes all knowing its models (the
+//! processes a run starts are the same program).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+use cohort_core::config::{LoadedConfig, Override};
+use cohort_runtime::{RunOptions, new_run_dir};
+
+mod check;
+mod place;
+mod plot;
+mod progress;
+mod rank;
+mod tools;
+use cohort_train::device::DeviceRequest;
+pub use cohort_train::registry::Registry;
+
+/// Environment variable naming the folder that holds the datasets; it
+/// overrides `data.data_path`.
+const DATA_DIR_ENV: &str = "COHORT_DATA_DIR";
+
+#[derive(Parser)]
+#[command(
+    name = "cohort",
+    version,
+    about = "Federated learning: simulate many clients on one machine, or run a server and clients over the network."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a federated training job described by a TOML config.
+    Run(RunArgs),
+    /// One rank of a distributed simulation: trains its block of clients and
+    /// meets the other ranks as the plan says (`cohort place --emit`). Same
+    /// flags as `run`; --plan is required.
+    Worker(RunArgs),
+    /// Draw accuracy by round and by wall time of one or more run folders into a PNG.
+    Plot {
+        /// Run folders; each becomes one line.
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// The PNG to write [default: accuracy.png in the first run folder].
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Compare two model files (safetensors, PyTorch's layout) leaf by leaf:
+    /// largest absolute difference and relative L2 distance. Exits non-zero
+    /// above --tolerance. BatchNorm's num_batches_tracked is not compared.
+    Compare {
+        /// The reference model.
+        reference: PathBuf,
+        /// The model compared with it.
+        candidate: PathBuf,
+        /// Largest allowed relative L2 distance ‖a − b‖ / ‖a‖ [default: 0, i.e. bitwise equal].
+        #[arg(long, default_value_t = 0.0)]
+        tolerance: f64,
+    },
+    /// A client worker process for network mode (`clients.comm_simulation =
+    /// false`): connects to a `cohort run` server and trains the logical
+    /// clients it is given until the server closes the session.
+    Client(ClientArgs),
+    /// Check a config file and print it with every default filled in, then
+    /// what it points to: the data set's files (from their headers: present,
+    /// intact, large enough for the partitions), TLS files, the cluster file.
+    /// Every problem is named; none of them are left for the run to meet.
+    Check {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Override a config key, as `cohort run --set` does (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<Override>,
+    },
+    /// Apply the config's strategy (`[algorithm]`) once to model files, from
+    /// fresh strategy state: for audits and for checking cohort against other
+    /// implementations. Client ids are the updates' positions, from 1. Files
+    /// are in PyTorch's layout (a `state_dict` saved with safetensors); the
+    /// output is too, with num_batches_tracked 0.
+    Aggregate {
+        /// The config whose `[algorithm]` (and clients, learning rate) to use.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The global model the clients started from.
+        #[arg(long, value_name = "FILE")]
+        global: PathBuf,
+        /// Where to write the aggregated model.
+        #[arg(long, short, value_name = "FILE")]
+        output: PathBuf,
+        /// Local steps each client took (SCAFFOLD's control variates use it).
+        #[arg(long, default_value_t = 1)]
+        local_steps: u64,
+        /// The clients' models, each as FILE=SAMPLES.
+        #[arg(required = true, value_name = "FILE=SAMPLES", value_parser = tools::parse_update)]
+        updates: Vec<tools::UpdateArg>,
+    },
+    /// Evaluate a model file (safetensors in PyTorch's layout, as runs write
+    /// model.safetensors) on the config's test set, as a run evaluates its
+    /// global model: prints the correct count and the accuracy.
+    Evaluate {
+        /// The config: its model (`trainer.model_name`) and data set.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The model file.
+        #[arg(long, value_name = "FILE")]
+        model: PathBuf,
+        /// Only the first N samples of the test set [default: all].
+        #[arg(long, value_name = "N")]
+        first: Option<usize>,
+        /// Also write each sample's logits (`logits`, [N, classes] float32) and
+        /// label (`labels`, int64) to this safetensors file.
+        #[arg(long, value_name = "FILE")]
+        logits: Option<PathBuf>,
+        /// Evaluate on the CPU, even when the build has a GPU backend.
+        #[arg(long, conflicts_with = "gpu")]
+        cpu: bool,
+        /// Evaluate on the GPU; fail if there is none.
+        #[arg(long)]
+        gpu: bool,
+    },
+    /// Plan where a run's ranks go on a cluster (nodes, workers, clients,
+    /// addresses, ports); print it as a table or JSON, and with --emit write
+    /// each rank's host file and the command lines that start the ranks.
+    Place(place::PlaceArgs),
+    /// Print each client's sample count and label histogram under the config's
+    /// partitioner (`data.sampler`); --png draws them.
+    Partitions {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Also draw the histograms as stacked bars into this PNG.
+        #[arg(long, value_name = "FILE")]
+        png: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The config file (TOML); see docs/CONFIG.md for every key. Required,
+    /// unless --resume is given: then it defaults to the run folder's
+    /// config.toml.
+    #[arg(long, short, required_unless_present = "resume")]
+    config: Option<PathBuf>,
+    /// Continue the run in RUN_DIR from its newest complete checkpoint; the final
+    /// model and results.csv are those an uninterrupted run would give.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with = "base")]
+    resume: Option<PathBuf>,
+    /// Train and evaluate on the CPU, even when the build has a GPU backend.
+    #[arg(long, conflicts_with = "gpu")]
+    cpu: bool,
+    /// Train and evaluate on the GPU; fail if the build has no GPU backend or no GPU answers.
+    #[arg(long)]
+    gpu: bool,
+    /// Folder under which the run folder is created [default: `general.base_path`, i.e. runs/].
+    #[arg(long)]
+    base: Option<PathBuf>,
+    /// Number of rounds: the same as --set trainer.rounds=N (a cosine
+    /// schedule then spans N rounds); at least 1. Recorded in the run's
+    /// config.toml, so --resume remembers it; with --resume it extends or
+    /// shortens the run.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: Option<u32>,
+    /// Override a config key, validated like the file's own keys and recorded
+    /// in the run's config.toml (repeatable): --set trainer.epochs=2 --set
+    /// data.datasource=MNIST. Values are TOML (5, 0.1, true, "text", [1, 2]);
+    /// anything else is read as a string.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<Override>,
+    /// No progress bar and only warnings on stderr (for scripts).
+    #[arg(long, short)]
+    quiet: bool,
+    /// Draw accuracy.png into the run folder when the run ends.
+    #[arg(long)]
+    plot: bool,
+    /// More log lines on stderr (info level); the run log always has them.
+    #[arg(long, short, conflicts_with = "quiet")]
+    verbose: bool,
+    /// Network mode: how many `cohort client` processes to start on this
+    /// machine [default: trainer.max_concurrency]. 0 starts none and waits for
+    /// clients started elsewhere.
+    #[arg(long, value_name = "N")]
+    local_clients: Option<usize>,
+    /// Distributed simulation: the folder of host files that `cohort place
+    /// --emit` wrote; this process is one rank of that plan.
+    #[arg(long, value_name = "DIR")]
+    plan: Option<PathBuf>,
+    /// The plan's instance [default: the only one in --plan].
+    #[arg(long, requires = "plan")]
+    instance: Option<String>,
+    /// This process's rank in the plan [default: from the launcher: mpirun,
+    /// srun, or a Kubernetes Indexed Job's JOB_COMPLETION_INDEX].
+    #[arg(long, requires = "plan")]
+    rank: Option<u32>,
+}
+
+#[derive(Args)]
+struct ClientArgs {
+    /// The server, HOST:PORT (its `server.address` and `server.port`).
+    #[arg(long)]
+    server: String,
+    /// Shared token when the server sets `server.auth_token` [env: COHORT_TOKEN].
+    #[arg(long)]
+    token: Option<String>,
+    /// PEM certificate of the authority that signed the server's TLS
+    /// certificate; turns TLS on.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Name the server's certificate must carry [default: the host of --server].
+    #[arg(long, requires = "tls_ca")]
+    tls_domain: Option<String>,
+    /// Seconds to keep trying to reach the server.
+    #[arg(long, default_value_t = 60.0)]
+    connect_timeout: f64,
+    /// Largest payload (global model, correction) this client accepts in
+    /// bytes, whatever the server's config says.
+    #[arg(long, default_value_t = 1 << 30)]
+    max_payload_bytes: usize,
+    /// Train on the CPU, even when the build has a GPU backend.
+    #[arg(long, conflicts_with = "gpu")]
+    cpu: bool,
+    /// Train on the GPU; fail if there is none.
+    #[arg(long)]
+    gpu: bool,
+    /// Only warnings on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Bring your own data: a folder of IDX files (train-images-idx3-ubyte,
+    /// train-labels-idx1-ubyte, optionally t10k-* for held-out evaluation;
+    /// plain or .gz) or a safetensors file with `images` and `labels`
+    /// (optionally `test_images`, `test_labels`). The process claims one
+    /// own-data client of the run (clients.own_data_clients) and trains it on
+    /// this data only.
+    #[arg(long, value_name = "PATH")]
+    data: Option<PathBuf>,
+    /// The own-data client to claim, 1..=clients.own_data_clients [default:
+    /// the lowest one no connected process holds].
+    #[arg(long, value_name = "ID", requires = "data", value_parser = clap::value_parser!(u32).range(1..))]
+    client_id: Option<u32>,
+    /// With --data: the most samples the data set may hold in either split,
+    /// counted from its headers before it is read (the server's
+    /// clients.max_samples refuses more at registration anyway).
+    #[arg(long, value_name = "N", default_value_t = 100_000, requires = "data", value_parser = clap::value_parser!(u64).range(1..))]
+    max_samples: u64,
+}
+
+/// The `cohort` command line over the models of `registry`; the process's
+/// exit code. Call it first in `main`: it sets the process's SIGPIPE
+/// disposition and logging.
+pub fn main_with(registry: Registry) -> ExitCode {
+    quiet_on_closed_pipe();
+    let cli = Cli::parse();
+    cohort_train::switches::set(train_switches());
+    match execute(cli, &Arc::new(registry)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Rust ignores SIGPIPE, so a write to a closed pipe (`cohort check | head`)
+/// is an error that `println!` turns into a panic. A command-line tool ends
+/// quietly there, as `cat` does: the signal's default action.
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called first in main (`main_with`'s contract), before any
+    // thread starts; it changes
+    // only this process's disposition of one signal.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// The training layer's switches, from this process's environment: the
+/// library reads none itself.
+fn train_switches() -> cohort_train::switches::TrainSwitches {
+    let is = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v == value);
+    cohort_train::switches::TrainSwitches {
+        native_kernels: !is("COHORT_NATIVE_KERNELS", "0"),
+        vectorized_autodiff: is("COHORT_VECTORIZED_AUTODIFF", "1"),
+        kernel_cache: cohort_train::device::KernelCache::from_env(
+            std::env::var_os(cohort_train::device::KERNEL_CACHE_VAR).as_deref(),
+        ),
+    }
+}
+
+fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Check { config, overrides } => {
+            let loaded = load_config(&config, &overrides, registry)?;
+            println!("# {} is valid (hash {})", config.display(), loaded.hash());
+            let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
+            let findings = check::check(&loaded, data_root.as_deref());
+            for note in loaded.notes() {
+                println!("# {note}");
+            }
+            println!("{}", cohort_core::config::to_toml(loaded.config())?);
+            check::report(&findings)
+        }
+        Command::Run(args) => run(args, registry),
+        Command::Worker(args) => {
+            anyhow::ensure!(
+                args.plan.is_some(),
+                "cohort worker needs --plan DIR (the host files of `cohort place --emit`)"
+            );
+            run(args, registry)
+        }
+        Command::Aggregate {
+            config,
+            global,
+            output,
+            local_steps,
+            updates,
+        } => {
+            let loaded = load_config(&config, &[], registry)?;
+            let summary = tools::aggregate(&loaded, &global, &output, &updates, local_steps)?;
+            println!("{summary}");
+            Ok(())
+        }
+        Command::Partitions { config, png } => {
+            let loaded = load_config(&config, &[], registry)?;
+            let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
+            let (histograms, table) =
+                tools::partition_histograms(&loaded, registry, data_root.as_deref())?;
+            print!("{table}");
+            if let Some(png) = png {
+                plot::draw_partitions(&histograms, &png)?;
+                println!("wrote {}", png.display());
+            }
+            Ok(())
+        }
+        Command::Evaluate {
+            config,
+            model,
+            first,
+            logits,
+            cpu,
+            gpu,
+        } => {
+            let loaded = load_config(&config, &[], registry)?;
+            let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
+            let device = match (cpu, gpu) {
+                (true, _) => DeviceRequest::Cpu,
+                (_, true) => DeviceRequest::Gpu,
+                _ => DeviceRequest::Auto,
+            };
+            let result = tools::evaluate(
+                &loaded,
+                registry,
+                data_root.as_deref(),
+                &model,
+                first,
+                logits.as_deref(),
+                device,
+            )?;
+            println!(
+                "{}: {} of {} correct, accuracy {:.4} ({} {}, first {} of {} test samples)",
+                model.display(),
+                result.correct,
+                result.samples,
+                result.correct as f64 / result.samples as f64,
+                loaded.config().trainer.model_name,
+                loaded.config().data.datasource,
+                result.samples,
+                result.test_samples
+            );
+            Ok(())
+        }
+        Command::Client(args) => client(args, registry),
+        Command::Place(args) => place::place(&args, registry),
+        Command::Compare {
+            reference,
+            candidate,
+            tolerance,
+        } => compare_models(&reference, &candidate, tolerance),
+        Command::Plot { runs, output } => {
+            let output = output.unwrap_or_else(|| runs[0].join(PLOT_FILE));
+            let written = plot_runs(&runs, &output)?;
+            println!("wrote {}", written.display());
+            Ok(())
+        }
+    }
+}
+
+/// Loads and checks a config, then holds `cluster.backend` against the
+/// backends of this build and `trainer.model_name` against the registry: a
+/// run that could not start fails now, naming the key, not once its ranks
+/// are up.
+fn load_config(
+    path: &std::path::Path,
+    overrides: &[Override],
+    registry: &Registry,
+) -> anyhow::Result<cohort_core::config::LoadedConfig> {
+    let loaded = cohort_core::config::load_with(path, overrides)?;
+    loaded.check_cluster_backend(&cohort_runtime::available_backends())?;
+    registry.config_model(&loaded)?;
+    Ok(loaded)
+}
+
+/// A model file (PyTorch's layout) as the tree runs train and aggregate:
+/// BatchNorm's `num_batches_tracked` counters dropped.
+fn read_model(path: &std::path::Path) -> anyhow::Result<cohort_core::tree::ParamTree> {
+    let bytes = cohort_core::fsutil::read_bounded(path, cohort_core::fsutil::MAX_READ_BYTES)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let limits = cohort_core::codec::DecodeLimits {
+        max_bytes: bytes.len(),
+        ..Default::default()
+    };
+    cohort_core::codec::decode(&bytes, &limits)
+        .map(cohort_core::layout::from_model_file)
+        .with_context(|| format!("{} is not a readable safetensors model", path.display()))
+}
+
+fn compare_models(
+    reference: &std::path::Path,
+    candidate: &std::path::Path,
+    tolerance: f64,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        tolerance.is_finite() && tolerance >= 0.0,
+        "--tolerance must be a finite number >= 0, got {tolerance}"
+    );
+    let (reference_model, candidate_model) = (read_model(reference)?, read_model(candidate)?);
+    // A distance to NaN or infinity says nothing: name where the values are.
+    for (path, model) in [(reference, &reference_model), (candidate, &candidate_model)] {
+        if let Some((leaf, index)) = model.first_non_finite() {
+            anyhow::bail!(
+                "{}: `{leaf}`[{index}] is not finite; models with NaN or infinite values cannot \
+                 be compared by distance",
+                path.display()
+            );
+        }
+    }
+    let comparison = cohort_core::compare::compare(&reference_model, &candidate_model)
+        .with_context(|| {
+            format!(
+                "{} and {} are not the same model layout",
+                reference.display(),
+                candidate.display()
+            )
+        })?;
+    let at = comparison
+        .max_abs_at
+        .as_ref()
+        .map(|path| format!(" (at {path})"))
+        .unwrap_or_default();
+    println!(
+        "elements {}, differing {}, max |a-b| {:.3e}{at}, relative L2 {:.3e}",
+        comparison.elements, comparison.differing, comparison.max_abs, comparison.relative_l2
+    );
+    anyhow::ensure!(
+        comparison.relative_l2 <= tolerance,
+        "relative L2 distance {:.3e} is above the tolerance {tolerance:.3e}",
+        comparison.relative_l2
+    );
+    Ok(())
+}
+
+fn run(args: RunArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
+    let loaded = load_for_run(&args, registry)?;
+    let distributed = rank::seat(
+        args.plan.as_deref(),
+        args.instance.as_deref(),
+        args.rank,
+        &loaded,
+    )?;
+    let follower = distributed.as_ref().is_some_and(|d| !d.leader());
+    let run_dir = if follower {
+        // Rank 0 writes the run folder; the others only read it to resume.
+        rank::follower_dir(args.resume.as_ref())
+    } else {
+        let run_dir = match &args.resume {
+            Some(run_dir) => run_dir.clone(),
+            None => fresh_run_dir(&args, &loaded)?,
+        };
+        std::fs::create_dir_all(&run_dir)
+            .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
+        run_dir
+    };
+    if follower {
+        init_stderr_logging(args.quiet, args.verbose)?;
+    } else {
+        init_logging(&run_dir, args.quiet, args.verbose, args.resume.is_some())?;
+    }
+    tracing::info!(config = %loaded.path().display(), run_dir = %run_dir.display(), hash = loaded.result_hash(), "run started");
+    for note in loaded.notes() {
+        // Plato's names read as cohort's: on the terminal once, and in run.log.
+        if !follower && !args.quiet {
+            eprintln!("{note}");
+        }
+        tracing::info!("{note}");
+    }
+    let device = match (args.cpu, args.gpu) {
+        (true, _) => DeviceRequest::Cpu,
+        (_, true) => DeviceRequest::Gpu,
+        _ => DeviceRequest::Auto,
+    };
+    let local_clients = if loaded.config().clients.comm_simulation {
+        if args.local_clients.is_some() {
+            anyhow::bail!(
+                "--local-clients is for network mode; the config runs clients in process \
+                 (clients.comm_simulation = true)"
+            );
+        }
+        None
+    } else {
+        // When every client brings its own data, a local worker would have
+        // nothing to train.
+        let clients = &loaded.config().clients;
+        let count =
+            args.local_clients
+                .unwrap_or(if clients.own_data_clients == clients.total_clients {
+                    0
+                } else {
+                    loaded.config().trainer.max_concurrency as usize
+                });
+        let device_flag = match device {
+            DeviceRequest::Cpu => Some("--cpu"),
+            DeviceRequest::Gpu => Some("--gpu"),
+            DeviceRequest::Auto => None,
+        };
+        (count > 0).then(|| cohort_runtime::LocalClients {
+            program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cohort")),
+            count,
+            // Their output goes to log files in the run folder, at info level
+            // whatever the server's terminal shows.
+            args: device_flag.into_iter().map(str::to_owned).collect(),
+        })
+    };
+    let options = RunOptions {
+        device,
+        run_dir,
+        rounds: None,
+        data_root: std::env::var_os(DATA_DIR_ENV).map(PathBuf::from),
+        resume: args.resume.is_some(),
+        local_clients,
+        distributed,
+        registry: Arc::clone(registry),
+    };
+    let fresh = args.resume.is_none() && !follower;
+    let run = cohort_runtime::RunBuilder::new(&loaded, options.clone())
+        .observer(progress::Terminal::new(!args.quiet))
+        .run();
+    let summary = match run {
+        Ok(summary) => summary,
+        // A run that never finished a round leaves nothing to keep or resume.
+        Err(error) if fresh && !options.run_dir.join("results.csv").exists() => {
+            let _ = std::fs::remove_dir_all(&options.run_dir);
+            return Err(error.context(format!(
+                "the run failed before its first round; its folder {} was removed",
+                options.run_dir.display()
+            )));
+        }
+        Err(error) => return Err(error),
+    };
+    if args.plot && !summary.rounds.is_empty() {
+        let written = plot_runs(
+            std::slice::from_ref(&summary.run_dir),
+            &summary.run_dir.join(PLOT_FILE),
+        )?;
+        tracing::info!(plot = %written.display(), "chart written");
+    }
+    if follower {
+        if !args.quiet {
+            println!("this rank is done; rank 0 wrote the results");
+        }
+        return Ok(());
+    }
+    if !args.quiet {
+        match summary.rounds.last() {
+            Some(last) => println!(
+                "finished {} rounds: accuracy {:.4}{}; results in {}",
+                summary.rounds.len(),
+                last.accuracy,
+                if summary.reached_target {
+                    " (target reached)"
+                } else {
+                    ""
+                },
+                summary.run_dir.display()
+            ),
+            None => println!("no rounds ran; results in {}", summary.run_dir.display()),
+        }
+    }
+    Ok(())
+}
+
+impl RunArgs {
+    /// `--set` and `--rounds` as one list of overrides.
+    fn overrides(&self) -> Vec<Override> {
+        let mut overrides = self.overrides.clone();
+        overrides.extend(self.rounds.map(Override::rounds));
+        overrides
+    }
+}
+
+/// The config of a new run, or of the run `--resume` continues: its own
+/// config.toml (or `--config`, which must compute the same run), with `--set`
+/// and `--rounds` over it. A resumed run may change keys that do not change
+/// results (rounds, ports, paths), never those that do.
+fn load_for_run(args: &RunArgs, registry: &Registry) -> anyhow::Result<LoadedConfig> {
+    let overrides = args.overrides();
+    let Some(run_dir) = &args.resume else {
+        let path = args
+            .config
+            .as_ref()
+            .expect("clap requires --config without --resume");
+        return load_config(path, &overrides, registry);
+    };
+    let saved_path = run_dir.join("config.toml");
+    let saved = cohort_core::config::load(&saved_path)
+        .with_context(|| format!("{} is not a resumable run folder", run_dir.display()))?;
+    let resumed = load_config(
+        args.config.as_ref().unwrap_or(&saved_path),
+        &overrides,
+        registry,
+    )?;
+    let differences = saved.result_differences(&resumed);
+    if !differences.is_empty() {
+        let cosine = differences.iter().any(|d| d.starts_with("trainer.rounds:"));
+        anyhow::bail!(
+            "{} differs from the config {} was started with in keys that change results:\n  {}{}",
+            args.config.as_ref().map_or_else(
+                || "--set/--rounds".to_owned(),
+                |path| path.display().to_string()
+            ),
+            run_dir.display(),
+            differences.join("\n  "),
+            if cosine {
+                "\n(a cosine schedule spans trainer.rounds, so changing the number of rounds \
+                 changes every round's learning rate: start a new run instead)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(resumed)
+}
+
+/// A new run folder under `--base` (or the config's result or base path).
+fn fresh_run_dir(args: &RunArgs, loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
+    let config = &loaded.config();
+    let base = args
+        .base
+        .clone()
+        .or_else(|| config.results.result_path.clone())
+        .unwrap_or_else(|| config.general.base_path.clone());
+    new_run_dir(&base, loaded.path(), config.general.run_name.as_deref())
+        .with_context(|| format!("cannot create a run folder under {}", base.display()))
+}
+
+/// Logging of a rank that writes no run folder: stderr only.
+fn init_stderr_logging(quiet: bool, verbose: bool) -> anyhow::Result<()> {
+    let level = if quiet || !verbose { "warn" } else { "info" };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level)),
+        )
+        .try_init()
+        .map_err(|error| anyhow::anyhow!("cannot start logging: {error}"))
+}
+
+fn client(args: ClientArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(if args.quiet { "warn" } else { "info" }));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        // No colour codes in the log files a server gives its own clients.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(filter)
+        .try_init()
+        .map_err(|error| anyhow::anyhow!("cannot start logging: {error}"))?;
+    anyhow::ensure!(
+        args.connect_timeout.is_finite() && args.connect_timeout >= 0.0,
+        "--connect-timeout must be a number of seconds >= 0"
+    );
+    let options = cohort_runtime::WorkerOptions {
+        server: args.server,
+        token: args
+            .token
+            .or_else(|| std::env::var("COHORT_TOKEN").ok().filter(|t| !t.is_empty())),
+        tls_ca: args.tls_ca,
+        tls_domain: args.tls_domain,
+        data_root: std::env::var_os(DATA_DIR_ENV).map(PathBuf::from),
+        device: match (args.cpu, args.gpu) {
+            (true, _) => DeviceRequest::Cpu,
+            (_, true) => DeviceRequest::Gpu,
+            _ => DeviceRequest::Auto,
+        },
+        connect_timeout: std::time::Duration::from_secs_f64(args.connect_timeout),
+        max_payload_bytes: args.max_payload_bytes,
+        host_name: std::env::var("HOSTNAME").unwrap_or_else(|_| "client".to_owned()),
+        own_data: args.data.map(|path| cohort_runtime::OwnDataOptions {
+            path,
+            client_id: args.client_id,
+            max_samples: args.max_samples,
+        }),
+        registry: Arc::clone(registry),
+    };
+    let summary = cohort_runtime::run_worker(&options)?;
+    tracing::info!(
+        tasks = summary.tasks,
+        failed = summary.failed,
+        "the server closed the session"
+    );
+    Ok(())
+}
+
+/// File name of the chart `--plot` and `cohort plot` write by default.
+const PLOT_FILE: &str = "accuracy.png";
+
+/// Draws into a temporary PNG beside `output` and renames it, so a reader never
+/// sees half a chart.
+fn plot_runs(runs: &[PathBuf], output: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let series = runs
+        .iter()
+        .map(|run| plot::load_run(run))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let stem = output
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "plot".into());
+    let temporary = output.with_file_name(format!("{stem}.tmp-{}.png", std::process::id()));
+    let drawn = plot::draw(&series, &temporary).and_then(|_| {
+        std::fs::rename(&temporary, output)
+            .with_context(|| format!("cannot write {}", output.display()))
+    });
+    if drawn.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    drawn.map(|()| output.to_path_buf())
+}
+
+/// Full log to `run.log` in the run folder; warnings (or everything with
+/// `--verbose`, or `RUST_LOG`) on stderr.
+fn init_logging(
+    run_dir: &std::path::Path,
+    quiet: bool,
+    verbose: bool,
+    append: bool,
+) -> anyhow::Result<()> {
+    // A resumed run appends to the log of the run it continues.
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(append)
+        .write(!append)
+        .truncate(!append)
+        .open(run_dir.join("run.log"))
+        .context("cannot open run.log")?;
+    let stderr_level = if verbose { "info" } else { "warn" };
+    let stderr_filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(if quiet { "warn" } else { stderr_level }));
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(Mutex::new(log_file))
+                .with_ansi(false)
+                .with_filter(EnvFilter::new("info")),
+        )
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(stderr_filter),
+        )
+        .try_init()
+        .context("cannot start logging")?;
+    Ok(())
+}

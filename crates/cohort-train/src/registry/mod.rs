@@ -1,0 +1,533 @@
+//! The models and data sets a run can name, by `trainer.model_name` and
+//! `data.datasource`.
+//!
+//! Their names live here, with the models, not in cohort-core's config: the
+//! CLI, `cohort check` and the did-you-mean of a misspelled name all ask a
+//! [`Registry`]. [`Registry::builtin`] holds cohort's own; a program that
+//! embeds cohort adds its own with [`Registry::add_model`] and
+//! [`Registry::add_dataset`] and hands the registry to the run (and to
+//! `cohort_cli::main_with`, so that its server, worker and client processes
+//! all know them).
+
+mod datasets;
+
+pub use datasets::{DataRequest, DatasetEntry, LoadError};
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use burn::tensor::Device;
+use cohort_core::config::{ConfigErrors, LoadedConfig, VectorizedClients};
+use cohort_core::data::{DataSource, Splits};
+use cohort_core::suggest::did_you_mean;
+use cohort_core::tree::ParamTree;
+
+use crate::model::{
+    Accelerated, CnnBn, FederatedModel, LeNet5, LeNet5Compact, ModelError, ModelSpec,
+};
+use crate::params;
+use crate::trainer::{ClientTrainer, Evaluator, LocalTrainer, ModelEvaluator, TrainSettings};
+
+/// A registered model: its name, and what the runtime builds from it without
+/// knowing its type.
+#[derive(Clone)]
+pub struct ModelEntry {
+    name: String,
+    summary: String,
+    build: Arc<dyn BuildModel>,
+}
+
+impl std::fmt::Debug for ModelEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelEntry")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelEntry {
+    /// The model that `build` constructs, under `name`.
+    pub fn new<M, F>(name: &str, summary: &str, build: F) -> Self
+    where
+        M: FederatedModel,
+        F: Fn(&ModelSpec, &Device) -> Result<M, ModelError> + Send + Sync + 'static,
+    {
+        Self {
+            name: name.to_owned(),
+            summary: summary.to_owned(),
+            build: Arc::new(Typed {
+                build,
+                model: PhantomData,
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// One line for listings (`cohort check`, errors).
+    pub fn summary(&self) -> &str {
+        &self.summary
+    }
+
+    /// A worker's trainer, its model instance on the autodiff version of
+    /// `device`.
+    pub fn trainer(
+        &self,
+        spec: &ModelSpec,
+        device: &Device,
+        settings: TrainSettings,
+    ) -> Result<Box<dyn ClientTrainer>, ModelError> {
+        self.build.trainer(spec, device, settings)
+    }
+
+    /// An evaluator on `device` (without autodiff).
+    pub fn evaluator(
+        &self,
+        spec: &ModelSpec,
+        device: &Device,
+        batch_size: usize,
+    ) -> Result<Box<dyn ModelEvaluator>, ModelError> {
+        self.build.evaluator(spec, device, batch_size)
+    }
+
+    /// A freshly built instance's parameters in PyTorch's layout: the schema
+    /// model files and seeds are checked against.
+    pub fn template(&self, spec: &ModelSpec) -> Result<ParamTree, ModelError> {
+        self.build.template(spec)
+    }
+
+    /// Which of cohort's own implementations computes the model, if any.
+    pub fn accelerated(&self, spec: &ModelSpec) -> Result<Option<Accelerated>, ModelError> {
+        self.build.accelerated(spec)
+    }
+}
+
+/// What a [`ModelEntry`] does with its model type erased.
+trait BuildModel: Send + Sync {
+    fn trainer(
+        &self,
+        spec: &ModelSpec,
+        device: &Device,
+        settings: TrainSettings,
+    ) -> Result<Box<dyn ClientTrainer>, ModelError>;
+    fn evaluator(
+        &self,
+        spec: &ModelSpec,
+        device: &Device,
+        batch_size: usize,
+    ) -> Result<Box<dyn ModelEvaluator>, ModelError>;
+    fn template(&self, spec: &ModelSpec) -> Result<ParamTree, ModelError>;
+    fn accelerated(&self, spec: &ModelSpec) -> Result<Option<Accelerated>, ModelError>;
+}
+
+struct Typed<M, F> {
+    build: F,
+    model: PhantomData<fn() -> M>,
+}
+
+impl<M, F> BuildModel for Typed<M, F>
+where
+    M: FederatedModel,
+    F: Fn(&ModelSpec, &Device) -> Result<M, ModelError> + Send + Sync,
+{
+    fn trainer(
+        &self,
+        spec: &ModelSpec,
+        device: &Device,
+        settings: TrainSettings,
+    ) -> Result<Box<dyn ClientTrainer>, ModelError> {
+        let model = (self.build)(spec, &device.clone().autodiff())?;
+        Ok(Box::new(LocalTrainer::new(|_| model, device, settings)))
+    }
+
+    fn evaluator(
+        &self,
+        spec: &ModelSpec,
+        device: &Device,
+        batch_size: usize,
+    ) -> Result<Box<dyn ModelEvaluator>, ModelError> {
+        let model = (self.build)(spec, device)?;
+        Ok(Box::new(Evaluator::new(model, batch_size)))
+    }
+
+    fn template(&self, spec: &ModelSpec) -> Result<ParamTree, ModelError> {
+        Ok(params::extract(&(self.build)(spec, &crate::device::cpu())?))
+    }
+
+    fn accelerated(&self, spec: &ModelSpec) -> Result<Option<Accelerated>, ModelError> {
+        let model = (self.build)(spec, &crate::device::cpu())?;
+        Ok(model.accelerated())
+    }
+}
+
+/// The model a run trains: its registry entry and what it is built for.
+/// Every trainer and evaluator of the run comes from here.
+#[derive(Debug, Clone)]
+pub struct RunModel {
+    pub entry: ModelEntry,
+    pub spec: ModelSpec,
+}
+
+impl RunModel {
+    pub fn name(&self) -> &str {
+        self.entry.name()
+    }
+
+    /// See [`ModelEntry::trainer`].
+    pub fn trainer(
+        &self,
+        device: &Device,
+        settings: TrainSettings,
+    ) -> Result<Box<dyn ClientTrainer>, ModelError> {
+        self.entry.trainer(&self.spec, device, settings)
+    }
+
+    /// See [`ModelEntry::evaluator`].
+    pub fn evaluator(
+        &self,
+        device: &Device,
+        batch_size: usize,
+    ) -> Result<Box<dyn ModelEvaluator>, ModelError> {
+        self.entry.evaluator(&self.spec, device, batch_size)
+    }
+
+    /// See [`ModelEntry::template`].
+    pub fn template(&self) -> Result<ParamTree, ModelError> {
+        self.entry.template(&self.spec)
+    }
+
+    /// See [`ModelEntry::accelerated`].
+    pub fn accelerated(&self) -> Result<Option<Accelerated>, ModelError> {
+        self.entry.accelerated(&self.spec)
+    }
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error("a model named `{0}` is registered already")]
+    DuplicateModel(String),
+    #[error("a data set named `{0}` is registered already")]
+    DuplicateDataset(String),
+    #[error("`{0}` is not a name to register: use letters, digits and `_` only")]
+    BadName(String),
+}
+
+/// The models and data sets a run may name.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    models: Vec<ModelEntry>,
+    datasets: Vec<DatasetEntry>,
+}
+
+/// Whether `name` can be written in a config without quoting surprises.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl Registry {
+    /// No models at all.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// cohort's own models. A model of cohort's is one file in `model/` and
+    /// one line here.
+    pub fn builtin() -> Self {
+        let mut registry = Self::empty();
+        for entry in [
+            ModelEntry::new(
+                "lenet5",
+                "LeNet-5 as in the reference job (61,706 parameters)",
+                LeNet5::build,
+            ),
+            ModelEntry::new(
+                "lenet5_compact",
+                "LeNet-5 without padding (44,426 parameters)",
+                LeNet5Compact::build,
+            ),
+            ModelEntry::new(
+                "cnn_bn",
+                "a CNN with BatchNorm and seeded dropout (207,018 parameters)",
+                CnnBn::build,
+            ),
+        ] {
+            registry.add(entry).expect("built-in names are unique");
+        }
+        for (source, summary) in [
+            (
+                DataSource::Mnist,
+                "MNIST digits, 28×28 grayscale, 10 classes (IDX files)",
+            ),
+            (
+                DataSource::FashionMnist,
+                "Fashion-MNIST, 28×28 grayscale, 10 classes (IDX files)",
+            ),
+        ] {
+            registry
+                .add_dataset(DatasetEntry::builtin(source, summary))
+                .expect("built-in names are unique");
+        }
+        registry
+    }
+
+    /// Registers a data set.
+    pub fn add_dataset(&mut self, entry: DatasetEntry) -> Result<&mut Self, RegistryError> {
+        if !plain_name(entry.name()) {
+            return Err(RegistryError::BadName(entry.name().to_owned()));
+        }
+        if self.dataset(entry.name()).is_some() {
+            return Err(RegistryError::DuplicateDataset(entry.name().to_owned()));
+        }
+        self.datasets.push(entry);
+        Ok(self)
+    }
+
+    /// The data set registered as `name`.
+    pub fn dataset(&self, name: &str) -> Option<&DatasetEntry> {
+        self.datasets.iter().find(|entry| entry.name() == name)
+    }
+
+    /// Every data set, in registration order.
+    pub fn datasets(&self) -> &[DatasetEntry] {
+        &self.datasets
+    }
+
+    /// The data set `data.datasource` names, or the config error that says
+    /// which names there are; its classes must be the config's
+    /// `parameters.model.num_classes`.
+    pub fn dataset_of(&self, loaded: &LoadedConfig) -> Result<&DatasetEntry, ConfigErrors> {
+        let name = &loaded.config().data.datasource;
+        let Some(entry) = self.dataset(name) else {
+            let names: Vec<&str> = self.datasets.iter().map(DatasetEntry::name).collect();
+            return Err(loaded.error_at(
+                "data.datasource",
+                format!(
+                    "unknown value `{name}`{}; expected one of: {}",
+                    did_you_mean(name, names.iter().copied()),
+                    names.join(", ")
+                ),
+            ));
+        };
+        let classes = loaded.config().parameters.model.num_classes;
+        if classes != entry.classes() {
+            return Err(loaded.error_at(
+                "parameters.model.num_classes",
+                format!(
+                    "{classes} classes requested, but {name} has {}",
+                    entry.classes()
+                ),
+            ));
+        }
+        Ok(entry)
+    }
+
+    /// The config's data set, loaded as `request` says.
+    pub fn load_data(
+        &self,
+        loaded: &LoadedConfig,
+        request: &DataRequest,
+    ) -> Result<Splits, LoadError> {
+        self.dataset_of(loaded)?.load(request)
+    }
+
+    /// Registers the model that `build` constructs under `name`.
+    pub fn add_model<M, F>(
+        &mut self,
+        name: &str,
+        summary: &str,
+        build: F,
+    ) -> Result<&mut Self, RegistryError>
+    where
+        M: FederatedModel,
+        F: Fn(&ModelSpec, &Device) -> Result<M, ModelError> + Send + Sync + 'static,
+    {
+        self.add(ModelEntry::new(name, summary, build))
+    }
+
+    /// Registers `entry`.
+    pub fn add(&mut self, entry: ModelEntry) -> Result<&mut Self, RegistryError> {
+        if !plain_name(&entry.name) {
+            return Err(RegistryError::BadName(entry.name));
+        }
+        if self.model(&entry.name).is_some() {
+            return Err(RegistryError::DuplicateModel(entry.name));
+        }
+        self.models.push(entry);
+        Ok(self)
+    }
+
+    /// The model registered as `name`.
+    pub fn model(&self, name: &str) -> Option<&ModelEntry> {
+        self.models.iter().find(|entry| entry.name == name)
+    }
+
+    /// Every model, in registration order.
+    pub fn models(&self) -> &[ModelEntry] {
+        &self.models
+    }
+
+    /// The model `trainer.model_name` names, or the config error that says
+    /// which names there are.
+    pub fn model_of(&self, loaded: &LoadedConfig) -> Result<&ModelEntry, ConfigErrors> {
+        let name = &loaded.config().trainer.model_name;
+        self.model(name).ok_or_else(|| {
+            let names: Vec<&str> = self.models.iter().map(ModelEntry::name).collect();
+            loaded.error_at(
+                "trainer.model_name",
+                format!(
+                    "unknown value `{name}`{}; expected one of: {}",
+                    did_you_mean(name, names.iter().copied()),
+                    names.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The model the config names for the config's data set, after
+    /// [`Registry::check`] (with the data set's declared sample shape).
+    pub fn config_model(&self, loaded: &LoadedConfig) -> Result<RunModel, ConfigErrors> {
+        let dataset = self.dataset_of(loaded)?;
+        self.run_model(loaded, dataset.sample_shape().to_vec())
+    }
+
+    /// The model the config names, for samples of `sample_shape` and the
+    /// config's `parameters.model.num_classes`, after [`Registry::check`].
+    pub fn run_model(
+        &self,
+        loaded: &LoadedConfig,
+        sample_shape: Vec<usize>,
+    ) -> Result<RunModel, ConfigErrors> {
+        let spec = ModelSpec {
+            sample_shape,
+            classes: loaded.config().parameters.model.num_classes,
+        };
+        self.check(loaded, &spec)?;
+        Ok(RunModel {
+            entry: self.model_of(loaded)?.clone(),
+            spec,
+        })
+    }
+
+    /// What the config asks of its model that the registry can check before
+    /// anything runs: that the model exists, and that it can train
+    /// vectorized where `trainer.vectorized_clients` asks for it.
+    pub fn check(&self, loaded: &LoadedConfig, spec: &ModelSpec) -> Result<(), ConfigErrors> {
+        let entry = self.model_of(loaded)?;
+        let key = "trainer.vectorized_clients";
+        let build = |error: ModelError| {
+            loaded.error_at("trainer.model_name", format!("`{}` {error}", entry.name()))
+        };
+        let accelerated = entry.accelerated(spec).map_err(build)?;
+        if loaded.config().trainer.vectorized_clients != VectorizedClients::Off
+            && accelerated.is_none()
+        {
+            let stacked: Vec<String> = self
+                .models
+                .iter()
+                .filter(|m| m.accelerated(spec).ok().flatten().is_some())
+                .map(|m| format!("\"{}\"", m.name()))
+                .collect();
+            return Err(loaded.error_at(
+                key,
+                format!(
+                    "supports trainer.model_name = {}, not \"{}\" (set \
+                     trainer.vectorized_clients = \"off\")",
+                    stacked.join(" or "),
+                    entry.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const MINIMAL: &str = "[parameters.optimizer]\nlearning_rate = 0.01\n";
+
+    fn loaded(trainer: &str) -> LoadedConfig {
+        let text = format!("{MINIMAL}[trainer]\noptimizer = \"sgd\"\n{trainer}");
+        cohort_core::config::from_str(&text, Path::new("job.toml")).unwrap()
+    }
+
+    fn mnist() -> Vec<usize> {
+        vec![1, 28, 28]
+    }
+
+    #[test]
+    fn a_misspelled_model_name_is_a_config_error_with_a_suggestion() {
+        let error = Registry::builtin()
+            .run_model(&loaded("model_name = \"lenet_5\"\n"), mnist())
+            .unwrap_err();
+        let error = error.first();
+        assert_eq!(error.key.as_deref(), Some("trainer.model_name"));
+        assert!(error.message.contains("did you mean `lenet5`?"), "{error}");
+        assert!(error.message.contains("cnn_bn"), "{error}");
+    }
+
+    #[test]
+    fn a_misspelled_data_set_is_a_config_error_with_a_suggestion() {
+        let text = format!("{MINIMAL}[data]\ndatasource = \"FashionMnist\"\n");
+        let loaded = cohort_core::config::from_str(&text, Path::new("job.toml")).unwrap();
+        let error = Registry::builtin().dataset_of(&loaded).unwrap_err();
+        let error = error.first();
+        assert_eq!(error.key.as_deref(), Some("data.datasource"));
+        assert!(
+            error.message.contains("did you mean `FashionMNIST`?"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn vectorized_clients_need_a_model_the_vectorized_trainer_implements() {
+        let registry = Registry::builtin();
+        let bn = loaded("model_name = \"cnn_bn\"\nvectorized_clients = 8\n");
+        let error = registry.run_model(&bn, mnist()).unwrap_err();
+        let error = error.first();
+        assert_eq!(error.key.as_deref(), Some("trainer.vectorized_clients"));
+        assert!(
+            error.message.contains("\"lenet5\" or \"lenet5_compact\""),
+            "{error}"
+        );
+        let lenet = loaded("model_name = \"lenet5_compact\"\nvectorized_clients = 8\n");
+        assert!(registry.run_model(&lenet, mnist()).is_ok());
+    }
+
+    #[test]
+    fn a_model_that_refuses_the_data_names_the_key_and_both_shapes() {
+        let error = Registry::builtin()
+            .run_model(&loaded(""), vec![3, 32, 32])
+            .unwrap_err();
+        let error = error.first();
+        assert_eq!(error.key.as_deref(), Some("trainer.model_name"));
+        assert!(error.message.contains("[3, 32, 32]"), "{error}");
+    }
+
+    #[test]
+    fn models_of_ones_own_are_found_and_names_stay_unique() {
+        let mut registry = Registry::builtin();
+        registry
+            .add_model("small_lenet", "LeNet-5 by another name", LeNet5::build)
+            .unwrap();
+        let model = registry
+            .run_model(&loaded("model_name = \"small_lenet\"\n"), mnist())
+            .unwrap();
+        assert_eq!(model.template().unwrap().num_elements(), 61_706);
+        assert_eq!(
+            registry
+                .add_model("lenet5", "again", LeNet5::build)
+                .unwrap_err(),
+            RegistryError::DuplicateModel("lenet5".to_owned())
+        );
+        assert!(matches!(
+            registry.add_model("my model", "", LeNet5::build),
+            Err(RegistryError::BadName(_))
+        ));
+    }
+}

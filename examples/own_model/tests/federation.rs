@@ -1,0 +1,104 @@
+//! The package's own model and data set, trained by cohort three ways: from
+//! Rust code with a per-round callback, through its own binary's `run`, and
+//! in network mode with its own binary as server and client processes. All
+//! three give the same model bit for bit.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use cohort_runtime::{MODEL_FILE, RunBuilder, RunOptions};
+use cohort_train::device::DeviceRequest;
+
+/// Chance is 1 in 4; the centres are well apart, so three rounds of FedAvg
+/// learn far more than that.
+const LEARNED: f64 = 0.9;
+
+fn config_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("blobs.toml")
+}
+
+fn config_text() -> String {
+    std::fs::read_to_string(config_path()).unwrap()
+}
+
+/// Runs `text` in this process; every round's accuracy and the final model file.
+fn run_in_process(text: &str, run_dir: &Path) -> (Vec<f64>, Vec<u8>) {
+    let loaded = cohort_core::config::from_str(text, &config_path()).unwrap();
+    let options = RunOptions {
+        device: DeviceRequest::Cpu,
+        ..RunOptions::new(run_dir.to_path_buf())
+    };
+    let mut accuracies = Vec::new();
+    RunBuilder::new(&loaded, options)
+        .registry(Arc::new(own_model::registry()))
+        .on_round(|row| accuracies.push(row.accuracy))
+        .run()
+        .unwrap();
+    (accuracies, std::fs::read(run_dir.join(MODEL_FILE)).unwrap())
+}
+
+/// `own-model run --config CONFIG --cpu --quiet --base BASE EXTRA...`; the
+/// model file of the run it made.
+fn run_binary(config: &Path, base: &Path, extra: &[&str]) -> Vec<u8> {
+    let output = Command::new(env!("CARGO_BIN_EXE_own-model"))
+        .args(["run", "--config"])
+        .arg(config)
+        .args(["--cpu", "--quiet", "--base"])
+        .arg(base)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let runs: Vec<PathBuf> = std::fs::read_dir(base)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    std::fs::read(runs[0].join(MODEL_FILE)).unwrap()
+}
+
+#[test]
+fn from_rust_code_the_model_learns_and_each_round_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (accuracies, _) = run_in_process(&config_text(), &dir.path().join("run"));
+    assert_eq!(accuracies.len(), 3, "{accuracies:?}");
+    let last = accuracies[2];
+    assert!(last > LEARNED, "accuracy after 3 rounds: {accuracies:?}");
+}
+
+#[test]
+fn its_own_binary_runs_the_same_config_to_the_same_model_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, in_process) = run_in_process(&config_text(), &dir.path().join("run"));
+    let from_binary = run_binary(&config_path(), &dir.path().join("runs"), &[]);
+    assert_eq!(in_process, from_binary);
+}
+
+#[test]
+fn a_network_round_with_its_own_binary_as_server_and_clients_equals_the_in_process_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let one_round = config_text().replace("rounds = 3", "rounds = 1");
+    let (_, in_process) = run_in_process(&one_round, &dir.path().join("run"));
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let network = one_round.replace(
+        "per_round = 4\n",
+        &format!(
+            "per_round = 4\ncomm_simulation = false\n\n[server]\nport = {port}\n\
+             registration_timeout = 60\n"
+        ),
+    );
+    let config = dir.path().join("network.toml");
+    std::fs::write(&config, network).unwrap();
+    let over_grpc = run_binary(&config, &dir.path().join("runs"), &["--local-clients", "2"]);
+    assert_eq!(in_process, over_grpc);
+}
