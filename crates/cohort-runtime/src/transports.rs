@@ -92,7 +92,7 @@ fn auto_batch(
     );
     let k = cohort_train::vectorized::clients_for_memory(
         model.accelerated()?,
-        image_of(train),
+        cohort_train::vectorized::image_of(train),
         trainer.batch_size,
         budget,
         selected.max_buffer_bytes,
@@ -116,19 +116,10 @@ fn clients_per_buffer(
 ) -> anyhow::Result<usize> {
     Ok(cohort_train::vectorized::clients_per_buffer(
         model.accelerated()?,
-        image_of(train),
+        cohort_train::vectorized::image_of(train),
         loaded.config().trainer.batch_size,
         selected.max_buffer_bytes,
     ))
-}
-
-/// Height and width of one-channel image samples, the only ones the
-/// vectorized trainer stacks (its models refuse others when built).
-fn image_of(data: &Dataset) -> [usize; 2] {
-    match data.sample_shape.as_slice() {
-        &[_, height, width] => [height, width],
-        _ => [0, 0],
-    }
 }
 
 /// The transport `clients.comm_simulation` asks for: worker threads, or a

@@ -510,6 +510,36 @@ mod tests {
     }
 
     #[test]
+    fn a_loader_that_breaks_its_declaration_is_an_error_naming_the_data_set() {
+        let mut registry = Registry::builtin();
+        registry
+            .add_dataset(DatasetEntry::new("bad", "", vec![2], 3, 1, |_| {
+                let split = || cohort_core::data::Dataset::new(vec![0.0; 2], vec![5], vec![2]);
+                Ok(Splits {
+                    train: split()?,
+                    test: split()?,
+                })
+            }))
+            .unwrap();
+        let text =
+            format!("{MINIMAL}[data]\ndatasource = \"bad\"\n[parameters.model]\nnum_classes = 3\n");
+        let loaded = cohort_core::config::from_str(&text, Path::new("job.toml")).unwrap();
+        let request = DataRequest {
+            root: ".".into(),
+            fetch: cohort_core::data::Fetch::Never,
+            test_only: false,
+        };
+        let error = registry
+            .load_data(&loaded, &request)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`bad`") && error.contains("label 5"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn models_of_ones_own_are_found_and_names_stay_unique() {
         let mut registry = Registry::builtin();
         registry

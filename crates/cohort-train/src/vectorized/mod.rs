@@ -284,7 +284,7 @@ impl DataKey {
 
 /// The height and width of a data set of one-channel images (the LeNets
 /// refuse any other sample shape when they are built).
-fn image_of(data: &Dataset) -> [usize; 2] {
+pub fn image_of(data: &Dataset) -> [usize; 2] {
     match data.sample_shape.as_slice() {
         &[_, height, width] => [height, width],
         _ => [0, 0],
