@@ -217,6 +217,7 @@ mod tests {
             extra_bytes_to_clients: 0,
             federated_accuracy: None,
             epsilon: None,
+            test_loss: None,
         }
     }
 
@@ -237,8 +238,8 @@ mod tests {
         // simulated time (a report of 1.7e308 s), a NaN accuracy, and the
         // largest finite wall time.
         let csv = format!(
-            "{}\n1,0.5,1,1,1,0.1,10,10,0.5,2,0,,\n2,0.6,2,1,1,0.1,10,10,0.5,inf,0,,\n\
-             3,NaN,3,1,1,0.1,10,10,0.5,3,0,,\n4,0.7,1.7e308,1,1,0.1,10,10,0.5,4,0,,\n",
+            "{}\n1,0.5,1,1,1,0.1,10,10,0.5,2,0,,,\n2,0.6,2,1,1,0.1,10,10,0.5,inf,0,,,\n\
+             3,NaN,3,1,1,0.1,10,10,0.5,3,0,,,\n4,0.7,1.7e308,1,1,0.1,10,10,0.5,4,0,,,\n",
             cohort_core::results::RESULTS_HEADER
         );
         let rows = parse_results(&csv, "results.csv").unwrap();

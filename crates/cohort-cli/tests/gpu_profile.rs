@@ -34,6 +34,7 @@ fn model(name: &str) -> RunModel {
             sample_shape: vec![1, 28, 28],
             classes: 10,
         },
+        task: std::sync::Arc::new(cohort_train::task::Classification),
     }
 }
 
@@ -98,8 +99,9 @@ fn the_gpu_answers_and_trains_like_the_cpu() {
             model
                 .evaluator(&selected.device, 64)
                 .unwrap()
-                .accuracy(&a.tree, &data)
+                .evaluate(&a.tree, &data)
                 .unwrap()
+                .accuracy
         };
         let (cpu_accuracy, gpu_accuracy) = (accuracy(&cpu), accuracy(&gpu));
         eprintln!("{name}: accuracy CPU {cpu_accuracy:.4}, GPU {gpu_accuracy:.4}");

@@ -163,6 +163,7 @@ fn non_finite(history: &History) -> Option<(u32, String, f64)> {
             ("train_loss", row.train_loss),
             ("simulated_time", row.simulated_time),
             ("federated_accuracy", row.federated_accuracy.unwrap_or(0.0)),
+            ("test_loss", row.test_loss.unwrap_or(0.0)),
             // Infinite is allowed, NaN is not.
             (
                 "epsilon",
@@ -530,6 +531,7 @@ mod tests {
             extra_bytes_to_clients: 0,
             federated_accuracy: None,
             epsilon: None,
+            test_loss: Some(0.25),
         }
     }
 
@@ -588,6 +590,7 @@ mod tests {
         // An infinite ε is honest (no noise): it is kept, not refused.
         let row = |round: u32| RoundRow {
             epsilon: Some(f64::INFINITY),
+            test_loss: None,
             ..row(round)
         };
         let mut good = history(2);

@@ -42,6 +42,10 @@ pub struct RoundRow {
     /// Privacy spent so far, for strategies that account for it (`dp_fedavg`).
     #[serde(default)]
     pub epsilon: Option<f64>,
+    /// The task's loss of the global model on the test set, averaged over
+    /// its output rows (blank in files written before it was recorded).
+    #[serde(default)]
+    pub test_loss: Option<f64>,
 }
 
 /// One client's training in one round.
@@ -97,7 +101,9 @@ impl ClientRow {
     }
 }
 
-pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon";
+pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon,test_loss";
+/// The header before the test loss; such files still parse.
+const RESULTS_HEADER_V2: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon";
 /// The header before the strategy columns; such files still parse.
 const RESULTS_HEADER_V1: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
 pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy,dropped";
@@ -152,7 +158,7 @@ pub fn render_results(rows: &[RoundRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{:.4},{:.3},{:.3},{:.3},{:.3},{},{},{:.6},{:.3},{},{},{}",
+            "{},{:.4},{:.3},{:.3},{:.3},{:.3},{},{},{:.6},{:.3},{},{},{},{}",
             r.round,
             r.accuracy,
             r.elapsed_time,
@@ -166,6 +172,7 @@ pub fn render_results(rows: &[RoundRow]) -> String {
             r.extra_bytes_to_clients,
             optional(r.federated_accuracy, 4),
             optional(r.epsilon, 6),
+            optional(r.test_loss, 6),
         );
     }
     out
@@ -194,7 +201,8 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
     };
     let mut lines = text.lines().enumerate();
     let columns = match lines.next() {
-        Some((_, header)) if header == RESULTS_HEADER => 13,
+        Some((_, header)) if header == RESULTS_HEADER => 14,
+        Some((_, header)) if header == RESULTS_HEADER_V2 => 13,
         Some((_, header)) if header == RESULTS_HEADER_V1 => 10,
         Some((_, header)) => {
             return Err(error(
@@ -250,6 +258,7 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
                 extra_bytes_to_clients: if columns > 10 { integer(10)? } else { 0 },
                 federated_accuracy: optional_number(11)?,
                 epsilon: optional_number(12)?,
+                test_loss: optional_number(13)?,
             })
         })
         .collect()
@@ -323,6 +332,7 @@ mod tests {
             extra_bytes_to_clients: 7,
             federated_accuracy: Some(0.5),
             epsilon: None,
+            test_loss: Some(0.75),
         };
         assert_eq!(
             parse_results(&render_results(std::slice::from_ref(&row)), "r.csv").unwrap(),
@@ -332,7 +342,10 @@ mod tests {
         assert_eq!(error.line, 1);
         let legacy = format!("{RESULTS_HEADER_V1}\n1,0.5,1,1,1,1,1,1,1,1\n");
         assert_eq!(parse_results(&legacy, "r.csv").unwrap()[0].epsilon, None);
-        let bad = format!("{RESULTS_HEADER}\n1,x,1,1,1,1,1,1,1,1,0,,\n");
+        let before_test_loss = format!("{RESULTS_HEADER_V2}\n1,0.5,1,1,1,1,1,1,1,1,0,,0.5\n");
+        let row = &parse_results(&before_test_loss, "r.csv").unwrap()[0];
+        assert_eq!((row.epsilon, row.test_loss), (Some(0.5), None));
+        let bad = format!("{RESULTS_HEADER}\n1,x,1,1,1,1,1,1,1,1,0,,,\n");
         let error = parse_results(&bad, "r.csv").unwrap_err();
         assert_eq!(
             error.to_string(),
@@ -359,6 +372,7 @@ mod tests {
                 extra_bytes_to_clients: 0,
                 federated_accuracy: None,
                 epsilon: None,
+                test_loss: None,
             };
             let client = ClientRow {
                 round,

@@ -16,6 +16,7 @@ use cohort_core::tree::ParamTree;
 use cohort_train::device::Selected;
 use cohort_train::local::LocalPlan;
 use cohort_train::registry::{DataRequest, Registry, RunModel};
+use cohort_train::task::Score;
 use cohort_train::trainer::{ClientTask, ClientTrainer, LocalUpdate, TrainError, TrainSettings};
 use cohort_train::vectorized::{Job, VectorizedTrainer};
 
@@ -225,9 +226,9 @@ impl ClientRunner {
         let plan = self.plan(instructions)?;
         let global = self.unpack(global_payload)?;
         let processing_time = unpacking.elapsed().as_secs_f64();
-        let test_correct = self.held_out(&global, data, held_out)?;
+        let test = self.held_out(&global, data, held_out)?;
         let update = self.trainer.train(task, &global, data, partition, &plan)?;
-        self.reply(update, processing_time, held_out.len(), test_correct)
+        self.reply(update, processing_time, test)
     }
 
     fn unpack(&self, global_payload: &[u8]) -> Result<ParamTree, ClientError> {
@@ -240,28 +241,29 @@ impl ClientRunner {
         local_plan(instructions, &self.limits)
     }
 
-    /// Correct predictions of `global` on `held_out` (0 when empty).
+    /// The task's score of `global` on `held_out` (nothing when empty).
     fn held_out(
         &mut self,
         global: &ParamTree,
         data: &Dataset,
         held_out: &[u32],
-    ) -> Result<u64, ClientError> {
+    ) -> Result<Score, ClientError> {
         if held_out.is_empty() {
-            return Ok(0);
+            return Ok(Score::default());
         }
         self.trainer
-            .count_correct(global, data, held_out)
+            .score(global, data, held_out)
             .map_err(ClientError::Evaluation)
     }
 
-    /// Packs `update` as the reply; `processing_time` is what unpacking took.
+    /// Packs `update` as the reply; `processing_time` is what unpacking took,
+    /// `test` the score on the held-out data (its rows are the samples of a
+    /// classification task).
     fn reply(
         &self,
         update: LocalUpdate,
         processing_time: f64,
-        test_samples: usize,
-        test_correct: u64,
+        test: Score,
     ) -> Result<ClientReply, ClientError> {
         let packing = Instant::now();
         let payload = self
@@ -274,8 +276,8 @@ impl ClientRunner {
             training_time: update.training_time,
             processing_time: processing_time + packing.elapsed().as_secs_f64(),
             local_steps: update.local_steps,
-            test_samples: test_samples as u64,
-            test_correct,
+            test_samples: test.rows,
+            test_correct: test.correct,
             payload,
         })
     }
@@ -342,10 +344,7 @@ impl BatchRunner {
                         .trainer
                         .train(task.task, &global, data, task.partition, &plan)
                         .map_err(ClientError::from)
-                        .and_then(|u| {
-                            self.single
-                                .reply(u, unpack_time, task.held_out.len(), correct)
-                        });
+                        .and_then(|u| self.single.reply(u, unpack_time, correct));
                     results[slot] = Some(reply);
                 }
                 Err(error) => results[slot] = Some(Err(error)),
@@ -362,11 +361,10 @@ impl BatchRunner {
             .collect();
         let trained = self.vectorized.train(&jobs, data);
         for ((slot, _, correct), update) in prepared.iter().zip(trained) {
-            let held_out = tasks[*slot].held_out.len();
             results[*slot] = Some(
                 update
                     .map_err(ClientError::from)
-                    .and_then(|u| self.single.reply(u, unpack_time, held_out, *correct)),
+                    .and_then(|u| self.single.reply(u, unpack_time, *correct)),
             );
         }
         results

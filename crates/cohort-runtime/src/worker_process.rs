@@ -24,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use cohort_core::config::LoadedConfig;
 use cohort_core::data::Dataset;
-use cohort_core::data::own::OwnData;
+use cohort_core::data::own::{Expected, OwnData};
 use cohort_train::device::{self, DeviceRequest};
 use cohort_train::trainer::ClientTask;
 
@@ -314,15 +314,28 @@ impl Holdings {
         let total = u32::try_from(train + test)
             .with_context(|| format!("{}: more than 2^32 samples", own.source.display()))?;
         let train = u32::try_from(train).unwrap_or(total);
-        // Own data is read as MNIST-family images (IDX or safetensors) and
-        // normalized as the server's data set of that family is.
-        let source = config.data.builtin_source().with_context(|| {
-            format!(
-                "--data: own data is read as 28×28 grayscale images, normalized as MNIST or                  FashionMNIST are, but the server's data.datasource is `{}`",
-                config.data.datasource
-            )
+        // Own data takes the shape, normalization and task of the server's
+        // data set, as this process's registry knows it.
+        let dataset = options
+            .registry
+            .dataset_of(loaded)
+            .map_err(|errors| anyhow::anyhow!("{errors}"))?;
+        let data = own.into_dataset(Expected {
+            sample_shape: dataset.sample_shape(),
+            classes: config.parameters.model.num_classes,
+            normalization: dataset.normalization(),
+            datasource: dataset.name(),
         })?;
-        let data = own.into_dataset(source.normalization(), config.parameters.model.num_classes)?;
+        if let Err(error) = dataset
+            .task()
+            .check(&data, config.parameters.model.num_classes)
+        {
+            anyhow::bail!(
+                "--data: the server's data set `{}` is learned as {}: {error}",
+                dataset.name(),
+                dataset.task().name()
+            );
+        }
         let held_out = if config.clients.do_test {
             (train..total).collect()
         } else {

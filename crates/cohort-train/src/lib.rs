@@ -16,5 +16,6 @@ pub mod optim;
 pub mod params;
 pub mod registry;
 pub mod switches;
+pub mod task;
 pub mod trainer;
 pub mod vectorized;

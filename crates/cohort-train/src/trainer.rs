@@ -4,13 +4,14 @@
 //! model instance; it trains whichever logical client it is handed, so memory
 //! grows with workers, not with clients. Each run loads the global weights,
 //! creates a fresh optimizer (as the seed does), trains `epochs` over the
-//! client's partition in shuffled mini-batches with cross-entropy, and returns a
+//! client's partition in shuffled mini-batches with the task's loss
+//! ([`crate::task`], softmax cross-entropy for classification), and returns a
 //! host snapshot of the weights.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::SeedableRng;
@@ -26,6 +27,7 @@ use crate::kernels::{Native, argmax};
 use crate::local::{GradientTerms, LocalPlan};
 use crate::model::{FederatedModel, Inputs, Randomness};
 use crate::params::{self, LoadError};
+use crate::task::{Classification, Evaluation, Score, Task, cross_entropy_of_row};
 
 /// What local training needs besides the data.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,8 +53,8 @@ pub struct ClientTask {
 pub struct LocalUpdate {
     pub tree: ParamTree,
     pub num_samples: u64,
-    /// Mean cross-entropy over all samples of all epochs (without a
-    /// strategy's proximal term).
+    /// The task's loss averaged over all output rows of all epochs (without
+    /// a strategy's proximal term).
     pub loss: f64,
     pub training_time: f64,
     /// Optimizer steps taken.
@@ -100,7 +102,9 @@ pub struct LocalTrainer<M: FederatedModel> {
     settings: TrainSettings,
     images: Vec<f32>,
     labels: Vec<i64>,
-    /// cohort's own kernels, where they implement the model on this device.
+    task: Arc<dyn Task>,
+    /// cohort's own kernels, where they implement the model and the task on
+    /// this device.
     native: Option<Native>,
 }
 
@@ -117,7 +121,17 @@ impl<M: FederatedModel> LocalTrainer<M> {
             settings,
             images: Vec::new(),
             labels: Vec::new(),
+            task: Arc::new(Classification),
         }
+    }
+
+    /// Trains for `task` instead of classification.
+    pub fn with_task(mut self, task: Arc<dyn Task>) -> Self {
+        if !task.is_builtin_classification() {
+            self.native = None;
+        }
+        self.task = task;
+        self
     }
 
     /// Trains the client on `partition` (indices into `data`) from `global`,
@@ -180,9 +194,9 @@ impl<M: FederatedModel> LocalTrainer<M> {
             order.shuffle(&mut rng);
             for (step, batch) in order.chunks(self.settings.batch_size).enumerate() {
                 data.gather(batch, &mut self.images, &mut self.labels);
-                let mut grads =
+                let (mut grads, rows) =
                     self.batch_gradients(&model, &data.sample_shape, &mut rng, &mut loss_sum);
-                seen += batch.len();
+                seen += rows;
                 if let Some(terms) = &terms {
                     grads = terms.apply(&model, grads);
                 }
@@ -251,50 +265,50 @@ impl LossSum {
 
 impl<M: FederatedModel> LocalTrainer<M> {
     /// The gradients of the batch in `self.images`/`self.labels` (samples of
-    /// `sample_shape`) at `model`, its loss added to `loss_sum`: through the
-    /// native kernels where they cover the model, else burn's autodiff.
+    /// `sample_shape`) at `model`, with the output rows it scored, its loss
+    /// added to `loss_sum`: through the native kernels where they cover the
+    /// model and the task, else burn's autodiff.
     fn batch_gradients(
         &mut self,
         model: &M,
         sample_shape: &[usize],
         rng: &mut ChaCha8Rng,
         loss_sum: &mut LossSum,
-    ) -> GradientsParams {
-        let size = self.labels.len();
+    ) -> (GradientsParams, usize) {
         if let Some(native) = self.native.as_mut() {
+            let rows = self.labels.len();
             let (loss, grads) = native.step(model, &self.images, &self.labels);
-            loss_sum.host += loss * size as f32;
-            return grads;
+            loss_sum.host += loss * rows as f32;
+            return (grads, rows);
         }
+        let targets = self.task.targets(&self.images, &self.labels, sample_shape);
+        let rows = targets.len();
         let inputs = Inputs::from_host(self.images.clone(), sample_shape, &self.device);
-        let targets =
-            Tensor::<1, Int>::from_data(TensorData::new(self.labels.clone(), [size]), &self.device);
-        let loss_fn = CrossEntropyLossConfig::new().init(&self.device);
+        let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [rows]), &self.device);
         let outputs = model.forward(inputs, &mut Randomness::from_stream(rng));
-        let loss = loss_fn.forward(outputs, targets);
-        loss_sum.device = loss_sum.device.clone() + loss.clone().detach().mul_scalar(size as f32);
-        GradientsParams::from_grads(loss.backward(), model)
+        let loss = self.task.loss(outputs, targets);
+        loss_sum.device = loss_sum.device.clone() + loss.clone().detach().mul_scalar(rows as f32);
+        (GradientsParams::from_grads(loss.backward(), model), rows)
     }
 }
 
 impl<M: FederatedModel> LocalTrainer<M> {
-    /// Correct predictions of `global` on the samples `indices` of `data`
-    /// (a client's held-out data), in evaluation mode.
-    pub fn count_correct(
+    /// The task's score of `global` on the samples `indices` of `data` (a
+    /// client's held-out data), in evaluation mode.
+    pub fn score(
         &mut self,
         global: &ParamTree,
         data: &Dataset,
         indices: &[u32],
-    ) -> Result<u64, EvalError> {
+    ) -> Result<Score, EvalError> {
         let model = self
             .model
             .take()
             .expect("a trainer runs one client at a time");
+        let batch_size = self.settings.batch_size.max(256);
         let result = params::load(model.clone(), global)
             .map_err(EvalError::Load)
-            .and_then(|loaded| {
-                count_correct(&loaded, data, indices, self.settings.batch_size.max(256))
-            });
+            .and_then(|loaded| score(&loaded, &*self.task, data, indices, batch_size));
         self.model = Some(model);
         result
     }
@@ -361,16 +375,24 @@ fn scale_gradients<M: Module>(model: &M, grads: GradientsParams, factor: f32) ->
 pub struct Evaluator<M: FederatedModel> {
     model: Option<M>,
     batch_size: usize,
+    task: Arc<dyn Task>,
 }
 
 impl<M: FederatedModel> Evaluator<M> {
-    /// Evaluates through `model` (built on a plain device), `batch_size`
-    /// samples at a time.
+    /// Evaluates classification through `model` (built on a plain device),
+    /// `batch_size` samples at a time.
     pub fn new(model: M, batch_size: usize) -> Self {
         Self {
             model: Some(model),
             batch_size,
+            task: Arc::new(Classification),
         }
+    }
+
+    /// Evaluates `task` instead of classification.
+    pub fn with_task(mut self, task: Arc<dyn Task>) -> Self {
+        self.task = task;
+        self
     }
 
     /// The initial parameters of this evaluator's model instance.
@@ -378,64 +400,62 @@ impl<M: FederatedModel> Evaluator<M> {
         params::extract(self.model.as_ref().expect("evaluator holds its model"))
     }
 
-    /// Classification accuracy of `tree` on `data`.
-    pub fn accuracy(&mut self, tree: &ParamTree, data: &Dataset) -> Result<f64, EvalError> {
+    /// `tree` loaded into this evaluator's model instance, which is kept
+    /// whatever happens.
+    fn loaded(&mut self, tree: &ParamTree) -> Result<M, EvalError> {
         let model = self.model.take().expect("evaluator holds its model");
-        let model = match params::load(model.clone(), tree) {
-            Ok(loaded) => loaded,
-            Err(error) => {
-                self.model = Some(model);
-                return Err(EvalError::Load(error));
-            }
-        };
-        let accuracy = evaluate(&model, data, self.batch_size);
+        let loaded = params::load(model.clone(), tree);
         self.model = Some(model);
-        accuracy
+        loaded.map_err(EvalError::Load)
+    }
+
+    /// The task's loss and accuracy of `tree` on all of `data`.
+    pub fn evaluate(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Evaluation, EvalError> {
+        let model = self.loaded(tree)?;
+        let all: Vec<u32> = (0..data.len() as u32).collect();
+        Ok(score(&model, &*self.task, data, &all, self.batch_size)?.finish())
+    }
+
+    /// The accuracy of [`Evaluator::evaluate`].
+    pub fn accuracy(&mut self, tree: &ParamTree, data: &Dataset) -> Result<f64, EvalError> {
+        Ok(self.evaluate(tree, data)?.accuracy)
     }
 }
 
-/// A model's outputs on some samples: one row of logits per sample, with its
-/// label and whether the model's top class (the first, on a tie) is it.
+/// A model's outputs on some samples: rows of logits with their targets, and
+/// how many rows' top class (the first, on a tie) is the target.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Predictions {
-    /// `[samples, classes]`, row-major.
+    /// `[rows, classes]`, row-major: one row per sample for classification.
     pub logits: Vec<f32>,
     pub classes: usize,
+    /// The task's target of each row.
     pub labels: Vec<u32>,
     pub correct: u64,
 }
 
 impl<M: FederatedModel> Evaluator<M> {
     /// The logits of `tree` on the samples `indices` of `data`, in evaluation
-    /// mode, and how many it classifies correctly, counted exactly as
-    /// [`Evaluator::accuracy`] does.
+    /// mode, and how many rows it predicts correctly, counted exactly as
+    /// [`Evaluator::evaluate`] does.
     pub fn predictions(
         &mut self,
         tree: &ParamTree,
         data: &Dataset,
         indices: &[u32],
     ) -> Result<Predictions, EvalError> {
-        let model = self.model.take().expect("evaluator holds its model");
-        let loaded = match params::load(model.clone(), tree) {
-            Ok(loaded) => loaded,
-            Err(error) => {
-                self.model = Some(model);
-                return Err(EvalError::Load(error));
-            }
-        };
-        self.model = Some(model);
-        let correct = count_correct(&loaded, data, indices, self.batch_size)?;
+        let loaded = self.loaded(tree)?;
+        let correct = score(&loaded, &*self.task, data, indices, self.batch_size)?.correct;
         let model = loaded.valid();
-        let device = model
-            .devices()
-            .into_iter()
-            .next()
-            .unwrap_or_else(crate::device::cpu);
+        let device = device_of(&model);
         let (mut images, mut labels) = (Vec::new(), Vec::new());
         let mut logits = Vec::with_capacity(indices.len() * 10);
+        let mut targets = Vec::with_capacity(indices.len());
         let mut classes = 0;
         for batch in indices.chunks(self.batch_size.max(1)) {
             data.gather(batch, &mut images, &mut labels);
+            let batch_targets = self.task.targets(&images, &labels, &data.sample_shape);
+            targets.extend(batch_targets.iter().map(|&t| t as u32));
             let input = Inputs::from_host(images.clone(), &data.sample_shape, &device);
             let output = model.forward(input, &mut Randomness::none());
             classes = output.dims()[1];
@@ -449,7 +469,7 @@ impl<M: FederatedModel> Evaluator<M> {
         Ok(Predictions {
             logits,
             classes,
-            labels: indices.iter().map(|&i| data.labels[i as usize]).collect(),
+            labels: targets,
             correct,
         })
     }
@@ -461,11 +481,18 @@ pub enum EvalError {
     // chain printed with `{:#}` would say it twice.
     #[error("cannot load the model to evaluate: {0}")]
     Load(LoadError),
-    #[error("test sample {index} has label {label}, but the model has {classes} classes")]
+    #[error("test sample {index} has target {label}, but the model has {classes} classes")]
     LabelOutOfRange {
         index: usize,
         label: u32,
         classes: usize,
+    },
+    #[error("the model gives {rows} output rows for {samples} samples; {task} needs {targets}")]
+    OutputRows {
+        task: String,
+        samples: usize,
+        rows: usize,
+        targets: usize,
     },
 }
 
@@ -475,78 +502,106 @@ impl From<LoadError> for EvalError {
     }
 }
 
-/// Accuracy of `model` on `data`, in evaluation mode: on a plain device, so
-/// BatchNorm uses its running statistics and dropout is off. The caller's model,
-/// training mode included, is left exactly as it was, also when evaluation
-/// stops with an error halfway (it only ever sees a `valid()` copy).
+fn device_of<M: Module>(model: &M) -> burn::tensor::Device {
+    model
+        .devices()
+        .into_iter()
+        .next()
+        .unwrap_or_else(crate::device::cpu)
+}
+
+/// Classification accuracy of `model` on `data`, in evaluation mode (see
+/// [`score`]).
 pub fn evaluate<M: FederatedModel>(
     model: &M,
     data: &Dataset,
     batch_size: usize,
 ) -> Result<f64, EvalError> {
     let all: Vec<u32> = (0..data.len() as u32).collect();
-    let correct = count_correct(model, data, &all, batch_size)?;
-    Ok(correct as f64 / data.len().max(1) as f64)
+    Ok(score(model, &Classification, data, &all, batch_size)?
+        .finish()
+        .accuracy)
 }
 
-/// How many of the samples `indices` of `data` `model` classifies correctly,
-/// in evaluation mode (see [`evaluate`]).
-pub fn count_correct<M: FederatedModel>(
+/// The loss and correct rows of `model` for `task` on the samples `indices`
+/// of `data`, in evaluation mode: on a plain device, so BatchNorm uses its
+/// running statistics and dropout is off. The caller's model, training mode
+/// included, is left exactly as it was, also when evaluation stops with an
+/// error halfway (it only ever sees a `valid()` copy).
+pub fn score<M: FederatedModel>(
     model: &M,
+    task: &dyn Task,
     data: &Dataset,
     indices: &[u32],
     batch_size: usize,
-) -> Result<u64, EvalError> {
+) -> Result<Score, EvalError> {
     let model = model.valid();
-    if let Some(mut native) = Native::for_net(&model) {
-        return count_correct_native(&mut native, &model, data, indices, batch_size);
+    if task.is_builtin_classification()
+        && let Some(mut native) = Native::for_net(&model)
+    {
+        return score_native(&mut native, &model, data, indices, batch_size);
     }
-    let device = model
-        .devices()
-        .into_iter()
-        .next()
-        .unwrap_or_else(crate::device::cpu);
+    let device = device_of(&model);
     let mut correct = Tensor::<1, Int>::zeros([1], &device);
+    let mut loss_sum = Tensor::<1>::zeros([1], &device);
+    let mut rows = 0usize;
     let (mut images, mut labels) = (Vec::new(), Vec::new());
     for (batch_index, batch) in indices.chunks(batch_size.max(1)).enumerate() {
         data.gather(batch, &mut images, &mut labels);
+        let targets = task.targets(&images, &labels, &data.sample_shape);
         let input = Inputs::from_host(images.clone(), &data.sample_shape, &device);
         let logits = model.forward(input, &mut Randomness::none());
-        let classes = logits.dims()[1];
-        check_labels(&labels, classes, batch_index * batch_size.max(1))?;
-        let targets =
-            Tensor::<1, Int>::from_data(TensorData::new(labels.clone(), [batch.len()]), &device);
-        let predicted = logits.argmax(1).flatten::<1>(0, 1);
-        correct = correct + predicted.equal(targets).int().sum();
+        let [batch_rows, classes] = logits.dims();
+        if batch_rows != targets.len() {
+            return Err(EvalError::OutputRows {
+                task: task.name().to_owned(),
+                samples: batch.len(),
+                rows: batch_rows,
+                targets: targets.len(),
+            });
+        }
+        check_labels(&targets, classes, batch_index * batch_size.max(1))?;
+        let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [batch_rows]), &device);
+        let predicted = logits.clone().argmax(1).flatten::<1>(0, 1);
+        correct = correct + predicted.equal(targets.clone()).int().sum();
+        loss_sum = loss_sum + task.loss(logits, targets).mul_scalar(batch_rows as f32);
+        rows += batch_rows;
     }
-    Ok(correct.into_scalar::<i64>() as u64)
+    Ok(Score {
+        loss_sum: f64::from(loss_sum.into_scalar::<f32>()),
+        correct: correct.into_scalar::<i64>() as u64,
+        rows: rows as u64,
+    })
 }
 
 /// Images the native evaluation runs through the network at once: its
 /// working set stays in the core's L2 cache, whatever the batch size.
 const NATIVE_EVAL_CHUNK: usize = 32;
 
-/// [`count_correct`] through the native kernels.
-fn count_correct_native<M: FederatedModel>(
+/// [`score`] of classification through the native kernels.
+fn score_native<M: FederatedModel>(
     native: &mut Native,
     model: &M,
     data: &Dataset,
     indices: &[u32],
     batch_size: usize,
-) -> Result<u64, EvalError> {
+) -> Result<Score, EvalError> {
     let (mut images, mut labels) = (Vec::new(), Vec::new());
-    let mut correct = 0u64;
+    let mut score = Score::default();
     for (batch_index, batch) in indices.chunks(batch_size.max(1)).enumerate() {
         data.gather(batch, &mut images, &mut labels);
         check_labels(&labels, native.classes(), batch_index * batch_size.max(1))?;
         native.predict(model, &images, NATIVE_EVAL_CHUNK, |i, logits| {
-            correct += u64::from(labels[i] == argmax(logits) as i64);
+            let label = labels[i] as usize;
+            score.correct += u64::from(label == argmax(logits));
+            score.loss_sum += cross_entropy_of_row(logits, label);
         });
+        score.rows += batch.len() as u64;
     }
-    Ok(correct)
+    Ok(score)
 }
 
-/// The first label of a batch that starts at sample `first` that the model
+/// The first target of a batch that starts at sample `first` that the model
 /// has no class for, as an error.
 fn check_labels(labels: &[i64], classes: usize, first: usize) -> Result<(), EvalError> {
     match labels.iter().position(|&l| l < 0 || l as usize >= classes) {
@@ -572,13 +627,13 @@ pub trait ClientTrainer: Send {
         plan: &LocalPlan,
     ) -> Result<LocalUpdate, TrainError>;
 
-    /// See [`LocalTrainer::count_correct`].
-    fn count_correct(
+    /// See [`LocalTrainer::score`].
+    fn score(
         &mut self,
         global: &ParamTree,
         data: &Dataset,
         indices: &[u32],
-    ) -> Result<u64, EvalError>;
+    ) -> Result<Score, EvalError>;
 }
 
 impl<M: FederatedModel> ClientTrainer for LocalTrainer<M> {
@@ -593,13 +648,13 @@ impl<M: FederatedModel> ClientTrainer for LocalTrainer<M> {
         LocalTrainer::train(self, task, global, data, partition, plan)
     }
 
-    fn count_correct(
+    fn score(
         &mut self,
         global: &ParamTree,
         data: &Dataset,
         indices: &[u32],
-    ) -> Result<u64, EvalError> {
-        LocalTrainer::count_correct(self, global, data, indices)
+    ) -> Result<Score, EvalError> {
+        LocalTrainer::score(self, global, data, indices)
     }
 }
 
@@ -608,8 +663,8 @@ pub trait ModelEvaluator: Send {
     /// See [`Evaluator::parameters`].
     fn parameters(&self) -> ParamTree;
 
-    /// See [`Evaluator::accuracy`].
-    fn accuracy(&mut self, tree: &ParamTree, data: &Dataset) -> Result<f64, EvalError>;
+    /// See [`Evaluator::evaluate`].
+    fn evaluate(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Evaluation, EvalError>;
 
     /// See [`Evaluator::predictions`].
     fn predictions(
@@ -625,8 +680,8 @@ impl<M: FederatedModel> ModelEvaluator for Evaluator<M> {
         Evaluator::parameters(self)
     }
 
-    fn accuracy(&mut self, tree: &ParamTree, data: &Dataset) -> Result<f64, EvalError> {
-        Evaluator::accuracy(self, tree, data)
+    fn evaluate(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Evaluation, EvalError> {
+        Evaluator::evaluate(self, tree, data)
     }
 
     fn predictions(

@@ -1,7 +1,8 @@
 //! The package's own model and data set, trained by cohort three ways: from
 //! Rust code with a per-round callback, through its own binary's `run`, and
 //! in network mode with its own binary as server and client processes. All
-//! three give the same model bit for bit.
+//! three give the same model bit for bit. Clients that bring their own data
+//! (feature vectors in a safetensors file) train the same model too.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -101,4 +102,109 @@ fn a_network_round_with_its_own_binary_as_server_and_clients_equals_the_in_proce
     std::fs::write(&config, network).unwrap();
     let over_grpc = run_binary(&config, &dir.path().join("runs"), &["--local-clients", "2"]);
     assert_eq!(in_process, over_grpc);
+}
+
+/// The training points of `blobs` from `range`, as a safetensors file of
+/// float32 feature vectors, the way a Python client's `save_file` writes one.
+fn write_own_data(path: &Path, range: std::ops::Range<usize>) {
+    use safetensors::tensor::{Dtype, TensorView};
+    let train = own_model::blobs::splits(7).train;
+    let features = own_model::blobs::FEATURES;
+    let inputs: Vec<u8> = train.inputs[range.start * features..range.end * features]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let labels: Vec<u8> = train.labels[range.clone()]
+        .iter()
+        .flat_map(|&l| i64::from(l).to_le_bytes())
+        .collect();
+    let views = [
+        (
+            "inputs",
+            TensorView::new(Dtype::F32, vec![range.len(), features], &inputs).unwrap(),
+        ),
+        (
+            "labels",
+            TensorView::new(Dtype::I64, vec![range.len()], &labels).unwrap(),
+        ),
+    ];
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn clients_that_bring_their_own_feature_vectors_train_the_packages_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let own = config_text().replace(
+        "per_round = 4\n",
+        &format!(
+            "per_round = 2\nown_data_clients = 2\ncomm_simulation = false\n\n[server]\n\
+             port = {port}\nregistration_timeout = 60\n"
+        ),
+    );
+    let own = own.replace("total_clients = 4", "total_clients = 2");
+    let config = dir.path().join("own.toml");
+    std::fs::write(&config, own).unwrap();
+    let halves = [0..1_000, 1_000..2_000];
+    let files: Vec<PathBuf> = halves
+        .iter()
+        .enumerate()
+        .map(|(i, range)| {
+            let path = dir.path().join(format!("client{i}.safetensors"));
+            write_own_data(&path, range.clone());
+            path
+        })
+        .collect();
+    let base = dir.path().join("runs");
+    let server = Command::new(env!("CARGO_BIN_EXE_own-model"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .args(["--cpu", "--quiet", "--base"])
+        .arg(&base)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let clients: Vec<_> = files
+        .iter()
+        .map(|file| {
+            Command::new(env!("CARGO_BIN_EXE_own-model"))
+                .args(["client", "--cpu", "--server", &format!("127.0.0.1:{port}")])
+                .arg("--data")
+                .arg(file)
+                .args(["--connect-timeout", "60"])
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let output = server.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for client in clients {
+        let output = client.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let run = std::fs::read_dir(&base)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let results = std::fs::read_to_string(run.join("results.csv")).unwrap();
+    let rows = cohort_core::results::parse_results(&results, "results.csv").unwrap();
+    assert_eq!(rows.len(), 3);
+    let last = rows.last().unwrap();
+    assert!(last.accuracy > LEARNED, "{results}");
+    assert!(last.test_loss.is_some_and(|loss| loss < 0.5), "{results}");
 }

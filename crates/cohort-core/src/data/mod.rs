@@ -133,6 +133,50 @@ impl DataSource {
     }
 }
 
+/// Per-channel normalization of intensities in [0, 1]: `(x - mean) / std`,
+/// channel `c` of a `[channels, ...]` sample taking `mean[c]` and `std[c]`,
+/// or every value the one pair when there is one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalization {
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+}
+
+impl Normalization {
+    /// One mean and standard deviation for every value.
+    pub fn single(mean: f32, std: f32) -> Self {
+        Self {
+            mean: vec![mean],
+            std: vec![std],
+        }
+    }
+
+    /// Normalizes `values`, samples of `sample_shape` one after another.
+    ///
+    /// # Panics
+    /// When there are several pairs but not one per channel (`sample_shape[0]`):
+    /// a data set declares its normalization with its shape.
+    pub fn apply(&self, values: &mut [f32], sample_shape: &[usize]) {
+        if let ([mean], [std]) = (self.mean.as_slice(), self.std.as_slice()) {
+            values.iter_mut().for_each(|x| *x = (*x - mean) / std);
+            return;
+        }
+        let channels = sample_shape.first().copied().unwrap_or(1);
+        assert!(
+            self.mean.len() == channels && self.std.len() == channels,
+            "{} means and {} deviations for {channels} channels",
+            self.mean.len(),
+            self.std.len()
+        );
+        let plane: usize = sample_shape[1..].iter().product();
+        for (index, chunk) in values.chunks_mut(plane.max(1)).enumerate() {
+            let channel = index % channels;
+            let (mean, std) = (self.mean[channel], self.std[channel]);
+            chunk.iter_mut().for_each(|x| *x = (*x - mean) / std);
+        }
+    }
+}
+
 /// Samples of any shape, normalized to float32, with one class id each.
 ///
 /// Sample `i` is `inputs[i * n .. (i + 1) * n]` with `n` the product of
@@ -394,6 +438,20 @@ fn missing_message(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn normalization_is_per_channel_or_one_pair_for_all() {
+        let mut values = vec![0.5, 0.5, 1.0, 1.0, 0.5, 0.5, 1.0, 1.0];
+        let per_channel = Normalization {
+            mean: vec![0.5, 0.0],
+            std: vec![0.25, 0.5],
+        };
+        per_channel.apply(&mut values, &[2, 1, 2]);
+        assert_eq!(values, [0.0, 0.0, 2.0, 2.0, 0.0, 0.0, 2.0, 2.0]);
+        let mut values = vec![1.0, 0.0];
+        Normalization::single(0.5, 0.5).apply(&mut values, &[1, 1, 2]);
+        assert_eq!(values, [1.0, -1.0]);
+    }
+
     use super::*;
 
     fn fixture() -> PathBuf {

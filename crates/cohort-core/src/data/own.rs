@@ -7,29 +7,34 @@
 //! * **a folder of IDX files**, named as MNIST names them:
 //!   `train-images-idx3-ubyte` and `train-labels-idx1-ubyte`, and for held-out
 //!   evaluation optionally `t10k-images-idx3-ubyte` and
-//!   `t10k-labels-idx1-ubyte`; each plain or gzip-compressed (`.gz`);
+//!   `t10k-labels-idx1-ubyte`; each plain or gzip-compressed (`.gz`); images
+//!   `[N, height, width]` of uint8 pixels;
 //! * **a safetensors file** (what `safetensors.numpy.save_file` writes):
-//!   `images` (uint8 `[N, 28, 28]` or `[N, 1, 28, 28]` of pixel values
-//!   0–255, or float32 of the same shapes with intensities in [0, 1]) and
-//!   `labels` (uint8 or int64 `[N]`), optionally `test_images` and
-//!   `test_labels` of the same kinds.
+//!   `images` or `inputs` `[N, ...]` and `labels` (uint8 or int64 `[N]`),
+//!   optionally `test_images`/`test_inputs` and `test_labels` of the same
+//!   kinds. Inputs are uint8 pixels (0–255), float32 values, or int64 token
+//!   ids.
 //!
-//! Images are kept as intensities in [0, 1] until [`OwnData::into_dataset`]
-//! normalizes them the way the run's data source is normalized, once the
-//! client knows the run's config. Every error names the file, the tensor and
-//! what was expected; nothing here panics on a malformed file.
+//! The samples must have the shape of the server's data set (`[N, H, W]`
+//! stands for one channel, `[N, 1, H, W]`). Pixels become intensities in
+//! [0, 1]; where the server's data set normalizes its images, intensities
+//! (pixels, or float32 in [0, 1]) are normalized the same way, and float32
+//! inputs of a data set that does not are taken as they are. All of this
+//! happens in [`OwnData::into_dataset`], once the client knows the run's data
+//! set. Every error names the file, the tensor and what was expected; nothing
+//! here panics on a malformed file.
 
 use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use super::Dataset;
 use super::idx::{IdxError, read_idx, read_idx_dims};
+use super::{Dataset, Normalization};
 
-/// Image side the built-in models take.
-pub const SIDE: usize = 28;
+/// The largest token id held exactly by a float32 sample value.
+const MAX_TOKEN: i64 = 1 << 24;
 
-/// Training and (optional) held-out images as intensities in [0, 1].
+/// Training and (optional) held-out samples, as read from the file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OwnData {
     /// The folder or file it was read from, for messages.
@@ -38,11 +43,25 @@ pub struct OwnData {
     pub test: Option<Samples>,
 }
 
-/// Images `[count, SIDE, SIDE]` row-major, intensities in [0, 1], with labels.
+/// Samples of one split: `values` row-major, `shape` per sample as the file
+/// has it, with labels.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Samples {
-    pub images: Vec<f32>,
-    pub labels: Vec<u8>,
+    pub values: Vec<f32>,
+    pub labels: Vec<u32>,
+    pub shape: Vec<usize>,
+    pub encoding: Encoding,
+}
+
+/// What a file's input values are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// uint8 pixels, held as intensities in [0, 1].
+    Pixels,
+    /// float32 values as the file has them.
+    Floats,
+    /// int64 token ids, held as exact float32 integers.
+    Tokens,
 }
 
 impl Samples {
@@ -53,6 +72,19 @@ impl Samples {
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
+}
+
+/// What the server's data set is, for [`OwnData::into_dataset`].
+#[derive(Debug, Clone, Copy)]
+pub struct Expected<'a> {
+    /// One sample's shape.
+    pub sample_shape: &'a [usize],
+    /// Labels are below this (`parameters.model.num_classes`).
+    pub classes: usize,
+    /// How the data set normalizes intensities, if it does.
+    pub normalization: Option<&'a Normalization>,
+    /// The data set's name, for messages.
+    pub datasource: &'a str,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,40 +130,105 @@ impl OwnData {
         self.test.as_ref().map_or(0, Samples::len)
     }
 
-    /// One [`Dataset`], normalized with `(mean, std)`: the training samples
-    /// first (indices `0..train`), then the held-out ones, so a client's
-    /// partition and held-out lists are index ranges of the same data set.
-    /// Labels must be below `num_classes`.
-    pub fn into_dataset(
-        self,
-        (mean, std): (f32, f32),
-        num_classes: usize,
-    ) -> Result<Dataset, OwnDataError> {
-        let mut images = self.train.images;
+    /// One [`Dataset`] shaped and normalized as the server's data set
+    /// (`expected`): the training samples first (indices `0..train`), then
+    /// the held-out ones, so a client's partition and held-out lists are
+    /// index ranges of the same data set.
+    pub fn into_dataset(self, expected: Expected<'_>) -> Result<Dataset, OwnDataError> {
+        let mut values = prepare(
+            &self.source,
+            "training",
+            self.train.values,
+            &self.train.shape,
+            self.train.encoding,
+            expected,
+        )?;
         let mut labels = self.train.labels;
         if let Some(test) = self.test {
-            images.extend(test.images);
+            values.extend(prepare(
+                &self.source,
+                "held-out",
+                test.values,
+                &test.shape,
+                test.encoding,
+                expected,
+            )?);
             labels.extend(test.labels);
         }
         if let Some((index, label)) = labels
             .iter()
             .enumerate()
-            .find(|(_, label)| usize::from(**label) >= num_classes)
+            .find(|(_, label)| **label as usize >= expected.classes)
         {
             return Err(invalid(
                 &self.source,
                 format!(
                     "label {label} at sample {index} (training samples first, then held-out \
-                     ones) is outside 0..{num_classes} (the run's parameters.model.num_classes)"
+                     ones) is outside 0..{} (the run's parameters.model.num_classes)",
+                    expected.classes
                 ),
             ));
         }
-        images.iter_mut().for_each(|x| *x = (*x - mean) / std);
-        Ok(Dataset {
-            inputs: images,
-            labels: labels.into_iter().map(u32::from).collect(),
-            sample_shape: vec![1, SIDE, SIDE],
-        })
+        Dataset::new(values, labels, expected.sample_shape.to_vec())
+            .map_err(|error| invalid(&self.source, error.to_string()))
+    }
+}
+
+/// One split's values as the server's data set holds its samples: its shape
+/// checked, intensities normalized where the data set normalizes.
+fn prepare(
+    source: &Path,
+    split: &str,
+    mut values: Vec<f32>,
+    shape: &[usize],
+    encoding: Encoding,
+    expected: Expected<'_>,
+) -> Result<Vec<f32>, OwnDataError> {
+    let wanted = expected.sample_shape;
+    let fits = shape == wanted || (wanted.first() == Some(&1) && shape == &wanted[1..]);
+    if !fits {
+        return Err(invalid(
+            source,
+            format!(
+                "{split} samples of shape {shape:?}, but the server's data set `{}` has samples \
+                 of {wanted:?}",
+                expected.datasource
+            ),
+        ));
+    }
+    match (encoding, expected.normalization) {
+        (Encoding::Tokens, Some(_)) => Err(invalid(
+            source,
+            format!(
+                "{split} samples are token ids, but the server's data set `{}` holds images \
+                 (uint8 pixels or float32 intensities)",
+                expected.datasource
+            ),
+        )),
+        (Encoding::Pixels | Encoding::Floats, Some(normalization)) => {
+            if encoding == Encoding::Floats {
+                check_intensities(source, split, &values)?;
+            }
+            normalization.apply(&mut values, wanted);
+            Ok(values)
+        }
+        (_, None) => Ok(values),
+    }
+}
+
+/// Float32 inputs of a data set that normalizes are intensities in [0, 1].
+fn check_intensities(path: &Path, split: &str, values: &[f32]) -> Result<(), OwnDataError> {
+    match values.iter().position(|v| !(0.0..=1.0).contains(v)) {
+        Some(index) => Err(invalid(
+            path,
+            format!(
+                "float32 value {} at element {index} of the {split} samples is not an \
+                 intensity in [0, 1], which the server's data set normalizes (divide uint8 pixels \
+                 by 255, or save them as uint8)",
+                values[index]
+            ),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -190,15 +287,6 @@ fn read_idx_pair(
     check_count(images_path, declared, max_samples)?;
     let images = read_idx(images_path, 3)?;
     let labels = read_idx(labels_path, 1)?;
-    if images.dims[1..] != [SIDE, SIDE] {
-        return Err(invalid(
-            images_path,
-            format!(
-                "images of {}×{}, the models take {SIDE}×{SIDE}",
-                images.dims[1], images.dims[2]
-            ),
-        ));
-    }
     if images.dims[0] != labels.dims[0] {
         return Err(invalid(
             labels_path,
@@ -211,8 +299,10 @@ fn read_idx_pair(
         ));
     }
     Ok(Samples {
-        images: pixels(images_path, &images.data)?,
-        labels: labels.data,
+        values: pixels(images_path, &images.data)?,
+        labels: labels.data.into_iter().map(u32::from).collect(),
+        shape: images.dims[1..].to_vec(),
+        encoding: Encoding::Pixels,
     })
 }
 
@@ -230,19 +320,22 @@ fn check_count(path: &Path, count: usize, max_samples: u64) -> Result<(), OwnDat
     Ok(())
 }
 
-/// uint8 pixels as intensities in [0, 1], allocated fallibly: a data set
-/// too large for this machine's memory is an error, not an abort.
-fn pixels(path: &Path, data: &[u8]) -> Result<Vec<f32>, OwnDataError> {
+/// `count` float32 values, allocated fallibly: a data set too large for
+/// this machine's memory is an error, not an abort.
+fn reserve(path: &Path, count: usize) -> Result<Vec<f32>, OwnDataError> {
     let mut values = Vec::new();
-    values.try_reserve_exact(data.len()).map_err(|_| {
+    values.try_reserve_exact(count).map_err(|_| {
         invalid(
             path,
-            format!(
-                "{} pixels do not fit this machine's memory as float32",
-                data.len()
-            ),
+            format!("{count} values do not fit this machine's memory as float32"),
         )
     })?;
+    Ok(values)
+}
+
+/// uint8 pixels as intensities in [0, 1].
+fn pixels(path: &Path, data: &[u8]) -> Result<Vec<f32>, OwnDataError> {
+    let mut values = reserve(path, data.len())?;
     values.extend(data.iter().map(|&p| f32::from(p) / 255.0));
     Ok(values)
 }
@@ -264,34 +357,41 @@ fn load_safetensors(path: &Path, max_samples: u64) -> Result<OwnData, OwnDataErr
             ),
         )
     })?;
-    let get = |name: &str| file.tensor(name).ok();
-    let train = match (get("images"), get("labels")) {
-        (Some(images), Some(labels)) => {
-            samples(path, ("images", images), ("labels", labels), max_samples)?
-        }
+    // `images` or `inputs`, whichever the file has (both is ambiguous).
+    let inputs =
+        |names: [&'static str; 2]| -> Result<Option<(&'static str, TensorView<'_>)>, OwnDataError> {
+            match names.map(|name| file.tensor(name).ok()) {
+                [Some(_), Some(_)] => Err(invalid(
+                    path,
+                    format!("has both `{}` and `{}`; keep one", names[0], names[1]),
+                )),
+                [Some(view), None] => Ok(Some((names[0], view))),
+                [None, Some(view)] => Ok(Some((names[1], view))),
+                [None, None] => Ok(None),
+            }
+        };
+    let get = |name: &'static str| file.tensor(name).ok().map(|view| (name, view));
+    let train = match (inputs(["images", "inputs"])?, get("labels")) {
+        (Some(images), Some(labels)) => samples(path, images, labels, max_samples)?,
         _ => {
             return Err(invalid(
                 path,
                 format!(
-                    "needs tensors `images` and `labels` (and optionally `test_images` and \
-                     `test_labels`); it has {:?}",
+                    "needs tensors `images` (or `inputs`) and `labels` (and optionally \
+                     `test_images` and `test_labels`); it has {:?}",
                     file.names()
                 ),
             ));
         }
     };
-    let test = match (get("test_images"), get("test_labels")) {
-        (Some(images), Some(labels)) => Some(samples(
-            path,
-            ("test_images", images),
-            ("test_labels", labels),
-            max_samples,
-        )?),
+    let test = match (inputs(["test_images", "test_inputs"])?, get("test_labels")) {
+        (Some(images), Some(labels)) => Some(samples(path, images, labels, max_samples)?),
         (None, None) => None,
         _ => {
             return Err(invalid(
                 path,
-                "held-out data needs both `test_images` and `test_labels`, found one",
+                "held-out data needs both `test_images` (or `test_inputs`) and `test_labels`, \
+                 found one",
             ));
         }
     };
@@ -304,98 +404,131 @@ fn load_safetensors(path: &Path, max_samples: u64) -> Result<OwnData, OwnDataErr
 
 fn samples(
     path: &Path,
-    (images_name, images): (&str, TensorView<'_>),
+    (inputs_name, inputs): (&str, TensorView<'_>),
     (labels_name, labels): (&str, TensorView<'_>),
     max_samples: u64,
 ) -> Result<Samples, OwnDataError> {
-    let shape = images.shape();
-    let count = match shape {
-        [n, rows, cols] | [n, 1, rows, cols] if *rows == SIDE && *cols == SIDE => *n,
-        _ => {
-            return Err(invalid(
-                path,
-                format!(
-                    "tensor `{images_name}` has shape {shape:?}, expected [N, {SIDE}, {SIDE}] \
-                     or [N, 1, {SIDE}, {SIDE}]"
-                ),
-            ));
-        }
+    let shape = inputs.shape();
+    let Some((&count, sample_shape)) = shape.split_first().filter(|(_, rest)| !rest.is_empty())
+    else {
+        return Err(invalid(
+            path,
+            format!(
+                "tensor `{inputs_name}` has shape {shape:?}, expected [N, ...] (one row per sample)"
+            ),
+        ));
     };
     check_count(path, count, max_samples)?;
     if labels.shape() != [count] {
         return Err(invalid(
             path,
             format!(
-                "tensor `{labels_name}` has shape {:?}, expected [{count}] (one label per image \
-                 of `{images_name}`)",
+                "tensor `{labels_name}` has shape {:?}, expected [{count}] (one label per sample \
+                 of `{inputs_name}`)",
                 labels.shape()
             ),
         ));
     }
-    let image_values = match images.dtype() {
-        Dtype::U8 => pixels(path, images.data())?,
-        Dtype::F32 => float_images(path, images_name, images.data())?,
+    let (values, encoding) = match inputs.dtype() {
+        Dtype::U8 => (pixels(path, inputs.data())?, Encoding::Pixels),
+        Dtype::F32 => (floats(path, inputs_name, inputs.data())?, Encoding::Floats),
+        Dtype::I64 => (tokens(path, inputs_name, inputs.data())?, Encoding::Tokens),
         other => {
             return Err(invalid(
                 path,
-                format!("tensor `{images_name}` is {other:?}, expected uint8 or float32"),
+                format!(
+                    "tensor `{inputs_name}` is {other:?}, expected uint8 (pixels), float32 or \
+                     int64 (token ids)"
+                ),
             ));
         }
     };
-    let label_values = match labels.dtype() {
-        Dtype::U8 => labels.data().to_vec(),
+    Ok(Samples {
+        values,
+        labels: label_values(path, labels_name, &labels)?,
+        shape: sample_shape.to_vec(),
+        encoding,
+    })
+}
+
+fn little_endian_i64(bytes: &[u8]) -> i64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(bytes);
+    i64::from_le_bytes(word)
+}
+
+fn label_values(
+    path: &Path,
+    name: &str,
+    labels: &TensorView<'_>,
+) -> Result<Vec<u32>, OwnDataError> {
+    match labels.dtype() {
+        Dtype::U8 => Ok(labels.data().iter().map(|&l| u32::from(l)).collect()),
         Dtype::I64 => labels
             .data()
             .chunks_exact(8)
             .enumerate()
             .map(|(index, bytes)| {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(bytes);
-                let label = i64::from_le_bytes(word);
-                u8::try_from(label).map_err(|_| {
+                let label = little_endian_i64(bytes);
+                u32::try_from(label).map_err(|_| {
                     invalid(
                         path,
-                        format!("tensor `{labels_name}`[{index}] is {label}, not a class index"),
+                        format!("tensor `{name}`[{index}] is {label}, not a class index"),
                     )
                 })
             })
-            .collect::<Result<_, _>>()?,
-        other => {
-            return Err(invalid(
-                path,
-                format!("tensor `{labels_name}` is {other:?}, expected uint8 or int64"),
-            ));
-        }
-    };
-    Ok(Samples {
-        images: image_values,
-        labels: label_values,
-    })
+            .collect(),
+        other => Err(invalid(
+            path,
+            format!("tensor `{name}` is {other:?}, expected uint8 or int64"),
+        )),
+    }
 }
 
-fn float_images(path: &Path, name: &str, data: &[u8]) -> Result<Vec<f32>, OwnDataError> {
-    data.chunks_exact(4)
-        .enumerate()
-        .map(|(index, bytes)| {
-            let value = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-            if (0.0..=1.0).contains(&value) {
-                Ok(value)
-            } else {
-                Err(invalid(
-                    path,
-                    format!(
-                        "tensor `{name}` element {index} is {value}; float32 images hold \
-                         intensities in [0, 1] (divide uint8 pixels by 255, or save them as uint8)"
-                    ),
-                ))
-            }
-        })
-        .collect()
+fn floats(path: &Path, name: &str, data: &[u8]) -> Result<Vec<f32>, OwnDataError> {
+    let mut values = reserve(path, data.len() / 4)?;
+    for (index, bytes) in data.chunks_exact(4).enumerate() {
+        let value = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        if !value.is_finite() {
+            return Err(invalid(
+                path,
+                format!("tensor `{name}` element {index} is {value}, not a finite number"),
+            ));
+        }
+        values.push(value);
+    }
+    Ok(values)
+}
+
+fn tokens(path: &Path, name: &str, data: &[u8]) -> Result<Vec<f32>, OwnDataError> {
+    let mut values = reserve(path, data.len() / 8)?;
+    for (index, bytes) in data.chunks_exact(8).enumerate() {
+        let token = little_endian_i64(bytes);
+        if !(0..MAX_TOKEN).contains(&token) {
+            return Err(invalid(
+                path,
+                format!("tensor `{name}` element {index} is {token}, not a token id in 0..2^24"),
+            ));
+        }
+        values.push(token as f32);
+    }
+    Ok(values)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SIDE: usize = 28;
+
+    fn mnist_like(normalization: &Normalization, classes: usize) -> Expected<'_> {
+        Expected {
+            sample_shape: &[1, SIDE, SIDE],
+            classes,
+            normalization: Some(normalization),
+            datasource: "MNIST",
+        }
+    }
 
     /// A tensor to write: name, dtype, shape, bytes.
     type Tensor<'a> = (&'a str, Dtype, Vec<usize>, Vec<u8>);
@@ -445,7 +578,8 @@ mod tests {
         );
         let own = OwnData::load(&path, 100_000).unwrap();
         assert_eq!((own.train.len(), own.test_len()), (2, 1));
-        let data = own.into_dataset((0.5, 0.25), 10).unwrap();
+        let normalization = Normalization::single(0.5, 0.25);
+        let data = own.into_dataset(mnist_like(&normalization, 10)).unwrap();
         assert_eq!(data.labels, [3, 4, 7]);
         assert_eq!(data.inputs[0], 2.0);
         assert_eq!(data.inputs[2 * pixels], 0.0);
@@ -459,14 +593,46 @@ mod tests {
         let cases: Vec<(Vec<Tensor<'_>>, &str)> = vec![
             (
                 vec![("images", Dtype::U8, vec![1, 10, 10], vec![0; 100])],
-                "needs tensors `images` and `labels`",
+                "needs tensors `images` (or `inputs`) and `labels`",
             ),
             (
                 vec![
-                    ("images", Dtype::U8, vec![1, 10, 10], vec![0; 100]),
+                    ("images", Dtype::U8, vec![3], vec![0; 3]),
+                    ("labels", Dtype::U8, vec![3], vec![0; 3]),
+                ],
+                "`images` has shape [3], expected [N, ...]",
+            ),
+            (
+                vec![
+                    ("images", Dtype::U8, vec![1, 1], vec![0]),
+                    ("inputs", Dtype::U8, vec![1, 1], vec![0]),
                     ("labels", Dtype::U8, vec![1], vec![0]),
                 ],
-                "`images` has shape [1, 10, 10]",
+                "has both `images` and `inputs`",
+            ),
+            (
+                vec![
+                    (
+                        "inputs",
+                        Dtype::I64,
+                        vec![1, 1],
+                        (-3i64).to_le_bytes().to_vec(),
+                    ),
+                    ("labels", Dtype::U8, vec![1], vec![0]),
+                ],
+                "`inputs` element 0 is -3, not a token id",
+            ),
+            (
+                vec![
+                    (
+                        "inputs",
+                        Dtype::F32,
+                        vec![1, 1],
+                        f32::NAN.to_le_bytes().to_vec(),
+                    ),
+                    ("labels", Dtype::U8, vec![1], vec![0]),
+                ],
+                "`inputs` element 0 is NaN",
             ),
             (
                 vec![
@@ -474,18 +640,6 @@ mod tests {
                     ("labels", Dtype::U8, vec![2], vec![0, 1]),
                 ],
                 "`labels` has shape [2], expected [1]",
-            ),
-            (
-                vec![
-                    (
-                        "images",
-                        Dtype::F32,
-                        vec![1, SIDE, SIDE],
-                        (0..pixels).flat_map(|_| 255f32.to_le_bytes()).collect(),
-                    ),
-                    ("labels", Dtype::U8, vec![1], vec![0]),
-                ],
-                "intensities in [0, 1]",
             ),
             (
                 vec![
@@ -549,9 +703,14 @@ mod tests {
         encoder.finish().unwrap();
         let own = OwnData::load(dir.path(), 100_000).unwrap();
         assert_eq!(own.train.labels, [1, 9]);
-        assert_eq!(own.train.images[0], 0.2);
+        assert_eq!(own.train.values[0], 0.2);
+        assert_eq!(own.train.shape, [28, 28]);
         assert!(own.test.is_none());
-        let error = own.into_dataset((0.0, 1.0), 5).unwrap_err().to_string();
+        let unit = Normalization::single(0.0, 1.0);
+        let error = own
+            .into_dataset(mnist_like(&unit, 5))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("label 9 at sample 1"), "{error}");
 
         std::fs::write(dir.path().join(IDX_NAMES[2]), idx(&[1, 28, 28], &[0; 784])).unwrap();
@@ -607,5 +766,139 @@ mod tests {
         assert_eq!(OwnData::load(&path, 3).unwrap().train.len(), 3);
         let error = OwnData::load(&path, 2).unwrap_err().to_string();
         assert!(error.contains("3 samples, more than the 2"), "{error}");
+    }
+
+    #[test]
+    fn own_data_of_any_shape_fits_the_servers_data_set_or_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("colour.safetensors");
+        // Two 3×2×2 colour images of uint8 pixels.
+        save(
+            &path,
+            &[
+                ("images", Dtype::U8, vec![2, 3, 2, 2], vec![255; 24]),
+                (
+                    "labels",
+                    Dtype::I64,
+                    vec![2],
+                    [12i64, 99].iter().flat_map(|l| l.to_le_bytes()).collect(),
+                ),
+            ],
+        );
+        let normalization = Normalization {
+            mean: vec![0.0, 0.5, 1.0],
+            std: vec![1.0, 0.5, 1.0],
+        };
+        let cifar = |shape: &'static [usize]| Expected {
+            sample_shape: shape,
+            classes: 100,
+            normalization: Some(&normalization),
+            datasource: "CIFAR100",
+        };
+        let data = OwnData::load(&path, 10)
+            .unwrap()
+            .into_dataset(cifar(&[3, 2, 2]))
+            .unwrap();
+        assert_eq!(data.labels, [12, 99]);
+        assert_eq!(
+            data.inputs[..12],
+            [1., 1., 1., 1., 1., 1., 1., 1., 0., 0., 0., 0.]
+        );
+        let error = OwnData::load(&path, 10)
+            .unwrap()
+            .into_dataset(cifar(&[3, 32, 32]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(
+                "training samples of shape [3, 2, 2], but the server's data set `CIFAR100` has \
+                 samples of [3, 32, 32]"
+            ),
+            "{error}"
+        );
+
+        // Token sequences (int64) of a data set that does not normalize are
+        // taken as they are; an image data set refuses them.
+        let path = dir.path().join("tokens.safetensors");
+        let tokens: Vec<u8> = [1i64, 2, 3, 4]
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect();
+        save(
+            &path,
+            &[
+                ("inputs", Dtype::I64, vec![2, 2], tokens),
+                ("labels", Dtype::U8, vec![2], vec![3, 5]),
+            ],
+        );
+        let text = Expected {
+            sample_shape: &[2],
+            classes: 80,
+            normalization: None,
+            datasource: "Shakespeare",
+        };
+        let data = OwnData::load(&path, 10)
+            .unwrap()
+            .into_dataset(text)
+            .unwrap();
+        assert_eq!(
+            (data.inputs, data.labels),
+            (vec![1.0, 2.0, 3.0, 4.0], vec![3, 5])
+        );
+        let error = OwnData::load(&path, 10)
+            .unwrap()
+            .into_dataset(Expected {
+                sample_shape: &[1, 2],
+                ..cifar(&[])
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("are token ids, but the server's data set `CIFAR100` holds images"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn float_inputs_are_intensities_where_the_data_set_normalizes_and_values_where_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("floats.safetensors");
+        let values: Vec<u8> = [0.5f32, 255.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        save(
+            &path,
+            &[
+                ("inputs", Dtype::F32, vec![1, 2], values),
+                ("labels", Dtype::U8, vec![1], vec![0]),
+            ],
+        );
+        let features = Expected {
+            sample_shape: &[2],
+            classes: 2,
+            normalization: None,
+            datasource: "blobs",
+        };
+        let data = OwnData::load(&path, 10)
+            .unwrap()
+            .into_dataset(features)
+            .unwrap();
+        assert_eq!(data.inputs, [0.5, 255.0]);
+        let normalization = Normalization::single(0.0, 1.0);
+        let error = OwnData::load(&path, 10)
+            .unwrap()
+            .into_dataset(Expected {
+                normalization: Some(&normalization),
+                ..features
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(
+                "float32 value 255 at element 1 of the training samples is not an intensity"
+            ),
+            "{error}"
+        );
     }
 }

@@ -642,9 +642,17 @@ impl<'a> RoundLoop<'a> {
         }
         let evaluation_started = Instant::now();
         let (evaluator, global, test) = (&mut self.evaluator, &self.global, &self.test);
-        let accuracy = self
+        let evaluation = self
             .evaluation_pool
-            .install(|| evaluator.accuracy(global, test))?;
+            .install(|| evaluator.evaluate(global, test))?;
+        let accuracy = evaluation.accuracy;
+        if !evaluation.loss.is_finite() {
+            tracing::warn!(
+                round,
+                loss = evaluation.loss,
+                "the test loss is not finite; not recorded"
+            );
+        }
         let evaluation_time = evaluation_started.elapsed().as_secs_f64();
         self.recorder.write_model(&packed.model_bytes)?;
         let Aggregated {
@@ -678,6 +686,7 @@ impl<'a> RoundLoop<'a> {
             extra_bytes_to_clients: dispatched.extra_bytes,
             federated_accuracy: federated_accuracy(&arrivals),
             epsilon: privacy.map(|p| p.epsilon),
+            test_loss: Some(evaluation.loss).filter(|loss| loss.is_finite()),
         };
         clock.simulated_before = row.simulated_time;
         clock.previous_round_end = Instant::now();
@@ -691,6 +700,7 @@ impl<'a> RoundLoop<'a> {
         tracing::info!(
             round,
             accuracy,
+            test_loss = evaluation.loss,
             round_time = row.round_time,
             "round finished"
         );

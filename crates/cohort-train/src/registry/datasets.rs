@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cohort_core::data::{self, DataSource, Dataset, Fetch, Splits};
+use cohort_core::data::{self, DataSource, Dataset, Fetch, Normalization, Splits};
+
+use crate::task::{Classification, Task};
 
 /// What a data set's loader is asked for.
 #[derive(Debug, Clone)]
@@ -32,6 +34,8 @@ pub struct DatasetEntry {
     sample_shape: Vec<usize>,
     classes: usize,
     train_samples: usize,
+    task: Arc<dyn Task>,
+    normalization: Option<Normalization>,
     load: Arc<Load>,
 }
 
@@ -41,6 +45,7 @@ impl std::fmt::Debug for DatasetEntry {
             .field("name", &self.name)
             .field("sample_shape", &self.sample_shape)
             .field("classes", &self.classes)
+            .field("task", &self.task.name())
             .finish_non_exhaustive()
     }
 }
@@ -48,7 +53,9 @@ impl std::fmt::Debug for DatasetEntry {
 impl DatasetEntry {
     /// The data set that `load` reads, under `name`: samples of
     /// `sample_shape`, labels below `classes`, about `train_samples` training
-    /// samples (for estimates made before loading, such as `cohort place`'s).
+    /// samples (for estimates made before loading, such as `cohort place`'s),
+    /// learned as classification unless [`DatasetEntry::with_task`] says
+    /// otherwise.
     pub fn new(
         name: &str,
         summary: &str,
@@ -63,8 +70,25 @@ impl DatasetEntry {
             sample_shape,
             classes,
             train_samples,
+            task: Arc::new(Classification),
+            normalization: None,
             load: Arc::new(load),
         }
+    }
+
+    /// How the loader normalizes image intensities in [0, 1]: own-data
+    /// clients (`cohort client --data`) normalize their pixels the same way.
+    /// Without it, own data's values are taken as they are.
+    pub fn with_normalization(mut self, normalization: Normalization) -> Self {
+        self.normalization = Some(normalization);
+        self
+    }
+
+    /// The data set learned as `task` (its loss and metrics; `classes` is
+    /// then the task's outputs per row, such as a vocabulary).
+    pub fn with_task(mut self, task: impl Task) -> Self {
+        self.task = Arc::new(task);
+        self
     }
 
     /// One of cohort's own data sets, read from `root/<folder>/`.
@@ -88,6 +112,10 @@ impl DatasetEntry {
                 Ok(data::load(source, &request.root, &request.fetch)?)
             },
         )
+        .with_normalization({
+            let (mean, std) = source.normalization();
+            Normalization::single(mean, std)
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -110,8 +138,17 @@ impl DatasetEntry {
         self.train_samples
     }
 
+    pub fn task(&self) -> &Arc<dyn Task> {
+        &self.task
+    }
+
+    pub fn normalization(&self) -> Option<&Normalization> {
+        self.normalization.as_ref()
+    }
+
     /// Both splits (or the test split alone), checked against what the entry
-    /// declares: every sample of its shape, every label below its classes.
+    /// declares: every sample of its shape, and what its task needs (every
+    /// label below its classes; for next-token prediction, every token too).
     pub fn load(&self, request: &DataRequest) -> Result<Splits, LoadError> {
         let splits = (self.load)(request)?;
         for (split, set) in [("training", &splits.train), ("test", &splits.test)] {
@@ -126,13 +163,8 @@ impl DatasetEntry {
             if let Err(error) = checked {
                 return Err(format!("data set `{}`, {split} split: {error}", self.name).into());
             }
-            if let Some((index, label)) = set.label_out_of(self.classes) {
-                return Err(format!(
-                    "data set `{}`, {split} split: label {label} at sample {index} is outside \
-                     0..{}",
-                    self.name, self.classes
-                )
-                .into());
+            if let Err(error) = self.task.check(set, self.classes) {
+                return Err(format!("data set `{}`, {split} split: {error}", self.name).into());
             }
         }
         Ok(splits)

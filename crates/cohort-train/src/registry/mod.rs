@@ -26,6 +26,7 @@ use crate::model::{
     Accelerated, CnnBn, FederatedModel, LeNet5, LeNet5Compact, ModelError, ModelSpec,
 };
 use crate::params;
+use crate::task::Task;
 use crate::trainer::{ClientTrainer, Evaluator, LocalTrainer, ModelEvaluator, TrainSettings};
 
 /// A registered model: its name, and what the runtime builds from it without
@@ -76,20 +77,22 @@ impl ModelEntry {
     pub fn trainer(
         &self,
         spec: &ModelSpec,
+        task: &Arc<dyn Task>,
         device: &Device,
         settings: TrainSettings,
     ) -> Result<Box<dyn ClientTrainer>, ModelError> {
-        self.build.trainer(spec, device, settings)
+        self.build.trainer(spec, task, device, settings)
     }
 
     /// An evaluator on `device` (without autodiff).
     pub fn evaluator(
         &self,
         spec: &ModelSpec,
+        task: &Arc<dyn Task>,
         device: &Device,
         batch_size: usize,
     ) -> Result<Box<dyn ModelEvaluator>, ModelError> {
-        self.build.evaluator(spec, device, batch_size)
+        self.build.evaluator(spec, task, device, batch_size)
     }
 
     /// A freshly built instance's parameters in PyTorch's layout: the schema
@@ -109,12 +112,14 @@ trait BuildModel: Send + Sync {
     fn trainer(
         &self,
         spec: &ModelSpec,
+        task: &Arc<dyn Task>,
         device: &Device,
         settings: TrainSettings,
     ) -> Result<Box<dyn ClientTrainer>, ModelError>;
     fn evaluator(
         &self,
         spec: &ModelSpec,
+        task: &Arc<dyn Task>,
         device: &Device,
         batch_size: usize,
     ) -> Result<Box<dyn ModelEvaluator>, ModelError>;
@@ -135,21 +140,26 @@ where
     fn trainer(
         &self,
         spec: &ModelSpec,
+        task: &Arc<dyn Task>,
         device: &Device,
         settings: TrainSettings,
     ) -> Result<Box<dyn ClientTrainer>, ModelError> {
         let model = (self.build)(spec, &device.clone().autodiff())?;
-        Ok(Box::new(LocalTrainer::new(|_| model, device, settings)))
+        let trainer = LocalTrainer::new(|_| model, device, settings).with_task(task.clone());
+        Ok(Box::new(trainer))
     }
 
     fn evaluator(
         &self,
         spec: &ModelSpec,
+        task: &Arc<dyn Task>,
         device: &Device,
         batch_size: usize,
     ) -> Result<Box<dyn ModelEvaluator>, ModelError> {
         let model = (self.build)(spec, device)?;
-        Ok(Box::new(Evaluator::new(model, batch_size)))
+        Ok(Box::new(
+            Evaluator::new(model, batch_size).with_task(task.clone()),
+        ))
     }
 
     fn template(&self, spec: &ModelSpec) -> Result<ParamTree, ModelError> {
@@ -162,12 +172,13 @@ where
     }
 }
 
-/// The model a run trains: its registry entry and what it is built for.
-/// Every trainer and evaluator of the run comes from here.
+/// The model a run trains: its registry entry, what it is built for and
+/// the task it learns. Every trainer and evaluator of the run comes from here.
 #[derive(Debug, Clone)]
 pub struct RunModel {
     pub entry: ModelEntry,
     pub spec: ModelSpec,
+    pub task: Arc<dyn Task>,
 }
 
 impl RunModel {
@@ -181,7 +192,7 @@ impl RunModel {
         device: &Device,
         settings: TrainSettings,
     ) -> Result<Box<dyn ClientTrainer>, ModelError> {
-        self.entry.trainer(&self.spec, device, settings)
+        self.entry.trainer(&self.spec, &self.task, device, settings)
     }
 
     /// See [`ModelEntry::evaluator`].
@@ -190,7 +201,8 @@ impl RunModel {
         device: &Device,
         batch_size: usize,
     ) -> Result<Box<dyn ModelEvaluator>, ModelError> {
-        self.entry.evaluator(&self.spec, device, batch_size)
+        self.entry
+            .evaluator(&self.spec, &self.task, device, batch_size)
     }
 
     /// See [`ModelEntry::template`].
@@ -198,9 +210,11 @@ impl RunModel {
         self.entry.template(&self.spec)
     }
 
-    /// See [`ModelEntry::accelerated`].
+    /// See [`ModelEntry::accelerated`]: only for classification, the one
+    /// task cohort's own implementations compute.
     pub fn accelerated(&self) -> Result<Option<Accelerated>, ModelError> {
-        self.entry.accelerated(&self.spec)
+        let accelerated = self.entry.accelerated(&self.spec)?;
+        Ok(accelerated.filter(|_| self.task.is_builtin_classification()))
     }
 }
 
@@ -394,36 +408,48 @@ impl Registry {
     }
 
     /// The model the config names, for samples of `sample_shape` and the
-    /// config's `parameters.model.num_classes`, after [`Registry::check`].
+    /// config's `parameters.model.num_classes`, learning the task of the
+    /// config's data set, after [`Registry::check`].
     pub fn run_model(
         &self,
         loaded: &LoadedConfig,
         sample_shape: Vec<usize>,
     ) -> Result<RunModel, ConfigErrors> {
-        let spec = ModelSpec {
-            sample_shape,
-            classes: loaded.config().parameters.model.num_classes,
-        };
-        self.check(loaded, &spec)?;
-        Ok(RunModel {
+        let model = RunModel {
             entry: self.model_of(loaded)?.clone(),
-            spec,
-        })
+            spec: ModelSpec {
+                sample_shape,
+                classes: loaded.config().parameters.model.num_classes,
+            },
+            task: self.dataset_of(loaded)?.task().clone(),
+        };
+        self.check(loaded, &model)?;
+        Ok(model)
     }
 
     /// What the config asks of its model that the registry can check before
     /// anything runs: that the model exists, and that it can train
     /// vectorized where `trainer.vectorized_clients` asks for it.
-    pub fn check(&self, loaded: &LoadedConfig, spec: &ModelSpec) -> Result<(), ConfigErrors> {
-        let entry = self.model_of(loaded)?;
+    pub fn check(&self, loaded: &LoadedConfig, model: &RunModel) -> Result<(), ConfigErrors> {
+        let (entry, spec) = (&model.entry, &model.spec);
         let key = "trainer.vectorized_clients";
         let build = |error: ModelError| {
             loaded.error_at("trainer.model_name", format!("`{}` {error}", entry.name()))
         };
-        let accelerated = entry.accelerated(spec).map_err(build)?;
-        if loaded.config().trainer.vectorized_clients != VectorizedClients::Off
-            && accelerated.is_none()
-        {
+        let accelerated = model.accelerated().map_err(build)?;
+        let vectorized = loaded.config().trainer.vectorized_clients != VectorizedClients::Off;
+        if vectorized && !model.task.is_builtin_classification() {
+            return Err(loaded.error_at(
+                key,
+                format!(
+                    "trains classification only, and data.datasource = \"{}\" is {} (set \
+                     trainer.vectorized_clients = \"off\")",
+                    loaded.config().data.datasource,
+                    model.task.name()
+                ),
+            ));
+        }
+        if vectorized && accelerated.is_none() {
             let stacked: Vec<String> = self
                 .models
                 .iter()

@@ -22,6 +22,10 @@ fn spec() -> ModelSpec {
     }
 }
 
+fn classification() -> std::sync::Arc<dyn crate::task::Task> {
+    std::sync::Arc::new(crate::task::Classification)
+}
+
 fn entry(name: &str) -> ModelEntry {
     Registry::builtin().model(name).unwrap().clone()
 }
@@ -127,7 +131,9 @@ fn compare(model: &str, settings: TrainSettings, rates: &[f64]) -> Compared {
         .collect();
     let mut vectorized = vectorized(model, settings.clone());
     let together = vectorized.train(&jobs, &data);
-    let mut alone = entry(model).trainer(&spec(), &device, settings).unwrap();
+    let mut alone = entry(model)
+        .trainer(&spec(), &classification(), &device, settings)
+        .unwrap();
     let mut compared = Compared {
         worst: 0.0,
         moved: 0.0,
@@ -220,7 +226,9 @@ fn a_non_finite_client_fails_as_alone_and_the_others_do_not_notice() {
     let settings = settings(Some(1.0), 1, 0.0, false);
     let mut vectorized = vectorized("lenet5", settings.clone());
     let together = vectorized.train(&jobs, &data);
-    let mut alone = entry("lenet5").trainer(&spec(), &device, settings).unwrap();
+    let mut alone = entry("lenet5")
+        .trainer(&spec(), &classification(), &device, settings)
+        .unwrap();
     for (job, together) in jobs.iter().zip(together) {
         let single = alone.train(job.task, &global, &data, job.partition, job.plan);
         match (together, single) {
