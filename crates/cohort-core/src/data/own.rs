@@ -664,7 +664,7 @@ mod tests {
                         vec![0; pixels],
                     ),
                 ],
-                "needs both `test_images` and `test_labels`",
+                "needs both `test_images` (or `test_inputs`) and `test_labels`",
             ),
             (
                 vec![
