@@ -354,15 +354,6 @@ impl ParamTree {
     /// float64; `None` where their layouts differ (check the schema first).
     /// Integer and boolean leaves are not part of it.
     pub fn float_distance(&self, other: &ParamTree) -> Option<f64> {
-        fn floats(data: &ArrayData) -> Option<Box<dyn Iterator<Item = f64> + '_>> {
-            match data {
-                ArrayData::F32(values) => Some(Box::new(values.iter().map(|&x| f64::from(x)))),
-                ArrayData::F16(values) => {
-                    Some(Box::new(values.iter().map(|x| f64::from(x.to_f32()))))
-                }
-                _ => None,
-            }
-        }
         let (ours, theirs) = (self.leaves(), other.leaves());
         if ours.len() != theirs.len() {
             return None;
@@ -378,6 +369,18 @@ impl ParamTree {
             }
         }
         Some(sum.sqrt())
+    }
+
+    /// The L2 norm of the float leaves (as [`ParamTree::float_distance`]
+    /// from zero).
+    pub fn float_norm(&self) -> f64 {
+        let mut sum = 0.0f64;
+        self.for_each_leaf(&mut |_, array| {
+            if let Some(values) = floats(array.data()) {
+                sum += values.map(|x| x * x).sum::<f64>();
+            }
+        });
+        sum.sqrt()
     }
 
     /// The first float value that is NaN or infinite, depth first: its leaf
@@ -704,6 +707,15 @@ pub fn check_schema(
         }
     }
     walk(reference, candidate, &TreePath::root(), rule)
+}
+
+/// The values of a float leaf in float64 (`None` for other leaves).
+fn floats(data: &ArrayData) -> Option<Box<dyn Iterator<Item = f64> + '_>> {
+    match data {
+        ArrayData::F32(values) => Some(Box::new(values.iter().map(|&x| f64::from(x)))),
+        ArrayData::F16(values) => Some(Box::new(values.iter().map(|x| f64::from(x.to_f32())))),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

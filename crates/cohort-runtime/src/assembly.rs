@@ -346,6 +346,7 @@ fn loop_settings(loaded: &LoadedConfig, options: &RunOptions) -> LoopSettings {
             warning: loaded.attack_warning(),
         },
         max_update_norm_ratio: server.max_update_norm_ratio,
+        max_model_step_ratio: server.max_model_step_ratio,
         own_data: OwnDataRules {
             clients: clients.own_data_clients,
             max_samples: clients.max_samples,

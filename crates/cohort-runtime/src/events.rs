@@ -56,6 +56,9 @@ pub enum RunEvent {
         client_id: u32,
         reason: String,
     },
+    /// The round's aggregated model was refused (not finite): the global
+    /// model and the strategy's state stay as they were before the round.
+    ModelKept { round: u32, reason: String },
     /// A round is aggregated, evaluated and recorded (rank 0 only).
     RoundFinished {
         row: RoundRow,

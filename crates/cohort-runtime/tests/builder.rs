@@ -225,10 +225,11 @@ fn the_transport_and_the_data_can_be_the_callers_own() {
     assert_eq!(model, codec::encode(&seeded).unwrap());
 }
 
-/// One update boosted ×1e30, finite, every round: FedAvg alone ends the run
-/// (the next round's honest updates come back non-finite and are dropped);
-/// with `server.max_update_norm_ratio` the boosted update is dropped from
-/// each round and the run ends as an honest one would.
+/// One update boosted ×1e30, finite, every round: the mean it makes is a
+/// step no honest round takes, so each round keeps the model it started from
+/// (`server.max_model_step_ratio`) and the run goes on; with
+/// `server.max_update_norm_ratio` the boosted update alone is dropped from
+/// each round and the run learns as an honest one would.
 #[test]
 fn a_huge_finite_update_is_dropped_by_the_norm_bound_and_the_run_goes_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -236,16 +237,32 @@ fn a_huge_finite_update_is_dropped_by_the_norm_bound_and_the_run_goes_on() {
         "per_round = 2\n",
         "per_round = 3\nmin_per_round = 2\nattack = \"scale\"\nattackers_per_round = 1\nattack_scale = 1e30\n",
     );
+    let kept = RefCell::new(Vec::new());
     let run = |text: &str, name: &str| {
         let loaded = config(text);
         let options = RunOptions {
             rounds: Some(3),
             ..options(dir.path().join(name))
         };
-        RunBuilder::new(&loaded, options).run()
+        RunBuilder::new(&loaded, options)
+            .observer(|event: &RunEvent| {
+                if let RunEvent::ModelKept { round, reason } = event {
+                    kept.borrow_mut().push((*round, reason.clone()));
+                }
+            })
+            .run()
     };
-    let error = format!("{:#}", run(&attacked, "unbounded").unwrap_err());
-    assert!(error.contains("min_per_round"), "{error}");
+    let summary = run(&attacked, "unbounded").unwrap();
+    assert_eq!(summary.rounds.len(), 3);
+    let kept_rounds: Vec<u32> = kept.borrow().iter().map(|(round, _)| *round).collect();
+    assert_eq!(kept_rounds, [1, 2, 3]);
+    let reason = kept.borrow()[0].1.clone();
+    assert!(reason.contains("server.max_model_step_ratio = 1000000"), "{reason}");
+    let model = std::fs::read(dir.path().join("unbounded").join(MODEL_FILE)).unwrap();
+    let lenet = cohort_train::model::LeNet5::new(10, &cohort_train::device::cpu());
+    let seeded = cohort_train::init::seeded_parameters(&cohort_train::params::extract(&lenet), 3);
+    assert_eq!(model, codec::encode(&seeded).unwrap(), "the first model is kept");
+    kept.borrow_mut().clear();
 
     let bounded = format!("{attacked}[server]\nmax_update_norm_ratio = 10.0\n");
     let summary = run(&bounded, "bounded").unwrap();
@@ -257,4 +274,5 @@ fn a_huge_finite_update_is_dropped_by_the_norm_bound_and_the_run_goes_on() {
         .count();
     assert_eq!(dropped, 3, "{clients}");
     assert!(summary.rounds[2].accuracy > 0.2, "{:?}", summary.rounds);
+    assert!(kept.borrow().is_empty(), "{:?}", kept.borrow());
 }

@@ -1081,6 +1081,16 @@ fn validate_server(config: &Config, fail: Fail) {
             ),
         );
     }
+    let step = server.max_model_step_ratio;
+    if step.is_nan() || step <= 1.0 {
+        fail(
+            "server.max_model_step_ratio",
+            format!(
+                "must be a number above 1 (times the global model's norm), or inf for no bound; \
+                 got {step}"
+            ),
+        );
+    }
     for (key, value) in [
         ("server.payload_timeout", server.payload_timeout),
         ("server.registration_timeout", server.registration_timeout),

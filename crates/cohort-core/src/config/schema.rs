@@ -154,6 +154,10 @@ pub struct Server {
     /// Drops an update whose distance from the global model is more than
     /// this many times the round's median distance; default: off.
     pub max_update_norm_ratio: Option<f64>,
+    /// Refuses an aggregated model farther from the global model than this
+    /// many times the global model's norm (at least 1): the round keeps the
+    /// model it started from. `inf` is off.
+    pub max_model_step_ratio: f64,
 }
 
 impl Default for Server {
@@ -175,6 +179,7 @@ impl Default for Server {
             tls_cert: None,
             tls_key: None,
             max_update_norm_ratio: None,
+            max_model_step_ratio: 1e6,
         }
     }
 }

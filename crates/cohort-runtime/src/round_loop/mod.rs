@@ -39,7 +39,10 @@ use cohort_core::processors::{Pipeline, Processor};
 use cohort_core::results::{ClientRow, RoundRow};
 use cohort_core::schedule::LrSchedule;
 use cohort_core::selection::ClientSelector;
-use cohort_core::strategy::{ClientUpdate, PrivacySpent, RoundContext, Strategy};
+use cohort_core::aggregate::AggregationError;
+use cohort_core::strategy::{
+    self as strategies, ClientUpdate, PrivacySpent, RoundContext, Strategy, StrategyError,
+};
 use cohort_core::tree::ParamTree;
 use cohort_train::trainer::ModelEvaluator;
 
@@ -76,6 +79,8 @@ pub(crate) struct LoopSettings {
     pub(crate) attack: SimulatedAttack,
     /// `server.max_update_norm_ratio`.
     pub(crate) max_update_norm_ratio: Option<f64>,
+    /// `server.max_model_step_ratio`.
+    pub(crate) max_model_step_ratio: f64,
     pub(crate) own_data: OwnDataRules,
     /// The most seconds a report may claim for training or for processing:
     /// `server.payload_timeout` over the network (a task cannot take longer
@@ -592,6 +597,69 @@ impl<'a> RoundLoop<'a> {
             .map_or(String::new(), |warning| format!(" ({warning})"))
     }
 
+    /// The global model after `aggregated`, the outcome of the strategy's
+    /// aggregation from the state `before`. A model that is not finite
+    /// (refused by the strategy, or found here) does not replace the global
+    /// one: the strategy goes back to `before` and the round ends with the
+    /// model it started from, so one huge update costs a round, not the run.
+    /// The outcome's model has moved into the loop when it returns.
+    fn adopt(
+        &mut self,
+        round: u32,
+        aggregated: Result<strategies::Aggregated, StrategyError>,
+        before: strategies::StrategyState,
+    ) -> anyhow::Result<strategies::Aggregated> {
+        let reason = match aggregated {
+            Err(StrategyError::Aggregation(error @ AggregationError::NonFinite { .. })) => {
+                error.to_string()
+            }
+            Err(error) => {
+                return Err(anyhow::Error::new(error)
+                    .context(format!("round {round}: aggregation refused{}", self.attack_note())));
+            }
+            Ok(mut outcome) => match outcome.model.as_ref().and_then(|m| self.refusal(m)) {
+                Some(reason) => reason,
+                None => {
+                    match outcome.model.take() {
+                        Some(model) => self.global = model,
+                        None => tracing::warn!(
+                            round,
+                            "total sample weight is zero; global model unchanged"
+                        ),
+                    }
+                    return Ok(outcome);
+                }
+            },
+        };
+        self.strategy.restore(before).with_context(|| {
+            format!("round {round}: cannot return {} to its state before the round", self.strategy.name())
+        })?;
+        tracing::warn!(round, %reason, "aggregated model refused; the global model stays at round {}", round - 1);
+        self.observer.on_event(&RunEvent::ModelKept { round, reason });
+        Ok(strategies::Aggregated::unchanged())
+    }
+
+    /// Why `model` may not become the global model, if it may not: a value
+    /// that is not finite, or a step from the global model larger than
+    /// `server.max_model_step_ratio` times the global model's norm (at least
+    /// 1), which no honest round takes and one huge finite update does.
+    fn refusal(&self, model: &ParamTree) -> Option<String> {
+        if let Some((path, index)) = model.first_non_finite() {
+            return Some(format!("the aggregated model is not finite at `{path}`[{index}]"));
+        }
+        let ratio = self.settings.max_model_step_ratio;
+        let scale = self.global.float_norm().max(1.0);
+        let step = model.float_distance(&self.global).unwrap_or(f64::INFINITY);
+        (step > ratio * scale).then(|| {
+            format!(
+                "the aggregated model is {} from the global model, more than \
+                 server.max_model_step_ratio = {ratio} times its norm {}",
+                cohort_core::number::shown(step),
+                cohort_core::number::shown(scale)
+            )
+        })
+    }
+
     /// Server hooks under their contract, then the strategy's aggregation.
     fn aggregate(&mut self, round: u32, mut collected: Collected) -> anyhow::Result<Aggregated> {
         let dropped = std::mem::take(&mut collected.failures);
@@ -607,14 +675,11 @@ impl<'a> RoundLoop<'a> {
                 tree: payload.tree(),
             })
             .collect();
-        let outcome = self
+        let before = self.strategy.state();
+        let aggregated = self
             .strategy
-            .aggregate(&self.context(round), &self.global, &updates)
-            .with_context(|| format!("round {round}: aggregation refused{}", self.attack_note()))?;
-        match outcome.model {
-            Some(model) => self.global = model,
-            None => tracing::warn!(round, "total sample weight is zero; global model unchanged"),
-        }
+            .aggregate(&self.context(round), &self.global, &updates);
+        let outcome = self.adopt(round, aggregated, before)?;
         if let Some(selected) = &outcome.selected {
             tracing::info!(round, clients = ?selected, "updates the strategy used");
         }

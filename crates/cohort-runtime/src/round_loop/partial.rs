@@ -68,14 +68,11 @@ impl RoundLoop<'_> {
         rows.sort_by_key(|r| r.slot);
         self.require_min(round, rows.len(), selected, &all_dropped)?;
         let mean = combine(&self.global, &partials)?;
-        let outcome = self
+        let before = self.strategy.state();
+        let aggregated = self
             .strategy
-            .aggregate_mean(&self.context(round), &self.global, mean)
-            .with_context(|| format!("round {round}: aggregation refused"))?;
-        match outcome.model {
-            Some(model) => self.global = model,
-            None => tracing::warn!(round, "total sample weight is zero; global model unchanged"),
-        }
+            .aggregate_mean(&self.context(round), &self.global, mean);
+        let outcome = self.adopt(round, aggregated, before)?;
         let (reports, arrivals) = rows.iter().map(unshared_row).unzip();
         Ok(Aggregated {
             reports,

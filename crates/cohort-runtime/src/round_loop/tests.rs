@@ -27,6 +27,8 @@ struct AddingClients {
     global: ParamTree,
     tasks: VecDeque<TaskSpec>,
     failing: Vec<u32>,
+    /// The round in which every client adds 1e30 instead (finite in float32).
+    boosted: Option<u32>,
     /// Every round's clients, in selection order.
     served: Rc<RefCell<Vec<Vec<u32>>>>,
 }
@@ -61,7 +63,12 @@ impl Transport for AddingClients {
         let result = if self.failing.contains(&client_id) {
             Err("the client went away".to_owned())
         } else {
-            let update = shifted(&self.global, client_id as f32 / 1000.0);
+            let by = if self.boosted == Some(spec.task.round) {
+                1e30
+            } else {
+                client_id as f32 / 1000.0
+            };
+            let update = shifted(&self.global, by);
             Ok(Delivered {
                 reply: ClientReply {
                     num_samples: samples(client_id),
@@ -126,6 +133,7 @@ fn settings(run_dir: &Path, last_round: u32, min_per_round: usize) -> LoopSettin
             warning: None,
         },
         max_update_norm_ratio: None,
+        max_model_step_ratio: 1e6,
         own_data: OwnDataRules {
             clients: 0,
             max_samples: 1000,
@@ -179,6 +187,18 @@ fn run_loop(
     failing: &[u32],
     strategy: Box<dyn Strategy>,
 ) -> anyhow::Result<(Vec<RunEvent>, Vec<Vec<u32>>)> {
+    run_boosted(run_dir, start, last_round, failing, strategy, None)
+}
+
+/// [`run_loop`] with every update of round `boosted` huge.
+fn run_boosted(
+    run_dir: &Path,
+    start: StartPoint,
+    last_round: u32,
+    failing: &[u32],
+    strategy: Box<dyn Strategy>,
+    boosted: Option<u32>,
+) -> anyhow::Result<(Vec<RunEvent>, Vec<Vec<u32>>)> {
     let mut events = Vec::new();
     let mut record = |event: &RunEvent| events.push(event.clone());
     let mut hooks = NoHooks;
@@ -187,6 +207,7 @@ fn run_loop(
         global: ParamTree::None,
         tasks: VecDeque::new(),
         failing: failing.to_vec(),
+        boosted,
         served: Rc::clone(&served),
     };
     let mut round_loop = RoundLoop::new(
@@ -422,4 +443,45 @@ fn a_forged_checkpoint_falls_back_to_the_one_before_with_the_reason() {
     std::fs::write(&model_path, &bytes).unwrap();
     let digest = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&bytes));
     forge(&|json| json["model_sha256"] = digest.clone().into());
+}
+
+#[test]
+fn a_round_whose_model_is_refused_keeps_the_model_and_the_strategy_state_it_started_from() {
+    let momentum = || -> Box<dyn Strategy> { AlgorithmConfig::Fedavgm(Default::default()).build() };
+    let initial = evaluator().parameters();
+    let reference = evaluator().parameters();
+    let checks = ResumeChecks {
+        config_hash: "test",
+        reference: &reference,
+        selection: Selection {
+            seed: 7,
+            total_clients: TOTAL,
+            per_round: PER_ROUND,
+        },
+    };
+    // Round 2's updates are huge: its model is refused.
+    let boosted = tempfile::tempdir().unwrap();
+    let start = fresh_start(initial.clone(), 7, boosted.path());
+    let (events, _) = run_boosted(boosted.path(), start, 2, &[], momentum(), Some(2)).unwrap();
+    let kept: Vec<&RunEvent> = events
+        .iter()
+        .filter(|e| matches!(e, RunEvent::ModelKept { .. }))
+        .collect();
+    assert!(
+        matches!(kept[..], [RunEvent::ModelKept { round: 2, reason }]
+            if reason.contains("server.max_model_step_ratio")),
+        "{kept:?}"
+    );
+    let mut after_two = momentum();
+    resume_point(&checks, boosted.path(), after_two.as_mut()).unwrap();
+
+    let one = tempfile::tempdir().unwrap();
+    let start = fresh_start(initial, 7, one.path());
+    run_loop(one.path(), start, 1, &[], momentum()).unwrap();
+    let mut after_one = momentum();
+    resume_point(&checks, one.path(), after_one.as_mut()).unwrap();
+
+    assert_eq!(model_file(boosted.path()), model_file(one.path()));
+    assert!(!after_one.state().is_empty(), "FedAvgM has momentum after a round");
+    assert_eq!(after_two.state(), after_one.state());
 }
