@@ -332,7 +332,8 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
             updates,
         } => {
             let loaded = load_config(&config, &[], registry)?;
-            let summary = tools::aggregate(&loaded, &global, &output, &updates, local_steps)?;
+            let summary =
+                tools::aggregate(&registry, &loaded, &global, &output, &updates, local_steps)?;
             println!("{summary}");
             Ok(())
         }
@@ -402,9 +403,9 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
 }
 
 /// Loads and checks a config, then holds `cluster.backend` against the
-/// backends of this build and `trainer.model_name` against the registry: a
-/// run that could not start fails now, naming the key, not once its ranks
-/// are up.
+/// backends of this build and `trainer.model_name`, `data.datasource` and
+/// `algorithm.type` against the registry: a run that could not start fails
+/// now, naming the key, not once its ranks are up.
 fn load_config(
     path: &std::path::Path,
     overrides: &[Override],
@@ -413,6 +414,7 @@ fn load_config(
     let loaded = cohort_core::config::load_with(path, overrides)?;
     loaded.check_cluster_backend(&cohort_runtime::available_backends())?;
     registry.config_model(&loaded)?;
+    registry.strategy_of(&loaded)?;
     Ok(loaded)
 }
 

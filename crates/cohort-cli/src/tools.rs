@@ -39,6 +39,7 @@ pub fn parse_update(text: &str) -> Result<UpdateArg, String> {
 /// writes the result to `output` atomically. Client ids are the
 /// updates' positions, from 1; every update reports `local_steps` steps.
 pub fn aggregate(
+    registry: &cohort_train::registry::Registry,
     loaded: &LoadedConfig,
     global_path: &Path,
     output: &Path,
@@ -73,7 +74,7 @@ pub fn aggregate(
         per_round: clients.per_round,
         total_clients: clients.total_clients,
     };
-    let mut strategy = loaded.config().algorithm.build();
+    let mut strategy = registry.strategy_of(loaded)?;
     let outcome = strategy
         .aggregate(&ctx, &global, &client_updates)
         .with_context(|| format!("{} refused the updates", strategy.name()))?;

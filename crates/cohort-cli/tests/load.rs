@@ -352,6 +352,7 @@ fn fedavg_by_hand(round: u32, global: &ParamTree, clients: &[u32], ledger: &Ledg
     };
     AlgorithmConfig::default()
         .build()
+        .unwrap()
         .aggregate(&context, global, &updates)
         .unwrap()
         .model

@@ -55,7 +55,10 @@ pub(crate) fn build_and_run(
         Some(hooks) => hooks,
         None => &mut no_hooks,
     };
-    let mut strategy = strategy.unwrap_or_else(|| loaded.config().algorithm.build());
+    let mut strategy = match strategy {
+        Some(strategy) => strategy,
+        None => options.registry.strategy_of(loaded)?,
+    };
     let leader = options
         .distributed
         .as_ref()

@@ -512,7 +512,9 @@ pub(crate) mod tests {
 
     #[test]
     fn plan_tasks_carries_each_clients_instructions_in_selection_order() {
-        let fedprox = AlgorithmConfig::Fedprox(FedProxConfig { mu: 0.25 }).build();
+        let fedprox = AlgorithmConfig::Fedprox(FedProxConfig { mu: 0.25 })
+            .build()
+            .unwrap();
         let tasks = plan_tasks(fedprox.as_ref(), &ctx(4), &[7, 2, 9], &tree(&[0.0])).unwrap();
         let clients: Vec<(usize, u32, u32)> = tasks
             .iter()
@@ -524,7 +526,9 @@ pub(crate) mod tests {
             && t.instructions.correction.is_none()));
 
         // SCAFFOLD's correction travels as plain safetensors of the model's layout.
-        let scaffold = AlgorithmConfig::Scaffold(Default::default()).build();
+        let scaffold = AlgorithmConfig::Scaffold(Default::default())
+            .build()
+            .unwrap();
         let tasks = plan_tasks(scaffold.as_ref(), &ctx(1), &[1], &tree(&[5.0, 6.0])).unwrap();
         let bytes = tasks[0].instructions.correction.as_ref().unwrap();
         assert_eq!(tasks[0].instructions.extra_bytes(), bytes.len() as u64);

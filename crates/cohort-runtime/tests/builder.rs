@@ -257,11 +257,18 @@ fn a_huge_finite_update_is_dropped_by_the_norm_bound_and_the_run_goes_on() {
     let kept_rounds: Vec<u32> = kept.borrow().iter().map(|(round, _)| *round).collect();
     assert_eq!(kept_rounds, [1, 2, 3]);
     let reason = kept.borrow()[0].1.clone();
-    assert!(reason.contains("server.max_model_step_ratio = 1000000"), "{reason}");
+    assert!(
+        reason.contains("server.max_model_step_ratio = 1000000"),
+        "{reason}"
+    );
     let model = std::fs::read(dir.path().join("unbounded").join(MODEL_FILE)).unwrap();
     let lenet = cohort_train::model::LeNet5::new(10, &cohort_train::device::cpu());
     let seeded = cohort_train::init::seeded_parameters(&cohort_train::params::extract(&lenet), 3);
-    assert_eq!(model, codec::encode(&seeded).unwrap(), "the first model is kept");
+    assert_eq!(
+        model,
+        codec::encode(&seeded).unwrap(),
+        "the first model is kept"
+    );
     kept.borrow_mut().clear();
 
     let bounded = format!("{attacked}[server]\nmax_update_norm_ratio = 10.0\n");

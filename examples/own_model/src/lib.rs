@@ -1,8 +1,9 @@
 //! A model and a data set of our own, trained by cohort without changing it.
 //!
 //! [`Mlp`] is a two-layer perceptron in burn; [`blobs`] makes a seeded
-//! classification task (points around one centre per class). [`registry`]
-//! adds both to cohort's own models and data sets, and everything else comes
+//! classification task (points around one centre per class); [`damped`] is a
+//! server strategy (FedAvg's step, damped). [`registry`] adds them to
+//! cohort's own models, data sets and strategies, and everything else comes
 //! from cohort: `src/main.rs` is the whole `cohort` command line with them,
 //! and `tests/federation.rs` runs them from Rust code, through that binary,
 //! and over the network.
@@ -13,7 +14,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 use cohort_core::data::{Dataset, Splits};
 use cohort_train::model::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness};
-use cohort_train::registry::{DatasetEntry, Registry};
+use cohort_train::registry::{DatasetEntry, Registry, StrategyEntry};
 
 /// Hidden units of [`Mlp`].
 const HIDDEN: usize = 32;
@@ -93,7 +94,68 @@ pub mod blobs {
     }
 }
 
-/// cohort's models and data sets, with `mlp` and `blobs` added.
+/// A server strategy of our own: the global model moves only `damping` of
+/// the way to FedAvg's average, `x ← x + d · (avg − x)`.
+pub mod damped {
+    use cohort_core::strategy::fedavg::weighted_average;
+    use cohort_core::strategy::{
+        Aggregated, ClientUpdate, RoundContext, Strategy, StrategyError, scale_update,
+    };
+    use cohort_core::tree::ParamTree;
+
+    /// `[algorithm]` of `type = "damped_fedavg"`.
+    #[derive(Debug, Clone, serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    pub struct Options {
+        /// In (0, 1]; default 0.5. 1 is FedAvg.
+        pub damping: f64,
+    }
+
+    impl Default for Options {
+        fn default() -> Self {
+            Self { damping: 0.5 }
+        }
+    }
+
+    pub struct DampedFedAvg {
+        pub damping: f64,
+    }
+
+    impl DampedFedAvg {
+        pub fn from_options(options: Options) -> Result<Self, String> {
+            if !(options.damping > 0.0 && options.damping <= 1.0) {
+                return Err(format!(
+                    "damping must be in (0, 1], got {}",
+                    options.damping
+                ));
+            }
+            Ok(Self {
+                damping: options.damping,
+            })
+        }
+    }
+
+    impl Strategy for DampedFedAvg {
+        fn name(&self) -> &'static str {
+            "damped_fedavg"
+        }
+
+        fn aggregate(
+            &mut self,
+            _ctx: &RoundContext,
+            global: &ParamTree,
+            updates: &[ClientUpdate<'_>],
+        ) -> Result<Aggregated, StrategyError> {
+            Ok(match weighted_average(global, updates)? {
+                Some(average) => Aggregated::model(scale_update(global, average, self.damping)),
+                None => Aggregated::unchanged(),
+            })
+        }
+    }
+}
+
+/// cohort's models, data sets and strategies, with `mlp`, `blobs` and
+/// `damped_fedavg` added.
 pub fn registry() -> Registry {
     let mut registry = Registry::builtin();
     registry
@@ -115,4 +177,47 @@ pub fn registry() -> Registry {
         ))
         .expect("`blobs` is not a built-in name");
     registry
+        .add_strategy(StrategyEntry::new(
+            "damped_fedavg",
+            "FedAvg's step, damped",
+            |section, _run| {
+                let options = section.options_as::<damped::Options>()?;
+                Ok(Box::new(damped::DampedFedAvg::from_options(options)?))
+            },
+        ))
+        .expect("`damped_fedavg` is not a built-in name");
+    registry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::damped::*;
+    use cohort_core::strategy::{ClientUpdate, RoundContext, Strategy};
+    use cohort_core::tree::{Array, ParamTree};
+
+    fn tree(value: f32) -> ParamTree {
+        ParamTree::from_dotted([("w".to_owned(), Array::f32(vec![1], vec![value]).unwrap())])
+    }
+
+    #[test]
+    fn damped_fedavg_moves_half_way_to_the_weighted_average_by_hand() {
+        // FedAvg of 2 (1 sample) and 8 (3 samples) is 6.5; half way from 1 is 3.75.
+        let (a, b) = (tree(2.0), tree(8.0));
+        let updates = [(1, 1, &a), (2, 3, &b)].map(|(client_id, num_samples, tree)| ClientUpdate {
+            client_id,
+            num_samples,
+            local_steps: 1,
+            tree,
+        });
+        let ctx = RoundContext {
+            round: 1,
+            learning_rate: 0.1,
+            per_round: 2,
+            total_clients: 2,
+        };
+        let mut strategy = DampedFedAvg { damping: 0.5 };
+        let next = strategy.aggregate(&ctx, &tree(1.0), &updates).unwrap();
+        assert_eq!(next.model.unwrap(), tree(3.75));
+        assert!(DampedFedAvg::from_options(Options { damping: 0.0 }).is_err());
+    }
 }

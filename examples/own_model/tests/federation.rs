@@ -208,3 +208,58 @@ fn clients_that_bring_their_own_feature_vectors_train_the_packages_model() {
     assert!(last.accuracy > LEARNED, "{results}");
     assert!(last.test_loss.is_some_and(|loss| loss < 0.5), "{results}");
 }
+
+#[test]
+fn a_strategy_of_its_own_is_named_in_the_config_from_rust_and_through_its_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let damped = format!(
+        "{}\n[algorithm]\ntype = \"damped_fedavg\"\ndamping = 0.5\n",
+        config_text()
+    )
+    .replace("rounds = 3", "rounds = 2");
+    let (accuracies, in_process) = run_in_process(&damped, &dir.path().join("run"));
+    assert_eq!(accuracies.len(), 2);
+    let config = dir.path().join("damped.toml");
+    std::fs::write(&config, &damped).unwrap();
+    let through_binary = run_binary(&config, &dir.path().join("runs"), &[]);
+    assert_eq!(in_process, through_binary);
+    // Damping changes the model: it is not FedAvg under another name.
+    let plain = config_text().replace("rounds = 3", "rounds = 2");
+    let (_, fedavg) = run_in_process(&plain, &dir.path().join("fedavg"));
+    assert_ne!(in_process, fedavg);
+
+    // A misspelled name is told apart from cohort's and the program's own
+    // strategies; options the strategy refuses name it.
+    for (section, needle) in [
+        (
+            "type = \"damped_fedvg\"\n",
+            "unknown strategy `damped_fedvg` (did you mean `damped_fedavg`?)",
+        ),
+        (
+            "type = \"damped_fedavg\"\ndamping = 2.0\n",
+            "`damped_fedavg`: damping must be in (0, 1], got 2",
+        ),
+        (
+            "type = \"damped_fedavg\"\ndampin = 0.5\n",
+            "`damped_fedavg`: unknown field `dampin`",
+        ),
+    ] {
+        let config = dir.path().join("bad.toml");
+        std::fs::write(
+            &config,
+            format!("{}\n[algorithm]\n{section}", config_text()),
+        )
+        .unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_own-model"))
+            .args(["check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{section}: accepted");
+        assert!(
+            stderr.contains(needle) && stderr.contains("bad.toml"),
+            "{section}: {stderr}"
+        );
+    }
+}

@@ -259,6 +259,7 @@ pub fn assert_fedavg(run_dir: &Path, round: u32, rows: &[Row], total_clients: u3
     };
     let expected = AlgorithmConfig::default()
         .build()
+        .unwrap()
         .aggregate(&context, &global, &updates)
         .unwrap()
         .model

@@ -24,6 +24,7 @@ pub use overrides::Override;
 pub use schema::*;
 
 use crate::optim::OptimizerSpec;
+use crate::strategy::{AlgorithmConfig, RegisteredAlgorithm};
 use crate::suggest::did_you_mean;
 
 /// A configuration problem, with where it is.
@@ -319,9 +320,32 @@ impl LoadedConfig {
     }
 }
 
+/// Whether `name` can name a registered model, data set or strategy: ASCII
+/// letters, digits and `_`, so it needs no quoting anywhere it is shown.
+pub fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 /// The config with every default filled in, as TOML.
 pub fn to_toml(config: &Config) -> Result<String, toml::ser::Error> {
-    toml::to_string_pretty(config)
+    toml::to_string_pretty(&as_table(config)?)
+}
+
+/// `config` as a TOML table, a registered strategy's section as it was read
+/// (serde skips that variant).
+fn as_table(config: &Config) -> Result<toml::Table, toml::ser::Error> {
+    let AlgorithmConfig::Registered(registered) = &config.algorithm else {
+        return toml::Table::try_from(config);
+    };
+    let builtin = Config {
+        algorithm: AlgorithmConfig::default(),
+        ..config.clone()
+    };
+    let mut table = toml::Table::try_from(&builtin)?;
+    let mut section = registered.options.clone();
+    section.insert("type".to_owned(), registered.name.clone().into());
+    table.insert("algorithm".to_owned(), section.into());
+    Ok(table)
 }
 
 /// Keys that do not change what a run computes: where files go, where data
@@ -364,7 +388,7 @@ impl LoadedConfig {
     /// Every result-relevant key with its value, defaults filled in, as
     /// `section.key = value` lines in sorted order.
     pub fn result_fields(&self) -> BTreeMap<String, String> {
-        let value = toml::Value::try_from(&self.config).expect("configs serialize");
+        let value = toml::Value::Table(as_table(&self.config).expect("configs serialize"));
         let mut fields = BTreeMap::new();
         flatten_value("", &value, &mut fields);
         // A cosine schedule is planned over `trainer.rounds`, so there the
@@ -550,10 +574,13 @@ fn from_table(
     // What the run keeps is the table before problems are taken out of it
     // below; a config with problems is not kept.
     let kept = merged.clone();
-    check_unknown_keys(&mut merged, path, &origins, &mut errors);
-    let Some(config) = deserialize_all(&mut merged, path, &origins, &mut errors) else {
+    let registered = check_unknown_keys(&mut merged, path, &origins, &mut errors);
+    let Some(mut config) = deserialize_all(&mut merged, path, &origins, &mut errors) else {
         return Err(ConfigErrors(errors));
     };
+    if let Some(registered) = registered {
+        config.algorithm = AlgorithmConfig::Registered(registered);
+    }
     let optimizer =
         OptimizerSpec::from_config(&config.trainer.optimizer, &config.parameters.optimizer);
     let optimizer_known = optimizer.is_ok();
@@ -792,13 +819,14 @@ fn resolve_includes(
 }
 
 /// Reports every key no section declares, and removes it so the types of the
-/// others can still be checked.
+/// others can still be checked. An `[algorithm]` of a `type` cohort does not
+/// ship is taken out and returned, for the program's registry to check.
 fn check_unknown_keys(
     merged: &mut toml::Table,
     path: &Path,
     origins: &BTreeMap<String, PathBuf>,
     errors: &mut Vec<ConfigError>,
-) {
+) -> Option<RegisteredAlgorithm> {
     let known: BTreeMap<&str, &'static [&'static str]> = BTreeMap::from([
         ("general", introspect::fields_of::<General>()),
         ("clients", introspect::fields_of::<Clients>()),
@@ -837,13 +865,13 @@ fn check_unknown_keys(
             ));
         }
     };
-    let mut algorithm_unusable = false;
+    let mut algorithm = AlgorithmKeys::Builtin;
     for (section, body) in merged.iter_mut() {
         let toml::Value::Table(body) = body else {
             continue;
         };
         if section == "algorithm" {
-            algorithm_unusable = !check_algorithm_keys(body, path, origins, errors);
+            algorithm = check_algorithm_keys(body, path, origins, errors);
             continue;
         }
         check(section, body, errors);
@@ -853,10 +881,31 @@ fn check_unknown_keys(
             check("parameters.model", model, errors);
         }
     }
-    if algorithm_unusable {
-        // Without a strategy the options cannot be typed; the default stands in.
-        merged.remove("algorithm");
+    match algorithm {
+        AlgorithmKeys::Builtin => None,
+        AlgorithmKeys::Unusable => {
+            // Without a strategy the options cannot be typed; the default stands in.
+            merged.remove("algorithm");
+            None
+        }
+        AlgorithmKeys::Registered(name) => {
+            let Some(toml::Value::Table(mut options)) = merged.remove("algorithm") else {
+                unreachable!("a registered name was read from the [algorithm] table");
+            };
+            options.remove("type");
+            Some(RegisteredAlgorithm { name, options })
+        }
     }
+}
+
+/// What [`check_algorithm_keys`] found.
+enum AlgorithmKeys {
+    /// One of cohort's strategies, its options checked.
+    Builtin,
+    /// A name no strategy of cohort's has, for a program's registry.
+    Registered(String),
+    /// No usable name (the error is reported).
+    Unusable,
 }
 
 /// The longest timeout a config may set: a year, far below where a
@@ -869,17 +918,18 @@ pub const MIN_MBPS: f64 = 1e-3;
 /// The fastest: 1 Pbit/s.
 pub const MAX_MBPS: f64 = 1e9;
 
-/// `[algorithm]`: `type` names a registered strategy, and every other key is
-/// one of that strategy's options. Both lists come from the registry's serde
-/// derive, so they cannot drift from the code. Reports every problem and
-/// removes unknown options; `false` when there is no usable strategy name.
+/// `[algorithm]`: `type` names a strategy, and every other key is one of
+/// that strategy's options. For cohort's own strategies both lists come from
+/// the serde derive, so they cannot drift from the code; reports every
+/// problem and removes unknown options. A plain name that is none of them is
+/// left to the registry of the program that loads the config (which reports
+/// a misspelling with the names it knows).
 fn check_algorithm_keys(
     body: &mut toml::Table,
     path: &Path,
     origins: &BTreeMap<String, PathBuf>,
     errors: &mut Vec<ConfigError>,
-) -> bool {
-    use crate::strategy::AlgorithmConfig;
+) -> AlgorithmKeys {
     let file_of = |key: &str| {
         origins
             .get(key)
@@ -894,7 +944,7 @@ fn check_algorithm_keys(
                 Some("algorithm.type".to_owned()),
                 format!("missing; choose a strategy: {}", names.join(", ")),
             ));
-            return false;
+            return AlgorithmKeys::Unusable;
         }
         Some(toml::Value::String(name)) => name.clone(),
         Some(other) => {
@@ -906,10 +956,13 @@ fn check_algorithm_keys(
                     other.type_str()
                 ),
             ));
-            return false;
+            return AlgorithmKeys::Unusable;
         }
     };
     if !names.contains(&name.as_str()) {
+        if plain_name(&name) {
+            return AlgorithmKeys::Registered(name);
+        }
         errors.push(file_error(
             &file_of("algorithm.type"),
             Some("algorithm.type".to_owned()),
@@ -919,7 +972,7 @@ fn check_algorithm_keys(
                 names.join(", ")
             ),
         ));
-        return false;
+        return AlgorithmKeys::Unusable;
     }
     let options = introspect::variant_fields_of::<AlgorithmConfig>("type", &name);
     let valid = if options.is_empty() {
@@ -946,7 +999,7 @@ fn check_algorithm_keys(
             ),
         ));
     }
-    true
+    AlgorithmKeys::Builtin
 }
 
 /// Reports a problem with a key; validation goes on to find the others.

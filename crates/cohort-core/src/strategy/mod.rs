@@ -38,7 +38,7 @@ pub mod scaffold;
 use std::collections::BTreeMap;
 
 pub use flat::{FloatLayout, float_layout};
-pub use registry::{AlgorithmConfig, OptionError, RunShape};
+pub use registry::{AlgorithmConfig, OptionError, RegisteredAlgorithm, RunShape};
 
 use crate::aggregate::AggregationError;
 use crate::tree::ParamTree;
@@ -297,8 +297,9 @@ pub trait Strategy: Send {
     }
 }
 
-/// Builds the strategy an `[algorithm]` section describes.
-pub fn build(config: &AlgorithmConfig) -> Box<dyn Strategy> {
+/// Builds the strategy an `[algorithm]` section describes (`None`: one a
+/// program registered, which its registry builds).
+pub fn build(config: &AlgorithmConfig) -> Option<Box<dyn Strategy>> {
     config.build()
 }
 

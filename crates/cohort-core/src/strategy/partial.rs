@@ -184,7 +184,7 @@ mod tests {
             AlgorithmConfig::Fedprox(Default::default()),
         ];
         for config in configs {
-            let (mut whole, mut by_mean) = (config.build(), config.build());
+            let (mut whole, mut by_mean) = (config.build().unwrap(), config.build().unwrap());
             assert!(by_mean.aggregates_by_mean(), "{}", whole.name());
             let (mut a, mut b) = (tree(&[0.5, -1.0, 2.0]), tree(&[0.5, -1.0, 2.0]));
             for round in 0..2 {
@@ -219,7 +219,7 @@ mod tests {
             }
         }
         // The strategies that need every update say so.
-        let median = AlgorithmConfig::Median(Default::default()).build();
+        let median = AlgorithmConfig::Median(Default::default()).build().unwrap();
         assert!(!median.aggregates_by_mean());
     }
 

@@ -23,6 +23,28 @@ pub enum AlgorithmConfig {
     Krum(robust::KrumConfig),
     MultiKrum(robust::MultiKrumConfig),
     DpFedavg(dp::DpFedAvgConfig),
+    /// A strategy a program registered by name (`cohort_train::registry`):
+    /// never read from a config by serde (the loader sets it for a `type`
+    /// that is not one of the above), and built by that registry.
+    #[serde(skip)]
+    Registered(RegisteredAlgorithm),
+}
+
+/// `[algorithm]` of a strategy registered by a program: its `type` and the
+/// other keys as written, for its registered builder to read.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RegisteredAlgorithm {
+    pub name: String,
+    pub options: toml::Table,
+}
+
+impl RegisteredAlgorithm {
+    /// The options as `T` (a `#[serde(default, deny_unknown_fields)]`
+    /// struct, as cohort's own strategies' options are), or the reason they
+    /// are not, naming the key.
+    pub fn options_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, String> {
+        T::deserialize(self.options.clone()).map_err(|error| error.message().to_owned())
+    }
 }
 
 impl Default for AlgorithmConfig {
@@ -58,8 +80,9 @@ impl AlgorithmConfig {
     }
 
     /// The `type` this section was written with.
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
+            AlgorithmConfig::Registered(registered) => &registered.name,
             AlgorithmConfig::Fedavg(_) => "fedavg",
             AlgorithmConfig::Fedavgm(_) => "fedavgm",
             AlgorithmConfig::Fedadam(_) => "fedadam",
@@ -95,6 +118,8 @@ impl AlgorithmConfig {
     pub fn check(&self, run: &RunShape) -> Result<(), OptionError> {
         match self {
             AlgorithmConfig::Fedavg(_) => Ok(()),
+            // Its registered builder checks its options.
+            AlgorithmConfig::Registered(_) => Ok(()),
             AlgorithmConfig::Fedavgm(c) => c.check(run),
             AlgorithmConfig::Fedadam(c) | AlgorithmConfig::Fedyogi(c) => c.check(),
             AlgorithmConfig::Fedadagrad(c) => c.common().check(),
@@ -108,9 +133,11 @@ impl AlgorithmConfig {
         }
     }
 
-    /// The strategy this section describes, with fresh state.
-    pub fn build(&self) -> Box<dyn Strategy> {
-        match self {
+    /// The strategy this section describes, with fresh state; `None` for a
+    /// strategy a program registered (its registry builds it).
+    pub fn build(&self) -> Option<Box<dyn Strategy>> {
+        Some(match self {
+            AlgorithmConfig::Registered(_) => return None,
             AlgorithmConfig::Fedavg(_) => Box::new(fedavg::FedAvg),
             AlgorithmConfig::Fedavgm(c) => Box::new(fedavgm::FedAvgM::new(c.clone())),
             AlgorithmConfig::Fedadam(c) => Box::new(fedopt::FedOpt::new(
@@ -132,6 +159,6 @@ impl AlgorithmConfig {
             AlgorithmConfig::Krum(c) => Box::new(robust::Krum::new(c.clone())),
             AlgorithmConfig::MultiKrum(c) => Box::new(robust::MultiKrum::new(c.clone())),
             AlgorithmConfig::DpFedavg(c) => Box::new(dp::DpFedAvg::new(c.clone())),
-        }
+        })
     }
 }

@@ -820,7 +820,7 @@ mod tests {
             AlgorithmConfig::MultiKrum(MultiKrumConfig::default()),
         ];
         for config in configs {
-            assert_eq!(config.build().name(), config.name());
+            assert_eq!(config.build().unwrap().name(), config.name());
         }
     }
 

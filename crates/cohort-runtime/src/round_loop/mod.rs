@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use cohort_core::aggregate::AggregationError;
 use cohort_core::codec::{self, DecodeLimits};
 use cohort_core::data::Dataset;
 use cohort_core::hooks::{ClientReport, ServerHooks};
@@ -39,7 +40,6 @@ use cohort_core::processors::{Pipeline, Processor};
 use cohort_core::results::{ClientRow, RoundRow};
 use cohort_core::schedule::LrSchedule;
 use cohort_core::selection::ClientSelector;
-use cohort_core::aggregate::AggregationError;
 use cohort_core::strategy::{
     self as strategies, ClientUpdate, PrivacySpent, RoundContext, Strategy, StrategyError,
 };
@@ -614,8 +614,10 @@ impl<'a> RoundLoop<'a> {
                 error.to_string()
             }
             Err(error) => {
-                return Err(anyhow::Error::new(error)
-                    .context(format!("round {round}: aggregation refused{}", self.attack_note())));
+                return Err(anyhow::Error::new(error).context(format!(
+                    "round {round}: aggregation refused{}",
+                    self.attack_note()
+                )));
             }
             Ok(mut outcome) => match outcome.model.as_ref().and_then(|m| self.refusal(m)) {
                 Some(reason) => reason,
@@ -632,10 +634,14 @@ impl<'a> RoundLoop<'a> {
             },
         };
         self.strategy.restore(before).with_context(|| {
-            format!("round {round}: cannot return {} to its state before the round", self.strategy.name())
+            format!(
+                "round {round}: cannot return {} to its state before the round",
+                self.strategy.name()
+            )
         })?;
         tracing::warn!(round, %reason, "aggregated model refused; the global model stays at round {}", round - 1);
-        self.observer.on_event(&RunEvent::ModelKept { round, reason });
+        self.observer
+            .on_event(&RunEvent::ModelKept { round, reason });
         Ok(strategies::Aggregated::unchanged())
     }
 
@@ -645,7 +651,9 @@ impl<'a> RoundLoop<'a> {
     /// 1), which no honest round takes and one huge finite update does.
     fn refusal(&self, model: &ParamTree) -> Option<String> {
         if let Some((path, index)) = model.first_non_finite() {
-            return Some(format!("the aggregated model is not finite at `{path}`[{index}]"));
+            return Some(format!(
+                "the aggregated model is not finite at `{path}`[{index}]"
+            ));
         }
         let ratio = self.settings.max_model_step_ratio;
         let scale = self.global.float_norm().max(1.0);

@@ -230,7 +230,7 @@ fn run_boosted(
 }
 
 fn fedavg() -> Box<dyn Strategy> {
-    AlgorithmConfig::default().build()
+    AlgorithmConfig::default().build().unwrap()
 }
 
 fn model_file(run_dir: &Path) -> ParamTree {
@@ -357,7 +357,11 @@ fn a_resumed_loop_ends_where_an_uninterrupted_one_does_bit_for_bit() {
     let initial = evaluator().parameters();
     let start = fresh_start(initial.clone(), 7, whole.path());
     // FedAvgM keeps state (its momentum) that the checkpoint must carry.
-    let momentum = || -> Box<dyn Strategy> { AlgorithmConfig::Fedavgm(Default::default()).build() };
+    let momentum = || -> Box<dyn Strategy> {
+        AlgorithmConfig::Fedavgm(Default::default())
+            .build()
+            .unwrap()
+    };
     run_loop(whole.path(), start, 3, &[], momentum()).unwrap();
 
     let split = tempfile::tempdir().unwrap();
@@ -447,7 +451,11 @@ fn a_forged_checkpoint_falls_back_to_the_one_before_with_the_reason() {
 
 #[test]
 fn a_round_whose_model_is_refused_keeps_the_model_and_the_strategy_state_it_started_from() {
-    let momentum = || -> Box<dyn Strategy> { AlgorithmConfig::Fedavgm(Default::default()).build() };
+    let momentum = || -> Box<dyn Strategy> {
+        AlgorithmConfig::Fedavgm(Default::default())
+            .build()
+            .unwrap()
+    };
     let initial = evaluator().parameters();
     let reference = evaluator().parameters();
     let checks = ResumeChecks {
@@ -482,6 +490,9 @@ fn a_round_whose_model_is_refused_keeps_the_model_and_the_strategy_state_it_star
     resume_point(&checks, one.path(), after_one.as_mut()).unwrap();
 
     assert_eq!(model_file(boosted.path()), model_file(one.path()));
-    assert!(!after_one.state().is_empty(), "FedAvgM has momentum after a round");
+    assert!(
+        !after_one.state().is_empty(),
+        "FedAvgM has momentum after a round"
+    );
     assert_eq!(after_two.state(), after_one.state());
 }

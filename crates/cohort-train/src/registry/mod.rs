@@ -10,15 +10,18 @@
 //! all know them).
 
 mod datasets;
+mod strategies;
 
 pub use datasets::{DataRequest, DatasetEntry, LoadError};
+pub use strategies::StrategyEntry;
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use burn::tensor::Device;
-use cohort_core::config::{ConfigErrors, LoadedConfig, VectorizedClients};
+use cohort_core::config::{ConfigErrors, LoadedConfig, VectorizedClients, plain_name};
 use cohort_core::data::{DataSource, Splits};
+use cohort_core::strategy::{AlgorithmConfig, Strategy};
 use cohort_core::suggest::did_you_mean;
 use cohort_core::tree::ParamTree;
 
@@ -225,26 +228,52 @@ pub enum RegistryError {
     DuplicateModel(String),
     #[error("a data set named `{0}` is registered already")]
     DuplicateDataset(String),
+    #[error("a strategy named `{0}` is registered already (or is one of cohort's)")]
+    DuplicateStrategy(String),
     #[error("`{0}` is not a name to register: use letters, digits and `_` only")]
     BadName(String),
 }
 
-/// The models and data sets a run may name.
+/// The models, data sets and strategies a run may name.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     models: Vec<ModelEntry>,
     datasets: Vec<DatasetEntry>,
-}
-
-/// Whether `name` can be written in a config without quoting surprises.
-fn plain_name(name: &str) -> bool {
-    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    /// Beside cohort's own (`AlgorithmConfig`), which are always there.
+    strategies: Vec<StrategyEntry>,
 }
 
 impl Registry {
     /// No models at all.
     pub fn empty() -> Self {
         Self::default()
+    }
+
+    /// Adds a strategy that `[algorithm] type = "<name>"` selects; its
+    /// builder reads the section's other keys ([`StrategyEntry::new`]).
+    pub fn add_strategy(&mut self, entry: StrategyEntry) -> Result<&mut Self, RegistryError> {
+        if !plain_name(entry.name()) {
+            return Err(RegistryError::BadName(entry.name().to_owned()));
+        }
+        let taken = AlgorithmConfig::names().contains(&entry.name())
+            || self.strategies.iter().any(|e| e.name() == entry.name());
+        if taken {
+            return Err(RegistryError::DuplicateStrategy(entry.name().to_owned()));
+        }
+        self.strategies.push(entry);
+        Ok(self)
+    }
+
+    /// The strategies added to cohort's own.
+    pub fn strategies(&self) -> &[StrategyEntry] {
+        &self.strategies
+    }
+
+    /// The strategy the config's `[algorithm]` names, with fresh state: one
+    /// of cohort's, or one added here; else the config error that lists
+    /// them all.
+    pub fn strategy_of(&self, loaded: &LoadedConfig) -> Result<Box<dyn Strategy>, ConfigErrors> {
+        strategies::strategy_of(&self.strategies, loaded)
     }
 
     /// cohort's own models. A model of cohort's is one file in `model/` and
