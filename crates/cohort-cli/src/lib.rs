@@ -271,10 +271,29 @@ pub fn main_with(registry: Registry) -> ExitCode {
     match execute(cli, &Arc::new(registry)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", error_chain(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `error` and its causes joined by `: `, as anyhow's `{:#}` writes them,
+/// but without a cause whose text the message before it already ends with
+/// (an error type that prints its source in its own message, as many
+/// libraries' do): "out of memory: out of memory" is said once.
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let message = cause.to_string();
+        if !text.is_empty() && text.ends_with(message.as_str()) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+    }
+    text
 }
 
 /// Rust ignores SIGPIPE, so a write to a closed pipe (`cohort check | head`)
@@ -787,4 +806,43 @@ fn init_logging(
         .try_init()
         .context("cannot start logging")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// An error that prints its source in its own message and also gives it
+    /// as its source, as many libraries' errors do.
+    #[derive(Debug)]
+    struct Reading(std::io::Error);
+
+    impl std::fmt::Display for Reading {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cannot read data.bin: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Reading {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_its_message_is_said_once() {
+        let oom = || std::io::Error::new(std::io::ErrorKind::OutOfMemory, "out of memory");
+        let error = anyhow::Error::new(Reading(oom())).context("loading the data");
+        assert_eq!(
+            format!("{error:#}"),
+            "loading the data: cannot read data.bin: out of memory: out of memory"
+        );
+        assert_eq!(
+            super::error_chain(&error),
+            "loading the data: cannot read data.bin: out of memory"
+        );
+        let plain = anyhow::Error::new(oom()).context("loading the data");
+        assert_eq!(
+            super::error_chain(&plain),
+            "loading the data: out of memory"
+        );
+    }
 }

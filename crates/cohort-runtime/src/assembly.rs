@@ -107,7 +107,8 @@ pub(crate) fn build_and_run(
         leader,
         ..facts
     }));
-    let clients = client_facts(loaded, &splits, &partitions);
+    let rows_per_sample = model.task.rows_per_sample(&model.spec.sample_shape) as u64;
+    let clients = client_facts(loaded, &splits, &partitions, rows_per_sample);
     let (transport, child_clients) = match transport {
         Some(transport) => (transport, None),
         None => crate::transports::start_transport(
@@ -122,7 +123,7 @@ pub(crate) fn build_and_run(
     };
     let (transport, ranks) = rank_role(loaded, options, strategy.as_ref(), hooks, transport)?;
     let parts = LoopParts {
-        settings: loop_settings(loaded, options),
+        settings: loop_settings(loaded, options, rows_per_sample),
         strategy,
         transport,
         hooks,
@@ -272,6 +273,7 @@ fn client_facts(
     loaded: &LoadedConfig,
     splits: &Splits,
     partitions: &ClientPartitions,
+    rows_per_sample: u64,
 ) -> ClientFacts {
     let config = loaded.config();
     let num_classes = config.parameters.model.num_classes;
@@ -289,7 +291,12 @@ fn client_facts(
         .collect();
     ClientFacts {
         histograms,
-        expected: expected_reports(partitions, config.trainer.epochs, config.trainer.batch_size),
+        expected: expected_reports(
+            partitions,
+            config.trainer.epochs,
+            config.trainer.batch_size,
+            rows_per_sample,
+        ),
     }
 }
 
@@ -327,7 +334,11 @@ fn selection(config: &cohort_core::config::Config) -> Selection {
 }
 
 /// The loop's settings, read from the config once.
-fn loop_settings(loaded: &LoadedConfig, options: &RunOptions) -> LoopSettings {
+fn loop_settings(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    rows_per_sample: u64,
+) -> LoopSettings {
     let config = loaded.config();
     let (trainer, clients, server) = (&config.trainer, &config.clients, &config.server);
     let pipelines = loaded.pipelines();
@@ -356,6 +367,7 @@ fn loop_settings(loaded: &LoadedConfig, options: &RunOptions) -> LoopSettings {
             epochs: trainer.epochs,
             batch_size: trainer.batch_size,
             do_test: clients.do_test,
+            rows_per_sample,
         },
         // Client processes are dropped after `payload_timeout`, so no honest
         // report claims more; in-process workers are waited for without one.

@@ -33,6 +33,9 @@ pub(crate) struct OwnDataRules {
     pub(crate) batch_size: usize,
     /// `clients.do_test`: its held-out samples are evaluated too.
     pub(crate) do_test: bool,
+    /// Output rows the task scores per held-out sample (1 for
+    /// classification): reports count held-out rows.
+    pub(crate) rows_per_sample: u64,
 }
 
 /// One client's numbers for the results files and simulated time.
@@ -287,6 +290,7 @@ pub(crate) fn expected_reports(
     partitions: &ClientPartitions,
     epochs: u32,
     batch_size: usize,
+    rows_per_sample: u64,
 ) -> Vec<ExpectedReport> {
     partitions
         .train
@@ -295,7 +299,7 @@ pub(crate) fn expected_reports(
         .map(|(train, test)| ExpectedReport {
             train_samples: train.len() as u64,
             local_steps: u64::from(epochs) * train.len().div_ceil(batch_size.max(1)) as u64,
-            test_samples: test.len() as u64,
+            test_samples: test.len() as u64 * rows_per_sample,
         })
         .collect()
 }
@@ -330,7 +334,15 @@ pub(crate) fn own_data_expectation(
         train_samples: num_samples,
         local_steps,
         test_samples: if rules.do_test {
-            declared.test_samples
+            declared
+                .test_samples
+                .checked_mul(rules.rows_per_sample)
+                .ok_or_else(|| {
+                    format!(
+                        "{} held-out samples overflow the row count",
+                        declared.test_samples
+                    )
+                })?
         } else {
             0
         },
@@ -669,6 +681,7 @@ pub(crate) mod tests {
             epochs: 2,
             batch_size: 10,
             do_test: false,
+            rows_per_sample: 1,
         };
         let declared = Some(Declared {
             train_samples: 25,

@@ -46,6 +46,13 @@ pub trait Task: Send + Sync + fmt::Debug + 'static {
             .forward(outputs, targets)
     }
 
+    /// Output rows per sample, as [`Task::targets`] gives them: 1 for a
+    /// task of one target per sample. Held-out evaluation on clients is
+    /// counted in rows, so the server knows how many a report must have.
+    fn rows_per_sample(&self, _sample_shape: &[usize]) -> usize {
+        1
+    }
+
     /// Why `data` cannot be learned as this task by a model with `classes`
     /// outputs, if it cannot. Every label must name a class; a task whose
     /// targets come from the inputs checks those too.
@@ -105,6 +112,10 @@ impl Task for NextToken {
             targets.push(label);
         }
         targets
+    }
+
+    fn rows_per_sample(&self, sample_shape: &[usize]) -> usize {
+        sample_shape.iter().product()
     }
 
     fn check(&self, data: &Dataset, classes: usize) -> Result<(), String> {

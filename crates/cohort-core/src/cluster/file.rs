@@ -248,7 +248,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Topology, ClusterError> {
 fn readable(message: String) -> String {
     let rewrite = |rest: &str, what: &str, valid: &str| -> Option<String> {
         let (given, expected) = rest.split_once('`')?;
-        let names: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        let names = listed_names(&expected[expected.find('`')?..]);
         let suggestion = did_you_mean(given, names.iter().copied());
         Some(format!(
             "unknown {what} `{given}`{suggestion}; {valid}: {}",
@@ -268,9 +268,51 @@ fn readable(message: String) -> String {
     rewritten.unwrap_or(message)
 }
 
+/// The names of serde's "`a`, `b` or `c`" list, and nothing after it (the
+/// TOML layer may add the key's path in backticks, which is not a choice).
+fn listed_names(mut list: &str) -> Vec<&str> {
+    let mut names = Vec::new();
+    while let Some(after) = list.strip_prefix('`') {
+        let Some((name, tail)) = after.split_once('`') else {
+            break;
+        };
+        names.push(name);
+        match tail
+            .strip_prefix(", ")
+            .or_else(|| tail.strip_prefix(" or "))
+        {
+            Some(next) => list = next,
+            None => break,
+        }
+    }
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_value_lists_the_choices_and_no_path() {
+        let (key, message) = error_of(&format!(
+            "{NODE}interfaces = [{{ name = \"en0\", address = \"10.0.0.1\", kind = \"ethernt\" }}]\n"
+        ));
+        assert_eq!(key, "nodes[0].interfaces[0].kind");
+        assert!(
+            message.starts_with(
+                "unknown value `ethernt` (did you mean `ethernet`?); expected one of: ethernet"
+            ),
+            "{message}"
+        );
+        assert!(
+            !message.contains("nodes") && !message.contains("kind"),
+            "{message}"
+        );
+        assert_eq!(
+            listed_names("`a`, `b` or `c` for key `nodes.interfaces.kind`"),
+            ["a", "b", "c"]
+        );
+    }
 
     fn error_of(text: &str) -> (String, String) {
         match parse(text, Path::new("c.toml")).unwrap_err() {

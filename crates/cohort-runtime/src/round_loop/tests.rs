@@ -140,6 +140,7 @@ fn settings(run_dir: &Path, last_round: u32, min_per_round: usize) -> LoopSettin
             epochs: 1,
             batch_size: 1000,
             do_test: false,
+            rows_per_sample: 1,
         },
         max_report_seconds: 600.0,
         wall_time: SimulatedWallTime::default(),
