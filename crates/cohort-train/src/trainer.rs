@@ -1121,7 +1121,7 @@ mod tests {
         );
         assert_eq!(
             error.to_string(),
-            "test sample 40 has label 12, but the model has 10 classes"
+            "test sample 40 has target 12, but the model has 10 classes"
         );
         assert_eq!(params::extract(&model.valid()), before);
         // Still in training mode: on the autodiff device, and a forward pass

@@ -299,9 +299,9 @@ mod tests {
         ));
         assert_eq!(key, "nodes[0].interfaces[0].kind");
         assert!(
-            message.starts_with(
-                "unknown value `ethernt` (did you mean `ethernet`?); expected one of: ethernet"
-            ),
+            message
+                == "unknown value `ethernt` (did you mean `ethernet`?); expected one of: rdma, \
+                    thunderbolt, ethernet, wifi",
             "{message}"
         );
         assert!(
