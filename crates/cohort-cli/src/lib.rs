@@ -352,7 +352,7 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
         } => {
             let loaded = load_config(&config, &[], registry)?;
             let summary =
-                tools::aggregate(&registry, &loaded, &global, &output, &updates, local_steps)?;
+                tools::aggregate(registry, &loaded, &global, &output, &updates, local_steps)?;
             println!("{summary}");
             Ok(())
         }
