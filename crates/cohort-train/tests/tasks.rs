@@ -57,6 +57,14 @@ fn counting(samples: usize) -> Dataset {
     Dataset::new(inputs, labels, vec![LENGTH]).unwrap()
 }
 
+fn bigram_registry() -> Registry {
+    let mut registry = Registry::empty();
+    registry
+        .add_model("bigram", "embedding and a linear layer", Bigram::build)
+        .unwrap();
+    registry
+}
+
 fn run_model(entry: ModelEntry, sample_shape: Vec<usize>, task: Arc<dyn Task>) -> RunModel {
     RunModel {
         entry,
@@ -86,10 +94,7 @@ fn settings(epochs: u32) -> TrainSettings {
 
 #[test]
 fn a_sequence_model_learns_next_token_prediction_over_every_position() {
-    let mut registry = Registry::empty();
-    registry
-        .add_model("bigram", "embedding and a linear layer", Bigram::build)
-        .unwrap();
+    let registry = bigram_registry();
     let model = run_model(
         registry.model("bigram").unwrap().clone(),
         vec![LENGTH],
@@ -136,10 +141,7 @@ fn a_sequence_model_learns_next_token_prediction_over_every_position() {
 
 #[test]
 fn a_model_whose_rows_do_not_fit_the_task_is_an_error_not_a_wrong_metric() {
-    let mut registry = Registry::empty();
-    registry
-        .add_model("bigram", "embedding and a linear layer", Bigram::build)
-        .unwrap();
+    let registry = bigram_registry();
     // Classification wants one row per sample; this model gives LENGTH.
     let model = run_model(
         registry.model("bigram").unwrap().clone(),
