@@ -68,6 +68,7 @@ pub(crate) fn build_and_run(
     }
     let selected = device::select(options.device)?;
     tracing::info!(device = selected.name, "compute device");
+    let given = data.is_some();
     let (splits, partitions) = match data {
         Some(data) => data,
         None => load_data(loaded, &options.registry, options.data_root.as_deref())?,
@@ -76,6 +77,10 @@ pub(crate) fn build_and_run(
     let model = options
         .registry
         .run_model(loaded, splits.train.sample_shape.clone())?;
+    if given {
+        check_given_data(&splits, &partitions, &model, config.clients.total_clients)
+            .context("the data given to RunBuilder::data")?;
+    }
     let evaluator = match evaluator {
         Some(evaluator) => evaluator,
         None => model
@@ -264,6 +269,49 @@ fn read_model_file(
         cohort_core::fsutil::read_bounded(path, limits.max_bytes as u64).with_context(context)?;
     let tree = cohort_core::codec::decode(&bytes, &limits).with_context(context)?;
     Ok(cohort_core::layout::from_model_file(tree))
+}
+
+/// What a loader would have checked of data a caller gives instead: both
+/// splits whole and of one sample shape, what the task needs of them, and
+/// one partition per client, each indexing the training split.
+fn check_given_data(
+    splits: &Splits,
+    partitions: &ClientPartitions,
+    model: &cohort_train::registry::RunModel,
+    total_clients: u32,
+) -> anyhow::Result<()> {
+    for (name, split) in [("training", &splits.train), ("test", &splits.test)] {
+        split.check().with_context(|| format!("the {name} split"))?;
+        if split.sample_shape != model.spec.sample_shape {
+            bail!(
+                "the {name} split's samples are {:?}, the training split's {:?}",
+                split.sample_shape,
+                model.spec.sample_shape
+            );
+        }
+        if let Err(problem) = model.task.check(split, model.spec.classes) {
+            bail!("the {name} split, for {}: {problem}", model.task.name());
+        }
+    }
+    let clients = total_clients as usize;
+    if partitions.train.len() != clients || partitions.test.len() != clients {
+        bail!(
+            "{} training and {} held-out partitions, but clients.total_clients = {clients}",
+            partitions.train.len(),
+            partitions.test.len()
+        );
+    }
+    let samples = splits.train.len();
+    let lists = partitions.train.iter().chain(&partitions.test);
+    for (index, list) in lists.enumerate() {
+        if let Some(sample) = list.iter().find(|&&i| i as usize >= samples) {
+            bail!(
+                "client {}'s partition holds sample {sample}, but the training split has {samples}",
+                index % clients + 1
+            );
+        }
+    }
+    Ok(())
 }
 
 /// What the server knows of each client from the partitions: label

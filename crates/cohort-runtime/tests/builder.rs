@@ -225,6 +225,51 @@ fn the_transport_and_the_data_can_be_the_callers_own() {
     assert_eq!(model, codec::encode(&seeded).unwrap());
 }
 
+#[test]
+fn data_given_to_the_builder_is_checked_as_a_loader_would_check_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = config(JOB);
+    let images = |count: usize, label: u32| cohort_core::data::Dataset {
+        inputs: vec![0.5; count * 28 * 28],
+        labels: vec![label; count],
+        sample_shape: vec![1, 28, 28],
+    };
+    let partitions = |last: u32| cohort_runtime::client::ClientPartitions {
+        // Client 4's second sample is `last`.
+        train: (0..4)
+            .map(|c| vec![2 * c, if c == 3 { last } else { 2 * c + 1 }])
+            .collect(),
+        test: vec![Vec::new(); 4],
+    };
+    let attempt = |train, test, partitions| {
+        let splits = cohort_core::data::Splits { train, test };
+        let error = RunBuilder::new(&loaded, options(dir.path().join("run")))
+            .data(splits, partitions)
+            .run()
+            .unwrap_err();
+        format!("{error:#}")
+    };
+    let error = attempt(images(8, 12), images(4, 0), partitions(7));
+    assert!(
+        error.contains(
+            "the data given to RunBuilder::data: the training split, for \
+             classification: label 12 at sample 0 is outside 0..10"
+        ),
+        "{error}"
+    );
+    let error = attempt(images(8, 1), images(4, 1), partitions(9));
+    assert!(
+        error.contains("client 4's partition holds sample 9, but the training split has 8"),
+        "{error}"
+    );
+    let short = cohort_runtime::client::ClientPartitions {
+        train: vec![vec![0]; 3],
+        test: vec![Vec::new(); 3],
+    };
+    let error = attempt(images(8, 1), images(4, 1), short);
+    assert!(error.contains("but clients.total_clients = 4"), "{error}");
+}
+
 /// One update boosted ×1e30, finite, every round: the mean it makes is a
 /// step no honest round takes, so each round keeps the model it started from
 /// (`server.max_model_step_ratio`) and the run goes on; with

@@ -90,6 +90,14 @@ pub enum TrainError {
         #[source]
         source: LoadError,
     },
+    #[error("client {client_id}, round {round}, epoch {epoch}, step {step}: {problem}")]
+    Outputs {
+        client_id: u32,
+        round: u32,
+        epoch: u32,
+        step: usize,
+        problem: String,
+    },
     #[error("client {client_id}, round {round}: the partition is empty")]
     EmptyPartition { client_id: u32, round: u32 },
 }
@@ -194,8 +202,21 @@ impl<M: FederatedModel> LocalTrainer<M> {
             order.shuffle(&mut rng);
             for (step, batch) in order.chunks(self.settings.batch_size).enumerate() {
                 data.gather(batch, &mut self.images, &mut self.labels);
-                let (mut grads, rows) =
+                let computed =
                     self.batch_gradients(&model, &data.sample_shape, &mut rng, &mut loss_sum);
+                let (mut grads, rows) = match computed {
+                    Ok(computed) => computed,
+                    Err(problem) => {
+                        failure = Some(TrainError::Outputs {
+                            client_id,
+                            round,
+                            epoch,
+                            step: step + 1,
+                            problem,
+                        });
+                        break 'training;
+                    }
+                };
                 seen += rows;
                 if let Some(terms) = &terms {
                     grads = terms.apply(&model, grads);
@@ -267,28 +288,44 @@ impl<M: FederatedModel> LocalTrainer<M> {
     /// The gradients of the batch in `self.images`/`self.labels` (samples of
     /// `sample_shape`) at `model`, with the output rows it scored, its loss
     /// added to `loss_sum`: through the native kernels where they cover the
-    /// model and the task, else burn's autodiff.
+    /// model and the task, else burn's autodiff. Outputs that do not fit the
+    /// task's targets (a row count or a class count of their own) are an
+    /// error, not a panic inside the loss.
     fn batch_gradients(
         &mut self,
         model: &M,
         sample_shape: &[usize],
         rng: &mut ChaCha8Rng,
         loss_sum: &mut LossSum,
-    ) -> (GradientsParams, usize) {
+    ) -> Result<(GradientsParams, usize), String> {
         if let Some(native) = self.native.as_mut() {
             let rows = self.labels.len();
             let (loss, grads) = native.step(model, &self.images, &self.labels);
             loss_sum.host += loss * rows as f32;
-            return (grads, rows);
+            return Ok((grads, rows));
         }
         let targets = self.task.targets(&self.images, &self.labels, sample_shape);
         let rows = targets.len();
         let inputs = Inputs::from_host(self.images.clone(), sample_shape, &self.device);
-        let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [rows]), &self.device);
         let outputs = model.forward(inputs, &mut Randomness::from_stream(rng));
+        let [output_rows, classes] = outputs.dims();
+        if output_rows != rows {
+            return Err(format!(
+                "the model gives {output_rows} output rows for {} samples; {} needs {rows}",
+                self.labels.len(),
+                self.task.name()
+            ));
+        }
+        if let Some(target) = targets.iter().find(|&&t| t < 0 || t as usize >= classes) {
+            return Err(format!(
+                "target {target} of {}, but the model gives {classes} outputs per row",
+                self.task.name()
+            ));
+        }
+        let targets = Tensor::<1, Int>::from_data(TensorData::new(targets, [rows]), &self.device);
         let loss = self.task.loss(outputs, targets);
         loss_sum.device = loss_sum.device.clone() + loss.clone().detach().mul_scalar(rows as f32);
-        (GradientsParams::from_grads(loss.backward(), model), rows)
+        Ok((GradientsParams::from_grads(loss.backward(), model), rows))
     }
 }
 

@@ -155,6 +155,28 @@ fn a_model_whose_rows_do_not_fit_the_task_is_an_error_not_a_wrong_metric() {
         error.to_string(),
         "the model gives 32 output rows for 4 samples; classification needs 4"
     );
+    // Training says so too, instead of a shape panic inside the loss.
+    let mut trainer = model
+        .trainer(&cohort_train::device::cpu(), settings(1))
+        .unwrap();
+    let task = ClientTask {
+        client_id: 2,
+        round: 1,
+    };
+    let error = trainer
+        .train(
+            task,
+            &global,
+            &counting(4),
+            &[0, 1, 2, 3],
+            &LocalPlan::plain(0.5),
+        )
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "client 2, round 1, epoch 1, step 1: the model gives 32 output rows for 4 samples; \
+         classification needs 4"
+    );
 }
 
 #[test]

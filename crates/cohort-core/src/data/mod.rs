@@ -151,29 +151,30 @@ impl Normalization {
         }
     }
 
-    /// Normalizes `values`, samples of `sample_shape` one after another.
-    ///
-    /// # Panics
-    /// When there are several pairs but not one per channel (`sample_shape[0]`):
-    /// a data set declares its normalization with its shape.
-    pub fn apply(&self, values: &mut [f32], sample_shape: &[usize]) {
+    /// Normalizes `values`, samples of `sample_shape` one after another; an
+    /// error, leaving them as they were, when there are several pairs but not
+    /// one per channel (`sample_shape[0]`).
+    pub fn apply(&self, values: &mut [f32], sample_shape: &[usize]) -> Result<(), String> {
         if let ([mean], [std]) = (self.mean.as_slice(), self.std.as_slice()) {
             values.iter_mut().for_each(|x| *x = (*x - mean) / std);
-            return;
+            return Ok(());
         }
         let channels = sample_shape.first().copied().unwrap_or(1);
-        assert!(
-            self.mean.len() == channels && self.std.len() == channels,
-            "{} means and {} deviations for {channels} channels",
-            self.mean.len(),
-            self.std.len()
-        );
+        if self.mean.len() != channels || self.std.len() != channels {
+            return Err(format!(
+                "{} means and {} standard deviations do not normalize samples of {sample_shape:?} \
+                 ({channels} channels)",
+                self.mean.len(),
+                self.std.len()
+            ));
+        }
         let plane: usize = sample_shape[1..].iter().product();
         for (index, chunk) in values.chunks_mut(plane.max(1)).enumerate() {
             let channel = index % channels;
             let (mean, std) = (self.mean[channel], self.std[channel]);
             chunk.iter_mut().for_each(|x| *x = (*x - mean) / std);
         }
+        Ok(())
     }
 }
 
@@ -445,11 +446,19 @@ mod tests {
             mean: vec![0.5, 0.0],
             std: vec![0.25, 0.5],
         };
-        per_channel.apply(&mut values, &[2, 1, 2]);
+        per_channel.apply(&mut values, &[2, 1, 2]).unwrap();
         assert_eq!(values, [0.0, 0.0, 2.0, 2.0, 0.0, 0.0, 2.0, 2.0]);
         let mut values = vec![1.0, 0.0];
-        Normalization::single(0.5, 0.5).apply(&mut values, &[1, 1, 2]);
+        Normalization::single(0.5, 0.5)
+            .apply(&mut values, &[1, 1, 2])
+            .unwrap();
         assert_eq!(values, [1.0, -1.0]);
+        let error = per_channel.apply(&mut values, &[3, 1, 1]).unwrap_err();
+        assert!(
+            error.contains("2 means and 2 standard deviations"),
+            "{error}"
+        );
+        assert_eq!(values, [1.0, -1.0], "left as they were");
     }
 
     use super::*;

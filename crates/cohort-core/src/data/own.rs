@@ -209,7 +209,12 @@ fn prepare(
             if encoding == Encoding::Floats {
                 check_intensities(source, split, &values)?;
             }
-            normalization.apply(&mut values, wanted);
+            normalization.apply(&mut values, wanted).map_err(|error| {
+                invalid(
+                    source,
+                    format!("the server's data set `{}`: {error}", expected.datasource),
+                )
+            })?;
             Ok(values)
         }
         (_, None) => Ok(values),
