@@ -120,7 +120,7 @@ impl LoadedConfig {
         &self.merged
     }
 
-    /// One line for each Plato name read as cohort's (see [`plato`]).
+    /// One line for each Plato name read as cohort's (see `config/plato.rs`).
     pub fn notes(&self) -> &[String] {
         &self.notes
     }

@@ -599,8 +599,9 @@ impl<'a> RoundLoop<'a> {
 
     /// The global model after `aggregated`, the outcome of the strategy's
     /// aggregation from the state `before`. A model that is not finite
-    /// (refused by the strategy, or found here) does not replace the global
-    /// one: the strategy goes back to `before` and the round ends with the
+    /// (refused by the strategy, or found here) or steps too far
+    /// ([`RoundLoop::refusal`]) does not replace the global one: the
+    /// strategy goes back to `before` and the round ends with the
     /// model it started from, so one huge update costs a round, not the run.
     /// The outcome's model has moved into the loop when it returns.
     fn adopt(

@@ -1,7 +1,7 @@
 //! Vectorized clients: K logical clients trained as one batched computation
 //! (`trainer.vectorized_clients`).
 //!
-//! The contract: each client's result is what [`LocalTrainer`] gives for it
+//! The contract: each client's result is what [`LocalTrainer`](crate::trainer::LocalTrainer) gives for it
 //! alone on the same device, up to floating-point reduction order. Every
 //! per-client quantity has its own slice of a stacked tensor with a leading
 //! client dimension: parameters, velocity, learning rate, gradient norm and
