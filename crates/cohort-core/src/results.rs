@@ -3,7 +3,7 @@
 //! round, so a crash never leaves a torn file.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -108,50 +108,45 @@ const RESULTS_HEADER_V2: &str = "round,accuracy,elapsed_time,round_time,training
 const RESULTS_HEADER_V1: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
 pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy,dropped";
 
-/// Accumulates rows and keeps the CSV files current.
-#[derive(Debug)]
-pub struct ResultsWriter {
-    results_path: PathBuf,
-    clients_path: PathBuf,
-    rounds: Vec<RoundRow>,
-    clients: Vec<ClientRow>,
+/// Every row a run has recorded, its resumed rounds' included: what
+/// `results.csv` and `clients.csv` hold and what a checkpoint keeps.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunRows {
+    pub rounds: Vec<RoundRow>,
+    pub clients: Vec<ClientRow>,
 }
 
-impl ResultsWriter {
-    pub fn new(run_dir: &Path) -> Self {
-        Self {
-            results_path: run_dir.join("results.csv"),
-            clients_path: run_dir.join("clients.csv"),
-            rounds: Vec::new(),
-            clients: Vec::new(),
-        }
-    }
-
-    /// A writer that continues from rows restored from a checkpoint.
-    pub fn resume(run_dir: &Path, rounds: Vec<RoundRow>, clients: Vec<ClientRow>) -> Self {
-        Self {
-            rounds,
-            clients,
-            ..Self::new(run_dir)
-        }
-    }
-
-    pub fn clients(&self) -> &[ClientRow] {
-        &self.clients
-    }
-
-    pub fn rounds(&self) -> &[RoundRow] {
-        &self.rounds
-    }
-
-    /// Appends a round and its clients, then rewrites both files.
-    pub fn record(&mut self, round: RoundRow, clients: Vec<ClientRow>) -> std::io::Result<()> {
+impl RunRows {
+    /// Appends a round and its clients' rows.
+    pub fn push(&mut self, round: RoundRow, clients: Vec<ClientRow>) {
         self.rounds.push(round);
         self.clients.extend(clients);
-        atomic_write(&self.results_path, render_results(&self.rounds).as_bytes())?;
-        atomic_write(&self.clients_path, render_clients(&self.clients).as_bytes())
+    }
+
+    /// The rows of `round` in `clients`.
+    pub fn clients_of(&self, round: u32) -> &[ClientRow] {
+        let first = self.clients.partition_point(|c| c.round < round);
+        let end = self.clients.partition_point(|c| c.round <= round);
+        &self.clients[first..end]
+    }
+
+    /// Rewrites `results.csv` and `clients.csv` in `run_dir`, each atomically.
+    pub fn write_files(&self, run_dir: &Path) -> std::io::Result<()> {
+        atomic_write(
+            &run_dir.join(RESULTS_FILE),
+            render_results(&self.rounds).as_bytes(),
+        )?;
+        atomic_write(
+            &run_dir.join(CLIENTS_FILE),
+            render_clients(&self.clients).as_bytes(),
+        )
     }
 }
+
+/// The run folder's per-round results.
+pub const RESULTS_FILE: &str = "results.csv";
+/// The run folder's per-client results.
+pub const CLIENTS_FILE: &str = "clients.csv";
 
 pub fn render_results(rows: &[RoundRow]) -> String {
     let mut out = format!("{RESULTS_HEADER}\n");
@@ -192,7 +187,7 @@ pub struct ParseError {
     pub problem: String,
 }
 
-/// Reads `results.csv` text as written by [`ResultsWriter`]; `file` names it in errors.
+/// Reads `results.csv` text as written by [`RunRows::write_files`]; `file` names it in errors.
 pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError> {
     let error = |line: usize, problem: String| ParseError {
         file: file.to_owned(),
@@ -356,7 +351,7 @@ mod tests {
     #[test]
     fn files_hold_every_recorded_row() {
         let dir = tempfile::tempdir().unwrap();
-        let mut writer = ResultsWriter::new(dir.path());
+        let mut rows = RunRows::default();
         for round in 1..=2 {
             let row = RoundRow {
                 round,
@@ -394,8 +389,11 @@ mod tests {
                 dropped: Some("update refused: reports \"5\" samples, not 6".to_owned()),
                 ..ClientRow::empty(round, 4)
             };
-            writer.record(row, vec![client, dropped]).unwrap();
+            rows.push(row, vec![client, dropped]);
+            rows.write_files(dir.path()).unwrap();
+            assert_eq!(rows.clients_of(round).len(), 2);
         }
+        assert!(rows.clients_of(3).is_empty());
         let csv = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
         assert_eq!(csv.lines().count(), 3);
         assert!(csv.lines().nth(2).unwrap().starts_with("2,0.5000,"));

@@ -26,7 +26,7 @@ use crate::children::ChildClients;
 use crate::client::{ClientPartitions, load_data};
 use crate::events::{RunEvent, RunFacts, RunObserver};
 use crate::ranks::{DistributedRun, RankLink, join_ranks, partial_reduce};
-use crate::record::{MODEL_FILE, RecordSettings, SimulatedWallTime};
+use crate::record::{MODEL_FILE, RunFolder, SimulatedWallTime};
 use crate::round_loop::{
     ClientFacts, LoopParts, LoopSettings, RankRole, RoundLoop, Selection, SimulatedAttack,
 };
@@ -48,6 +48,7 @@ pub(crate) fn build_and_run(
         transport,
         data,
         evaluator,
+        recorder,
         initial_model,
     } = parts;
     let mut no_hooks = NoHooks;
@@ -134,6 +135,12 @@ pub(crate) fn build_and_run(
         hooks,
         observer: &mut observer,
         evaluator,
+        recorder: recorder.unwrap_or_else(|| {
+            Box::new(
+                RunFolder::new(options.run_dir.clone())
+                    .keep_client_updates(config.results.keep_client_updates),
+            )
+        }),
         test: splits.test,
         clients,
         ranks,
@@ -254,7 +261,7 @@ fn start_point(
             None => evaluator.parameters(),
         },
     };
-    Ok(fresh_start(initial, config.server.random_seed, run_dir))
+    Ok(fresh_start(initial, config.server.random_seed))
 }
 
 /// A model file in PyTorch's layout, as a tree of the model's parameters
@@ -429,11 +436,7 @@ fn loop_settings(
             downlink_mbps: clients.downlink_mbps,
             uplink_mbps: clients.uplink_mbps,
         },
-        record: RecordSettings {
-            run_dir: options.run_dir.clone(),
-            config_hash: loaded.result_hash(),
-            keep_client_updates: config.results.keep_client_updates,
-        },
+        config_hash: loaded.result_hash(),
         evaluation_threads: trainer.threads_per_worker as usize,
     }
 }

@@ -32,7 +32,7 @@ pub use backends::available_backends;
 pub use children::{CLIENT_LOGS, LocalClients};
 pub use events::{RunEvent, RunFacts, RunObserver};
 pub use ranks::{DistributedRun, RankLink};
-pub use record::MODEL_FILE;
+pub use record::{CheckpointState, MODEL_FILE, Recorder, RunFolder};
 pub use run::{
     RunBuilder, RunOptions, RunSummary, new_run_dir, run, run_with_hooks, run_with_strategy,
 };

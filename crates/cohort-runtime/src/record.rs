@@ -1,10 +1,6 @@
-//! What a run leaves on disk: the model file, `results.csv` and
-//! `clients.csv`, checkpoints, and (on request) every update aggregated; and
-//! the arithmetic of the rows (simulated wall time, weighted loss).
-//!
-//! Only the process that writes the run's files records (rank 0 of a
-//! distributed simulation); every write is atomic, so a run stopped at any
-//! point leaves the files of its last complete round.
+//! Where a run's results go ([`Recorder`]; by default the run folder's
+//! files, [`RunFolder`]), and the arithmetic of the rows (simulated wall
+//! time, weighted loss).
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +11,7 @@ use cohort_core::codec;
 use cohort_core::fsutil::atomic_write;
 use cohort_core::hooks::{ClientReport, ReceivedPayload};
 use cohort_core::layout;
-use cohort_core::results::{ClientRow, ResultsWriter, RoundRow};
+use cohort_core::results::{ClientRow, RoundRow, RunRows};
 use cohort_core::selection::SelectorState;
 use cohort_core::strategy::Strategy;
 
@@ -23,17 +19,6 @@ use crate::updates::Arrival;
 
 /// Name of the final model file in the run folder.
 pub const MODEL_FILE: &str = "model.safetensors";
-
-/// Where and what the recorder writes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RecordSettings {
-    pub(crate) run_dir: PathBuf,
-    /// The config's result hash, kept in every checkpoint: `--resume` refuses
-    /// a config that would compute another run.
-    pub(crate) config_hash: String,
-    /// `results.keep_client_updates`.
-    pub(crate) keep_client_updates: bool,
-}
 
 /// `server.simulate_wall_time` and the simulated links.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -43,79 +28,143 @@ pub(crate) struct SimulatedWallTime {
     pub(crate) uplink_mbps: Option<f64>,
 }
 
-/// The run folder's writer.
-pub(crate) struct Recorder {
-    settings: RecordSettings,
-    results: ResultsWriter,
-    /// Whether this process writes (rank 0); the others keep rows only.
-    writes: bool,
+/// What a checkpoint after `round` holds: everything `--resume` needs to
+/// continue the run exactly.
+pub struct CheckpointState<'a> {
+    pub round: u32,
+    /// The global model after `round`, as the model file's bytes.
+    pub model_bytes: &'a [u8],
+    /// The selector before the next round's draw.
+    pub selector: SelectorState,
+    /// The strategy, whose [`Strategy::state`] the checkpoint keeps.
+    pub strategy: &'a dyn Strategy,
+    pub rows: &'a RunRows,
+    /// The config's result hash: `--resume` refuses a config that would
+    /// compute another run.
+    pub config_hash: &'a str,
 }
 
-impl Recorder {
-    pub(crate) fn new(settings: RecordSettings, results: ResultsWriter, writes: bool) -> Self {
+/// Where a run's results go. The loop calls it on the process that writes
+/// the run's results (rank 0 of a distributed simulation), and only once a
+/// round's aggregation succeeded, so a recorder never sees a round that
+/// failed. An error stops the run.
+///
+/// [`RunFolder`] is the default: the run folder's files. A caller's own
+/// (to a database, or the default's files plus something else) is given to
+/// [`crate::RunBuilder::recorder`]; `--resume` reads only the run folder's
+/// checkpoints, so a recorder that writes none makes a run that cannot be
+/// resumed.
+pub trait Recorder {
+    /// The global model after `round`, as a model file's bytes (PyTorch
+    /// layout, safetensors).
+    fn model(&mut self, round: u32, model_bytes: &[u8]) -> anyhow::Result<()>;
+
+    /// `round`'s row and its clients' rows (dropped clients' included), once
+    /// `rows` holds them; `rows` has every round so far.
+    fn round(
+        &mut self,
+        round: &RoundRow,
+        clients: &[ClientRow],
+        rows: &RunRows,
+    ) -> anyhow::Result<()>;
+
+    /// A checkpoint after `state.round`; where it was written, if it was.
+    fn checkpoint(&mut self, state: &CheckpointState<'_>) -> anyhow::Result<Option<PathBuf>>;
+
+    /// The updates aggregated in `round`, as the server hooks passed them,
+    /// before the strategy aggregates them. Nothing by default.
+    fn updates(&mut self, round: u32, payloads: &[ReceivedPayload]) -> anyhow::Result<()> {
+        let _ = (round, payloads);
+        Ok(())
+    }
+}
+
+/// A recorder lent for the run, to be read once it is over.
+impl<R: Recorder + ?Sized> Recorder for &mut R {
+    fn model(&mut self, round: u32, model_bytes: &[u8]) -> anyhow::Result<()> {
+        (**self).model(round, model_bytes)
+    }
+
+    fn round(
+        &mut self,
+        round: &RoundRow,
+        clients: &[ClientRow],
+        rows: &RunRows,
+    ) -> anyhow::Result<()> {
+        (**self).round(round, clients, rows)
+    }
+
+    fn checkpoint(&mut self, state: &CheckpointState<'_>) -> anyhow::Result<Option<PathBuf>> {
+        (**self).checkpoint(state)
+    }
+
+    fn updates(&mut self, round: u32, payloads: &[ReceivedPayload]) -> anyhow::Result<()> {
+        (**self).updates(round, payloads)
+    }
+}
+
+/// The run folder: `model.safetensors`, `results.csv` and `clients.csv`
+/// rewritten after every round, checkpoints, and (when asked) every update
+/// aggregated. Every write is atomic, so a run stopped at any point leaves
+/// the files of its last complete round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFolder {
+    run_dir: PathBuf,
+    keep_client_updates: bool,
+}
+
+impl RunFolder {
+    /// Writes into `run_dir`, which must exist.
+    pub fn new(run_dir: PathBuf) -> Self {
         Self {
-            settings,
-            results,
-            writes,
+            run_dir,
+            keep_client_updates: false,
         }
     }
 
-    pub(crate) fn rounds(&self) -> &[RoundRow] {
-        self.results.rounds()
+    /// `results.keep_client_updates`: also every update aggregated, in
+    /// `updates/round-NNNN/client-CCCC.safetensors`.
+    pub fn keep_client_updates(mut self, keep: bool) -> Self {
+        self.keep_client_updates = keep;
+        self
     }
+}
 
-    pub(crate) fn into_rounds(self) -> Vec<RoundRow> {
-        self.results.rounds().to_vec()
-    }
-
-    pub(crate) fn write_model(&self, model_bytes: &[u8]) -> anyhow::Result<()> {
-        let path = self.settings.run_dir.join(MODEL_FILE);
+impl Recorder for RunFolder {
+    fn model(&mut self, _round: u32, model_bytes: &[u8]) -> anyhow::Result<()> {
+        let path = self.run_dir.join(MODEL_FILE);
         atomic_write(&path, model_bytes).with_context(|| format!("cannot write {}", path.display()))
     }
 
-    pub(crate) fn record(&mut self, row: RoundRow, clients: Vec<ClientRow>) -> anyhow::Result<()> {
-        self.results
-            .record(row, clients)
-            .context("cannot write results.csv")
+    fn round(&mut self, _: &RoundRow, _: &[ClientRow], rows: &RunRows) -> anyhow::Result<()> {
+        rows.write_files(&self.run_dir)
+            .with_context(|| format!("cannot write the results in {}", self.run_dir.display()))
     }
 
-    /// The checkpoint of `round`; its sidecar's path, written last.
-    pub(crate) fn checkpoint(
-        &self,
-        round: u32,
-        model_bytes: &[u8],
-        selector: SelectorState,
-        strategy: &dyn Strategy,
-    ) -> anyhow::Result<PathBuf> {
-        let state = strategy.state();
+    fn checkpoint(&mut self, state: &CheckpointState<'_>) -> anyhow::Result<Option<PathBuf>> {
+        let strategy_state = state.strategy.state();
         let sidecar = checkpoint::write(
-            &self.settings.run_dir,
-            model_bytes,
+            &self.run_dir,
+            state.model_bytes,
             History {
                 format: checkpoint::FORMAT_VERSION,
-                round,
-                config_hash: self.settings.config_hash.clone(),
-                selector,
+                round: state.round,
+                config_hash: state.config_hash.to_owned(),
+                selector: state.selector,
                 algorithm_state: None,
-                rounds: self.results.rounds().to_vec(),
-                clients: self.results.clients().to_vec(),
+                rounds: state.rows.rounds.clone(),
+                clients: state.rows.clients.clone(),
                 model_file: String::new(),
                 model_sha256: String::new(),
             },
-            (strategy.name(), &state),
+            (state.strategy.name(), &strategy_state),
         )?;
-        Ok(sidecar)
+        Ok(Some(sidecar))
     }
 
-    /// `results.keep_client_updates`: what the server aggregated, in
-    /// `updates/round-NNNN/client-CCCC.safetensors`.
-    pub(crate) fn keep_updates(
-        &self,
-        round: u32,
-        payloads: &[ReceivedPayload],
-    ) -> anyhow::Result<()> {
-        if self.writes && self.settings.keep_client_updates {
-            keep_updates(&self.settings.run_dir, round, payloads)?;
+    fn updates(&mut self, round: u32, payloads: &[ReceivedPayload]) -> anyhow::Result<()> {
+        if self.keep_client_updates {
+            keep_updates(&self.run_dir, round, payloads)?;
         }
         Ok(())
     }

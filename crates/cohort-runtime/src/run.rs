@@ -1,7 +1,7 @@
 //! Running a federation from Rust: [`RunBuilder`] takes a validated config
 //! and the run's options, lets the caller replace any part (the strategy,
-//! the server hooks, the transport, the data, the evaluator, the initial
-//! model) and add observers of the run's [`crate::events`], then builds
+//! the server hooks, the transport, the data, the evaluator, the recorder,
+//! the initial model) and add observers of the run's [`crate::events`], then builds
 //! everything else and runs. [`run`], [`run_with_hooks`] and
 //! [`run_with_strategy`] are its shortest forms.
 //!
@@ -34,6 +34,7 @@ use crate::children::LocalClients;
 use crate::client::ClientPartitions;
 use crate::events::{RunEvent, RunObserver};
 use crate::ranks::DistributedRun;
+use crate::record::Recorder;
 use crate::transport::Transport;
 
 /// How the caller (the command line, or a program) shapes this run, beside
@@ -92,6 +93,7 @@ pub(crate) struct Parts<'a> {
     pub(crate) transport: Option<Box<dyn Transport>>,
     pub(crate) data: Option<(Splits, ClientPartitions)>,
     pub(crate) evaluator: Option<Box<dyn ModelEvaluator>>,
+    pub(crate) recorder: Option<Box<dyn Recorder + 'a>>,
     pub(crate) initial_model: Option<ParamTree>,
 }
 
@@ -173,6 +175,16 @@ impl<'a> RunBuilder<'a> {
     /// model on its device.
     pub fn evaluator(mut self, evaluator: Box<dyn ModelEvaluator>) -> Self {
         self.parts.evaluator = Some(evaluator);
+        self
+    }
+
+    /// Sends the run's results (every round's rows, the model, checkpoints)
+    /// to `recorder` instead of the run folder's files ([`crate::RunFolder`] is
+    /// the default; wrap it to keep the files too). `--resume` reads the
+    /// run folder's checkpoints only. The run folder still gets
+    /// `config.toml` and, in network mode, the client processes' logs.
+    pub fn recorder(mut self, recorder: impl Recorder + 'a) -> Self {
+        self.parts.recorder = Some(Box::new(recorder));
         self
     }
 

@@ -8,7 +8,7 @@ use anyhow::bail;
 
 use cohort_core::checkpoint;
 use cohort_core::layout;
-use cohort_core::results::ResultsWriter;
+use cohort_core::results::RunRows;
 use cohort_core::selection::ClientSelector;
 use cohort_core::strategy::Strategy;
 use cohort_core::tree::{DTypeRule, ParamTree, check_schema};
@@ -20,7 +20,8 @@ use crate::round_loop::Selection;
 pub(crate) struct StartPoint {
     pub(crate) global: ParamTree,
     pub(crate) selector: ClientSelector,
-    pub(crate) results: ResultsWriter,
+    /// The rows of the rounds already run.
+    pub(crate) rows: RunRows,
     pub(crate) first_round: u32,
     /// Wall seconds the run had used before this process.
     pub(crate) elapsed_before: f64,
@@ -89,7 +90,10 @@ pub(crate) fn resume_point(
         selector: ClientSelector::from_state(history.selector),
         elapsed_before: history.rounds.last().map_or(0.0, |r| r.elapsed_time),
         first_round: history.round + 1,
-        results: ResultsWriter::resume(run_dir, history.rounds, history.clients),
+        rows: RunRows {
+            rounds: history.rounds,
+            clients: history.clients,
+        },
     })
 }
 
@@ -130,11 +134,11 @@ fn fits(checks: &ResumeChecks<'_>, restored: &checkpoint::Restored) -> Result<()
 
 /// Round 1 of a new run: `initial` is the global model (seeded, or read
 /// from a file, by the assembly).
-pub(crate) fn fresh_start(initial: ParamTree, selector_seed: u64, run_dir: &Path) -> StartPoint {
+pub(crate) fn fresh_start(initial: ParamTree, selector_seed: u64) -> StartPoint {
     StartPoint {
         global: initial,
         selector: ClientSelector::new(selector_seed),
-        results: ResultsWriter::new(run_dir),
+        rows: RunRows::default(),
         first_round: 1,
         elapsed_before: 0.0,
     }

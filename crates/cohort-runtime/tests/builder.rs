@@ -1,6 +1,7 @@
 //! A run assembled through `RunBuilder` from the public API alone: the
 //! events it reports, a per-round callback, round 1's model from a file,
-//! and that the library writes nothing to stdout or stderr of its own.
+//! a recorder of the caller's, and that the library writes nothing to
+//! stdout or stderr of its own.
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -327,4 +328,119 @@ fn a_huge_finite_update_is_dropped_by_the_norm_bound_and_the_run_goes_on() {
     assert_eq!(dropped, 3, "{clients}");
     assert!(summary.rounds[2].accuracy > 0.2, "{:?}", summary.rounds);
     assert!(kept.borrow().is_empty(), "{:?}", kept.borrow());
+}
+
+/// Keeps what a run records in memory, and the run folder's files too when
+/// it wraps [`RunFolder`].
+#[derive(Default)]
+struct InMemory {
+    models: Vec<(u32, Vec<u8>)>,
+    rounds: Vec<(cohort_core::results::RoundRow, usize)>,
+    checkpoints: Vec<u32>,
+    files: Option<cohort_runtime::RunFolder>,
+}
+
+impl cohort_runtime::Recorder for InMemory {
+    fn model(&mut self, round: u32, model_bytes: &[u8]) -> anyhow::Result<()> {
+        self.models.push((round, model_bytes.to_vec()));
+        match &mut self.files {
+            Some(files) => files.model(round, model_bytes),
+            None => Ok(()),
+        }
+    }
+
+    fn round(
+        &mut self,
+        round: &cohort_core::results::RoundRow,
+        clients: &[cohort_core::results::ClientRow],
+        rows: &cohort_core::results::RunRows,
+    ) -> anyhow::Result<()> {
+        assert_eq!(rows.rounds.last(), Some(round));
+        assert!(clients.iter().all(|c| c.round == round.round));
+        self.rounds.push((round.clone(), clients.len()));
+        match &mut self.files {
+            Some(files) => files.round(round, clients, rows),
+            None => Ok(()),
+        }
+    }
+
+    fn checkpoint(
+        &mut self,
+        state: &cohort_runtime::CheckpointState<'_>,
+    ) -> anyhow::Result<Option<PathBuf>> {
+        self.checkpoints.push(state.round);
+        match &mut self.files {
+            Some(files) => files.checkpoint(state),
+            None => Ok(None),
+        }
+    }
+}
+
+#[test]
+fn the_results_can_go_to_a_recorder_of_the_callers_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = config(JOB);
+    let default_dir = dir.path().join("default");
+    RunBuilder::new(&loaded, options(default_dir.clone()))
+        .run()
+        .unwrap();
+
+    let own_dir = dir.path().join("own");
+    let mut recorder = InMemory::default();
+    let events = RefCell::new(Vec::new());
+    let summary = RunBuilder::new(&loaded, options(own_dir.clone()))
+        .recorder(&mut recorder)
+        .observer(|event: &RunEvent| events.borrow_mut().push(event.clone()))
+        .run()
+        .unwrap();
+    // Every round reached it, with its two clients' rows, and the model the
+    // default recorder writes; the run folder holds no results of its own.
+    let rounds: Vec<u32> = recorder.rounds.iter().map(|(row, _)| row.round).collect();
+    assert_eq!(rounds, [1, 2]);
+    assert!(recorder.rounds.iter().all(|(_, clients)| *clients == 2));
+    assert_eq!(recorder.checkpoints, [1, 2]);
+    let final_model = std::fs::read(default_dir.join(MODEL_FILE)).unwrap();
+    assert_eq!(recorder.models.last().unwrap(), &(2, final_model));
+    assert_eq!(
+        summary.rounds.last().unwrap().accuracy,
+        recorder.rounds[1].0.accuracy
+    );
+    for file in [MODEL_FILE, "results.csv", "clients.csv", "checkpoints"] {
+        assert!(!own_dir.join(file).exists(), "{file} was written");
+    }
+    // No checkpoint was written, so none was reported.
+    assert!(
+        !events
+            .into_inner()
+            .iter()
+            .any(|e| matches!(e, RunEvent::CheckpointWritten { .. }))
+    );
+
+    // Wrapping the run folder keeps its files, and --resume reads them.
+    let wrapped_dir = dir.path().join("wrapped");
+    std::fs::create_dir_all(&wrapped_dir).unwrap();
+    let wrapping = InMemory {
+        files: Some(cohort_runtime::RunFolder::new(wrapped_dir.clone())),
+        ..InMemory::default()
+    };
+    RunBuilder::new(&loaded, options(wrapped_dir.clone()))
+        .recorder(wrapping)
+        .run()
+        .unwrap();
+    let text = |dir: &Path, file: &str| std::fs::read(dir.join(file)).unwrap();
+    assert_eq!(
+        text(&wrapped_dir, MODEL_FILE),
+        text(&default_dir, MODEL_FILE)
+    );
+    let resumed = RunBuilder::new(
+        &loaded,
+        RunOptions {
+            resume: true,
+            rounds: Some(3),
+            ..options(wrapped_dir.clone())
+        },
+    )
+    .run()
+    .unwrap();
+    assert_eq!(resumed.rounds.len(), 3);
 }

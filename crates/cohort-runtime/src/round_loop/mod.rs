@@ -12,8 +12,8 @@
 //! 3. **aggregate**: put the updates back in selection order, run the server
 //!    hooks under their positional contract, and let the strategy
 //!    ([`Strategy::aggregate`]) make the next global model;
-//! 4. **evaluate and record**: test-set accuracy, the results files and the
-//!    model file ([`Recorder`]);
+//! 4. **evaluate and record**: test-set accuracy, the round's rows and the
+//!    model, to the [`Recorder`];
 //! 5. **checkpoint** the model, the selector and the strategy's state; stop at
 //!    the last round or at the target accuracy.
 //!
@@ -37,7 +37,7 @@ use cohort_core::data::Dataset;
 use cohort_core::hooks::{ClientReport, ServerHooks};
 use cohort_core::layout;
 use cohort_core::processors::{Pipeline, Processor};
-use cohort_core::results::{ClientRow, RoundRow};
+use cohort_core::results::{ClientRow, RoundRow, RunRows};
 use cohort_core::schedule::LrSchedule;
 use cohort_core::selection::ClientSelector;
 use cohort_core::strategy::{
@@ -49,7 +49,7 @@ use cohort_train::trainer::ModelEvaluator;
 use crate::distributed::{SharedCollective, share_accuracy};
 use crate::events::{RunEvent, RunObserver};
 use crate::record::{
-    RecordSettings, Recorder, SimulatedWallTime, federated_accuracy, slowest_client, weighted_loss,
+    CheckpointState, Recorder, SimulatedWallTime, federated_accuracy, slowest_client, weighted_loss,
 };
 use crate::start::StartPoint;
 use crate::transport::Transport;
@@ -87,7 +87,8 @@ pub(crate) struct LoopSettings {
     /// than the server waits for it), a year for in-process workers.
     pub(crate) max_report_seconds: f64,
     pub(crate) wall_time: SimulatedWallTime,
-    pub(crate) record: RecordSettings,
+    /// The config's result hash, kept in every checkpoint.
+    pub(crate) config_hash: String,
     /// Compute threads for the test-set evaluation.
     pub(crate) evaluation_threads: usize,
 }
@@ -120,6 +121,7 @@ pub(crate) struct LoopParts<'a> {
     pub(crate) hooks: &'a mut dyn ServerHooks,
     pub(crate) observer: &'a mut dyn RunObserver,
     pub(crate) evaluator: Box<dyn ModelEvaluator>,
+    pub(crate) recorder: Box<dyn Recorder + 'a>,
     pub(crate) test: Dataset,
     pub(crate) clients: ClientFacts,
     /// This process is one rank of a distributed simulation.
@@ -205,7 +207,9 @@ pub(crate) struct RoundLoop<'a> {
     clients: ClientFacts,
     global: ParamTree,
     selector: ClientSelector,
-    recorder: Recorder,
+    recorder: Box<dyn Recorder + 'a>,
+    /// Every round's rows so far, resumed ones included.
+    rows: RunRows,
     first_round: u32,
     clock: Clock,
     ranks: Option<RankRole>,
@@ -221,16 +225,7 @@ impl<'a> RoundLoop<'a> {
             .context(
                 "cannot start the evaluation's compute threads (trainer.threads_per_worker)",
             )?;
-        let simulated_before = start
-            .results
-            .rounds()
-            .last()
-            .map_or(0.0, |r| r.simulated_time);
-        let recorder = Recorder::new(
-            parts.settings.record.clone(),
-            start.results,
-            parts.ranks.as_ref().is_none_or(|r| r.leader),
-        );
+        let simulated_before = start.rows.rounds.last().map_or(0.0, |r| r.simulated_time);
         Ok(Self {
             settings: parts.settings,
             hooks: parts.hooks,
@@ -243,7 +238,8 @@ impl<'a> RoundLoop<'a> {
             clients: parts.clients,
             global: start.global,
             selector: start.selector,
-            recorder,
+            recorder: parts.recorder,
+            rows: start.rows,
             first_round: start.first_round,
             clock: Clock {
                 run_started: Instant::now(),
@@ -264,14 +260,14 @@ impl<'a> RoundLoop<'a> {
     /// The loop's parts back, once it has run: the transport must be dropped
     /// before the client processes it serves.
     pub(crate) fn finish(self) -> (Box<dyn Transport>, Vec<RoundRow>) {
-        (self.transport, self.recorder.into_rounds())
+        (self.transport, self.rows.rounds)
     }
 
     /// Runs every remaining round; `true` when the target accuracy was reached.
     pub(crate) fn run(&mut self) -> anyhow::Result<bool> {
         let reached = self.run_rounds()?;
         self.observer.on_event(&RunEvent::RunFinished {
-            rounds: self.recorder.rounds().len(),
+            rounds: self.rows.rounds.len(),
             reached_target: reached,
         });
         Ok(reached)
@@ -327,14 +323,18 @@ impl<'a> RoundLoop<'a> {
             let interval = self.settings.checkpoint_interval.max(1);
             let step = Instant::now();
             if self.leader() && (round % interval == 0 || round == last_round || target_reached) {
-                let sidecar = self.recorder.checkpoint(
+                let written = self.recorder.checkpoint(&CheckpointState {
                     round,
-                    &packed.model_bytes,
-                    selector_state,
-                    self.strategy.as_ref(),
-                )?;
-                self.observer
-                    .on_event(&RunEvent::CheckpointWritten { round, sidecar });
+                    model_bytes: &packed.model_bytes,
+                    selector: selector_state,
+                    strategy: self.strategy.as_ref(),
+                    rows: &self.rows,
+                    config_hash: &self.settings.config_hash,
+                })?;
+                if let Some(sidecar) = written {
+                    self.observer
+                        .on_event(&RunEvent::CheckpointWritten { round, sidecar });
+                }
             }
             steps.checkpointing = step.elapsed();
             steps.log(round);
@@ -674,7 +674,9 @@ impl<'a> RoundLoop<'a> {
         let dropped = std::mem::take(&mut collected.failures);
         let (payloads, arrivals) =
             hooked_payloads(round, collected, &mut *self.hooks, &self.global)?;
-        self.recorder.keep_updates(round, &payloads)?;
+        if self.leader() {
+            self.recorder.updates(round, &payloads)?;
+        }
         let updates: Vec<ClientUpdate<'_>> = payloads
             .iter()
             .map(|payload| ClientUpdate {
@@ -728,7 +730,7 @@ impl<'a> RoundLoop<'a> {
             );
         }
         let evaluation_time = evaluation_started.elapsed().as_secs_f64();
-        self.recorder.write_model(&packed.model_bytes)?;
+        self.recorder.model(round, &packed.model_bytes)?;
         let Aggregated {
             reports,
             arrivals,
@@ -778,7 +780,9 @@ impl<'a> RoundLoop<'a> {
             round_time = row.round_time,
             "round finished"
         );
-        self.recorder.record(row.clone(), client_rows)?;
+        self.rows.push(row.clone(), client_rows);
+        let clients = self.rows.clients_of(round);
+        self.recorder.round(&row, clients, &self.rows)?;
         self.observer
             .on_event(&RunEvent::RoundFinished { row, privacy });
         if let Some(ranks) = &self.ranks {

@@ -14,7 +14,7 @@ use cohort_train::trainer::ClientTask;
 
 use super::*;
 use crate::client::ClientReply;
-use crate::record::MODEL_FILE;
+use crate::record::{MODEL_FILE, RunFolder};
 use crate::start::{ResumeChecks, fresh_start, resume_point};
 use crate::transport::{ClientOutcome, Delivered, TaskSpec};
 
@@ -100,7 +100,7 @@ impl Transport for AddingClients {
     }
 }
 
-fn settings(run_dir: &Path, last_round: u32, min_per_round: usize) -> LoopSettings {
+fn settings(last_round: u32, min_per_round: usize) -> LoopSettings {
     let inbound = Pipeline::receiver(
         "server.inbound_processors",
         &["safetensor_decode".to_owned()],
@@ -144,11 +144,7 @@ fn settings(run_dir: &Path, last_round: u32, min_per_round: usize) -> LoopSettin
         },
         max_report_seconds: 600.0,
         wall_time: SimulatedWallTime::default(),
-        record: RecordSettings {
-            run_dir: run_dir.to_path_buf(),
-            config_hash: "test".to_owned(),
-            keep_client_updates: false,
-        },
+        config_hash: "test".to_owned(),
         evaluation_threads: 1,
     }
 }
@@ -213,12 +209,13 @@ fn run_boosted(
     };
     let mut round_loop = RoundLoop::new(
         LoopParts {
-            settings: settings(run_dir, last_round, 2),
+            settings: settings(last_round, 2),
             strategy,
             transport: Box::new(transport),
             hooks: &mut hooks,
             observer: &mut record,
             evaluator: evaluator(),
+            recorder: Box::new(RunFolder::new(run_dir.to_path_buf())),
             test: test_set(),
             clients: facts(),
             ranks: None,
@@ -258,7 +255,7 @@ fn fedavg_shift(clients: &[u32]) -> f64 {
 fn each_round_selects_dispatches_collects_aggregates_evaluates_records_and_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let initial = evaluator().parameters();
-    let start = fresh_start(initial.clone(), 7, dir.path());
+    let start = fresh_start(initial.clone(), 7);
     let (events, served) = run_loop(dir.path(), start, 2, &[], fedavg()).unwrap();
 
     // Selection is the seeded selector's, round after round.
@@ -313,7 +310,7 @@ fn a_client_that_fails_is_dropped_from_its_round_and_the_round_goes_on() {
     let initial = evaluator().parameters();
     // Seed 7 selects client 4 in round 1 (checked below).
     let failing = 4;
-    let start = fresh_start(initial.clone(), 7, dir.path());
+    let start = fresh_start(initial.clone(), 7);
     let (events, served) = run_loop(dir.path(), start, 1, &[failing], fedavg()).unwrap();
     assert!(served[0].contains(&failing), "{served:?}");
     let dropped: Vec<&RunEvent> = events
@@ -343,7 +340,7 @@ fn a_client_that_fails_is_dropped_from_its_round_and_the_round_goes_on() {
 #[test]
 fn too_few_updates_stop_the_run_before_anything_of_the_round_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let start = fresh_start(evaluator().parameters(), 7, dir.path());
+    let start = fresh_start(evaluator().parameters(), 7);
     // Every client fails; min_per_round is 2.
     let error = run_loop(dir.path(), start, 1, &[1, 2, 3, 4, 5], fedavg()).unwrap_err();
     let message = format!("{error:#}");
@@ -356,7 +353,7 @@ fn too_few_updates_stop_the_run_before_anything_of_the_round_is_written() {
 fn a_resumed_loop_ends_where_an_uninterrupted_one_does_bit_for_bit() {
     let whole = tempfile::tempdir().unwrap();
     let initial = evaluator().parameters();
-    let start = fresh_start(initial.clone(), 7, whole.path());
+    let start = fresh_start(initial.clone(), 7);
     // FedAvgM keeps state (its momentum) that the checkpoint must carry.
     let momentum = || -> Box<dyn Strategy> {
         AlgorithmConfig::Fedavgm(Default::default())
@@ -366,7 +363,7 @@ fn a_resumed_loop_ends_where_an_uninterrupted_one_does_bit_for_bit() {
     run_loop(whole.path(), start, 3, &[], momentum()).unwrap();
 
     let split = tempfile::tempdir().unwrap();
-    let start = fresh_start(initial, 7, split.path());
+    let start = fresh_start(initial, 7);
     run_loop(split.path(), start, 2, &[], momentum()).unwrap();
     let mut strategy = momentum();
     let reference = evaluator().parameters();
@@ -402,7 +399,7 @@ fn a_forged_checkpoint_falls_back_to_the_one_before_with_the_reason() {
     let initial = evaluator().parameters();
     run_loop(
         dir.path(),
-        fresh_start(initial.clone(), 7, dir.path()),
+        fresh_start(initial.clone(), 7),
         2,
         &[],
         fedavg(),
@@ -470,7 +467,7 @@ fn a_round_whose_model_is_refused_keeps_the_model_and_the_strategy_state_it_star
     };
     // Round 2's updates are huge: its model is refused.
     let boosted = tempfile::tempdir().unwrap();
-    let start = fresh_start(initial.clone(), 7, boosted.path());
+    let start = fresh_start(initial.clone(), 7);
     let (events, _) = run_boosted(boosted.path(), start, 2, &[], momentum(), Some(2)).unwrap();
     let kept: Vec<&RunEvent> = events
         .iter()
@@ -485,7 +482,7 @@ fn a_round_whose_model_is_refused_keeps_the_model_and_the_strategy_state_it_star
     resume_point(&checks, boosted.path(), after_two.as_mut()).unwrap();
 
     let one = tempfile::tempdir().unwrap();
-    let start = fresh_start(initial, 7, one.path());
+    let start = fresh_start(initial, 7);
     run_loop(one.path(), start, 1, &[], momentum()).unwrap();
     let mut after_one = momentum();
     resume_point(&checks, one.path(), after_one.as_mut()).unwrap();
