@@ -4,10 +4,14 @@
 //! first bytes without a deadline. Left alone, connections that never send a
 //! byte pile up until the process runs out of file descriptors, and then the
 //! accept loop fails in a tight loop. This stream sits in front: at most
-//! `max_connections` open at once (one more is closed at once), a connection
-//! that sends nothing within `first_byte_within` is closed, one that has not
-//! registered a client within `register_within` is closed too (whatever bytes
-//! it trickles), and an accept error backs off instead of spinning.
+//! `max_connections` open at once and `max_per_address` from one IP address
+//! (one more is closed at once), a connection that sends nothing within
+//! `first_byte_within` is closed, one that has not registered a client within
+//! `register_within` is closed too (whatever bytes it trickles), and so is a
+//! registered connection once its client process is gone (it left, or the
+//! server dropped it for not answering a task), so a process that never
+//! answers cannot keep its slot; an accept error backs off instead of
+//! spinning.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,10 +19,12 @@ use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use atomic_waker::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -31,6 +37,9 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 pub struct Admission {
     /// Connections open at once, registered clients and others together.
     pub max_connections: usize,
+    /// Connections open at once from one IP address, so one host cannot
+    /// take every slot.
+    pub max_per_address: usize,
     /// A connection must send its first byte within this.
     pub first_byte_within: Duration,
     /// A connection must have registered a client process within this.
@@ -41,6 +50,7 @@ impl Default for Admission {
     fn default() -> Self {
         Self {
             max_connections: 256,
+            max_per_address: 64,
             first_byte_within: Duration::from_secs(10),
             register_within: Duration::from_secs(20),
         }
@@ -51,21 +61,53 @@ impl Default for Admission {
 /// descriptors, say) before it tries again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// A connection that passed admission; it holds its slot until it closes.
+/// A connection that passed admission; it holds its slot (and its place
+/// among its address's) until it closes.
 pub struct Admitted {
     stream: TcpStream,
     _slot: OwnedSemaphorePermit,
-    registered: Arc<AtomicBool>,
-    /// When an unregistered connection is cut off.
+    _address_slot: AddressSlot,
+    registration: Arc<Registration>,
+    /// When a connection without a client process is cut off.
     deadline: Pin<Box<tokio::time::Sleep>>,
 }
 
-/// What a request learns of its connection: the peer, and a flag the
-/// registration sets so the connection may stay.
+/// Whether a client process is registered on a connection. Set by the
+/// registration, cleared when the process is gone; a connection without one
+/// past its deadline is closed.
+#[derive(Debug, Default)]
+pub struct Registration {
+    registered: AtomicBool,
+    /// The connection's reader, woken when its process is gone so it is cut
+    /// off then, not at the peer's next byte.
+    reader: AtomicWaker,
+}
+
+impl Registration {
+    /// Marks the connection as a client process's; `false` if it is one
+    /// already (one process per connection: more streams on it would be more
+    /// processes in one slot).
+    pub fn register(&self) -> bool {
+        !self.registered.swap(true, Ordering::SeqCst)
+    }
+
+    /// The connection's process is gone: the connection is closed at once
+    /// if its registration deadline has passed.
+    pub fn release(&self) {
+        self.registered.store(false, Ordering::SeqCst);
+        self.reader.wake();
+    }
+
+    fn is_registered(&self) -> bool {
+        self.registered.load(Ordering::SeqCst)
+    }
+}
+
+/// What a request learns of its connection: the peer, and its registration.
 #[derive(Debug, Clone)]
 pub struct AdmittedInfo {
     pub tcp: TcpConnectInfo,
-    pub registered: Arc<AtomicBool>,
+    pub registration: Arc<Registration>,
 }
 
 impl Connected for Admitted {
@@ -74,7 +116,7 @@ impl Connected for Admitted {
     fn connect_info(&self) -> Self::ConnectInfo {
         AdmittedInfo {
             tcp: self.stream.connect_info(),
-            registered: Arc::clone(&self.registered),
+            registration: Arc::clone(&self.registration),
         }
     }
 }
@@ -86,8 +128,10 @@ impl AsyncRead for Admitted {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         // Polling the deadline arms its timer, so a silent peer is woken and
-        // cut off on time, not only when it next sends a byte.
-        if !self.registered.load(Ordering::Relaxed) && self.deadline.as_mut().poll(cx).is_ready() {
+        // cut off on time, not only when it next sends a byte; the waker
+        // lets a release do the same.
+        self.registration.reader.register(cx.waker());
+        if !self.registration.is_registered() && self.deadline.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "no client registered on this connection in time",
@@ -187,6 +231,52 @@ impl RefusalsByPeer {
     }
 }
 
+/// Open connections per IP address.
+#[derive(Default)]
+struct AddressCounts(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection's place among its address's; given back when dropped.
+struct AddressSlot {
+    counts: Arc<AddressCounts>,
+    address: IpAddr,
+}
+
+impl AddressCounts {
+    /// A place for one more connection from `address`, if it has fewer than
+    /// `limit` open.
+    fn take(self: &Arc<Self>, address: IpAddr, limit: usize) -> Option<AddressSlot> {
+        let mut counts = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let open = counts.entry(address).or_default();
+        if *open >= limit {
+            return None;
+        }
+        *open += 1;
+        Some(AddressSlot {
+            counts: Arc::clone(self),
+            address,
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut counts = self
+            .counts
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(open) = counts.get_mut(&self.address) {
+            *open -= 1;
+            if *open == 0 {
+                counts.remove(&self.address);
+            }
+        }
+    }
+}
+
 /// The admitted connections of `listener`, for `serve_with_incoming`. Must be
 /// called inside a tokio runtime; the accept loop ends when the stream is
 /// dropped.
@@ -196,6 +286,7 @@ pub fn incoming(
 ) -> impl Stream<Item = io::Result<Admitted>> {
     let (admitted, stream) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(admission.max_connections));
+    let addresses = Arc::new(AddressCounts::default());
     tokio::spawn(async move {
         let mut refusals = Refusals::default();
         loop {
@@ -205,8 +296,8 @@ pub fn incoming(
                 accepted = listener.accept() => accepted,
                 _ = admitted.closed() => break,
             };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
                 Err(error) => {
                     refusals.note(&format!(
                         "cannot accept a connection ({error}); backing off"
@@ -214,6 +305,15 @@ pub fn incoming(
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
+            };
+            let Some(address_slot) = addresses.take(peer.ip(), admission.max_per_address) else {
+                refusals.note(&format!(
+                    "connection closed: {} has the maximum of {} open connections from one \
+                     address (server.max_connections_per_address)",
+                    peer.ip(),
+                    admission.max_per_address
+                ));
+                continue;
             };
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                 refusals.note(&format!(
@@ -232,7 +332,8 @@ pub fn incoming(
                     let connection = Admitted {
                         stream,
                         _slot: slot,
-                        registered: Arc::new(AtomicBool::new(false)),
+                        _address_slot: address_slot,
+                        registration: Arc::default(),
                         deadline: Box::pin(tokio::time::sleep(admission.register_within)),
                     };
                     let _ = admitted.send(Ok(connection)).await;

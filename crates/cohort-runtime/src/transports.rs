@@ -11,6 +11,7 @@ use cohort_core::data::Dataset;
 use cohort_train::device::Selected;
 use cohort_train::registry::RunModel;
 
+use crate::admission::Admission;
 use crate::children::ChildClients;
 use crate::client::{BatchRunner, ClientPartitions, ClientRunner};
 use crate::events::{RunEvent, RunObserver};
@@ -182,13 +183,7 @@ pub(crate) fn start_transport(
         registration_timeout: std::time::Duration::from_secs_f64(server.registration_timeout),
         max_payload_bytes: loaded.decode_limits().max_bytes,
         max_inflight_bytes: usize::try_from(loaded.max_inflight_bytes()).unwrap_or(usize::MAX),
-        // Room for every client process the run waits for, and then some.
-        admission: crate::admission::Admission {
-            max_connections: 256.max(
-                expected_clients(options, config) + config.clients.own_data_clients as usize + 64,
-            ),
-            ..Default::default()
-        },
+        admission: admission(options, config),
         own_data: crate::grpc::OwnDataSettings {
             clients: config.clients.own_data_clients,
             max_samples: config.clients.max_samples,
@@ -287,6 +282,18 @@ fn own_data_tokens(path: &std::path::Path, clients: u32) -> anyhow::Result<Vec<S
 /// How many ordinary client processes network mode waits for: those it
 /// starts, or `trainer.max_concurrency` started elsewhere; none when every
 /// client brings its own data (those are waited for by id).
+/// Room for every client process the run waits for, and then some; the
+/// processes it starts itself all come from this machine's address.
+fn admission(options: &RunOptions, config: &cohort_core::config::Config) -> Admission {
+    let waited_for = expected_clients(options, config) + config.clients.own_data_clients as usize;
+    let local = options.local_clients.as_ref().map_or(0, |spec| spec.count);
+    Admission {
+        max_connections: 256.max(waited_for + 64),
+        max_per_address: (config.server.max_connections_per_address as usize).max(local + 8),
+        ..Default::default()
+    }
+}
+
 fn expected_clients(options: &RunOptions, config: &cohort_core::config::Config) -> usize {
     let clients = &config.clients;
     match &options.local_clients {

@@ -229,6 +229,7 @@ fn silent_connections_are_capped_and_closed_and_honest_clients_still_register() 
         max_connections: 8,
         first_byte_within: Duration::from_millis(500),
         register_within: Duration::from_secs(1),
+        ..Default::default()
     };
     let transport = GrpcTransport::start(settings).unwrap();
     let address = transport.local_addr();
@@ -433,6 +434,7 @@ fn an_honest_client_retries_past_a_server_whose_slots_are_full() {
         max_connections: 4,
         first_byte_within: Duration::from_secs(2),
         register_within: Duration::from_secs(2),
+        ..Default::default()
     };
     let transport = GrpcTransport::start(settings).unwrap();
     let address = transport.local_addr();

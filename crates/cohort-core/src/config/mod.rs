@@ -367,6 +367,7 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "server.port",
     "server.payload_timeout",
     "server.registration_timeout",
+    "server.max_connections_per_address",
     "server.auth_token",
     "clients.own_data_token_file",
     "server.tls_cert",
@@ -1020,6 +1021,7 @@ fn validate(loaded: &LoadedConfig, optimizer_known: bool) -> Vec<ConfigError> {
     let config = &loaded.config;
     validate_clients(config, &fail);
     validate_server(config, &fail);
+    validate_run_name(config, &fail);
     if optimizer_known {
         validate_algorithm(loaded, &fail);
     }
@@ -1157,21 +1159,11 @@ fn validate_server(config: &Config, fail: Fail) {
             );
         }
     }
-    if let Some(name) = &config.general.run_name {
-        let plain = !name.is_empty()
-            && name != "."
-            && name != ".."
-            && !name.contains(['/', '\\', '\0'])
-            && Path::new(name).components().count() == 1;
-        if !plain {
-            fail(
-                "general.run_name",
-                format!(
-                    "`{name}` is not a plain folder name: no `/`, `\\`, `..` or empty name; \
-                     the run folder goes under the base folder"
-                ),
-            );
-        }
+    if server.max_connections_per_address == 0 {
+        fail(
+            "server.max_connections_per_address",
+            "must be at least 1 (connections from one IP address at once)".to_owned(),
+        );
     }
     if server.max_payload_bytes == 0 {
         fail("server.max_payload_bytes", "must be at least 1".to_owned());
@@ -1201,6 +1193,26 @@ fn validate_server(config: &Config, fail: Fail) {
             "server.auth_token",
             "must not be empty; leave it out for no authentication".to_owned(),
         );
+    }
+}
+
+/// A run name is one folder under the base folder, never a path out of it.
+fn validate_run_name(config: &Config, fail: Fail) {
+    if let Some(name) = &config.general.run_name {
+        let plain = !name.is_empty()
+            && name != "."
+            && name != ".."
+            && !name.contains(['/', '\\', '\0'])
+            && Path::new(name).components().count() == 1;
+        if !plain {
+            fail(
+                "general.run_name",
+                format!(
+                    "`{name}` is not a plain folder name: no `/`, `\\`, `..` or empty name; \
+                     the run folder goes under the base folder"
+                ),
+            );
+        }
     }
 }
 

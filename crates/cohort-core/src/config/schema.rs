@@ -146,6 +146,10 @@ pub struct Server {
     pub payload_timeout: f64,
     /// Seconds the server waits for client processes to register.
     pub registration_timeout: f64,
+    /// Connections open at once from one IP address (network mode), so
+    /// one host cannot take every connection slot; raised to fit the
+    /// client processes a run starts on its own machine.
+    pub max_connections_per_address: u32,
     /// Shared secret client processes must present; default: none.
     pub auth_token: Option<String>,
     /// PEM certificate chain and key for TLS; default: plain TCP.
@@ -175,6 +179,7 @@ impl Default for Server {
             max_inflight_bytes: None,
             payload_timeout: 600.0,
             registration_timeout: 120.0,
+            max_connections_per_address: 64,
             auth_token: None,
             tls_cert: None,
             tls_key: None,

@@ -37,23 +37,22 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tokio::sync::Notify;
 use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 
 use crate::transport::{ClientOutcome, Declared, TaskSpec, Transport};
 
+mod join;
 mod serve;
 
-use serve::{Process, serve_worker};
+use join::Service;
 
 pub mod proto {
     tonic::include_proto!("cohort.v1");
 }
 
-use proto::client_message::Kind as ClientKind;
-use proto::federation_server::{Federation, FederationServer};
+use proto::ServerMessage;
+use proto::federation_server::FederationServer;
 use proto::server_message::Kind as ServerKind;
-use proto::{ClientMessage, ServerMessage};
 
 /// Bumped when the messages change incompatibly. 3: own-data registration
 /// (an older server would take an own-data client for an ordinary worker).
@@ -312,188 +311,10 @@ impl Shared {
     }
 }
 
-struct Service {
-    shared: Arc<Shared>,
-}
-
 type ServerStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
 
 fn message(kind: ServerKind) -> Result<ServerMessage, Status> {
     Ok(ServerMessage { kind: Some(kind) })
-}
-
-fn token_matches(expected: &str, given: &str) -> bool {
-    use subtle::ConstantTimeEq;
-    expected.as_bytes().ct_eq(given.as_bytes()).into()
-}
-
-#[tonic::async_trait]
-impl Federation for Service {
-    type JoinStream = ServerStream;
-
-    async fn join(
-        &self,
-        request: Request<Streaming<ClientMessage>>,
-    ) -> Result<Response<Self::JoinStream>, Status> {
-        // Over TLS, tonic wraps the connection's info in its own.
-        let extensions = request.extensions();
-        let connection = extensions
-            .get::<crate::admission::AdmittedInfo>()
-            .or_else(|| {
-                extensions
-                    .get::<tonic::transport::server::TlsConnectInfo<crate::admission::AdmittedInfo>>()
-                    .map(|tls| tls.get_ref())
-            })
-            .cloned();
-        let address = connection.as_ref().and_then(|c| c.tcp.remote_addr());
-        let peer = address.map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
-        let ip = address.map(|a| a.ip());
-        let mut inbound = request.into_inner();
-        let first = tokio::time::timeout(REGISTER_WITHIN, inbound.message())
-            .await
-            .map_err(|_| Status::deadline_exceeded("no Register message within 10 s"))?;
-        let register = match first? {
-            Some(ClientMessage {
-                kind: Some(ClientKind::Register(register)),
-            }) => register,
-            _ => {
-                return Err(Status::invalid_argument(
-                    "the first message must be Register",
-                ));
-            }
-        };
-        if register.protocol != PROTOCOL_VERSION {
-            return Err(Status::failed_precondition(format!(
-                "client speaks protocol {}, this server {PROTOCOL_VERSION}; use the same cohort version on both",
-                register.protocol
-            )));
-        }
-        // Checked before the token, so that a long name is refused whoever
-        // sends it, and none of it reaches the log.
-        let length = register.name.len();
-        if length > MAX_CLIENT_NAME_BYTES {
-            if let Some(times) = self.shared.refused(ip, "name") {
-                tracing::warn!(%peer, bytes = length, times, "client refused: its name is longer than {MAX_CLIENT_NAME_BYTES} bytes");
-            }
-            return Err(Status::invalid_argument(format!(
-                "client name (Register.name) is {length} bytes; this server accepts at most \
-                 {MAX_CLIENT_NAME_BYTES} (MAX_CLIENT_NAME_BYTES)"
-            )));
-        }
-        // With per-id tokens an own-data client proves which id it is; the
-        // run's token then admits only ordinary client processes.
-        let own_data_tokens = &self.shared.settings.own_data.tokens;
-        let per_id = register.own_data.is_some() && !own_data_tokens.is_empty();
-        if !per_id
-            && let Some(expected) = &self.shared.settings.auth_token
-            && !token_matches(expected, &register.token)
-        {
-            // Not the name: whoever sent it has not shown they may write to
-            // this log.
-            if let Some(times) = self.shared.refused(ip, "token") {
-                tracing::warn!(%peer, times, "client refused: wrong or missing token");
-            }
-            return Err(Status::unauthenticated(
-                "wrong or missing token (cohort client --token, or COHORT_TOKEN)",
-            ));
-        }
-        let shared = Arc::clone(&self.shared);
-        // Names are logged Debug-formatted (`?`), so that control characters
-        // in one cannot forge or garble log lines.
-        let (lane, worker, declared) = match &register.own_data {
-            Some(own) => {
-                let own = match per_id {
-                    true => own_data_of_token(own, own_data_tokens, &register.token)
-                        .inspect_err(|_| {
-                            if let Some(times) = shared.refused(ip, "token") {
-                                tracing::warn!(%peer, times, "own-data claim refused: wrong or missing own-data token");
-                            }
-                        })?,
-                    false => *own,
-                };
-                let (id, worker, declared) = shared.claim(&own, &peer).inspect_err(|refusal| {
-                    if let Some(times) = shared.refused(ip, "own-data") {
-                        tracing::warn!(%peer, name = ?register.name, times, "own-data client refused: {}", refusal.message());
-                    }
-                })?;
-                tracing::info!(%peer, name = ?register.name, worker, client = id, train_samples = declared.train_samples, test_samples = declared.test_samples, "own-data client registered");
-                (Lane::Own(id), worker, Some(declared))
-            }
-            None => {
-                let worker = shared.registered.fetch_add(1, Ordering::SeqCst);
-                shared.ordinary.fetch_add(1, Ordering::SeqCst);
-                shared.alive.fetch_add(1, Ordering::SeqCst);
-                tracing::info!(%peer, name = ?register.name, worker, "client process registered");
-                (Lane::Shared, worker, None)
-            }
-        };
-        // A registered client process may keep its connection.
-        if let Some(connection) = &connection {
-            connection.registered.store(true, Ordering::Relaxed);
-        }
-        let leave = move |shared: &Shared| match lane {
-            Lane::Own(id) => shared.release(id, worker),
-            Lane::Shared => {
-                shared.alive.fetch_sub(1, Ordering::SeqCst);
-            }
-        };
-        let (sender, receiver) = tokio::sync::mpsc::channel(4);
-        let welcome = sender
-            .send(message(ServerKind::Welcome(proto::Welcome {
-                config_toml: shared.settings.config_toml.clone(),
-                worker: worker as u32,
-                client_id: match lane {
-                    Lane::Own(id) => id,
-                    Lane::Shared => 0,
-                },
-            })))
-            .await;
-        if welcome.is_err() {
-            leave(&shared);
-            return Err(Status::cancelled("client left during registration"));
-        }
-        tokio::spawn(async move {
-            let process = Process {
-                worker,
-                name: register.name,
-                lane,
-                declared,
-            };
-            serve_worker(&shared, &process, inbound, sender).await;
-            leave(&shared);
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
-    }
-}
-
-/// The claim `own` with the id whose token `token` is: an explicit id must
-/// be that one. Every token is compared in constant time, so the time taken
-/// says nothing of which one was close.
-fn own_data_of_token(
-    own: &proto::OwnData,
-    tokens: &[String],
-    token: &str,
-) -> Result<proto::OwnData, Status> {
-    let mut found = None;
-    for (index, expected) in tokens.iter().enumerate() {
-        if token_matches(expected, token) {
-            found = Some(index as u32 + 1);
-        }
-    }
-    match found {
-        Some(id) if own.client_id == 0 || own.client_id == id => Ok(proto::OwnData {
-            client_id: id,
-            ..*own
-        }),
-        Some(id) => Err(Status::unauthenticated(format!(
-            "this token is own-data client {id}'s, not client {}'s (--client-id)",
-            own.client_id
-        ))),
-        None => Err(Status::unauthenticated(
-            "wrong or missing own-data token: this run gives each own-data client a token \
-             of its own (cohort client --token, or COHORT_TOKEN)",
-        )),
-    }
 }
 
 /// The server side of the network transport.

@@ -37,7 +37,7 @@ use cohort_core::data::Dataset;
 use cohort_core::hooks::{ClientReport, ServerHooks};
 use cohort_core::layout;
 use cohort_core::processors::{Pipeline, Processor};
-use cohort_core::results::{ClientRow, RoundRow, RunRows};
+use cohort_core::results::{RoundRow, RunRows};
 use cohort_core::schedule::LrSchedule;
 use cohort_core::selection::ClientSelector;
 use cohort_core::strategy::{
@@ -46,11 +46,9 @@ use cohort_core::strategy::{
 use cohort_core::tree::ParamTree;
 use cohort_train::trainer::ModelEvaluator;
 
-use crate::distributed::{SharedCollective, share_accuracy};
+use crate::distributed::SharedCollective;
 use crate::events::{RunEvent, RunObserver};
-use crate::record::{
-    CheckpointState, Recorder, SimulatedWallTime, federated_accuracy, slowest_client, weighted_loss,
-};
+use crate::record::{CheckpointState, Recorder, SimulatedWallTime};
 use crate::start::StartPoint;
 use crate::transport::Transport;
 use crate::updates::{
@@ -701,95 +699,6 @@ impl<'a> RoundLoop<'a> {
             privacy: outcome.privacy,
         })
     }
-
-    /// Test-set accuracy of the new model, the results rows and the model file.
-    fn evaluate_and_record(
-        &mut self,
-        round: u32,
-        dispatched: &Dispatched,
-        aggregated: Aggregated,
-        packed: &Packed,
-    ) -> anyhow::Result<f64> {
-        if let Some(ranks) = self.ranks.as_ref().filter(|r| !r.leader) {
-            let accuracy = share_accuracy(&ranks.peers, None)?;
-            self.clock.previous_round_end = Instant::now();
-            tracing::info!(round, accuracy, "round finished (evaluated by rank 0)");
-            return Ok(accuracy);
-        }
-        let evaluation_started = Instant::now();
-        let (evaluator, global, test) = (&mut self.evaluator, &self.global, &self.test);
-        let evaluation = self
-            .evaluation_pool
-            .install(|| evaluator.evaluate(global, test))?;
-        let accuracy = evaluation.accuracy;
-        if !evaluation.loss.is_finite() {
-            tracing::warn!(
-                round,
-                loss = evaluation.loss,
-                "the test loss is not finite; not recorded"
-            );
-        }
-        let evaluation_time = evaluation_started.elapsed().as_secs_f64();
-        self.recorder.model(round, &packed.model_bytes)?;
-        let Aggregated {
-            reports,
-            arrivals,
-            dropped,
-            privacy,
-        } = aggregated;
-        let per_client_download = dispatched.payload_bytes
-            + dispatched.extra_bytes / dispatched.clients.len().max(1) as u64;
-        let wall_time = &self.settings.wall_time;
-        let slowest = slowest_client(&reports, &arrivals, per_client_download, wall_time);
-        let clock = &mut self.clock;
-        let elapsed_time = clock.elapsed_before + clock.run_started.elapsed().as_secs_f64();
-        let row = RoundRow {
-            round,
-            accuracy,
-            elapsed_time,
-            round_time: clock.previous_round_end.elapsed().as_secs_f64(),
-            training_time: reports.iter().map(|r| r.training_time).sum(),
-            evaluation_time,
-            bytes_to_clients: dispatched.payload_bytes * dispatched.clients.len() as u64
-                + dispatched.extra_bytes,
-            bytes_to_server: arrivals.iter().map(|a| a.payload_bytes).sum(),
-            train_loss: weighted_loss(&reports),
-            simulated_time: if wall_time.simulate {
-                clock.simulated_before + slowest
-            } else {
-                elapsed_time
-            },
-            extra_bytes_to_clients: dispatched.extra_bytes,
-            federated_accuracy: federated_accuracy(&arrivals),
-            epsilon: privacy.map(|p| p.epsilon),
-            test_loss: Some(evaluation.loss).filter(|loss| loss.is_finite()),
-        };
-        clock.simulated_before = row.simulated_time;
-        clock.previous_round_end = Instant::now();
-        let mut client_rows = client_rows(round, &reports, &arrivals, &self.clients);
-        client_rows.extend(dropped.into_iter().map(|d| ClientRow {
-            worker: d.worker.unwrap_or_default(),
-            label_histogram: self.clients.histogram(d.client_id),
-            dropped: Some(d.reason),
-            ..ClientRow::empty(round, d.client_id)
-        }));
-        tracing::info!(
-            round,
-            accuracy,
-            test_loss = evaluation.loss,
-            round_time = row.round_time,
-            "round finished"
-        );
-        self.rows.push(row.clone(), client_rows);
-        let clients = self.rows.clients_of(round);
-        self.recorder.round(&row, clients, &self.rows)?;
-        self.observer
-            .on_event(&RunEvent::RoundFinished { row, privacy });
-        if let Some(ranks) = &self.ranks {
-            share_accuracy(&ranks.peers, Some(accuracy))?;
-        }
-        Ok(accuracy)
-    }
 }
 
 /// Where the round loop's thread spent one round, in run.log (`round steps`),
@@ -823,33 +732,7 @@ impl StepTimes {
     }
 }
 
-fn client_rows(
-    round: u32,
-    reports: &[ClientReport],
-    arrivals: &[Arrival],
-    clients: &ClientFacts,
-) -> Vec<ClientRow> {
-    reports
-        .iter()
-        .zip(arrivals)
-        .map(|(r, arrival)| ClientRow {
-            round,
-            client_id: r.client_id,
-            worker: r.worker,
-            samples: r.num_samples,
-            loss: r.loss,
-            training_time: r.training_time,
-            processing_time: arrival.processing_time,
-            comm_time: arrival.comm_time,
-            payload_bytes: arrival.payload_bytes,
-            label_histogram: clients.histogram(r.client_id),
-            test_accuracy: (arrival.test_samples > 0)
-                .then(|| arrival.test_correct as f64 / arrival.test_samples as f64),
-            dropped: None,
-        })
-        .collect()
-}
-
+mod evaluate;
 mod partial;
 #[cfg(test)]
 mod tests;
