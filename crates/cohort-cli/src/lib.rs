@@ -377,33 +377,13 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
             gpu,
         } => {
             let loaded = load_config(&config, &[], registry)?;
-            let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
-            let device = match (cpu, gpu) {
-                (true, _) => DeviceRequest::Cpu,
-                (_, true) => DeviceRequest::Gpu,
-                _ => DeviceRequest::Auto,
-            };
-            let result = tools::evaluate(
-                &loaded,
-                registry,
-                data_root.as_deref(),
-                &model,
+            let request = tools::EvaluateRequest {
+                model: &model,
                 first,
-                logits.as_deref(),
-                device,
-            )?;
-            println!(
-                "{}: {} of {} correct, accuracy {:.4} ({} {}, first {} of {} test samples)",
-                model.display(),
-                result.correct,
-                result.samples,
-                result.correct as f64 / result.samples as f64,
-                loaded.config().trainer.model_name,
-                loaded.config().data.datasource,
-                result.samples,
-                result.test_samples
-            );
-            Ok(())
+                logits: logits.as_deref(),
+                device: device_of(cpu, gpu),
+            };
+            evaluate(&loaded, registry, &request)
         }
         Command::Client(args) => client(args, registry),
         Command::Place(args) => place::place(&args, registry),
@@ -419,6 +399,28 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `cohort evaluate`: the model file's accuracy on the config's test set.
+fn evaluate(
+    loaded: &cohort_core::config::LoadedConfig,
+    registry: &Registry,
+    request: &tools::EvaluateRequest<'_>,
+) -> anyhow::Result<()> {
+    let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
+    let result = tools::evaluate(loaded, registry, data_root.as_deref(), request)?;
+    println!(
+        "{}: {} of {} correct, accuracy {:.4} ({} {}, first {} of {} test samples)",
+        request.model.display(),
+        result.correct,
+        result.samples,
+        result.correct as f64 / result.samples as f64,
+        loaded.config().trainer.model_name,
+        loaded.config().data.datasource,
+        result.samples,
+        result.test_samples
+    );
+    Ok(())
 }
 
 /// Loads and checks a config, then holds `cluster.backend` against the
@@ -505,18 +507,7 @@ fn run(args: RunArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
         &loaded,
     )?;
     let follower = distributed.as_ref().is_some_and(|d| !d.leader());
-    let run_dir = if follower {
-        // Rank 0 writes the run folder; the others only read it to resume.
-        rank::follower_dir(args.resume.as_ref())
-    } else {
-        let run_dir = match &args.resume {
-            Some(run_dir) => run_dir.clone(),
-            None => fresh_run_dir(&args, &loaded)?,
-        };
-        std::fs::create_dir_all(&run_dir)
-            .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
-        run_dir
-    };
+    let run_dir = run_dir_of(&args, &loaded, follower)?;
     if follower {
         init_stderr_logging(args.quiet, args.verbose)?;
     } else {
@@ -530,43 +521,8 @@ fn run(args: RunArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
         }
         tracing::info!("{note}");
     }
-    let device = match (args.cpu, args.gpu) {
-        (true, _) => DeviceRequest::Cpu,
-        (_, true) => DeviceRequest::Gpu,
-        _ => DeviceRequest::Auto,
-    };
-    let local_clients = if loaded.config().clients.comm_simulation {
-        if args.local_clients.is_some() {
-            anyhow::bail!(
-                "--local-clients is for network mode; the config runs clients in process \
-                 (clients.comm_simulation = true)"
-            );
-        }
-        None
-    } else {
-        // When every client brings its own data, a local worker would have
-        // nothing to train.
-        let clients = &loaded.config().clients;
-        let count =
-            args.local_clients
-                .unwrap_or(if clients.own_data_clients == clients.total_clients {
-                    0
-                } else {
-                    loaded.config().trainer.max_concurrency as usize
-                });
-        let device_flag = match device {
-            DeviceRequest::Cpu => Some("--cpu"),
-            DeviceRequest::Gpu => Some("--gpu"),
-            DeviceRequest::Auto => None,
-        };
-        (count > 0).then(|| cohort_runtime::LocalClients {
-            program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cohort")),
-            count,
-            // Their output goes to log files in the run folder, at info level
-            // whatever the server's terminal shows.
-            args: device_flag.into_iter().map(str::to_owned).collect(),
-        })
-    };
+    let device = device_of(args.cpu, args.gpu);
+    let local_clients = local_clients_of(&args, &loaded, device)?;
     let options = RunOptions {
         device,
         run_dir,
@@ -600,29 +556,104 @@ fn run(args: RunArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
         )?;
         tracing::info!(plot = %written.display(), "chart written");
     }
-    if follower {
-        if !args.quiet {
-            println!("this rank is done; rank 0 wrote the results");
-        }
-        return Ok(());
-    }
-    if !args.quiet {
-        match summary.rounds.last() {
-            Some(last) => println!(
-                "finished {} rounds: accuracy {:.4}{}; results in {}",
-                summary.rounds.len(),
-                last.accuracy,
-                if summary.reached_target {
-                    " (target reached)"
-                } else {
-                    ""
-                },
-                summary.run_dir.display()
-            ),
-            None => println!("no rounds ran; results in {}", summary.run_dir.display()),
-        }
-    }
+    report_finished(&summary, follower, args.quiet);
     Ok(())
+}
+
+/// The run folder: `--resume`'s, or a fresh one (created now); a follower
+/// rank's is rank 0's, which it only reads to resume.
+fn run_dir_of(
+    args: &RunArgs,
+    loaded: &cohort_core::config::LoadedConfig,
+    follower: bool,
+) -> anyhow::Result<PathBuf> {
+    if follower {
+        return Ok(rank::follower_dir(args.resume.as_ref()));
+    }
+    let run_dir = match &args.resume {
+        Some(run_dir) => run_dir.clone(),
+        None => fresh_run_dir(args, loaded)?,
+    };
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
+    Ok(run_dir)
+}
+
+/// `--cpu` / `--gpu`, else cohort picks.
+fn device_of(cpu: bool, gpu: bool) -> DeviceRequest {
+    match (cpu, gpu) {
+        (true, _) => DeviceRequest::Cpu,
+        (_, true) => DeviceRequest::Gpu,
+        _ => DeviceRequest::Auto,
+    }
+}
+
+/// Network mode's client processes started on this machine: `--local-clients`,
+/// else one per `trainer.max_concurrency` (none when every client brings its
+/// own data: a local one would have nothing to train).
+fn local_clients_of(
+    args: &RunArgs,
+    loaded: &cohort_core::config::LoadedConfig,
+    device: DeviceRequest,
+) -> anyhow::Result<Option<cohort_runtime::LocalClients>> {
+    let local_clients = if loaded.config().clients.comm_simulation {
+        if args.local_clients.is_some() {
+            anyhow::bail!(
+                "--local-clients is for network mode; the config runs clients in process \
+                 (clients.comm_simulation = true)"
+            );
+        }
+        None
+    } else {
+        // When every client brings its own data, a local worker would have
+        // nothing to train.
+        let clients = &loaded.config().clients;
+        let count =
+            args.local_clients
+                .unwrap_or(if clients.own_data_clients == clients.total_clients {
+                    0
+                } else {
+                    loaded.config().trainer.max_concurrency as usize
+                });
+        let device_flag = match device {
+            DeviceRequest::Cpu => Some("--cpu"),
+            DeviceRequest::Gpu => Some("--gpu"),
+            DeviceRequest::Auto => None,
+        };
+        (count > 0).then(|| cohort_runtime::LocalClients {
+            program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cohort")),
+            count,
+            // Their output goes to log files in the run folder, at info level
+            // whatever the server's terminal shows.
+            args: device_flag.into_iter().map(str::to_owned).collect(),
+        })
+    };
+    Ok(local_clients)
+}
+
+/// The last line on the terminal.
+fn report_finished(summary: &cohort_runtime::RunSummary, follower: bool, quiet: bool) {
+    if quiet {
+        return;
+    }
+    if follower {
+        println!("this rank is done; rank 0 wrote the results");
+        return;
+    }
+    match summary.rounds.last() {
+        Some(last) => println!(
+            "finished {} rounds: accuracy {:.4}{}; results in {}",
+            summary.rounds.len(),
+            last.accuracy,
+            if summary.reached_target {
+                " (target reached)"
+            } else {
+                ""
+            },
+            summary.run_dir.display()
+        ),
+        None => println!("no rounds ran; results in {}", summary.run_dir.display()),
+    }
 }
 
 impl RunArgs {

@@ -52,34 +52,11 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         .flat_map(|s| s.rows.iter().map(|r| r.round))
         .max()
         .unwrap_or(1);
-    // Only finite points are drawn: one infinite or NaN value (a results.csv
-    // edited by hand, or written before reports were bounded) would make an
-    // axis infinite, and plotters loops forever laying out its ticks.
-    let points = |x: fn(&RoundRow) -> f64| {
-        move |run: &Series| -> Vec<(f64, f64)> {
-            run.rows
-                .iter()
-                .map(|r| (x(r), r.accuracy))
-                .filter(|&(x, y)| x.is_finite() && y.is_finite())
-                .collect()
-        }
-    };
     let by_round_points = points(|r| f64::from(r.round));
     let by_time_points = points(|r| r.elapsed_time);
     let by_simulated_points = points(|r| r.simulated_time);
-    // The axis runs 5 % past the last point, and never to infinity.
-    let axis_end = |points: &dyn Fn(&Series) -> Vec<(f64, f64)>| {
-        let max = series
-            .iter()
-            .flat_map(points)
-            .map(|(x, _)| x)
-            .fold(0.0f64, f64::max)
-            .max(1e-3);
-        let end = max * 1.05;
-        if end.is_finite() { end } else { max }
-    };
-    let max_time = axis_end(&by_time_points);
-    let max_simulated = axis_end(&by_simulated_points);
+    let max_time = axis_end(series, by_time_points);
+    let max_simulated = axis_end(series, by_simulated_points);
     let min_accuracy = series
         .iter()
         .flat_map(by_round_points)
@@ -87,46 +64,30 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
         .fold(1.0f64, f64::min);
     let floor = (min_accuracy - 0.05).clamp(0.0, 1.0);
 
-    let mut by_round = ChartBuilder::on(left)
-        .caption("Test accuracy by round", ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.5f64..max_round as f64 + 0.5, floor..1.0f64)?;
-    by_round
-        .configure_mesh()
-        .x_labels((max_round as usize + 1).min(20))
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .x_desc("round")
-        .y_desc("accuracy")
-        .draw()?;
-    let mut by_time = ChartBuilder::on(right)
-        .caption("Test accuracy by wall time", ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0f64..max_time, floor..1.0f64)?;
-    by_time
-        .configure_mesh()
-        .x_desc("seconds since start")
-        .y_desc("accuracy")
-        .draw()?;
-    let mut by_simulated = ChartBuilder::on(simulated_panel)
-        .caption("Test accuracy by simulated time", ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0f64..max_simulated, floor..1.0f64)?;
-    by_simulated
-        .configure_mesh()
-        .x_desc("simulated seconds (clients in parallel)")
-        .y_desc("accuracy")
-        .draw()?;
-
+    let mut by_round = panel(
+        left,
+        "Test accuracy by round",
+        (0.5..max_round as f64 + 0.5, floor),
+        "round",
+        Some((max_round as usize + 1).min(20)),
+    )?;
+    let mut by_time = panel(
+        right,
+        "Test accuracy by wall time",
+        (0.0..max_time, floor),
+        "seconds since start",
+        None,
+    )?;
+    let mut by_simulated = panel(
+        simulated_panel,
+        "Test accuracy by simulated time",
+        (0.0..max_simulated, floor),
+        "simulated seconds (clients in parallel)",
+        None,
+    )?;
     for (index, run) in series.iter().enumerate() {
         let color = Palette99::pick(index).to_rgba();
         let rounds = by_round_points(run);
-        let times = by_time_points(run);
         by_round
             .draw_series(LineSeries::new(rounds.clone(), color.stroke_width(2)))?
             .label(run.label.clone())
@@ -134,11 +95,8 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
         by_round.draw_series(rounds.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
-        by_time.draw_series(LineSeries::new(times.clone(), color.stroke_width(2)))?;
-        by_time.draw_series(times.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
-        let simulated = by_simulated_points(run);
-        by_simulated.draw_series(LineSeries::new(simulated.clone(), color.stroke_width(2)))?;
-        by_simulated.draw_series(simulated.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        line(&mut by_time, &by_time_points(run), color)?;
+        line(&mut by_simulated, &by_simulated_points(run), color)?;
     }
     by_round
         .configure_series_labels()
@@ -150,6 +108,71 @@ pub fn draw(series: &[Series], output: &Path) -> anyhow::Result<PathBuf> {
     root.present()
         .with_context(|| format!("cannot write {}", output.display()))?;
     Ok(output.to_path_buf())
+}
+
+/// A run's points (`x` of each row, its accuracy). Only finite points are
+/// drawn: one infinite or NaN value (a results.csv edited by hand, or written
+/// before reports were bounded) would make an axis infinite, and plotters
+/// loops forever laying out its ticks.
+fn points(x: fn(&RoundRow) -> f64) -> impl Fn(&Series) -> Vec<(f64, f64)> + Copy {
+    move |run: &Series| -> Vec<(f64, f64)> {
+        run.rows
+            .iter()
+            .map(|r| (x(r), r.accuracy))
+            .filter(|&(x, y)| x.is_finite() && y.is_finite())
+            .collect()
+    }
+}
+
+/// Where an axis ends: 5 % past the last point of any run, and never at
+/// infinity.
+fn axis_end(series: &[Series], points: impl Fn(&Series) -> Vec<(f64, f64)>) -> f64 {
+    let max = series
+        .iter()
+        .flat_map(points)
+        .map(|(x, _)| x)
+        .fold(0.0f64, f64::max)
+        .max(1e-3);
+    let end = max * 1.05;
+    if end.is_finite() { end } else { max }
+}
+
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One panel of accuracy (from `floor` to 1) against `x`; `round_ticks`
+/// labels whole rounds.
+fn panel<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    caption: &str,
+    (x, floor): (std::ops::Range<f64>, f64),
+    x_desc: &str,
+    round_ticks: Option<usize>,
+) -> anyhow::Result<Chart<'a, 'b>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(x, floor..1.0f64)?;
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(x_desc).y_desc("accuracy");
+    let whole = |x: &f64| format!("{x:.0}");
+    if let Some(ticks) = round_ticks {
+        mesh.x_labels(ticks).x_label_formatter(&whole);
+    }
+    mesh.draw()?;
+    Ok(chart)
+}
+
+/// A run's points, joined and marked.
+fn line(chart: &mut Chart<'_, '_>, points: &[(f64, f64)], color: RGBAColor) -> anyhow::Result<()> {
+    chart.draw_series(LineSeries::new(points.to_vec(), color.stroke_width(2)))?;
+    chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+    Ok(())
 }
 
 /// Stacked bars of each client's samples per label into `output` (PNG): how

@@ -112,43 +112,40 @@ pub struct Evaluation {
     pub test_samples: usize,
 }
 
-/// The accuracy of the model file `model` (PyTorch's layout) on the first
-/// `first` samples (all by default) of the config's test set, counted as a
-/// run counts it; with `logits`, also writes each sample's logits
-/// (`[samples, classes]` float32) and label (int64) there as safetensors.
+/// What `cohort evaluate` is asked: the model file (PyTorch's layout), how
+/// many of the test set's first samples (all by default), where to write
+/// the logits, and the device.
+pub struct EvaluateRequest<'a> {
+    pub model: &'a Path,
+    pub first: Option<usize>,
+    pub logits: Option<&'a Path>,
+    pub device: cohort_train::device::DeviceRequest,
+}
+
+/// The accuracy of the request's model file on the first samples of the
+/// config's test set, counted as a run counts it; with `logits`, also writes
+/// each sample's logits (`[samples, classes]` float32) and label (int64)
+/// there as safetensors.
 pub fn evaluate(
     loaded: &LoadedConfig,
     registry: &cohort_train::registry::Registry,
     data_root: Option<&Path>,
-    model: &Path,
-    first: Option<usize>,
-    logits: Option<&Path>,
-    device: cohort_train::device::DeviceRequest,
+    request: &EvaluateRequest<'_>,
 ) -> anyhow::Result<Evaluation> {
     let config = loaded.config();
+    let model = request.model;
     let tree = crate::read_model(model)?;
     // Every prediction of such a model is the same garbage: an accuracy of
     // it would read as a (poor) score.
     if let Some((path, index)) = tree.first_non_finite() {
         bail!(
-            "{}: `{path}`[{index}] is not finite; a model with NaN or infinite values has no              accuracy",
+            "{}: `{path}`[{index}] is not finite; a model with NaN or infinite values has no \
+             accuracy",
             model.display()
         );
     }
-    let request = cohort_train::registry::DataRequest {
-        root: data_root.unwrap_or(&config.data.data_path).to_path_buf(),
-        fetch: if config.data.download {
-            cohort_core::data::Fetch::FromMirrors(config.data.mirrors.clone().unwrap_or_default())
-        } else {
-            cohort_core::data::Fetch::Never
-        },
-        test_only: true,
-    };
-    let test = registry
-        .load_data(loaded, &request)
-        .map_err(anyhow::Error::from_boxed)?
-        .test;
-    let samples = first.unwrap_or(test.len());
+    let test = test_set(loaded, registry, data_root)?;
+    let samples = request.first.unwrap_or(test.len());
     if samples == 0 || samples > test.len() {
         bail!(
             "--first {samples}: the test set of {} has {} samples; give 1 to {}",
@@ -157,7 +154,7 @@ pub fn evaluate(
             test.len()
         );
     }
-    let selected = cohort_train::device::select(device)?;
+    let selected = cohort_train::device::select(request.device)?;
     let mut evaluator = registry
         .run_model(loaded, test.sample_shape.clone())?
         .evaluator(&selected.device, config.trainer.eval_batch_size)?;
@@ -172,30 +169,61 @@ pub fn evaluate(
                 loaded.path().display()
             )
         })?;
-    if let Some(path) = logits {
-        let shape = vec![samples, predictions.classes];
-        let labels = predictions.labels.iter().map(|&l| l as i64).collect();
-        let out = ParamTree::from_dotted([
-            (
-                "logits".to_owned(),
-                cohort_core::tree::Array::f32(shape, predictions.logits)?,
-            ),
-            (
-                "labels".to_owned(),
-                cohort_core::tree::Array::new(
-                    vec![samples],
-                    cohort_core::tree::ArrayData::I64(labels),
-                )?,
-            ),
-        ]);
-        cohort_core::fsutil::atomic_write(path, &cohort_core::codec::encode(&out)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+    if let Some(path) = request.logits {
+        write_logits(path, samples, &predictions)?;
     }
     Ok(Evaluation {
         correct: predictions.correct,
         samples,
         test_samples: test.len(),
     })
+}
+
+/// The config's test set alone.
+fn test_set(
+    loaded: &LoadedConfig,
+    registry: &cohort_train::registry::Registry,
+    data_root: Option<&Path>,
+) -> anyhow::Result<cohort_core::data::Dataset> {
+    let data = &loaded.config().data;
+    let request = cohort_train::registry::DataRequest {
+        root: data_root.unwrap_or(&data.data_path).to_path_buf(),
+        fetch: if data.download {
+            cohort_core::data::Fetch::FromMirrors(data.mirrors.clone().unwrap_or_default())
+        } else {
+            cohort_core::data::Fetch::Never
+        },
+        test_only: true,
+    };
+    Ok(registry
+        .load_data(loaded, &request)
+        .map_err(anyhow::Error::from_boxed)?
+        .test)
+}
+
+/// `--logits`: each sample's logits and label, as safetensors.
+fn write_logits(
+    path: &Path,
+    samples: usize,
+    predictions: &cohort_train::trainer::Predictions,
+) -> anyhow::Result<()> {
+    let shape = vec![samples, predictions.classes];
+    let labels = predictions.labels.iter().map(|&l| l as i64).collect();
+    let out = ParamTree::from_dotted([
+        (
+            "logits".to_owned(),
+            cohort_core::tree::Array::f32(shape, predictions.logits.clone())?,
+        ),
+        (
+            "labels".to_owned(),
+            cohort_core::tree::Array::new(
+                vec![samples],
+                cohort_core::tree::ArrayData::I64(labels),
+            )?,
+        ),
+    ]);
+    cohort_core::fsutil::atomic_write(path, &cohort_core::codec::encode(&out)?)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Each client's label histogram under the config's partitioner.

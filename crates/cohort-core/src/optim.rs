@@ -190,6 +190,42 @@ fn non_negative(key: &str, value: f64) -> Result<f64, OptimizerError> {
     }
 }
 
+/// `trainer.optimizer` lowered, once it and every key of
+/// `[parameters.optimizer]` are names the optimizer takes.
+fn checked_names(
+    name: &str,
+    values: &BTreeMap<String, toml::Value>,
+) -> Result<String, OptimizerError> {
+    let lowered = name.to_ascii_lowercase();
+    if !OPTIMIZER_NAMES.contains(&lowered.as_str()) {
+        return Err(OptimizerError {
+            key: "trainer.optimizer".to_owned(),
+            message: format!(
+                "unknown optimizer `{name}`{}; expected one of: {}",
+                crate::suggest::did_you_mean(&lowered, OPTIMIZER_NAMES.iter().copied()),
+                OPTIMIZER_NAMES.join(", ")
+            ),
+        });
+    }
+    let valid = options_of(&lowered);
+    for key in values.keys() {
+        if !valid.contains(&key.as_str()) {
+            let hint = match mlx_name_for(key) {
+                Some(mlx) => format!(" (options use MLX names: did you mean `{mlx}`?)"),
+                None => crate::suggest::did_you_mean(key, valid.iter().copied()),
+            };
+            return Err(Options::error(
+                key,
+                format!(
+                    "`{lowered}` takes no option `{key}`{hint}; valid options: {}",
+                    valid.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(lowered)
+}
+
 impl OptimizerSpec {
     /// Builds the spec from `trainer.optimizer` and `[parameters.optimizer]`,
     /// applying MLX's defaults and rejecting options the optimizer does not take.
@@ -197,33 +233,7 @@ impl OptimizerSpec {
         name: &str,
         values: &BTreeMap<String, toml::Value>,
     ) -> Result<Self, OptimizerError> {
-        let lowered = name.to_ascii_lowercase();
-        if !OPTIMIZER_NAMES.contains(&lowered.as_str()) {
-            return Err(OptimizerError {
-                key: "trainer.optimizer".to_owned(),
-                message: format!(
-                    "unknown optimizer `{name}`{}; expected one of: {}",
-                    crate::suggest::did_you_mean(&lowered, OPTIMIZER_NAMES.iter().copied()),
-                    OPTIMIZER_NAMES.join(", ")
-                ),
-            });
-        }
-        let valid = options_of(&lowered);
-        for key in values.keys() {
-            if !valid.contains(&key.as_str()) {
-                let hint = match mlx_name_for(key) {
-                    Some(mlx) => format!(" (options use MLX names: did you mean `{mlx}`?)"),
-                    None => crate::suggest::did_you_mean(key, valid.iter().copied()),
-                };
-                return Err(Options::error(
-                    key,
-                    format!(
-                        "`{lowered}` takes no option `{key}`{hint}; valid options: {}",
-                        valid.join(", ")
-                    ),
-                ));
-            }
-        }
+        let lowered = checked_names(name, values)?;
         let options = Options {
             optimizer: &lowered,
             values,

@@ -36,27 +36,21 @@ use crate::transport::Transport;
 use crate::updates::{OwnDataRules, expected_reports};
 
 /// Builds the parts the caller left out, then runs the loop over them.
+///
+/// Longer than most functions here on purpose: it is the list of the parts
+/// in the order they depend on each other (run folder, device, data and
+/// model, evaluator, start point, transport, ranks, recorder), each taken
+/// from the caller or built in a few lines, so that one screen shows the
+/// whole assembly, as ripgrep's `HiArgs::from_low_args` does.
 pub(crate) fn build_and_run(
     loaded: &LoadedConfig,
     options: &RunOptions,
     parts: Parts<'_>,
 ) -> anyhow::Result<RunSummary> {
-    let Parts {
-        strategy,
-        hooks,
-        mut observer,
-        transport,
-        data,
-        evaluator,
-        recorder,
-        initial_model,
-    } = parts;
+    let mut observer = parts.observer;
     let mut no_hooks = NoHooks;
-    let hooks: &mut dyn ServerHooks = match hooks {
-        Some(hooks) => hooks,
-        None => &mut no_hooks,
-    };
-    let mut strategy = match strategy {
+    let hooks: &mut dyn ServerHooks = parts.hooks.unwrap_or(&mut no_hooks);
+    let mut strategy = match parts.strategy {
         Some(strategy) => strategy,
         None => options.registry.strategy_of(loaded)?,
     };
@@ -69,20 +63,9 @@ pub(crate) fn build_and_run(
     }
     let selected = device::select(options.device)?;
     tracing::info!(device = selected.name, "compute device");
-    let given = data.is_some();
-    let (splits, partitions) = match data {
-        Some(data) => data,
-        None => load_data(loaded, &options.registry, options.data_root.as_deref())?,
-    };
+    let (splits, partitions, model) = data_and_model(loaded, options, parts.data)?;
     let config = loaded.config();
-    let model = options
-        .registry
-        .run_model(loaded, splits.train.sample_shape.clone())?;
-    if given {
-        check_given_data(&splits, &partitions, &model, config.clients.total_clients)
-            .context("the data given to RunBuilder::data")?;
-    }
-    let evaluator = match evaluator {
+    let evaluator = match parts.evaluator {
         Some(evaluator) => evaluator,
         None => model
             .evaluator(&selected.device, config.trainer.eval_batch_size)
@@ -96,7 +79,7 @@ pub(crate) fn build_and_run(
         loaded,
         options,
         strategy.as_mut(),
-        initial_model,
+        parts.initial_model,
         evaluator.as_ref(),
     )?;
     let facts = run_facts(
@@ -115,7 +98,7 @@ pub(crate) fn build_and_run(
     }));
     let rows_per_sample = model.task.rows_per_sample(&model.spec.sample_shape) as u64;
     let clients = client_facts(loaded, &splits, &partitions, rows_per_sample);
-    let (transport, child_clients) = match transport {
+    let (transport, child_clients) = match parts.transport {
         Some(transport) => (transport, None),
         None => crate::transports::start_transport(
             loaded,
@@ -135,11 +118,9 @@ pub(crate) fn build_and_run(
         hooks,
         observer: &mut observer,
         evaluator,
-        recorder: recorder.unwrap_or_else(|| {
-            Box::new(
-                RunFolder::new(options.run_dir.clone())
-                    .keep_client_updates(config.results.keep_client_updates),
-            )
+        recorder: parts.recorder.unwrap_or_else(|| {
+            let keep = config.results.keep_client_updates;
+            Box::new(RunFolder::new(options.run_dir.clone()).keep_client_updates(keep))
         }),
         test: splits.test,
         clients,
@@ -155,6 +136,29 @@ pub(crate) fn build_and_run(
         model_path: options.run_dir.join(MODEL_FILE),
         reached_target,
     })
+}
+
+/// The data (the caller's, checked as a loader's would be, or the
+/// config's) and the model the run trains on it.
+fn data_and_model(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    given: Option<(Splits, ClientPartitions)>,
+) -> anyhow::Result<(Splits, ClientPartitions, cohort_train::registry::RunModel)> {
+    let total_clients = loaded.config().clients.total_clients;
+    let was_given = given.is_some();
+    let (splits, partitions) = match given {
+        Some(data) => data,
+        None => load_data(loaded, &options.registry, options.data_root.as_deref())?,
+    };
+    let model = options
+        .registry
+        .run_model(loaded, splits.train.sample_shape.clone())?;
+    if was_given {
+        check_given_data(&splits, &partitions, &model, total_clients)
+            .context("the data given to RunBuilder::data")?;
+    }
+    Ok((splits, partitions, model))
 }
 
 /// Runs the loop over its parts; its rows and whether it reached the

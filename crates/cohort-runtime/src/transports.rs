@@ -153,22 +153,19 @@ pub(crate) fn start_transport(
         )?;
         return Ok((Box::new(pool), None));
     }
+    start_server(loaded, options, observer)
+}
+
+/// Network mode: the gRPC server, the client processes this run starts on
+/// its own machine, and the wait for every process the run needs.
+fn start_server(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    observer: &mut dyn RunObserver,
+) -> anyhow::Result<(Box<dyn Transport>, Option<ChildClients>)> {
+    let config = &loaded.config();
     let server = &config.server;
-    if server.auth_token.is_none() {
-        tracing::warn!(
-            address = %server.address,
-            "network mode without server.auth_token: anyone who reaches {}:{} can register as \
-             a client, hold its connection slots and send updates (see docs/SECURITY.md)",
-            server.address,
-            server.port
-        );
-    }
-    if server.auth_token.is_some() && server.tls_cert.is_none() {
-        tracing::warn!(
-            "server.auth_token is set but TLS is off: the token crosses the network in the \
-             clear (set server.tls_cert and server.tls_key)"
-        );
-    }
+    warn_of_exposure(server);
     let bind = format!("{}:{}", server.address, server.port);
     let bind = std::net::ToSocketAddrs::to_socket_addrs(&bind)
         .with_context(|| format!("server.address / server.port: cannot resolve `{bind}`"))?
@@ -214,6 +211,26 @@ pub(crate) fn start_transport(
         return Err(error);
     }
     Ok((Box::new(grpc), children))
+}
+
+/// What a network-mode server exposes without a token, or sends in the
+/// clear without TLS: said loudly at start.
+fn warn_of_exposure(server: &cohort_core::config::Server) {
+    if server.auth_token.is_none() {
+        tracing::warn!(
+            address = %server.address,
+            "network mode without server.auth_token: anyone who reaches {}:{} can register as \
+             a client, hold its connection slots and send updates (see docs/SECURITY.md)",
+            server.address,
+            server.port
+        );
+    }
+    if server.auth_token.is_some() && server.tls_cert.is_none() {
+        tracing::warn!(
+            "server.auth_token is set but TLS is off: the token crosses the network in the \
+             clear (set server.tls_cert and server.tls_key)"
+        );
+    }
 }
 
 /// Shortest own-data token accepted: a guessable one would be no credential.

@@ -398,15 +398,7 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
         .run_model(&loaded, holdings.sample_shape().to_vec())
         .context("the server's model")?;
     let mut runner = ClientRunner::new(&loaded, &model, &selected)?;
-    let compute = rayon::ThreadPoolBuilder::new()
-        .num_threads(config.trainer.threads_per_worker as usize)
-        .build()
-        .with_context(|| {
-            format!(
-                "cannot start {} compute threads (trainer.threads_per_worker)",
-                config.trainer.threads_per_worker
-            )
-        })?;
+    let compute = compute_threads(config.trainer.threads_per_worker)?;
     let max_bytes = loaded
         .decode_limits()
         .max_bytes
@@ -432,20 +424,7 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             None => break,
             Some(_) => bail!("the server sent a message out of order"),
         };
-        let payload =
-            receive_bytes(&mut inbound, task.payload_bytes, max_bytes, "global model").await?;
-        let correction = match task.correction_bytes {
-            0 => None,
-            bytes => Some(Arc::new(
-                receive_bytes(&mut inbound, bytes, max_bytes, "gradient correction").await?,
-            )),
-        };
-        let instructions = TaskInstructions {
-            learning_rate: task.learning_rate,
-            proximal_mu: task.proximal_mu,
-            update_clip_norm: task.update_clip_norm,
-            correction,
-        };
+        let (payload, instructions) = task_inputs(&mut inbound, &task, max_bytes).await?;
         let (data, partition, held_out) = holdings.client(task.client_id)?;
         tracing::info!(
             round = task.round,
@@ -469,6 +448,39 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
         answer(&sender, &task, outcome.map_err(|e| e.to_string())).await?;
     }
     Ok(summary)
+}
+
+/// The compute threads a task trains on.
+fn compute_threads(threads: u32) -> anyhow::Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads as usize)
+        .build()
+        .with_context(|| {
+            format!("cannot start {threads} compute threads (trainer.threads_per_worker)")
+        })
+}
+
+/// What follows a Task message: the global model, and the strategy's
+/// correction when it announced one, each bounded by `max_bytes`.
+async fn task_inputs(
+    inbound: &mut tonic::Streaming<ServerMessage>,
+    task: &proto::Task,
+    max_bytes: usize,
+) -> anyhow::Result<(Vec<u8>, TaskInstructions)> {
+    let payload = receive_bytes(inbound, task.payload_bytes, max_bytes, "global model").await?;
+    let correction = match task.correction_bytes {
+        0 => None,
+        bytes => Some(Arc::new(
+            receive_bytes(inbound, bytes, max_bytes, "gradient correction").await?,
+        )),
+    };
+    let instructions = TaskInstructions {
+        learning_rate: task.learning_rate,
+        proximal_mu: task.proximal_mu,
+        update_clip_norm: task.update_clip_norm,
+        correction,
+    };
+    Ok((payload, instructions))
 }
 
 /// Sends a task's report and update, or why it failed.

@@ -159,33 +159,7 @@ impl<M: FederatedModel> LocalTrainer<M> {
             return Err(TrainError::EmptyPartition { client_id, round });
         }
         let started = Instant::now();
-        let model = self
-            .model
-            .take()
-            .expect("a trainer runs one client at a time");
-        // Keep the instance if loading fails, so the worker stays usable.
-        let mut model = match params::load(model.clone(), global) {
-            Ok(loaded) => loaded,
-            Err(source) => {
-                self.model = Some(model);
-                return Err(TrainError::Load {
-                    client_id,
-                    round,
-                    source,
-                });
-            }
-        };
-        let terms = match GradientTerms::new(&model, plan, global) {
-            Ok(terms) => terms,
-            Err(source) => {
-                self.model = Some(model);
-                return Err(TrainError::Plan {
-                    client_id,
-                    round,
-                    source,
-                });
-            }
-        };
+        let (mut model, terms) = self.take_loaded(task, global, plan)?;
         let mut local_steps = 0u64;
         let mut optimizer = crate::optim::build(&self.settings.optimizer);
         let mut order = partition.to_vec();
@@ -193,12 +167,7 @@ impl<M: FederatedModel> LocalTrainer<M> {
         let mut seen = 0usize;
         let mut failure = None;
         'training: for epoch in 1..=self.settings.epochs {
-            let mut rng = match self.settings.training_seed {
-                Some(seed) => {
-                    ChaCha8Rng::seed_from_u64(training_stream(seed, client_id, round, epoch))
-                }
-                None => ChaCha8Rng::from_os_rng(),
-            };
+            let mut rng = epoch_stream(self.settings.training_seed, task, epoch);
             order.shuffle(&mut rng);
             for (step, batch) in order.chunks(self.settings.batch_size).enumerate() {
                 data.gather(batch, &mut self.images, &mut self.labels);
@@ -221,23 +190,19 @@ impl<M: FederatedModel> LocalTrainer<M> {
                 if let Some(terms) = &terms {
                     grads = terms.apply(&model, grads);
                 }
-                if let Some(max_norm) = self.settings.clip_grad_norm {
-                    let norm = global_norm(&model, &grads);
-                    match clip_scale(norm, max_norm) {
-                        Err(norm) => {
-                            failure = Some(TrainError::NonFiniteGradient {
-                                client_id,
-                                round,
-                                epoch,
-                                step: step + 1,
-                                norm,
-                            });
-                            break 'training;
-                        }
-                        Ok(Some(scale)) => grads = scale_gradients(&model, grads, scale),
-                        Ok(None) => {}
+                grads = match clipped(&model, grads, self.settings.clip_grad_norm) {
+                    Ok(grads) => grads,
+                    Err(norm) => {
+                        failure = Some(TrainError::NonFiniteGradient {
+                            client_id,
+                            round,
+                            epoch,
+                            step: step + 1,
+                            norm,
+                        });
+                        break 'training;
                     }
-                }
+                };
                 model = optimizer.step(learning_rate, model, grads);
                 local_steps += 1;
             }
@@ -261,6 +226,73 @@ impl<M: FederatedModel> LocalTrainer<M> {
             training_time: started.elapsed().as_secs_f64(),
             local_steps,
         })
+    }
+}
+
+impl<M: FederatedModel> LocalTrainer<M> {
+    /// The trainer's model with `global` loaded, and the strategy's gradient
+    /// terms for it. On an error the instance stays, so the worker stays
+    /// usable.
+    fn take_loaded(
+        &mut self,
+        task: ClientTask,
+        global: &ParamTree,
+        plan: &LocalPlan,
+    ) -> Result<(M, Option<GradientTerms>), TrainError> {
+        let ClientTask { client_id, round } = task;
+        let model = self
+            .model
+            .take()
+            .expect("a trainer runs one client at a time");
+        let model = match params::load(model.clone(), global) {
+            Ok(loaded) => loaded,
+            Err(source) => {
+                self.model = Some(model);
+                return Err(TrainError::Load {
+                    client_id,
+                    round,
+                    source,
+                });
+            }
+        };
+        match GradientTerms::new(&model, plan, global) {
+            Ok(terms) => Ok((model, terms)),
+            Err(source) => {
+                self.model = Some(model);
+                Err(TrainError::Plan {
+                    client_id,
+                    round,
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// The stream an epoch of `task` shuffles and draws dropout from: seeded by
+/// (seed, client, round, epoch) so every run draws the same, else fresh.
+fn epoch_stream(seed: Option<u64>, task: ClientTask, epoch: u32) -> ChaCha8Rng {
+    match seed {
+        Some(seed) => {
+            ChaCha8Rng::seed_from_u64(training_stream(seed, task.client_id, task.round, epoch))
+        }
+        None => ChaCha8Rng::from_os_rng(),
+    }
+}
+
+/// `trainer.clip_grad_norm`: the gradients scaled to at most `max_norm`;
+/// their norm when it is not finite.
+fn clipped<M: Module>(
+    model: &M,
+    grads: GradientsParams,
+    max_norm: Option<f64>,
+) -> Result<GradientsParams, f64> {
+    let Some(max_norm) = max_norm else {
+        return Ok(grads);
+    };
+    match clip_scale(global_norm(model, &grads), max_norm)? {
+        Some(scale) => Ok(scale_gradients(model, grads, scale)),
+        None => Ok(grads),
     }
 }
 

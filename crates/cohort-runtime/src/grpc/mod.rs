@@ -317,6 +317,36 @@ fn message(kind: ServerKind) -> Result<ServerMessage, Status> {
     Ok(ServerMessage { kind: Some(kind) })
 }
 
+/// tonic's server with cohort's HTTP/2 settings, over TLS when given a
+/// certificate and key.
+fn server_builder(tls: Option<&(PathBuf, PathBuf)>) -> anyhow::Result<tonic::transport::Server> {
+    // Pings find peers that vanished without closing; a client needs one
+    // stream, so a few per connection are plenty.
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(Some(4));
+    if let Some((cert, key)) = tls {
+        let read = |path: &PathBuf, what: &str| {
+            cohort_core::fsutil::read_bounded(path, MAX_PEM_BYTES).with_context(|| {
+                format!(
+                    "cannot read the TLS {what} {} (server.tls_{what})",
+                    path.display()
+                )
+            })
+        };
+        let identity = tonic::transport::Identity::from_pem(read(cert, "cert")?, read(key, "key")?);
+        builder = builder
+            .tls_config(
+                tonic::transport::ServerTlsConfig::new()
+                    .identity(identity)
+                    .timeout(Duration::from_secs(10)),
+            )
+            .context("invalid TLS certificate or key (server.tls_cert / server.tls_key)")?;
+    }
+    Ok(builder)
+}
+
 /// The server side of the network transport.
 pub struct GrpcTransport {
     shared: Arc<Shared>,
@@ -345,31 +375,7 @@ impl GrpcTransport {
                 )
             })?;
         let local_addr = listener.local_addr()?;
-        // Pings find peers that vanished without closing; a client needs one
-        // stream, so a few per connection are plenty.
-        let mut builder = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-            .max_concurrent_streams(Some(4));
-        if let Some((cert, key)) = &settings.tls {
-            let read = |path: &PathBuf, what: &str| {
-                cohort_core::fsutil::read_bounded(path, MAX_PEM_BYTES).with_context(|| {
-                    format!(
-                        "cannot read the TLS {what} {} (server.tls_{what})",
-                        path.display()
-                    )
-                })
-            };
-            let identity =
-                tonic::transport::Identity::from_pem(read(cert, "cert")?, read(key, "key")?);
-            builder = builder
-                .tls_config(
-                    tonic::transport::ServerTlsConfig::new()
-                        .identity(identity)
-                        .timeout(Duration::from_secs(10)),
-                )
-                .context("invalid TLS certificate or key (server.tls_cert / server.tls_key)")?;
-        }
+        let mut builder = server_builder(settings.tls.as_ref())?;
         let admission = settings.admission;
         // One largest update must always fit, or its client would wait forever.
         let room = settings.max_inflight_bytes.max(settings.max_payload_bytes);

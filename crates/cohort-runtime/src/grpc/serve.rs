@@ -106,13 +106,38 @@ pub(super) async fn serve_worker(
     }
 }
 
+/// One task: sent, answered, its update received.
 async fn run_task(
     shared: &Shared,
     sender: &tokio::sync::mpsc::Sender<Result<ServerMessage, Status>>,
     inbound: &mut Streaming<ClientMessage>,
     job: &Job,
 ) -> Result<ClientReply, TaskError> {
-    let gone = || TaskError::Broken("the client process disconnected".to_owned());
+    send_task(sender, job).await?;
+    let report = answer(inbound, job.spec.task).await?;
+    let payload = receive_update(shared, inbound, &report).await?;
+    Ok(ClientReply {
+        num_samples: report.num_samples,
+        loss: report.loss,
+        training_time: report.training_time,
+        processing_time: report.processing_time,
+        local_steps: report.local_steps,
+        test_samples: report.test_samples,
+        test_correct: report.test_correct.min(report.test_samples),
+        payload,
+    })
+}
+
+fn gone() -> TaskError {
+    TaskError::Broken("the client process disconnected".to_owned())
+}
+
+/// The Task message, then the global model and the strategy's correction
+/// in chunks.
+async fn send_task(
+    sender: &tokio::sync::mpsc::Sender<Result<ServerMessage, Status>>,
+    job: &Job,
+) -> Result<(), TaskError> {
     let ClientTask { client_id, round } = job.spec.task;
     let instructions = &job.spec.instructions;
     let correction: &[u8] = instructions
@@ -143,6 +168,16 @@ async fn run_task(
             .await
             .map_err(|_| gone())?;
     }
+    Ok(())
+}
+
+/// The client's answer to `task`: its report, or the failure it names
+/// (its reason cut to [`MAX_REASON_BYTES`] on arrival).
+async fn answer(
+    inbound: &mut Streaming<ClientMessage>,
+    task: ClientTask,
+) -> Result<proto::Report, TaskError> {
+    let ClientTask { client_id, round } = task;
     let report = match next_message(inbound).await? {
         ClientKind::Report(report) => report,
         ClientKind::Failed(failed) if failed.client_id == client_id && failed.round == round => {
@@ -164,6 +199,16 @@ async fn run_task(
             report.client_id, report.round
         )));
     }
+    Ok(report)
+}
+
+/// The update `report` announces, within `server.max_payload_bytes` and
+/// the room in flight.
+async fn receive_update(
+    shared: &Shared,
+    inbound: &mut Streaming<ClientMessage>,
+    report: &proto::Report,
+) -> Result<Vec<u8>, TaskError> {
     let size = usize::try_from(report.payload_bytes).unwrap_or(usize::MAX);
     if size > shared.settings.max_payload_bytes {
         return Err(malformed(&format!(
@@ -188,16 +233,7 @@ async fn run_task(
             _ => return Err(malformed("the update payload ended early")),
         }
     }
-    Ok(ClientReply {
-        num_samples: report.num_samples,
-        loss: report.loss,
-        training_time: report.training_time,
-        processing_time: report.processing_time,
-        local_steps: report.local_steps,
-        test_samples: report.test_samples,
-        test_correct: report.test_correct.min(report.test_samples),
-        payload,
-    })
+    Ok(payload)
 }
 
 fn malformed(what: &str) -> TaskError {
