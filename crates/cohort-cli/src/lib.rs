@@ -149,6 +149,10 @@ enum Command {
         /// Also draw the histograms as stacked bars into this PNG.
         #[arg(long, value_name = "FILE")]
         png: Option<PathBuf>,
+        /// Also write the exact assignment (each client's training and
+        /// held-out sample indices, 0-based into the training set) as JSON.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
     },
 }
 
@@ -356,15 +360,20 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
             println!("{summary}");
             Ok(())
         }
-        Command::Partitions { config, png } => {
+        Command::Partitions { config, png, json } => {
             let loaded = load_config(&config, &[], registry)?;
             let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
-            let (histograms, table) =
-                tools::partition_histograms(&loaded, registry, data_root.as_deref())?;
-            print!("{table}");
+            let report = tools::partitions(&loaded, registry, data_root.as_deref())?;
+            print!("{}", report.table);
             if let Some(png) = png {
-                plot::draw_partitions(&histograms, &png)?;
+                plot::draw_partitions(&report.histograms, &png)?;
                 println!("wrote {}", png.display());
+            }
+            if let Some(path) = json {
+                let text = serde_json::to_string(&report.assignment)?;
+                cohort_core::fsutil::atomic_write(&path, text.as_bytes())
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                println!("wrote {}", path.display());
             }
             Ok(())
         }

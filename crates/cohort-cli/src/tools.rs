@@ -226,13 +226,26 @@ fn write_logits(
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// Each client's label histogram under the config's partitioner.
-pub fn partition_histograms(
+/// What `cohort partitions` shows: each client's label histogram, the
+/// table of them, and the assignment itself.
+pub struct PartitionReport {
+    pub histograms: Vec<Vec<u64>>,
+    pub table: String,
+    /// `--json`: which training-set samples each client trains on (and holds
+    /// out), exactly as a run computes them, so another framework can train
+    /// the same clients on the same samples.
+    pub assignment: serde_json::Value,
+}
+
+/// The config's partitions of its data set: histograms, table and
+/// assignment.
+pub fn partitions(
     loaded: &LoadedConfig,
     registry: &cohort_train::registry::Registry,
     data_root: Option<&Path>,
-) -> anyhow::Result<(Vec<Vec<u64>>, String)> {
-    let clients = &loaded.config().clients;
+) -> anyhow::Result<PartitionReport> {
+    let config = loaded.config();
+    let clients = &config.clients;
     if clients.all_own_data() {
         anyhow::bail!(
             "{}: every client brings its own data (clients.own_data_clients = \
@@ -242,7 +255,7 @@ pub fn partition_histograms(
         );
     }
     let (splits, partitions) = cohort_runtime::client::load_data(loaded, registry, data_root)?;
-    let classes = loaded.config().parameters.model.num_classes;
+    let classes = config.parameters.model.num_classes;
     let labels = &splits.train.labels;
     let table = cohort_core::partition::summary_table(&partitions.train, labels, classes);
     let histograms = partitions
@@ -250,7 +263,32 @@ pub fn partition_histograms(
         .iter()
         .map(|part| cohort_core::partition::label_histogram(labels, part, classes))
         .collect();
-    Ok((histograms, table))
+    let own_data = clients.own_data_clients as usize;
+    let assignment = serde_json::json!({
+        "format": 1,
+        "config": loaded.path().display().to_string(),
+        "config_hash": loaded.result_hash(),
+        "datasource": config.data.datasource,
+        "train_samples": splits.train.len(),
+        "test_samples": splits.test.len(),
+        "clients": partitions
+            .train
+            .iter()
+            .zip(&partitions.test)
+            .enumerate()
+            .map(|(index, (train, held_out))| serde_json::json!({
+                "client_id": index + 1,
+                "own_data": index < own_data,
+                "train": train,
+                "held_out": held_out,
+            }))
+            .collect::<Vec<_>>(),
+    });
+    Ok(PartitionReport {
+        histograms,
+        table,
+        assignment,
+    })
 }
 
 #[cfg(test)]

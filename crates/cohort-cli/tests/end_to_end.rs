@@ -409,3 +409,84 @@ fn vectorized_clients_give_the_same_global_model_as_one_by_one() {
         );
     }
 }
+
+/// `cohort partitions --json` writes the assignment a run trains on: every
+/// client's sample count in it is the one `clients.csv` reports for that
+/// client, the lists never overlap, and every index is in the training set.
+#[test]
+fn partitions_json_is_the_assignment_the_run_trains_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let skewed = SMALL_JOB.replace(
+        "partition_size = 150",
+        "sampler = \"dirichlet\"\nconcentration = 0.5\nrandom_seed = 4",
+    );
+    let config = write_config(dir.path(), &skewed);
+    let json = dir.path().join("partitions.json");
+    let listed = cohort(
+        &[
+            "partitions",
+            "--config",
+            config.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let assignment: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(assignment["datasource"], "FashionMNIST");
+    let train_samples = assignment["train_samples"].as_u64().unwrap();
+    let clients = assignment["clients"].as_array().unwrap();
+    assert_eq!(clients.len(), 4);
+    let lists: Vec<Vec<u64>> = clients
+        .iter()
+        .map(|c| {
+            c["train"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i.as_u64().unwrap())
+                .collect()
+        })
+        .collect();
+    let mut every: Vec<u64> = lists.iter().flatten().copied().collect();
+    let total = every.len();
+    every.sort_unstable();
+    every.dedup();
+    assert_eq!(every.len(), total, "the partitions overlap");
+    assert!(every.iter().all(|&i| i < train_samples));
+    let sizes: Vec<usize> = lists.iter().map(Vec::len).collect();
+    assert!(
+        sizes.iter().any(|&s| s != sizes[0]),
+        "dirichlet gives unequal sizes: {sizes:?}"
+    );
+
+    let output = cohort(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--base",
+            dir.path().join("runs").to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    assert!(output.status.success());
+    let run_dir = only_run_dir(&dir.path().join("runs"));
+    let csv = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    let mut checked = 0;
+    for line in csv.lines().skip(1) {
+        let fields: Vec<&str> = line.split(',').collect();
+        let (client, samples): (usize, usize) =
+            (fields[1].parse().unwrap(), fields[3].parse().unwrap());
+        assert_eq!(samples, sizes[client - 1], "client {client}: {line}");
+        checked += 1;
+    }
+    assert_eq!(checked, 3 * 2);
+}
