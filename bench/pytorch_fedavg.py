@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Plain PyTorch FedAvg on the same work as a finished cohort run, to hold
+cohort's accuracy against a reference.
+
+It reads the run folder cohort wrote: its config.toml (model, optimizer,
+batch size, epochs), clients.csv (which clients trained in each round; a
+client dropped there is left out here too) and results.csv (cohort's
+accuracy, to compare with); and the exact client → sample assignment from
+`cohort partitions --config RUN/config.toml --json FILE`. Each round, each
+of that round's clients trains a copy of the global model on its own samples
+(shuffled each epoch, batches of trainer.batch_size, the last one partial,
+as cohort does), and the global model becomes the sample-weighted mean of
+their models (every floating-point tensor of the state dict, BatchNorm's
+running statistics included; its integer counters take the clients' sum).
+
+The two frameworks draw their own initial weights and shuffles, so the runs
+agree in distribution, not bit for bit: the comparison is the final accuracy.
+
+Usage:
+  cohort partitions --config RUN/config.toml --json parts.json
+  python3 bench/pytorch_fedavg.py --run RUN --partitions parts.json \
+      --data DATA_DIR [--device cpu|cuda] [--threads N] [--out result.json]
+Needs torch and numpy (pip install torch numpy); the models are
+examples/pytorch/models.py.
+"""
+
+import argparse
+import csv
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+import tomllib
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "pytorch"))
+from models import build  # noqa: E402
+
+# cohort reads these IDX files for its MNIST-family data sets, and
+# normalizes both with MNIST's statistics (crates/cohort-core/src/data/mod.rs).
+FOLDERS = {"FashionMNIST": "fashion-mnist", "MNIST": "mnist"}
+MEAN, STD = 0.1307, 0.3081
+
+
+def read_idx(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = struct.unpack(">" + "I" * dims, data[4 : 4 + 4 * dims])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def load_split(root, datasource, prefix):
+    folder = os.path.join(root, FOLDERS[datasource])
+
+    def find(kind, dims):
+        name = os.path.join(folder, f"{prefix}-{kind}-idx{dims}-ubyte")
+        for path in (name + ".gz", name):
+            if os.path.exists(path):
+                return path
+        raise SystemExit(f"no {name}[.gz]")
+
+    images = read_idx(find("images", 3)).astype(np.float32) / 255.0
+    labels = read_idx(find("labels", 1)).astype(np.int64)
+    x = torch.from_numpy((images - MEAN) / STD).unsqueeze(1)
+    return x, torch.from_numpy(labels)
+
+
+def optimizer_of(config, params):
+    name = config["trainer"].get("optimizer", "sgd").lower()
+    options = config.get("parameters", {}).get("optimizer", {})
+    lr = options["learning_rate"]
+    if name in ("sgd", "momentum"):
+        return torch.optim.SGD(
+            params,
+            lr=lr,
+            momentum=options.get("momentum", 0.0),
+            dampening=options.get("dampening", 0.0),
+            weight_decay=options.get("weight_decay", 0.0),
+            nesterov=options.get("nesterov", False),
+        )
+    if name == "adam":
+        betas = tuple(options.get("betas", [0.9, 0.999]))
+        return torch.optim.Adam(params, lr=lr, betas=betas, eps=options.get("eps", 1e-8))
+    raise SystemExit(f"trainer.optimizer = {name!r} is not mapped to PyTorch here")
+
+
+def selected_clients(run_dir):
+    """Each round's clients whose updates cohort aggregated, in file order."""
+    rounds = {}
+    with open(os.path.join(run_dir, "clients.csv")) as f:
+        for row in csv.DictReader(f):
+            if row["dropped"]:
+                continue
+            rounds.setdefault(int(row["round"]), []).append(int(row["client_id"]))
+    return [rounds[r] for r in sorted(rounds)]
+
+
+def cohort_accuracies(run_dir):
+    with open(os.path.join(run_dir, "results.csv")) as f:
+        return [float(row["accuracy"]) for row in csv.DictReader(f)]
+
+
+def train_client(model, config, x, y, indices, device, generator):
+    trainer = config["trainer"]
+    batch = trainer.get("batch_size", 32)
+    optimizer = optimizer_of(config, model.parameters())
+    model.train()
+    order = torch.tensor(indices, dtype=torch.int64)
+    for _ in range(trainer.get("epochs", 1)):
+        order = order[torch.randperm(len(order), generator=generator)]
+        for start in range(0, len(order), batch):
+            step = order[start : start + batch]
+            inputs, targets = x[step].to(device), y[step].to(device)
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(inputs), targets).backward()
+            optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def fedavg(states, weights):
+    total = float(sum(weights))
+    averaged = {}
+    for key, first in states[0].items():
+        if first.is_floating_point():
+            averaged[key] = sum(s[key] * (w / total) for s, w in zip(states, weights))
+        else:
+            averaged[key] = sum(s[key] for s in states)
+    return averaged
+
+
+@torch.no_grad()
+def accuracy(model, x, y, device, batch=1000):
+    model.eval()
+    correct = 0
+    for start in range(0, len(x), batch):
+        logits = model(x[start : start + batch].to(device))
+        correct += (logits.argmax(1).cpu() == y[start : start + batch]).sum().item()
+    return correct / len(x)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", required=True, help="a finished cohort run folder")
+    parser.add_argument("--partitions", required=True, help="cohort partitions --json output")
+    parser.add_argument("--data", required=True, help="the data folder cohort read")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="write the comparison here as JSON")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    with open(os.path.join(args.run, "config.toml"), "rb") as f:
+        config = tomllib.load(f)
+    with open(args.partitions) as f:
+        assignment = json.load(f)
+    datasource = config["data"]["datasource"]
+    if assignment["datasource"] != datasource:
+        raise SystemExit(f"{args.partitions} is of {assignment['datasource']}, the run of {datasource}")
+    if datasource not in FOLDERS:
+        raise SystemExit(f"data.datasource = {datasource!r} is not read by this script")
+    train_x, train_y = load_split(args.data, datasource, "train")
+    test_x, test_y = load_split(args.data, datasource, "t10k")
+    partitions = {c["client_id"]: c["train"] for c in assignment["clients"]}
+    model_options = dict(config.get("parameters", {}).get("model", {}))
+    classes = model_options.pop("num_classes", 10)
+    name = config["trainer"].get("model_name", "lenet5")
+    device = torch.device(args.device)
+    model = build(name, num_classes=classes, sample_shape=[1, 28, 28], **model_options).to(device)
+    generator = torch.Generator().manual_seed(args.seed)
+    ours = []
+    started = time.perf_counter()
+    for round_clients in selected_clients(args.run):
+        global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        states, weights = [], []
+        for client in round_clients:
+            model.load_state_dict(global_state)
+            indices = partitions[client]
+            states.append(train_client(model, config, train_x, train_y, indices, device, generator))
+            weights.append(len(indices))
+        model.load_state_dict(fedavg(states, weights))
+        ours.append(accuracy(model, test_x, test_y, device))
+        print(f"round {len(ours)}: accuracy {ours[-1]:.4f}", file=sys.stderr)
+    theirs = cohort_accuracies(args.run)
+    result = {
+        "model": name,
+        "rounds": len(ours),
+        "pytorch_final": ours[-1],
+        "cohort_final": theirs[-1],
+        "difference_points": 100 * (theirs[-1] - ours[-1]),
+        "pytorch_accuracy": ours,
+        "cohort_accuracy": theirs,
+        "pytorch_seconds": time.perf_counter() - started,
+    }
+    print(
+        f"| {name} | {len(ours)} | {theirs[-1]:.4f} | {ours[-1]:.4f} | "
+        f"{result['difference_points']:+.2f} |"
+    )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
