@@ -76,9 +76,9 @@ fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Fi
             survey.folder.display()
         );
         match (survey.obtain(), data.download) {
-            (Obtain::ByHand(how), _) => findings.problems.push(format!(
-                "{line}; they cannot be downloaded: {how}"
-            )),
+            (Obtain::ByHand(how), _) => findings
+                .problems
+                .push(format!("{line}; they cannot be downloaded: {how}")),
             (_, true) => findings.notes.push(format!(
                 "{line}; the run downloads them (data.download = true)"
             )),

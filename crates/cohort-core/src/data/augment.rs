@@ -61,7 +61,7 @@ pub fn augment_batch(
         ));
     };
     let per_sample = channels * height * width;
-    if per_sample == 0 || inputs.len() % per_sample != 0 || black.len() != channels {
+    if per_sample == 0 || !inputs.len().is_multiple_of(per_sample) || black.len() != channels {
         return Err(format!(
             "{} values are not whole samples of {shape:?} with {} padding values",
             inputs.len(),

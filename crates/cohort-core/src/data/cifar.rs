@@ -141,7 +141,7 @@ impl Cifar {
     /// Records of a file of `bytes` bytes, or why it cannot hold whole ones.
     pub fn records_in(self, path: &Path, bytes: u64) -> Result<usize, CifarError> {
         let record = self.record_bytes() as u64;
-        if bytes % record != 0 || bytes > MAX_FILE_BYTES {
+        if !bytes.is_multiple_of(record) || bytes > MAX_FILE_BYTES {
             return Err(CifarError::Size {
                 path: path.to_path_buf(),
                 bytes,
