@@ -502,6 +502,27 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any bytes, and any cut of a valid file, give samples or an error
+        /// naming the file, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
+            cut in 0usize..4000,
+        ) {
+            for kind in [Leaf::Femnist, Leaf::Shakespeare] {
+                let mut builder = Builder::new(kind);
+                if let Err(error) = builder.add_file(Path::new("f.json"), &bytes) {
+                    proptest::prop_assert!(error.to_string().starts_with("f.json: "));
+                }
+                let valid = femnist_file(&[("u", 1)]);
+                let cut = &valid.as_bytes()[..cut.min(valid.len())];
+                let result = Builder::new(kind).add_file(Path::new("f.json"), cut);
+                proptest::prop_assert!(result.is_err() || cut.len() == valid.len());
+            }
+        }
+    }
+
     #[test]
     fn a_split_without_files_says_which_folder() {
         let dir = tempfile::tempdir().unwrap();

@@ -162,12 +162,13 @@ impl DataSource {
         }
     }
 
-    /// The files the reader opens, relative to [`DataSource::folder`], with
-    /// their SHA-256 where each is published on its own: train images,
-    /// train labels, test images, test labels for IDX; the training batches
-    /// then the test batch for CIFAR (their digest is the archive's, so
-    /// `sha256` is empty); nothing for LEAF, whose files are every `.json`
-    /// of `train/` and `test/`.
+    /// The files the reader opens, relative to [`DataSource::folder`]:
+    /// train images, train labels, test images, test labels for IDX; the
+    /// training batches then the test batch for CIFAR; nothing for LEAF,
+    /// whose files are every `.json` of `train/` and `test/`. `sha256` is
+    /// each file's published digest, and empty where none is published for
+    /// the file itself (CIFAR's are covered by their archive's, EMNIST's by
+    /// NIST's zip, which cohort does not fetch).
     pub fn files(self) -> Vec<DataFile> {
         let f = |name, sha256| DataFile { name, sha256 };
         match self {
@@ -738,6 +739,26 @@ fn missing_message(
 
 #[cfg(test)]
 mod tests {
+    proptest::proptest! {
+        /// Transposing twice gives the images back, and once moves pixel
+        /// (r, c) of a rows × cols image to (c, r).
+        #[test]
+        fn transposing_is_its_own_inverse(
+            rows in 1usize..6,
+            cols in 1usize..6,
+            images in 1usize..3,
+            seed in proptest::num::u8::ANY,
+        ) {
+            let pixels: Vec<u8> = (0..rows * cols * images)
+                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+                .collect();
+            let once = transposed(&pixels, rows, cols);
+            proptest::prop_assert_eq!(transposed(&once, cols, rows), pixels.clone());
+            let (r, c) = (rows - 1, 0);
+            proptest::prop_assert_eq!(once[c * rows + r], pixels[r * cols + c]);
+        }
+    }
+
     #[test]
     fn normalization_is_per_channel_or_one_pair_for_all() {
         let mut values = vec![0.5, 0.5, 1.0, 1.0, 0.5, 0.5, 1.0, 1.0];
