@@ -11,6 +11,7 @@ use std::path::Path;
 use anyhow::bail;
 
 use cohort_core::config::LoadedConfig;
+use cohort_core::data::Obtain;
 use cohort_core::data::survey::{self, Survey};
 
 /// The findings: lines to print, and problems that make the run fail.
@@ -74,14 +75,16 @@ fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Fi
             missing.join(", "),
             survey.folder.display()
         );
-        if data.download {
-            findings.notes.push(format!(
+        match (survey.obtain(), data.download) {
+            (Obtain::ByHand(how), _) => findings
+                .problems
+                .push(format!("{line}; they cannot be downloaded: {how}")),
+            (_, true) => findings.notes.push(format!(
                 "{line}; the run downloads them (data.download = true)"
-            ));
-        } else {
-            findings.problems.push(format!(
+            )),
+            (_, false) => findings.problems.push(format!(
                 "{line}, and data.download = false: put them there or set COHORT_DATA_DIR"
-            ));
+            )),
         }
     }
     findings.problems.extend(problems);
@@ -226,6 +229,45 @@ mod tests {
         assert!(
             findings.problems[0].contains("t10k-labels-idx1-ubyte.gz missing")
                 && !findings.problems[0].contains("train-"),
+            "{findings:?}"
+        );
+    }
+
+    #[test]
+    fn cifar_and_leaf_folders_are_surveyed_and_leaf_is_never_downloaded() {
+        let job = |source: &str, classes: usize| {
+            loaded(&format!(
+                "[parameters.optimizer]\nlearning_rate = 0.1\n\
+                 [parameters.model]\nnum_classes = {classes}\n\
+                 [clients]\ntotal_clients = 3\nper_round = 2\n\
+                 [data]\ndatasource = \"{source}\"\ndownload = true\n"
+            ))
+        };
+        let findings = check(&job("CIFAR100", 100), Some(&fixture()));
+        assert!(findings.problems.is_empty(), "{findings:?}");
+        assert!(
+            findings.notes[0].contains("6 training and 3 test"),
+            "{findings:?}"
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let findings = check(&job("CIFAR100", 100), Some(empty.path()));
+        assert!(findings.problems.is_empty(), "{findings:?}");
+        assert!(
+            findings.notes[0].contains("train.bin, test.bin missing")
+                && findings.notes[0].contains("the run downloads them"),
+            "{findings:?}"
+        );
+        let findings = check(&job("Shakespeare", 80), Some(&fixture()));
+        assert!(findings.problems.is_empty(), "{findings:?}");
+        assert!(
+            findings.notes[0].contains("5 training and 2 test"),
+            "{findings:?}"
+        );
+        let findings = check(&job("FEMNIST", 62), Some(empty.path()));
+        assert_eq!(findings.problems.len(), 1, "{findings:?}");
+        assert!(
+            findings.problems[0].contains("train/*.json, test/*.json missing")
+                && findings.problems[0].contains("cannot be downloaded"),
             "{findings:?}"
         );
     }

@@ -29,6 +29,17 @@ pub fn training_stream(training_seed: u64, client_id: u32, round: u32, epoch: u3
     )
 }
 
+/// Seed of the augmentation stream of one local epoch (crops and flips,
+/// `data::augment`): its own purpose, so augmenting leaves the shuffle as it
+/// was.
+pub fn augmentation_stream(training_seed: u64, client_id: u32, round: u32, epoch: u32) -> u64 {
+    derive_seed(
+        training_seed,
+        "augmentation",
+        &[client_id as u64, round as u64, epoch as u64],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,5 +57,6 @@ mod tests {
             assert_ne!(base, other);
         }
         assert_ne!(derive_seed(1, "a", &[]), derive_seed(1, "b", &[]));
+        assert_ne!(augmentation_stream(29, 3, 2, 1), base);
     }
 }

@@ -146,3 +146,82 @@ fn dataset_load_downloads_missing_files_and_explains_failure() {
         "{unreachable}"
     );
 }
+
+/// `cifar-10-binary.tar.gz` as the CIFAR page serves it (the folder
+/// `cifar-10-batches-bin/` with the batches and a readme), made from the
+/// fixture's batches, in a folder of its own.
+fn cifar_archive() -> (tempfile::TempDir, String) {
+    let fixtures = fixture_folder().join("../cifar-10-batches-bin");
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::fast(),
+    ));
+    for file in DataSource::Cifar10.files() {
+        let path = format!("cifar-10-batches-bin/{}", file.name);
+        builder
+            .append_path_with_name(fixtures.join(file.name), path)
+            .unwrap();
+    }
+    let mut header = tar::Header::new_gnu();
+    header.set_size(5);
+    header.set_cksum();
+    builder
+        .append_data(
+            &mut header,
+            "cifar-10-batches-bin/readme.html",
+            &b"hello"[..],
+        )
+        .unwrap();
+    let bytes = builder.into_inner().unwrap().finish().unwrap();
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::write(folder.path().join("cifar-10-binary.tar.gz"), &bytes).unwrap();
+    (folder, format!("{:x}", Sha256::digest(&bytes)))
+}
+
+#[test]
+fn an_archive_is_downloaded_checked_and_unpacked_to_the_files_alone() {
+    let (served, digest) = cifar_archive();
+    let mirror = serve(served.path().to_path_buf());
+    let target = tempfile::tempdir().unwrap();
+    let archive = DataFile {
+        name: "cifar-10-binary.tar.gz",
+        sha256: Box::leak(digest.into_boxed_str()),
+    };
+    let members: Vec<String> = DataSource::Cifar10
+        .files()
+        .iter()
+        .map(|f| format!("cifar-10-batches-bin/{}", f.name))
+        .collect();
+    cohort_core::data::download::fetch_archive(
+        std::slice::from_ref(&mirror),
+        &archive,
+        &members,
+        target.path(),
+    )
+    .unwrap();
+    let folder = target.path().join("cifar-10-batches-bin");
+    assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 6, "no readme");
+    let fixtures = fixture_folder().join("../");
+    assert_eq!(
+        data::load(DataSource::Cifar10, target.path(), &Fetch::Never).unwrap(),
+        data::load(DataSource::Cifar10, &fixtures, &Fetch::Never).unwrap()
+    );
+
+    // Through the catalogue the published digest is held against it.
+    let fresh = tempfile::tempdir().unwrap();
+    let message = data::load(
+        DataSource::Cifar10,
+        fresh.path(),
+        &Fetch::FromMirrors(vec![mirror]),
+    )
+    .unwrap_err()
+    .to_string();
+    for needle in [
+        "SHA-256 mismatch: expected c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd",
+        "data_batch_1.bin",
+        "Put these files in",
+    ] {
+        assert!(message.contains(needle), "{needle}: {message}");
+    }
+    assert!(!fresh.path().join("cifar-10-batches-bin").exists());
+}

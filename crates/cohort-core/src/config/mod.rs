@@ -1298,12 +1298,16 @@ fn validate_data(config: &Config, fail: Fail) {
             "must list at least one URL when set".to_owned(),
         );
     }
-    if config.data.builtin_source().is_some() && config.parameters.model.num_classes != 10 {
+    if let Some(source) = config.data.builtin_source()
+        && config.parameters.model.num_classes != source.classes()
+    {
         fail(
             "parameters.model.num_classes",
             format!(
-                "{} classes requested, but {} has 10",
-                config.parameters.model.num_classes, config.data.datasource
+                "{} classes requested, but {} has {}",
+                config.parameters.model.num_classes,
+                config.data.datasource,
+                source.classes()
             ),
         );
     }
@@ -1570,11 +1574,16 @@ fn check_iid_cyclic(config: &Config, fail: Fail) {
         return;
     }
     let clients = u64::from(config.clients.total_clients);
-    // A data set of the registry's is sized when it is loaded.
-    let Some(source) = config.data.builtin_source() else {
+    // A data set of the registry's, or one cut by LEAF's scripts, is sized
+    // when it is loaded.
+    let Some(available) = config
+        .data
+        .builtin_source()
+        .and_then(|source| source.published_train_samples())
+    else {
         return;
     };
-    let available = source.train_samples() as u64;
+    let available = available as u64;
     let size = config
         .data
         .partition_size
@@ -1648,7 +1657,10 @@ fn check_iid_fits(config: &Config, fail: Fail) {
     let Some(source) = config.data.builtin_source() else {
         return;
     };
-    let available = source.train_samples() as u64;
+    let Some(available) = source.published_train_samples() else {
+        return;
+    };
+    let available = available as u64;
     if needed > available {
         fail(
             key,

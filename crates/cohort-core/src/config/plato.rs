@@ -192,22 +192,23 @@ impl Plato<'_> {
         let torchvision =
             get(merged, "data.datasource").and_then(toml::Value::as_str) == Some("Torchvision");
         let name = get(merged, "data.dataset_name").cloned();
-        let datasets = ["MNIST", "FashionMNIST"];
+        // Plato's Torchvision data sets that cohort reads itself.
+        let datasets = ["MNIST", "FashionMNIST", "EMNIST", "CIFAR10", "CIFAR100"];
         match (torchvision, name) {
             (false, None) => {}
             (false, Some(_)) => self.fail(
                 "data.dataset_name",
                 "goes with Plato's `data.datasource = \"Torchvision\"`; cohort names the dataset \
-                 in data.datasource (MNIST or FashionMNIST): remove data.dataset_name"
+                 in data.datasource (such as MNIST or CIFAR10): remove data.dataset_name"
                     .to_owned(),
             ),
             (true, None) => self.fail(
                 "data.datasource",
-                "`Torchvision` needs Plato's data.dataset_name (MNIST or FashionMNIST); or write \
+                "`Torchvision` needs Plato's data.dataset_name (such as MNIST or CIFAR10); or write \
                  the dataset here: data.datasource = \"MNIST\""
                     .to_owned(),
             ),
-            (true, Some(toml::Value::String(name))) if DataSource::from_name(&name).is_some() => {
+            (true, Some(toml::Value::String(name))) if datasets.contains(&name.as_str()) => {
                 remove(merged, "data.dataset_name");
                 set(merged, "data.datasource", toml::Value::String(name.clone()));
                 self.notes.push(format!(
@@ -272,7 +273,11 @@ impl Plato<'_> {
             .and_then(toml::Value::as_str)
             .and_then(DataSource::from_name)
             .unwrap_or(DataSource::Mnist);
-        let available = source.train_samples() as i64;
+        // LEAF's sets are as large as LEAF's scripts cut them.
+        let Some(available) = source.published_train_samples() else {
+            return;
+        };
+        let available = available as i64;
         if size <= 0 || clients <= 0 || size.saturating_mul(clients) <= available {
             return;
         }

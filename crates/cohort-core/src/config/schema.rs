@@ -192,8 +192,9 @@ impl Default for Server {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Data {
-    /// A data set of the registry the run is given: cohort's `MNIST` and
-    /// `FashionMNIST` ([`crate::data::DataSource`]), plus any an embedding
+    /// A data set of the registry the run is given: cohort's `MNIST`,
+    /// `FashionMNIST`, `EMNIST`, `CIFAR10`, `CIFAR100`, `FEMNIST` and
+    /// `Shakespeare` ([`crate::data::DataSource`]), plus any an embedding
     /// program registers; checked against it when the run is assembled.
     pub datasource: String,
     pub data_path: PathBuf,

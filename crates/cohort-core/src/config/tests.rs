@@ -1050,3 +1050,28 @@ fn an_own_data_token_file_needs_own_data_clients_and_changes_no_result() {
         load_text(&network).unwrap().result_hash()
     );
 }
+
+#[test]
+fn classes_are_the_data_sets_and_leaf_sizes_are_not_known_before_loading() {
+    let cifar = format!("{MINIMAL}[data]\ndatasource = \"CIFAR100\"\n");
+    let error = error_of(&cifar);
+    assert_eq!(error.key.as_deref(), Some("parameters.model.num_classes"));
+    assert!(
+        error
+            .message
+            .contains("10 classes requested, but CIFAR100 has 100"),
+        "{error}"
+    );
+    load_text(&format!("{cifar}[parameters.model]\nnum_classes = 100\n")).unwrap();
+    // 10 × 60,000 exceeds CIFAR-10's 50,000 training images, not what
+    // LEAF's scripts may have cut: that is checked once the files are read.
+    let oversized = |source: &str, classes: usize| {
+        format!(
+            "{MINIMAL}[data]\ndatasource = \"{source}\"\npartition_size = 60000\n\
+             [parameters.model]\nnum_classes = {classes}\n"
+        )
+    };
+    let error = error_of(&oversized("CIFAR10", 10));
+    assert_eq!(error.key.as_deref(), Some("data.partition_size"));
+    load_text(&oversized("FEMNIST", 62)).unwrap();
+}

@@ -1,7 +1,11 @@
-//! Datasets: the IDX reader, the dataset catalogue, and downloads.
+//! Datasets: the readers of their file formats (IDX, CIFAR's binary
+//! batches, LEAF's JSON), the dataset catalogue, and downloads.
 
+pub mod augment;
+pub mod cifar;
 pub mod download;
 pub mod idx;
+pub mod leaf;
 pub mod own;
 pub mod survey;
 
@@ -9,15 +13,54 @@ use std::path::{Path, PathBuf};
 
 pub use download::{DownloadError, Fetch};
 
+use cifar::{Cifar, CifarError};
 use idx::{IdxError, read_idx_gz};
+use leaf::{Leaf, LeafError};
 
-/// A dataset of the MNIST family: `data.datasource`, written as Plato writes it.
+/// One of cohort's own data sets: `data.datasource`, written as Plato
+/// writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DataSource {
     #[serde(rename = "MNIST")]
     Mnist,
     #[serde(rename = "FashionMNIST")]
     FashionMnist,
+    /// EMNIST's `balanced` split: 47 classes of digits and letters.
+    #[serde(rename = "EMNIST")]
+    Emnist,
+    #[serde(rename = "CIFAR10")]
+    Cifar10,
+    #[serde(rename = "CIFAR100")]
+    Cifar100,
+    /// LEAF's Federated EMNIST: 62 classes, one writer a user.
+    #[serde(rename = "FEMNIST")]
+    Femnist,
+    /// LEAF's Shakespeare: next character, one speaking role a user.
+    #[serde(rename = "Shakespeare")]
+    Shakespeare,
+}
+
+/// How a data set's files are written, which decides its reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Four gzip-compressed IDX files: train and test images and labels.
+    Idx,
+    /// CIFAR's binary batches.
+    Cifar(Cifar),
+    /// LEAF's JSON files, one folder a split.
+    Leaf(Leaf),
+}
+
+/// How missing files are fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Obtain {
+    /// Each of [`DataSource::files`] from the mirrors, as it is.
+    EachFile,
+    /// One archive from the mirrors, holding the files.
+    Archive(DataFile),
+    /// By hand only: no mirror is known whose files have a published
+    /// SHA-256 cohort could check; the text says where they come from.
+    ByHand(&'static str),
 }
 
 impl std::fmt::Display for DataSource {
@@ -33,17 +76,54 @@ pub struct DataFile {
     pub sha256: &'static str,
 }
 
+/// EMNIST's four files of the `balanced` split, as they are in the
+/// `gzip/` folder of NIST's `gzip.zip`.
+const EMNIST_FILES: [&str; 4] = [
+    "emnist-balanced-train-images-idx3-ubyte.gz",
+    "emnist-balanced-train-labels-idx1-ubyte.gz",
+    "emnist-balanced-test-images-idx3-ubyte.gz",
+    "emnist-balanced-test-labels-idx1-ubyte.gz",
+];
+
 impl DataSource {
+    /// Every one of them, in the order listings show them.
+    pub const ALL: [DataSource; 7] = [
+        DataSource::Mnist,
+        DataSource::FashionMnist,
+        DataSource::Emnist,
+        DataSource::Cifar10,
+        DataSource::Cifar100,
+        DataSource::Femnist,
+        DataSource::Shakespeare,
+    ];
+
     /// From its `data.datasource` name.
     pub fn from_name(name: &str) -> Option<Self> {
         crate::config::introspect::parse_unit_variant(name).ok()
     }
 
-    /// Subfolder of `data_path` holding the files.
+    pub fn format(self) -> Format {
+        match self {
+            DataSource::Mnist | DataSource::FashionMnist | DataSource::Emnist => Format::Idx,
+            DataSource::Cifar10 => Format::Cifar(Cifar::Ten),
+            DataSource::Cifar100 => Format::Cifar(Cifar::Hundred),
+            DataSource::Femnist => Format::Leaf(Leaf::Femnist),
+            DataSource::Shakespeare => Format::Leaf(Leaf::Shakespeare),
+        }
+    }
+
+    /// Subfolder of `data_path` holding the files: for CIFAR the folder its
+    /// archive unpacks to, for LEAF the data set's name in LEAF's own
+    /// layout (`femnist/train/*.json`).
     pub fn folder(self) -> &'static str {
         match self {
             DataSource::Mnist => "mnist",
             DataSource::FashionMnist => "fashion-mnist",
+            DataSource::Emnist => "emnist",
+            DataSource::Cifar10 => Cifar::Ten.folder(),
+            DataSource::Cifar100 => Cifar::Hundred.folder(),
+            DataSource::Femnist => Leaf::Femnist.folder(),
+            DataSource::Shakespeare => Leaf::Shakespeare.folder(),
         }
     }
 
@@ -57,14 +137,42 @@ impl DataSource {
             DataSource::FashionMnist => {
                 &["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"]
             }
+            DataSource::Cifar10 | DataSource::Cifar100 => &["https://www.cs.toronto.edu/~kriz/"],
+            DataSource::Emnist | DataSource::Femnist | DataSource::Shakespeare => &[],
         }
     }
 
-    /// Train images, train labels, test images, test labels.
-    pub fn files(self) -> [DataFile; 4] {
+    /// How missing files are fetched.
+    pub fn obtain(self) -> Obtain {
+        match self {
+            DataSource::Mnist | DataSource::FashionMnist => Obtain::EachFile,
+            DataSource::Cifar10 => Obtain::Archive(Cifar::Ten.archive()),
+            DataSource::Cifar100 => Obtain::Archive(Cifar::Hundred.archive()),
+            // TensorFlow Datasets records gzip.zip as 561,753,746 bytes with
+            // SHA-256 fb9bb67e33772a9cc0b895e4ecf36d2cf35be8b709693c3564cea2a019fcda8e;
+            // it is a zip of all six EMNIST splits, larger than a download's
+            // bound, so cohort does not fetch it.
+            DataSource::Emnist => Obtain::ByHand(
+                "the four files are in the gzip/ folder of NIST's EMNIST archive, \
+                 https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip (SHA-256 \
+                 fb9bb67e33772a9cc0b895e4ecf36d2cf35be8b709693c3564cea2a019fcda8e)",
+            ),
+            DataSource::Femnist => Obtain::ByHand(Leaf::Femnist.how_to_make()),
+            DataSource::Shakespeare => Obtain::ByHand(Leaf::Shakespeare.how_to_make()),
+        }
+    }
+
+    /// The files the reader opens, relative to [`DataSource::folder`]:
+    /// train images, train labels, test images, test labels for IDX; the
+    /// training batches then the test batch for CIFAR; nothing for LEAF,
+    /// whose files are every `.json` of `train/` and `test/`. `sha256` is
+    /// each file's published digest, and empty where none is published for
+    /// the file itself (CIFAR's are covered by their archive's, EMNIST's by
+    /// NIST's zip, which cohort does not fetch).
+    pub fn files(self) -> Vec<DataFile> {
         let f = |name, sha256| DataFile { name, sha256 };
         match self {
-            DataSource::Mnist => [
+            DataSource::Mnist => vec![
                 f(
                     "train-images-idx3-ubyte.gz",
                     "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
@@ -82,7 +190,7 @@ impl DataSource {
                     "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
                 ),
             ],
-            DataSource::FashionMnist => [
+            DataSource::FashionMnist => vec![
                 f(
                     "train-images-idx3-ubyte.gz",
                     "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
@@ -100,36 +208,99 @@ impl DataSource {
                     "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
                 ),
             ],
+            DataSource::Emnist => EMNIST_FILES.iter().map(|name| f(name, "")).collect(),
+            DataSource::Cifar10 | DataSource::Cifar100 => {
+                let Format::Cifar(kind) = self.format() else {
+                    unreachable!("CIFAR's format")
+                };
+                let names = kind.train_files().iter().copied();
+                names
+                    .chain([kind.test_file()])
+                    .map(|name| f(name, ""))
+                    .collect()
+            }
+            DataSource::Femnist | DataSource::Shakespeare => Vec::new(),
         }
     }
 
-    /// Images in the published training set (60,000 for both), for estimates
-    /// made before the files are read, such as `cohort place`'s memory need.
+    /// Classes of the labels (for Shakespeare, the characters of LEAF's
+    /// vocabulary).
+    pub fn classes(self) -> usize {
+        match self {
+            DataSource::Mnist | DataSource::FashionMnist | DataSource::Cifar10 => 10,
+            DataSource::Emnist => 47,
+            DataSource::Cifar100 => 100,
+            DataSource::Femnist => 62,
+            DataSource::Shakespeare => leaf::VOCABULARY.chars().count(),
+        }
+    }
+
+    /// Samples in the published training set, for estimates made before the
+    /// files are read, such as `cohort place`'s memory need. LEAF's sets are
+    /// cut by LEAF's own scripts (sampling, the train fraction), so theirs is
+    /// the full set's size at LEAF's default 90 % training fraction, and
+    /// [`DataSource::published_train_samples`] has none.
     pub fn train_samples(self) -> usize {
         match self {
             DataSource::Mnist | DataSource::FashionMnist => 60_000,
+            DataSource::Emnist => 112_800,
+            DataSource::Cifar10 | DataSource::Cifar100 => 50_000,
+            DataSource::Femnist => 805_263 * 9 / 10,
+            DataSource::Shakespeare => 4_226_158 * 9 / 10,
         }
     }
 
-    /// Pixels of one image (28 × 28 for both).
+    /// The training set's size when it is fixed by the publication: what a
+    /// config may be held against before the files are read.
+    pub fn published_train_samples(self) -> Option<usize> {
+        match self.format() {
+            Format::Leaf(_) => None,
+            Format::Idx | Format::Cifar(_) => Some(self.train_samples()),
+        }
+    }
+
+    /// Values of one sample.
     pub fn pixels_per_image(self) -> usize {
         self.sample_shape().iter().product()
     }
 
-    /// One sample's shape, `[channels, height, width]`.
+    /// One sample's shape: `[channels, height, width]` for images,
+    /// `[length]` for Shakespeare's character sequences.
     pub fn sample_shape(self) -> Vec<usize> {
         match self {
-            DataSource::Mnist | DataSource::FashionMnist => vec![1, 28, 28],
+            DataSource::Mnist
+            | DataSource::FashionMnist
+            | DataSource::Emnist
+            | DataSource::Femnist => vec![1, 28, 28],
+            DataSource::Cifar10 | DataSource::Cifar100 => vec![3, 32, 32],
+            DataSource::Shakespeare => vec![leaf::SEQUENCE_LENGTH],
         }
     }
 
-    /// Mean and standard deviation of the pixel intensities in [0, 1].
+    /// Per-channel mean and standard deviation of the intensities in [0, 1],
+    /// as Plato's data sources normalize, so results compare one to one with
+    /// Plato's; `None` for token ids, which are not normalized.
     ///
-    /// Both use MNIST's statistics (0.1307, 0.3081), as Plato does for both
-    /// datasets, so results compare one to one with Plato and with
-    /// `torch_r1.py`. (Fashion-MNIST's own are about 0.2860 and 0.3530.)
-    pub fn normalization(self) -> (f32, f32) {
-        (0.1307, 0.3081)
+    /// MNIST and Fashion-MNIST both use MNIST's statistics (0.1307, 0.3081),
+    /// as Plato does for both (Fashion-MNIST's own are about 0.2860 and
+    /// 0.3530). CIFAR-10 and CIFAR-100 use ImageNet's (Plato's `cifar10.py`
+    /// and `cifar100.py`); CIFAR-10's own are about (0.4914, 0.4822, 0.4465)
+    /// and (0.2470, 0.2435, 0.2616). EMNIST uses (0.5, 0.5) as Plato's
+    /// `emnist.py`; FEMNIST (0.9637, 0.1597) as Plato's `femnist.py`, since
+    /// LEAF's values are white-background intensities (1.0 is paper).
+    pub fn normalization(self) -> Option<Normalization> {
+        match self {
+            DataSource::Mnist | DataSource::FashionMnist => {
+                Some(Normalization::single(0.1307, 0.3081))
+            }
+            DataSource::Emnist => Some(Normalization::single(0.5, 0.5)),
+            DataSource::Cifar10 | DataSource::Cifar100 => Some(Normalization {
+                mean: vec![0.485, 0.456, 0.406],
+                std: vec![0.229, 0.224, 0.225],
+            }),
+            DataSource::Femnist => Some(Normalization::single(0.9637, 0.1597)),
+            DataSource::Shakespeare => None,
+        }
     }
 }
 
@@ -289,6 +460,10 @@ pub struct Splits {
 pub enum DataError {
     #[error(transparent)]
     Idx(#[from] IdxError),
+    #[error(transparent)]
+    Cifar(#[from] CifarError),
+    #[error(transparent)]
+    Leaf(#[from] LeafError),
     #[error("{images}: {image_count} images but {labels} has {label_count} labels")]
     CountMismatch {
         images: PathBuf,
@@ -296,11 +471,12 @@ pub enum DataError {
         labels: PathBuf,
         label_count: usize,
     },
-    #[error("{path}: label {label} at index {index} is outside 0..10")]
+    #[error("{path}: label {label} at index {index} is outside 0..{classes}")]
     BadLabel {
         path: PathBuf,
         index: usize,
         label: u8,
+        classes: usize,
     },
     #[error("{0}")]
     Missing(String),
@@ -312,21 +488,82 @@ pub enum DataError {
 /// `fetch` allows.
 pub fn load(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Splits, DataError> {
     let files = source.files();
-    let folder = fetch_missing(source, root, fetch, &files)?;
-    Ok(Splits {
-        train: read_split(source, &folder, &files[0], &files[1])?,
-        test: read_split(source, &folder, &files[2], &files[3])?,
-    })
+    match source.format() {
+        Format::Idx => {
+            let folder = fetch_missing(source, root, fetch, &files)?;
+            Ok(Splits {
+                train: read_split(source, &folder, &files[0], &files[1])?,
+                test: read_split(source, &folder, &files[2], &files[3])?,
+            })
+        }
+        Format::Cifar(kind) => {
+            let folder = fetch_missing(source, root, fetch, &files)?;
+            Ok(cifar::load(kind, &folder, &normalization_of(source))?)
+        }
+        Format::Leaf(kind) => {
+            let folder = leaf_folder(source, root, &["train", "test"])?;
+            Ok(leaf::load(kind, &folder, source.normalization().as_ref())?.splits())
+        }
+    }
 }
 
-/// Loads the test split alone (the `t10k` files), fetching them when `fetch`
-/// allows: evaluation needs nothing else, so a server whose clients all bring
-/// their own data, and `cohort evaluate`, work from a folder without the
-/// training set.
+/// Loads the test split alone (the `t10k` files, CIFAR's test batch, LEAF's
+/// `test/`), fetching them when `fetch` allows: evaluation needs nothing
+/// else, so a server whose clients all bring their own data, and `cohort
+/// evaluate`, work from a folder without the training set.
 pub fn load_test(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Dataset, DataError> {
-    let [_, _, images, labels] = source.files();
-    let folder = fetch_missing(source, root, fetch, &[images, labels])?;
-    read_split(source, &folder, &images, &labels)
+    let files = source.files();
+    match source.format() {
+        Format::Idx => {
+            let folder = fetch_missing(source, root, fetch, &files[2..])?;
+            read_split(source, &folder, &files[2], &files[3])
+        }
+        Format::Cifar(kind) => {
+            let folder = fetch_missing(source, root, fetch, &files[files.len() - 1..])?;
+            Ok(cifar::read_split(
+                kind,
+                &folder,
+                &[kind.test_file()],
+                &normalization_of(source),
+            )?)
+        }
+        Format::Leaf(kind) => {
+            let folder = leaf_folder(source, root, &["test"])?;
+            let normalization = source.normalization();
+            Ok(leaf::read_split(kind, &folder.join("test"), normalization.as_ref())?.data)
+        }
+    }
+}
+
+fn normalization_of(source: DataSource) -> Normalization {
+    source
+        .normalization()
+        .expect("every image data set is normalized")
+}
+
+/// `root/<folder>/` once each of `splits` (`train`, `test`) there has a
+/// `.json` file: LEAF's files are made by LEAF's scripts, never downloaded.
+fn leaf_folder(source: DataSource, root: &Path, splits: &[&str]) -> Result<PathBuf, DataError> {
+    let folder = root.join(source.folder());
+    let empty: Vec<String> = splits
+        .iter()
+        .filter(|split| leaf::json_files(&folder.join(split)).is_none_or(|f| f.is_empty()))
+        .map(|split| format!("{split}/*.json"))
+        .collect();
+    if empty.is_empty() {
+        return Ok(folder);
+    }
+    let Obtain::ByHand(how) = source.obtain() else {
+        unreachable!("LEAF's files are made by hand")
+    };
+    Err(DataError::Missing(format!(
+        "{source} data files are missing from {}: no {}.\nThey cannot be downloaded: {how}.\n\
+         Put them there, or point data.data_path or COHORT_DATA_DIR at a folder that has a \
+         `{}/` subfolder with them.",
+        folder.display(),
+        empty.join(" and no "),
+        source.folder()
+    )))
 }
 
 /// `root/<folder>/` once each of `files` is there, downloaded if need be.
@@ -345,29 +582,50 @@ fn fetch_missing(
     if missing.is_empty() {
         return Ok(folder);
     }
-    match fetch {
-        Fetch::Never => Err(DataError::Missing(missing_message(
-            source, &folder, &missing, None,
-        ))),
-        Fetch::FromMirrors(mirrors) => {
-            let mirrors: Vec<String> = if mirrors.is_empty() {
-                source.mirrors().iter().map(|m| m.to_string()).collect()
-            } else {
-                mirrors.clone()
-            };
+    let Fetch::FromMirrors(mirrors) = fetch else {
+        return Err(DataError::Missing(missing_message(
+            source,
+            &folder,
+            &missing,
+            Some("Downloading is off (data.download = false)."),
+        )));
+    };
+    let mirrors: Vec<String> = if mirrors.is_empty() {
+        source.mirrors().iter().map(|m| m.to_string()).collect()
+    } else {
+        mirrors.clone()
+    };
+    let failed = |error: DownloadError| {
+        DataError::Missing(missing_message(
+            source,
+            &folder,
+            &missing,
+            Some(&format!("Downloading them failed: {error}")),
+        ))
+    };
+    match source.obtain() {
+        Obtain::EachFile => {
             for file in &missing {
-                if let Err(error) = download::fetch_verified(&mirrors, file, &folder) {
-                    return Err(DataError::Missing(missing_message(
-                        source,
-                        &folder,
-                        &missing,
-                        Some(&error),
-                    )));
-                }
+                download::fetch_verified(&mirrors, file, &folder).map_err(failed)?;
             }
-            Ok(folder)
+        }
+        Obtain::Archive(archive) => {
+            let members: Vec<String> = missing
+                .iter()
+                .map(|f| format!("{}/{}", source.folder(), f.name))
+                .collect();
+            download::fetch_archive(&mirrors, &archive, &members, root).map_err(failed)?;
+        }
+        Obtain::ByHand(how) => {
+            return Err(DataError::Missing(missing_message(
+                source,
+                &folder,
+                &missing,
+                Some(&format!("They cannot be downloaded: {how}.")),
+            )));
         }
     }
+    Ok(folder)
 }
 
 /// One split's images (normalized) and labels, checked against each other.
@@ -377,7 +635,6 @@ fn read_split(
     images: &DataFile,
     labels: &DataFile,
 ) -> Result<Dataset, DataError> {
-    let (mean, std) = source.normalization();
     let images_path = folder.join(images.name);
     let labels_path = folder.join(labels.name);
     let image_array = read_idx_gz(&images_path, 3)?;
@@ -390,48 +647,91 @@ fn read_split(
             label_count: label_array.dims[0],
         });
     }
-    if let Some((index, &label)) = label_array.data.iter().enumerate().find(|(_, l)| **l >= 10) {
+    let classes = source.classes();
+    if let Some((index, &label)) =
+        (label_array.data.iter().enumerate()).find(|(_, l)| usize::from(**l) >= classes)
+    {
         return Err(DataError::BadLabel {
             path: labels_path,
             index,
             label,
+            classes,
         });
     }
+    let (rows, cols) = (image_array.dims[1], image_array.dims[2]);
+    let mut pixels = image_array.data;
+    let mut sample_shape = vec![1, rows, cols];
+    if source == DataSource::Emnist {
+        // EMNIST's IDX files hold each image transposed (column-major) with
+        // respect to MNIST's; transposed back, a letter stands upright.
+        pixels = transposed(&pixels, rows, cols);
+        sample_shape = vec![1, cols, rows];
+    }
+    // One pair for the one channel; computed as one multiply and one
+    // subtract, the arithmetic these data sets have always been read with,
+    // so earlier runs repeat bit for bit.
+    let normalization = normalization_of(source);
+    let (mean, std) = (normalization.mean[0], normalization.std[0]);
     let scale = 1.0 / (255.0 * std);
     let shift = mean / std;
+    let inputs: Vec<f32> = pixels.iter().map(|&p| p as f32 * scale - shift).collect();
     Ok(Dataset {
-        inputs: image_array
-            .data
-            .iter()
-            .map(|&p| p as f32 * scale - shift)
-            .collect(),
+        inputs,
         labels: label_array.data.into_iter().map(u32::from).collect(),
-        sample_shape: vec![1, image_array.dims[1], image_array.dims[2]],
+        sample_shape,
     })
+}
+
+/// Each `rows` × `cols` image of `pixels` transposed to `cols` × `rows`.
+fn transposed(pixels: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let plane = (rows * cols).max(1);
+    let mut out = vec![0u8; pixels.len()];
+    for (image, target) in pixels.chunks_exact(plane).zip(out.chunks_exact_mut(plane)) {
+        for r in 0..rows {
+            for c in 0..cols {
+                target[c * rows + r] = image[r * cols + c];
+            }
+        }
+    }
+    out
 }
 
 fn missing_message(
     source: DataSource,
     folder: &Path,
     missing: &[DataFile],
-    error: Option<&DownloadError>,
+    why: Option<&str>,
 ) -> String {
     let mut message = format!(
-        "{source:?} data files are missing from {}:\n",
+        "{source} data files are missing from {}:\n",
         folder.display()
     );
     for file in missing {
-        message.push_str(&format!("  {}  (sha256 {})\n", file.name, file.sha256));
+        message.push_str(&format!("  {}", file.name));
+        if !file.sha256.is_empty() {
+            message.push_str(&format!("  (sha256 {})", file.sha256));
+        }
+        message.push('\n');
     }
-    match error {
-        Some(error) => message.push_str(&format!("Downloading them failed: {error}\n")),
-        None => message.push_str("Downloading is off (data.download = false).\n"),
+    if let Some(why) = why {
+        message.push_str(why);
+        message.push('\n');
     }
+    let from = match source.obtain() {
+        Obtain::Archive(archive) => format!(
+            " (from {}{}, SHA-256 {}, which unpacks to `{}/`)",
+            source.mirrors().first().copied().unwrap_or_default(),
+            archive.name,
+            archive.sha256,
+            source.folder()
+        ),
+        Obtain::EachFile => format!(" (from {})", source.mirrors().join(" or ")),
+        Obtain::ByHand(_) => String::new(),
+    };
     message.push_str(&format!(
-        "Put these files in {} (from {}), or point data.data_path or COHORT_DATA_DIR at a folder \
+        "Put these files in {}{from}, or point data.data_path or COHORT_DATA_DIR at a folder \
          that has a `{}/` subfolder with them.",
         folder.display(),
-        source.mirrors().join(" or "),
         source.folder()
     ));
     message
@@ -439,6 +739,26 @@ fn missing_message(
 
 #[cfg(test)]
 mod tests {
+    proptest::proptest! {
+        /// Transposing twice gives the images back, and once moves pixel
+        /// (r, c) of a rows × cols image to (c, r).
+        #[test]
+        fn transposing_is_its_own_inverse(
+            rows in 1usize..6,
+            cols in 1usize..6,
+            images in 1usize..3,
+            seed in proptest::num::u8::ANY,
+        ) {
+            let pixels: Vec<u8> = (0..rows * cols * images)
+                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+                .collect();
+            let once = transposed(&pixels, rows, cols);
+            proptest::prop_assert_eq!(transposed(&once, cols, rows), pixels.clone());
+            let (r, c) = (rows - 1, 0);
+            proptest::prop_assert_eq!(once[c * rows + r], pixels[r * cols + c]);
+        }
+    }
+
     #[test]
     fn normalization_is_per_channel_or_one_pair_for_all() {
         let mut values = vec![0.5, 0.5, 1.0, 1.0, 0.5, 0.5, 1.0, 1.0];

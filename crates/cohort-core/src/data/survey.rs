@@ -6,9 +6,10 @@
 use std::path::{Path, PathBuf};
 
 use super::idx::read_idx_dims;
-use super::{DataFile, DataSource};
+use super::{DataFile, DataSource, Format, Obtain, leaf};
 
-/// One of a data set's four files.
+/// One of a data set's files (for LEAF, one split's folder of `.json`
+/// files).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SurveyedFile {
     pub file: DataFile,
@@ -19,65 +20,95 @@ pub struct SurveyedFile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileState {
     Missing,
-    /// The dimensions its header declares: `[samples, rows, cols]` for
-    /// images, `[samples]` for labels.
+    /// The dimensions its header (or its size) declares: `[samples, rows,
+    /// cols]` for IDX images, `[samples]` for IDX labels and LEAF's splits,
+    /// `[samples, 3, 32, 32]` for CIFAR's batches.
     Present(Vec<usize>),
-    /// Unreadable or not the IDX file it should be.
+    /// Unreadable or not the file it should be.
     Broken(String),
 }
 
-/// The four files of `source` under `root` (train images, train labels, test
-/// images, test labels).
+/// The files of `source` under `root`: the training split's, then the test
+/// split's.
 #[derive(Debug, Clone)]
 pub struct Survey {
     pub folder: PathBuf,
     pub files: Vec<SurveyedFile>,
+    /// Index of the test split's first file.
+    test_from: usize,
+    format: Format,
+    obtain: Obtain,
 }
 
 impl Survey {
     pub fn of(source: DataSource, root: &Path) -> Self {
         let folder = root.join(source.folder());
-        let files = source
-            .files()
-            .iter()
-            .map(|file| {
-                let path = folder.join(file.name);
-                let rank = if file.name.contains("images") { 3 } else { 1 };
-                let state = if !path.is_file() {
-                    FileState::Missing
-                } else {
-                    match read_idx_dims(&path, rank) {
-                        Ok(dims) => FileState::Present(dims),
-                        Err(error) => FileState::Broken(error.to_string()),
+        let format = source.format();
+        let files: Vec<SurveyedFile> = match format {
+            Format::Leaf(_) => ["train", "test"]
+                .iter()
+                .map(|split| leaf_split(&folder, split))
+                .collect(),
+            Format::Idx | Format::Cifar(_) => source
+                .files()
+                .iter()
+                .map(|file| {
+                    let path = folder.join(file.name);
+                    let state = if !path.is_file() {
+                        FileState::Missing
+                    } else {
+                        dims_of(format, file, &path)
+                    };
+                    SurveyedFile {
+                        file: *file,
+                        path,
+                        state,
                     }
-                };
-                SurveyedFile {
-                    file: *file,
-                    path,
-                    state,
-                }
-            })
-            .collect();
-        Self { folder, files }
+                })
+                .collect(),
+        };
+        let test_from = match format {
+            Format::Idx => 2,
+            Format::Cifar(_) | Format::Leaf(_) => files.len() - 1,
+        };
+        Self {
+            folder,
+            files,
+            test_from,
+            format,
+            obtain: source.obtain(),
+        }
     }
 
-    /// Samples of the training set, when both its files are there and agree.
+    /// Samples of the training set, when all its files are there and agree.
     pub fn train_samples(&self) -> Option<usize> {
-        self.split_samples(0)
+        self.split_samples(0..self.test_from)
     }
 
     pub fn test_samples(&self) -> Option<usize> {
-        self.split_samples(2)
+        self.split_samples(self.test_from..self.files.len())
     }
 
-    fn split_samples(&self, first: usize) -> Option<usize> {
-        match (&self.files[first].state, &self.files[first + 1].state) {
-            (FileState::Present(images), FileState::Present(labels))
-                if images.first() == labels.first() =>
-            {
-                images.first().copied()
-            }
-            _ => None,
+    /// How missing files would be fetched: a run with `data.download` off,
+    /// or with files that can only be put by hand, fails on them.
+    pub fn obtain(&self) -> Obtain {
+        self.obtain
+    }
+
+    fn split_samples(&self, files: std::ops::Range<usize>) -> Option<usize> {
+        let files = &self.files[files];
+        let firsts: Option<Vec<usize>> = files
+            .iter()
+            .map(|f| match &f.state {
+                FileState::Present(dims) => dims.first().copied(),
+                _ => None,
+            })
+            .collect();
+        let firsts = firsts?;
+        match self.format {
+            // Images and labels: one count, declared twice.
+            Format::Idx => (firsts[0] == firsts[1]).then_some(firsts[0]),
+            Format::Cifar(_) | Format::Leaf(_) => Some(firsts.iter().sum()),
         }
     }
 
@@ -85,45 +116,87 @@ impl Survey {
     /// broken files, images and labels of one split that disagree in count.
     /// Missing files are not problems here: they may be downloaded.
     pub fn problems(&self) -> Vec<String> {
-        self.problems_of(&[0, 2])
+        self.problems_of(0)
     }
 
     /// The test split's files alone: those a run whose clients all bring
     /// their own data reads.
     pub fn test_files(&self) -> &[SurveyedFile] {
-        &self.files[2..]
+        &self.files[self.test_from..]
     }
 
     /// The problems of the test split's files alone (see `problems`).
     pub fn test_problems(&self) -> Vec<String> {
-        self.problems_of(&[2])
+        self.problems_of(self.test_from)
     }
 
-    /// Problems of the splits whose image file is at the indices `firsts`.
-    fn problems_of(&self, firsts: &[usize]) -> Vec<String> {
-        let mut problems: Vec<String> = firsts
+    /// Problems of the files from index `first` on.
+    fn problems_of(&self, first: usize) -> Vec<String> {
+        let mut problems: Vec<String> = self.files[first..]
             .iter()
-            .flat_map(|&first| &self.files[first..first + 2])
             .filter_map(|f| match &f.state {
                 FileState::Broken(reason) => Some(reason.clone()),
                 _ => None,
             })
             .collect();
-        for &first in firsts {
+        if self.format != Format::Idx {
+            return problems;
+        }
+        for pair in (first..self.files.len()).step_by(2) {
             if let (FileState::Present(images), FileState::Present(labels)) =
-                (&self.files[first].state, &self.files[first + 1].state)
+                (&self.files[pair].state, &self.files[pair + 1].state)
                 && images.first() != labels.first()
             {
                 problems.push(format!(
                     "{} declares {} images but {} declares {} labels",
-                    self.files[first].path.display(),
+                    self.files[pair].path.display(),
                     images.first().copied().unwrap_or(0),
-                    self.files[first + 1].path.display(),
+                    self.files[pair + 1].path.display(),
                     labels.first().copied().unwrap_or(0),
                 ));
             }
         }
         problems
+    }
+}
+
+/// What the header of an IDX file, or the size of a CIFAR batch, declares.
+fn dims_of(format: Format, file: &DataFile, path: &Path) -> FileState {
+    let declared = match format {
+        Format::Cifar(kind) => kind
+            .records_of(path)
+            .map(|records| vec![records, 3, 32, 32])
+            .map_err(|e| e.to_string()),
+        Format::Idx | Format::Leaf(_) => {
+            let rank = if file.name.contains("images") { 3 } else { 1 };
+            read_idx_dims(path, rank).map_err(|e| e.to_string())
+        }
+    };
+    match declared {
+        Ok(dims) => FileState::Present(dims),
+        Err(reason) => FileState::Broken(reason),
+    }
+}
+
+/// One LEAF split: its folder's `.json` files, counted from `num_samples`.
+fn leaf_split(folder: &Path, split: &'static str) -> SurveyedFile {
+    let path = folder.join(split);
+    let name = match split {
+        "train" => "train/*.json",
+        _ => "test/*.json",
+    };
+    let state = match leaf::json_files(&path) {
+        None => FileState::Missing,
+        Some(files) if files.is_empty() => FileState::Missing,
+        Some(_) => match leaf::count_samples(&path) {
+            Ok(samples) => FileState::Present(vec![samples]),
+            Err(error) => FileState::Broken(error.to_string()),
+        },
+    };
+    SurveyedFile {
+        file: DataFile { name, sha256: "" },
+        path,
+        state,
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cohort_core::data::{self, DataSource, Dataset, Fetch, Normalization, Splits};
 
-use crate::task::{Classification, Task};
+use crate::task::{Classification, NextToken, Task};
 
 /// What a data set's loader is asked for.
 #[derive(Debug, Clone)]
@@ -91,13 +91,14 @@ impl DatasetEntry {
         self
     }
 
-    /// One of cohort's own data sets, read from `root/<folder>/`.
+    /// One of cohort's own data sets, read from `root/<folder>/`, with its
+    /// normalization and its task (next-token prediction for Shakespeare).
     pub fn builtin(source: DataSource, summary: &str) -> Self {
-        Self::new(
+        let entry = Self::new(
             &source.to_string(),
             summary,
             source.sample_shape(),
-            10,
+            source.classes(),
             source.train_samples(),
             move |request| {
                 if request.test_only {
@@ -111,11 +112,15 @@ impl DatasetEntry {
                 }
                 Ok(data::load(source, &request.root, &request.fetch)?)
             },
-        )
-        .with_normalization({
-            let (mean, std) = source.normalization();
-            Normalization::single(mean, std)
-        })
+        );
+        let entry = match source.normalization() {
+            Some(normalization) => entry.with_normalization(normalization),
+            None => entry,
+        };
+        match source {
+            DataSource::Shakespeare => entry.with_task(NextToken),
+            _ => entry,
+        }
     }
 
     pub fn name(&self) -> &str {

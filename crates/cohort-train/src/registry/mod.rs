@@ -308,6 +308,26 @@ impl Registry {
                 DataSource::FashionMnist,
                 "Fashion-MNIST, 28×28 grayscale, 10 classes (IDX files)",
             ),
+            (
+                DataSource::Emnist,
+                "EMNIST balanced, 28×28 grayscale, 47 classes (IDX files)",
+            ),
+            (
+                DataSource::Cifar10,
+                "CIFAR-10, 32×32 colour, 10 classes (binary batches)",
+            ),
+            (
+                DataSource::Cifar100,
+                "CIFAR-100, 32×32 colour, 100 fine classes (binary batches)",
+            ),
+            (
+                DataSource::Femnist,
+                "LEAF's FEMNIST, 28×28 grayscale, 62 classes, one writer a user (LEAF JSON)",
+            ),
+            (
+                DataSource::Shakespeare,
+                "LEAF's Shakespeare, next character of 80, one role a user (LEAF JSON)",
+            ),
         ] {
             registry
                 .add_dataset(DatasetEntry::builtin(source, summary))
@@ -524,6 +544,38 @@ mod tests {
         assert_eq!(error.key.as_deref(), Some("trainer.model_name"));
         assert!(error.message.contains("did you mean `lenet5`?"), "{error}");
         assert!(error.message.contains("cnn_bn"), "{error}");
+    }
+
+    #[test]
+    fn the_research_data_sets_load_their_fixtures_as_they_declare() {
+        let registry = Registry::builtin();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data");
+        for (name, classes, task, shape) in [
+            ("EMNIST", 47, "classification", vec![1, 28, 28]),
+            ("CIFAR10", 10, "classification", vec![3, 32, 32]),
+            ("CIFAR100", 100, "classification", vec![3, 32, 32]),
+            ("FEMNIST", 62, "classification", vec![1, 28, 28]),
+            ("Shakespeare", 80, "next-token prediction", vec![80]),
+        ] {
+            let entry = registry.dataset(name).expect(name);
+            assert_eq!(
+                (entry.classes(), entry.task().name(), entry.sample_shape()),
+                (classes, task, &shape[..]),
+                "{name}"
+            );
+            assert_eq!(entry.normalization().is_some(), name != "Shakespeare");
+            let mut request = DataRequest {
+                root: root.clone(),
+                fetch: cohort_core::data::Fetch::Never,
+                test_only: false,
+            };
+            // `load` holds every split to the entry's shape and task.
+            let both = entry.load(&request).expect(name);
+            assert!(!both.train.is_empty() && !both.test.is_empty(), "{name}");
+            request.test_only = true;
+            let test = entry.load(&request).expect(name);
+            assert_eq!((test.train.len(), &test.test), (0, &both.test), "{name}");
+        }
     }
 
     #[test]

@@ -245,6 +245,15 @@ fn torchvision_needs_a_dataset_cohort_has() {
         Some(DataSource::FashionMnist)
     );
 
+    let cifar = load(&MLX_REFERENCE.replace("\"MNIST\"", "\"CIFAR10\"")).unwrap();
+    assert_eq!(
+        cifar.config.data.builtin_source(),
+        Some(DataSource::Cifar10)
+    );
+    // LEAF's data sets are cohort's, but not Torchvision's.
+    let leaf = errors_of(&MLX_REFERENCE.replace("\"MNIST\"", "\"FEMNIST\""));
+    assert_eq!(leaf.first().key.as_deref(), Some("data.dataset_name"));
+
     let stray = errors_of(&MLX_REFERENCE.replace("\"Torchvision\"", "\"MNIST\""));
     assert_eq!(stray.first().key.as_deref(), Some("data.dataset_name"));
 }

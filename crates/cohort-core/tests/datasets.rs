@@ -1,0 +1,329 @@
+//! Every loader on the committed fixtures (tests/fixtures/data, written by
+//! scripts/make_data_fixtures.py), held to what the script says it wrote
+//! (expected.json): labels, users, and sampled values; then what a missing
+//! or damaged file gives, through the loaders and `cohort check`'s survey.
+
+use std::path::{Path, PathBuf};
+
+use cohort_core::data::leaf::{self, Leaf};
+use cohort_core::data::survey::{self, FileState, Survey};
+use cohort_core::data::{self, DataSource, Dataset, Fetch};
+use serde_json::Value;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")
+}
+
+fn expected(source: DataSource, split: &str) -> Value {
+    let text = std::fs::read_to_string(fixtures().join("expected.json")).unwrap();
+    let all: Value = serde_json::from_str(&text).unwrap();
+    all[source.to_string()][split].clone()
+}
+
+fn numbers(value: &Value) -> Vec<u32> {
+    let list = value.as_array().expect("a list");
+    list.iter().map(|v| v.as_u64().unwrap() as u32).collect()
+}
+
+/// Each `[sample, flat index, raw]` of `checks` against the loaded value,
+/// normalized as `source` normalizes channel `flat index / plane`.
+fn assert_values(source: DataSource, set: &Dataset, checks: &Value, scale: f32) {
+    let normalization = source.normalization().unwrap();
+    let per_sample = set.values_per_sample();
+    let plane = per_sample / set.sample_shape[0];
+    let checks = checks.as_array().unwrap();
+    assert!(!checks.is_empty());
+    for check in checks {
+        let (sample, index) = (check[0].as_u64().unwrap(), check[1].as_u64().unwrap());
+        let raw = check[2].as_f64().unwrap() as f32 / scale;
+        let channel = (index as usize / plane).min(normalization.mean.len() - 1);
+        let want = (raw - normalization.mean[channel]) / normalization.std[channel];
+        let got = set.inputs[sample as usize * per_sample + index as usize];
+        assert!(
+            (got - want).abs() < 1e-5,
+            "{source} sample {sample} value {index}: {got} != {want}"
+        );
+    }
+}
+
+#[test]
+fn cifar_fixtures_load_as_written() {
+    for (source, train) in [(DataSource::Cifar10, 15), (DataSource::Cifar100, 6)] {
+        let splits = data::load(source, &fixtures(), &Fetch::Never).unwrap();
+        assert_eq!(splits.train.len(), train, "{source}");
+        assert_eq!(splits.train.sample_shape, [3, 32, 32]);
+        for (name, set) in [("train", &splits.train), ("test", &splits.test)] {
+            let expected = expected(source, name);
+            assert_eq!(set.labels, numbers(&expected["labels"]), "{source} {name}");
+            assert_values(source, set, &expected["checks"], 255.0);
+        }
+        // CIFAR-100's fine labels run past the 20 coarse ones.
+        if source == DataSource::Cifar100 {
+            assert!(splits.train.labels.iter().any(|&l| l >= 20));
+        }
+        let test = data::load_test(source, &fixtures(), &Fetch::Never).unwrap();
+        assert_eq!(test, splits.test);
+    }
+}
+
+#[test]
+fn emnist_images_are_transposed_upright() {
+    let source = DataSource::Emnist;
+    let splits = data::load(source, &fixtures(), &Fetch::Never).unwrap();
+    assert_eq!((splits.train.len(), splits.test.len()), (20, 10));
+    for (name, set) in [("train", &splits.train), ("test", &splits.test)] {
+        let expected = expected(source, name);
+        assert_eq!(set.labels, numbers(&expected["labels"]));
+        // The script's checks index the upright image, row-major.
+        assert_values(source, set, &expected["checks"], 255.0);
+    }
+    // The L's bar runs down the left (rows 4..24 of column 7), not along the top.
+    let column: f32 = (4..24).map(|row| splits.train.inputs[row * 28 + 7]).sum();
+    let top_row: f32 = (8..24).map(|col| splits.train.inputs[5 * 28 + col]).sum();
+    assert!(column > top_row, "{column} {top_row}");
+}
+
+#[test]
+fn femnist_fixture_loads_with_its_writers() {
+    let source = DataSource::Femnist;
+    let folder = fixtures().join(source.folder());
+    let loaded = leaf::load(Leaf::Femnist, &folder, source.normalization().as_ref()).unwrap();
+    for (name, split) in [("train", &loaded.train), ("test", &loaded.test)] {
+        let expected = expected(source, name);
+        assert_eq!(split.data.labels, numbers(&expected["labels"]), "{name}");
+        let users: Vec<&str> = split
+            .users
+            .of_sample
+            .iter()
+            .map(|&id| split.users.names[id as usize].as_str())
+            .collect();
+        let want: Vec<&str> = (expected["users"].as_array().unwrap().iter())
+            .map(|u| u.as_str().unwrap())
+            .collect();
+        assert_eq!(users, want, "{name}");
+        assert_values(source, &split.data, &expected["checks"], 1.0);
+    }
+    assert_eq!(loaded.train.users.names.len(), 3);
+    let splits = data::load(source, &fixtures(), &Fetch::Never).unwrap();
+    assert_eq!(splits, loaded.clone().splits());
+    let test = data::load_test(source, &fixtures(), &Fetch::Never).unwrap();
+    assert_eq!(test, loaded.test.data);
+}
+
+#[test]
+fn shakespeare_fixture_is_token_ids_with_the_next_character_as_label() {
+    let source = DataSource::Shakespeare;
+    let splits = data::load(source, &fixtures(), &Fetch::Never).unwrap();
+    assert_eq!(splits.train.sample_shape, [80]);
+    for (name, set) in [("train", &splits.train), ("test", &splits.test)] {
+        let expected = expected(source, name);
+        assert_eq!(set.labels, numbers(&expected["labels"]), "{name}");
+        let first: Vec<f32> = numbers(&expected["first_tokens"])
+            .into_iter()
+            .map(|t| t as f32)
+            .collect();
+        assert_eq!(set.inputs[..80], first[..], "{name}: not normalized");
+    }
+    let folder = fixtures().join(source.folder());
+    let loaded = leaf::load(Leaf::Shakespeare, &folder, None).unwrap();
+    assert_eq!(
+        loaded.train.users.names,
+        ["THE_TEMPEST_MIRANDA", "HAMLET_HAMLET"]
+    );
+    assert_eq!(loaded.train.users.of_sample, [0, 0, 0, 1, 1]);
+}
+
+/// A copy of `source`'s fixture folder under a temporary root.
+fn copy_of(source: DataSource) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_tree(
+        &fixtures().join(source.folder()),
+        &dir.path().join(source.folder()),
+    );
+    dir
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_truncated_or_mislabelled_cifar_batch_is_an_error_naming_it() {
+    let dir = copy_of(DataSource::Cifar10);
+    let batch = dir.path().join("cifar-10-batches-bin/data_batch_4.bin");
+    let bytes = std::fs::read(&batch).unwrap();
+    std::fs::write(&batch, &bytes[..bytes.len() - 100]).unwrap();
+    let error = data::load(DataSource::Cifar10, dir.path(), &Fetch::Never)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("data_batch_4.bin: 9119 bytes is not a whole number of 3073-byte"),
+        "{error}"
+    );
+    let survey = Survey::of(DataSource::Cifar10, dir.path());
+    assert_eq!(survey.train_samples(), None);
+    assert_eq!(survey.test_samples(), Some(4));
+    assert_eq!(survey.problems().len(), 1, "{:?}", survey.problems());
+    assert!(survey.test_problems().is_empty());
+
+    let mut bad = bytes.clone();
+    bad[3073] = 10; // the second record's label
+    std::fs::write(&batch, &bad).unwrap();
+    let error = data::load(DataSource::Cifar10, dir.path(), &Fetch::Never)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("data_batch_4.bin: record 1 has label 10, expected one below 10"),
+        "{error}"
+    );
+}
+
+#[test]
+fn missing_cifar_files_are_named_with_the_archive_to_fetch() {
+    let dir = copy_of(DataSource::Cifar100);
+    std::fs::remove_file(dir.path().join("cifar-100-binary/train.bin")).unwrap();
+    let error = data::load(DataSource::Cifar100, dir.path(), &Fetch::Never)
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        "CIFAR100 data files are missing from",
+        "  train.bin\n",
+        "data.download = false",
+        "https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz",
+        "58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec",
+        "unpacks to `cifar-100-binary/`",
+    ] {
+        assert!(error.contains(needle), "{needle}: {error}");
+    }
+    assert!(!error.contains("test.bin"), "{error}");
+    // The test split alone is there.
+    assert!(data::load_test(DataSource::Cifar100, dir.path(), &Fetch::Never).is_ok());
+    let survey = Survey::of(DataSource::Cifar100, dir.path());
+    let missing: Vec<&str> = survey::missing(&survey.files)
+        .iter()
+        .map(|f| f.file.name)
+        .collect();
+    assert_eq!(missing, ["train.bin"]);
+}
+
+#[test]
+fn files_that_cannot_be_downloaded_say_where_they_come_from() {
+    let empty = tempfile::tempdir().unwrap();
+    let fetch = Fetch::FromMirrors(Vec::new());
+    let error = data::load(DataSource::Emnist, empty.path(), &fetch)
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        "emnist-balanced-train-images-idx3-ubyte.gz",
+        "They cannot be downloaded",
+        "https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip",
+    ] {
+        assert!(error.contains(needle), "{needle}: {error}");
+    }
+    for source in [DataSource::Femnist, DataSource::Shakespeare] {
+        let error = data::load(source, empty.path(), &fetch)
+            .unwrap_err()
+            .to_string();
+        let folder = source.folder();
+        for needle in [
+            "no train/*.json and no test/*.json".to_owned(),
+            format!("copy those two folders to {folder}/train and {folder}/test"),
+        ] {
+            assert!(error.contains(&needle), "{needle}: {error}");
+        }
+    }
+}
+
+#[test]
+fn a_malformed_leaf_file_names_the_file_and_the_user() {
+    let dir = copy_of(DataSource::Femnist);
+    let file = dir
+        .path()
+        .join("femnist/train/all_data_1_niid_0_keep_0_train_9.json");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("\"num_samples\": [2]", "\"num_samples\": [5]"),
+    )
+    .unwrap();
+    let error = data::load(DataSource::Femnist, dir.path(), &Fetch::Never)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error
+            .contains("all_data_1_niid_0_keep_0_train_9.json: user `f0100_33`: num_samples says 5"),
+        "{error}"
+    );
+    std::fs::write(&file, &text[..text.len() / 2]).unwrap();
+    let survey = Survey::of(DataSource::Femnist, dir.path());
+    assert_eq!(survey.train_samples(), None);
+    assert!(
+        survey.problems()[0].contains("not one of LEAF's JSON files"),
+        "{:?}",
+        survey.problems()
+    );
+}
+
+#[test]
+fn the_survey_counts_every_fixture_from_sizes_and_headers() {
+    for (source, train, test) in [
+        (DataSource::Cifar10, 15, 4),
+        (DataSource::Cifar100, 6, 3),
+        (DataSource::Emnist, 20, 10),
+        (DataSource::Femnist, 7, 3),
+        (DataSource::Shakespeare, 5, 2),
+        (DataSource::FashionMnist, 600, 200),
+    ] {
+        let survey = Survey::of(source, &fixtures());
+        assert_eq!(survey.train_samples(), Some(train), "{source}");
+        assert_eq!(survey.test_samples(), Some(test), "{source}");
+        assert!(survey.problems().is_empty(), "{:?}", survey.problems());
+        assert!(survey::missing(&survey.files).is_empty());
+    }
+    let cifar = Survey::of(DataSource::Cifar10, &fixtures());
+    assert_eq!(cifar.files.len(), 6);
+    assert_eq!(cifar.test_files()[0].file.name, "test_batch.bin");
+    assert_eq!(cifar.files[0].state, FileState::Present(vec![3, 3, 32, 32]));
+    let empty = tempfile::tempdir().unwrap();
+    let leaf = Survey::of(DataSource::Shakespeare, empty.path());
+    let missing: Vec<&str> = survey::missing(&leaf.files)
+        .iter()
+        .map(|f| f.file.name)
+        .collect();
+    assert_eq!(missing, ["train/*.json", "test/*.json"]);
+}
+
+#[test]
+fn every_name_is_plato_s_and_declares_its_shape() {
+    let names: Vec<String> = DataSource::ALL.iter().map(|s| s.to_string()).collect();
+    assert_eq!(
+        names,
+        [
+            "MNIST",
+            "FashionMNIST",
+            "EMNIST",
+            "CIFAR10",
+            "CIFAR100",
+            "FEMNIST",
+            "Shakespeare"
+        ]
+    );
+    for source in DataSource::ALL {
+        assert_eq!(DataSource::from_name(&source.to_string()), Some(source));
+        if let Some(normalization) = source.normalization() {
+            let channels = source.sample_shape()[0];
+            assert_eq!(normalization.mean.len().max(channels), channels, "{source}");
+        }
+    }
+    assert_eq!(DataSource::Shakespeare.classes(), 80);
+    assert_eq!(DataSource::Cifar100.classes(), 100);
+}
