@@ -10,12 +10,21 @@ layout"), so a model file loads into the matching class below as it is:
     model.load_state_dict(safetensors.torch.load_file("model.safetensors"), strict=True)
     model.eval()
 
-Images are ``[N, 1, 28, 28]`` float32 normalized as cohort does:
-``(pixel / 255 - 0.1307) / 0.3081``. The forward passes are cohort's
-(crates/cohort-train/src/model.rs); the layer names are the state_dict keys.
-Evaluation mode matters for ``cnn_bn``: BatchNorm then uses the running
-statistics and dropout is off, as in cohort's evaluation.
+Images are ``[N, C, H, W]`` float32 normalized as cohort does (MNIST's
+``(pixel / 255 - 0.1307) / 0.3081``); a model built for other data takes the
+data set's sample shape and classes, and the model's options
+(``[parameters.model]`` beside ``num_classes``) as keyword arguments:
+
+    model = build("resnet_20", num_classes=10, sample_shape=(3, 32, 32), norm="group")
+
+The forward passes are cohort's (crates/cohort-train/src/model/); the layer
+names are the state_dict keys. Evaluation mode matters for the models with
+BatchNorm: it then uses the running statistics and dropout is off, as in
+cohort's evaluation. ``check_twins.py`` holds every class here against
+cohort's logits (``crates/cohort-train/tests/pytorch_twins.rs``).
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -80,9 +89,126 @@ class CnnBn(nn.Module):
         return self.fc4(x)
 
 
-MODELS = {"lenet5": LeNet5, "lenet5_compact": LeNet5Compact, "cnn_bn": CnnBn}
+class Multilayer(nn.Module):
+    """``multilayer``: Plato's MLP (hidden 1024, 512, 256, 128 with tanh by
+    default); any sample shape, flattened."""
+
+    def __init__(self, num_classes=10, sample_shape=(600,), hidden=(1024, 512, 256, 128),
+                 activation="tanh"):
+        super().__init__()
+        widths = [math.prod(sample_shape), *hidden, num_classes]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.activation = {"tanh": torch.tanh, "relu": F.relu}[activation]
+
+    def forward(self, x):
+        x = torch.flatten(x, 1)
+        for layer in self.layers[:-1]:
+            x = self.activation(layer(x))
+        return self.layers[-1](x)
 
 
-def build(model_name, num_classes=10):
-    """The module for ``trainer.model_name``."""
-    return MODELS[model_name](num_classes)
+class Cnn(nn.Module):
+    """``cnn``: McMahan et al. 2017's CNN (1,663,370 parameters on MNIST);
+    ``cnn_femnist`` is the same with ``dense=2048`` (LEAF's FEMNIST CNN)."""
+
+    def __init__(self, num_classes=10, sample_shape=(1, 28, 28), dense=512):
+        super().__init__()
+        channels, height, width = sample_shape
+        self.conv1 = nn.Conv2d(channels, 32, 5, padding=2)
+        self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
+        self.fc1 = nn.Linear(64 * (height // 4) * (width // 4), dense)
+        self.fc2 = nn.Linear(dense, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2, 2)
+        x = torch.flatten(F.max_pool2d(F.relu(self.conv2(x)), 2, 2), 1)
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def norm_layer(norm, groups, channels):
+    """``norm = "batch"`` or ``"group"`` (``groups`` groups), eps 1e-5 both."""
+    if norm == "batch":
+        return nn.BatchNorm2d(channels)
+    return nn.GroupNorm(groups, channels)
+
+
+class BasicBlock(nn.Module):
+    """He et al.'s basic block. ``shortcut="A"``: where width or resolution
+    changes, the input subsampled and zero-padded (no parameters); ``"B"``: a
+    1x1 convolution and a norm (``shortcut.0``, ``shortcut.1``)."""
+
+    def __init__(self, in_planes, planes, stride, norm, groups, shortcut):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = norm_layer(norm, groups, planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = norm_layer(norm, groups, planes)
+        self.stride, self.pad = stride, 0
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            if shortcut == "B":
+                self.shortcut = nn.Sequential(
+                    nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False),
+                    norm_layer(norm, groups, planes),
+                )
+            else:
+                self.pad = (planes - in_planes) // 2
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if len(self.shortcut) or (self.stride == 1 and self.pad == 0):
+            short = self.shortcut(x)
+        else:
+            short = x[:, :, ::self.stride, ::self.stride]
+            short = F.pad(short, (0, 0, 0, 0, self.pad, self.pad))
+        return F.relu(out + short)
+
+
+class ResNet20(nn.Module):
+    """``resnet_20``: He et al. 2016 §4.2, n = 3, option A shortcuts (the
+    layout of akamaster/pytorch_resnet_cifar10); 269,722 parameters for 10
+    classes. Global average pooling, so any image size."""
+
+    def __init__(self, num_classes=10, sample_shape=(3, 32, 32), norm="batch", groups=2):
+        super().__init__()
+        self.conv1 = nn.Conv2d(sample_shape[0], 16, 3, padding=1, bias=False)
+        self.bn1 = norm_layer(norm, groups, 16)
+        blocks = lambda a, b, stride: nn.Sequential(*(
+            BasicBlock(a if i == 0 else b, b, stride if i == 0 else 1, norm, groups, "A")
+            for i in range(3)))
+        self.layer1 = blocks(16, 16, 1)
+        self.layer2 = blocks(16, 32, 2)
+        self.layer3 = blocks(32, 64, 2)
+        self.linear = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.linear(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+MODELS = {
+    "lenet5": LeNet5,
+    "lenet5_compact": LeNet5Compact,
+    "cnn_bn": CnnBn,
+    "multilayer": Multilayer,
+    "cnn": Cnn,
+    "resnet_20": ResNet20,
+    "cnn_femnist": lambda **kw: Cnn(dense=2048, **kw),
+}
+
+# The LeNets and cnn_bn take MNIST's samples only.
+FIXED_SHAPE = {"lenet5", "lenet5_compact", "cnn_bn"}
+
+
+def build(model_name, num_classes=10, sample_shape=None, **options):
+    """The module for ``trainer.model_name``, for the data set's
+    ``sample_shape`` and the model's options (``[parameters.model]``)."""
+    if model_name in FIXED_SHAPE:
+        if options or sample_shape not in (None, (1, 28, 28), [1, 28, 28]):
+            raise ValueError(f"{model_name} takes [1, 28, 28] samples and no options")
+        return MODELS[model_name](num_classes)
+    if sample_shape is not None:
+        options["sample_shape"] = tuple(sample_shape)
+    return MODELS[model_name](num_classes=num_classes, **options)

@@ -9,9 +9,9 @@
 //! * a linear layer's weight is `[in, out]` in burn and `[out, in]` in PyTorch:
 //!   transposed on the way out and back on the way in. A transpose only moves
 //!   elements, so element-wise aggregation gives the same numbers either way;
-//! * BatchNorm's affine parameters are `gamma`/`beta` in burn and
-//!   `weight`/`bias` in PyTorch: renamed. `running_mean` and `running_var`
-//!   have the same names in both.
+//! * BatchNorm's and GroupNorm's affine parameters are `gamma`/`beta` in
+//!   burn and `weight`/`bias` in PyTorch: renamed. BatchNorm's `running_mean`
+//!   and `running_var` have the same names in both; GroupNorm has no buffers.
 //!
 //! PyTorch's `num_batches_tracked` counter has no burn counterpart and is not in
 //! the tree; model files add it ([`cohort_core::layout`]).
@@ -95,8 +95,8 @@ impl PathStack {
         self.holders.push(container_type.to_owned());
         if !skip {
             let name = match (container_type, name) {
-                ("Struct:BatchNorm", "gamma") => "weight",
-                ("Struct:BatchNorm", "beta") => "bias",
+                ("Struct:BatchNorm" | "Struct:GroupNorm", "gamma") => "weight",
+                ("Struct:BatchNorm" | "Struct:GroupNorm", "beta") => "bias",
                 _ => name,
             };
             self.segments.push(name.to_owned());

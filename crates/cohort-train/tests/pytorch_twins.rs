@@ -1,0 +1,212 @@
+//! Every registered model against its PyTorch twin in
+//! `examples/pytorch/models.py`.
+//!
+//! For each case below (a model, a sample shape, classes and options), the
+//! test gives the model parameters drawn at random in PyTorch's layout
+//! (BatchNorm's running statistics and affine parameters away from their
+//! initial 0 and 1, so that their order and names matter), computes cohort's
+//! logits in evaluation mode on random inputs through the registry (the path
+//! `cohort evaluate --logits` takes), and writes the model file
+//! (`layout::to_model_file`, as a run writes `model.safetensors`), the inputs
+//! and the logits. `examples/pytorch/check_twins.py` then loads each model
+//! file into its twin with `load_state_dict(strict=True)`, runs the same
+//! inputs in `eval()` mode and reports the largest logit difference, which
+//! must be below 1e-5.
+//!
+//! Needs python3 with torch and numpy, so that test is `#[ignore]`d (run it
+//! with `--include-ignored`; without torch it fails, it never passes having
+//! checked nothing). `every_registered_model_has_a_case` needs nothing and
+//! fails when a model is registered without a case here.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use cohort_core::data::Dataset;
+use cohort_core::tree::{Array, ParamTree};
+use cohort_train::model::{ModelOptions, ModelSpec};
+use cohort_train::registry::Registry;
+use cohort_train::task::{Classification, Task};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// One model built for one kind of data.
+struct Case {
+    model: &'static str,
+    shape: &'static [usize],
+    classes: usize,
+    /// `[parameters.model]` keys besides `num_classes`, as TOML.
+    options: &'static str,
+}
+
+const fn case(
+    model: &'static str,
+    shape: &'static [usize],
+    classes: usize,
+    options: &'static str,
+) -> Case {
+    Case {
+        model,
+        shape,
+        classes,
+        options,
+    }
+}
+
+const CASES: &[Case] = &[
+    case("lenet5", &[1, 28, 28], 10, ""),
+    case("lenet5_compact", &[1, 28, 28], 10, ""),
+    case("cnn_bn", &[1, 28, 28], 10, ""),
+    case("multilayer", &[600], 100, ""),
+    case(
+        "multilayer",
+        &[1, 28, 28],
+        10,
+        "hidden = [200, 200]\nactivation = \"relu\"",
+    ),
+    case("cnn", &[1, 28, 28], 10, ""),
+    case("cnn", &[3, 32, 32], 10, ""),
+    case("resnet_20", &[3, 32, 32], 10, ""),
+    case("resnet_20", &[3, 32, 32], 100, "norm = \"group\""),
+    case("resnet_20", &[1, 28, 28], 10, "norm = \"group\"\ngroups = 4"),
+    case("cnn_femnist", &[1, 28, 28], 62, ""),
+];
+
+impl Case {
+    fn label(&self, index: usize) -> String {
+        format!("{index:02}-{}", self.model)
+    }
+
+    fn spec(&self) -> ModelSpec {
+        let table: toml::Table = self.options.parse().expect("options are TOML");
+        ModelSpec::new(self.shape.to_vec(), self.classes)
+            .with_options(ModelOptions::new(table.into_iter().collect()))
+    }
+}
+
+#[test]
+fn every_registered_model_has_a_case() {
+    let cased: BTreeSet<&str> = CASES.iter().map(|c| c.model).collect();
+    for entry in Registry::builtin().models() {
+        assert!(
+            cased.contains(entry.name()),
+            "`{}` has no case here, so nothing holds it to a PyTorch twin",
+            entry.name()
+        );
+    }
+}
+
+/// The template's leaves redrawn: weights and biases as PyTorch's default
+/// initialization bounds them, normalization parameters and running
+/// statistics away from their initial values.
+fn random_tree(template: &ParamTree, rng: &mut ChaCha8Rng) -> ParamTree {
+    let leaves = template.leaves();
+    ParamTree::from_dotted(leaves.iter().map(|(path, array)| {
+        let name = path.to_string();
+        let shape = array.shape().to_vec();
+        let fan_in: usize = shape.iter().skip(1).product::<usize>().max(1);
+        let mut draw = |low: f32, high: f32| -> Vec<f32> {
+            (0..array.len())
+                .map(|_| rng.random_range(low..high))
+                .collect()
+        };
+        let values = if name.ends_with("running_var") || (shape.len() == 1 && name.ends_with("weight")) {
+            draw(0.5, 1.5)
+        } else if name.ends_with("running_mean") || shape.len() == 1 {
+            draw(-0.5, 0.5)
+        } else {
+            let bound = 1.0 / (fan_in as f32).sqrt();
+            draw(-bound, bound)
+        };
+        (name, Array::f32(shape, values).expect("the template's shape"))
+    }))
+}
+
+/// Writes `label.model.safetensors`, `label.io.safetensors` (inputs and
+/// cohort's logits) and `label.json` (what the twin is built with).
+fn write_case(dir: &Path, index: usize, case: &Case) {
+    let registry = Registry::builtin();
+    let entry = registry.model(case.model).expect("a registered model");
+    let spec = case.spec();
+    let mut rng = ChaCha8Rng::seed_from_u64(index as u64 + 1);
+    let template = entry.template(&spec).expect("the case's spec builds");
+    let tree = random_tree(&template, &mut rng);
+
+    let batch = 4usize;
+    let per_sample: usize = case.shape.iter().product();
+    let inputs: Vec<f32> = (0..batch * per_sample)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let data = Dataset::new(inputs.clone(), vec![0; batch], case.shape.to_vec())
+        .expect("sized inputs");
+    let task: Arc<dyn Task> = Arc::new(Classification);
+    let device = cohort_train::device::cpu();
+    let mut evaluator = entry.evaluator(&spec, &task, &device, batch).unwrap();
+    let indices: Vec<u32> = (0..batch as u32).collect();
+    let predictions = evaluator.predictions(&tree, &data, &indices).unwrap();
+
+    let file_tree = cohort_core::layout::to_model_file(&tree).unwrap_or(tree);
+    let label = case.label(index);
+    let write = |name: String, tree: &ParamTree| {
+        let bytes = cohort_core::codec::encode(tree).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    };
+    write(format!("{label}.model.safetensors"), &file_tree);
+    let mut input_shape = vec![batch];
+    input_shape.extend_from_slice(case.shape);
+    let io = ParamTree::from_dotted([
+        ("inputs".to_owned(), Array::f32(input_shape, inputs).unwrap()),
+        (
+            "logits".to_owned(),
+            Array::f32(vec![batch, predictions.classes], predictions.logits).unwrap(),
+        ),
+    ]);
+    write(format!("{label}.io.safetensors"), &io);
+    let options: toml::Table = case.options.parse().unwrap();
+    let description = serde_json::json!({
+        "model": case.model,
+        "sample_shape": case.shape,
+        "classes": case.classes,
+        "options": options,
+    });
+    std::fs::write(dir.join(format!("{label}.json")), description.to_string()).unwrap();
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+#[ignore = "needs python3 with torch and numpy: run with --include-ignored"]
+fn every_registered_model_gives_its_pytorch_twins_logits() {
+    let dir = std::env::var_os("COHORT_TWINS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("pytorch_twins"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (index, case) in CASES.iter().enumerate() {
+        write_case(&dir, index, case);
+    }
+    let output = Command::new("python3")
+        .arg(repo_root().join("examples/pytorch/check_twins.py"))
+        .arg(&dir)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "check_twins.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(
+        stdout.lines().last().expect("the script prints its report last"),
+    )
+    .expect("a JSON report");
+    let cases = report.as_array().expect("one entry per case");
+    assert_eq!(cases.len(), CASES.len(), "{report}");
+    for entry in cases {
+        let difference = entry["max_abs_logit_difference"].as_f64().unwrap();
+        assert!(difference <= 1e-5, "{entry}");
+    }
+}
