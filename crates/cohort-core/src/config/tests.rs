@@ -1054,17 +1054,17 @@ fn an_own_data_token_file_needs_own_data_clients_and_changes_no_result() {
 #[test]
 fn model_options_are_kept_as_read_for_the_model_registry_and_printed_back() {
     let text = format!(
-        "{MINIMAL}[parameters.model]\nnum_classes = 62\nnorm = \"group\"\nhidden = [64, 32]\n"
+        "{MINIMAL}[parameters.model]\nnum_classes = 10\nnorm = \"group\"\nhidden = [64, 32]\n"
     );
     let loaded = load_text(&text).unwrap();
     let model = &loaded.config.parameters.model;
-    assert_eq!(model.num_classes, 62);
+    assert_eq!(model.num_classes, 10);
     assert_eq!(model.options.len(), 2, "{:?}", model.options);
     assert_eq!(model.options["norm"].as_str(), Some("group"));
     let printed = to_toml(&loaded.config).unwrap();
     let again = load_text(&printed).unwrap();
     assert_eq!(again.config.parameters.model, *model, "{printed}");
     // Options change what a run computes: they are part of its hash.
-    let without = format!("{MINIMAL}[parameters.model]\nnum_classes = 62\n");
+    let without = format!("{MINIMAL}[parameters.model]\nnum_classes = 10\n");
     assert_ne!(loaded.hash(), load_text(&without).unwrap().hash());
 }

@@ -645,6 +645,34 @@ mod tests {
     }
 
     #[test]
+    fn model_options_reach_the_model_and_a_misspelt_one_is_an_error_naming_its_key() {
+        fn with(model: &str) -> impl Fn(&str) -> Result<RunModel, ConfigErrors> + '_ {
+            move |options: &str| {
+                let text = format!(
+                    "{MINIMAL}[trainer]\noptimizer = \"sgd\"\nmodel_name = \"{model}\"\n\
+                     [parameters.model]\n{options}"
+                );
+                let loaded = cohort_core::config::from_str(&text, Path::new("job.toml")).unwrap();
+                Registry::builtin().run_model(&loaded, vec![3, 32, 32])
+            }
+        }
+        let group = with("resnet_20")("norm = \"group\"\n").unwrap();
+        // GroupNorm has no running statistics: 269,722 parameters, none besides.
+        assert_eq!(group.template().unwrap().num_elements(), 269_722);
+        let error = with("resnet_20")("nrom = \"group\"\n").unwrap_err();
+        let error = error.first();
+        assert_eq!(error.key.as_deref(), Some("parameters.model.nrom"));
+        assert!(error.message.contains("did you mean `norm`?"), "{error}");
+        let error = with("resnet_20")("norm = \"layer\"\n").unwrap_err();
+        assert_eq!(error.first().key.as_deref(), Some("parameters.model.norm"));
+        // A model without options refuses any.
+        let error = with("cnn")("norm = \"group\"\n").unwrap_err();
+        let error = error.first();
+        assert_eq!(error.key.as_deref(), Some("parameters.model.norm"));
+        assert!(error.message.contains("takes no options"), "{error}");
+    }
+
+    #[test]
     fn a_loader_that_breaks_its_declaration_is_an_error_naming_the_data_set() {
         let mut registry = Registry::builtin();
         registry
