@@ -188,6 +188,64 @@ class ResNet20(nn.Module):
         return self.linear(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+class ResNet18(nn.Module):
+    """``resnet_18``: Plato's ResNet-18 (kuangliu/pytorch-cifar): 3x3 stem,
+    option B shortcuts; 11,173,962 parameters for 10 classes. Global average
+    pooling, Plato's ``avg_pool2d(out, 4)`` on 32x32 images."""
+
+    def __init__(self, num_classes=10, sample_shape=(3, 32, 32), norm="batch", groups=2):
+        super().__init__()
+        self.conv1 = nn.Conv2d(sample_shape[0], 64, 3, padding=1, bias=False)
+        self.bn1 = norm_layer(norm, groups, 64)
+        blocks = lambda a, b, stride: nn.Sequential(
+            BasicBlock(a, b, stride, norm, groups, "B"), BasicBlock(b, b, 1, norm, groups, "B"))
+        self.layer1 = blocks(64, 64, 1)
+        self.layer2 = blocks(64, 128, 2)
+        self.layer3 = blocks(128, 256, 2)
+        self.layer4 = blocks(256, 512, 2)
+        self.linear = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.linear(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class ConvModule(nn.Module):
+    """Plato's VGG convolution: 3x3, padding 1, with bias; norm; ReLU."""
+
+    def __init__(self, in_filters, out_filters, norm, groups):
+        super().__init__()
+        self.conv = nn.Conv2d(in_filters, out_filters, 3, padding=1)
+        self.bn = norm_layer(norm, groups, out_filters)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+class Vgg11(nn.Module):
+    """``vgg_11``: Plato's VGG-11 (plan A, BatchNorm, one linear layer);
+    9,231,114 parameters for 10 classes. Global average pooling, Plato's
+    ``AvgPool2d(2)`` on 32x32 images."""
+
+    PLAN = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512]
+
+    def __init__(self, num_classes=10, sample_shape=(3, 32, 32), norm="batch", groups=2):
+        super().__init__()
+        layers, filters = [], sample_shape[0]
+        for step in self.PLAN:
+            if step == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers.append(ConvModule(filters, step, norm, groups))
+                filters = step
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layers(x), 1), 1))
+
+
 MODELS = {
     "lenet5": LeNet5,
     "lenet5_compact": LeNet5Compact,
@@ -196,6 +254,8 @@ MODELS = {
     "cnn": Cnn,
     "resnet_20": ResNet20,
     "cnn_femnist": lambda **kw: Cnn(dense=2048, **kw),
+    "resnet_18": ResNet18,
+    "vgg_11": Vgg11,
 }
 
 # The LeNets and cnn_bn take MNIST's samples only.

@@ -71,6 +71,10 @@ const CASES: &[Case] = &[
     case("resnet_20", &[3, 32, 32], 100, "norm = \"group\""),
     case("resnet_20", &[1, 28, 28], 10, "norm = \"group\"\ngroups = 4"),
     case("cnn_femnist", &[1, 28, 28], 62, ""),
+    case("resnet_18", &[3, 32, 32], 10, ""),
+    case("resnet_18", &[3, 32, 32], 10, "norm = \"group\""),
+    case("vgg_11", &[3, 32, 32], 10, ""),
+    case("vgg_11", &[1, 28, 28], 47, "norm = \"group\"\ngroups = 8"),
 ];
 
 impl Case {

@@ -23,7 +23,9 @@ mod cnn;
 mod cnn_femnist;
 mod multilayer;
 mod options;
+mod resnet_18;
 mod resnet_20;
+mod vgg_11;
 
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -35,7 +37,9 @@ pub use builtin::{CnnBn, LeNet5, LeNet5Compact};
 pub use cnn::Cnn;
 pub use cnn_femnist::CnnFemnist;
 pub use multilayer::{Activation, Multilayer};
+pub use resnet_18::ResNet18;
 pub use resnet_20::ResNet20;
+pub use vgg_11::Vgg11;
 pub use options::ModelOptions;
 
 /// A burn module that trains in a federation.

@@ -27,7 +27,7 @@ use cohort_core::tree::ParamTree;
 
 use crate::model::{
     Accelerated, Cnn, CnnBn, CnnFemnist, FederatedModel, LeNet5, LeNet5Compact, ModelError,
-    ModelOptions, ModelSpec, Multilayer, ResNet20,
+    ModelOptions, ModelSpec, Multilayer, ResNet18, ResNet20, Vgg11,
 };
 use crate::params;
 use crate::task::Task;
@@ -363,6 +363,16 @@ impl Registry {
                 "cnn_femnist",
                 "LEAF's FEMNIST CNN: 5×5 conv 32 and 64, 2×2 pooling, dense 2048",
                 CnnFemnist::build,
+            ),
+            ModelEntry::new(
+                "resnet_18",
+                "Plato's ResNet-18, 3×3 stem, option B shortcuts (options: norm, groups)",
+                ResNet18::build,
+            ),
+            ModelEntry::new(
+                "vgg_11",
+                "Plato's VGG-11 with BatchNorm and one linear layer (options: norm, groups)",
+                Vgg11::build,
             ),
         ] {
             registry.add(entry).expect("built-in names are unique");
