@@ -32,8 +32,11 @@ def check(directory, label):
     model.load_state_dict(state, strict=True)
     model.eval()
     io = read_safetensors(os.path.join(directory, label + ".io.safetensors"))
+    x = torch.from_numpy(io["inputs"])
+    if case.get("tokens"):
+        x = x.long()  # token ids, held by cohort as exact float32 integers
     with torch.no_grad():
-        logits = model(torch.from_numpy(io["inputs"])).numpy()
+        logits = model(x).numpy()
     difference = float(np.abs(logits - io["logits"]).max())
     return {
         "case": label,

@@ -246,6 +246,26 @@ class Vgg11(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layers(x), 1), 1))
 
 
+class LstmShakespeare(nn.Module):
+    """``lstm_shakespeare``: LEAF's Shakespeare model (embedding 8, two LSTM
+    layers of 256, dense to the vocabulary); 819,920 parameters for 80
+    characters. Takes ``[N, length]`` int64 token ids. ``outputs="last"``
+    gives the last position's logits, ``"every"`` every position's
+    (``[N * length, vocabulary]``)."""
+
+    def __init__(self, num_classes=80, sample_shape=(80,), outputs="last"):
+        super().__init__()
+        self.embedding = nn.Embedding(num_classes, 8)
+        self.lstm = nn.LSTM(8, 256, num_layers=2, batch_first=True)
+        self.fc = nn.Linear(256, num_classes)
+        self.every = outputs == "every"
+
+    def forward(self, tokens):
+        x, _ = self.lstm(self.embedding(tokens))
+        x = x.reshape(-1, x.shape[-1]) if self.every else x[:, -1, :]
+        return self.fc(x)
+
+
 MODELS = {
     "lenet5": LeNet5,
     "lenet5_compact": LeNet5Compact,
@@ -256,6 +276,7 @@ MODELS = {
     "cnn_femnist": lambda **kw: Cnn(dense=2048, **kw),
     "resnet_18": ResNet18,
     "vgg_11": Vgg11,
+    "lstm_shakespeare": LstmShakespeare,
 }
 
 # The LeNets and cnn_bn take MNIST's samples only.

@@ -27,7 +27,7 @@ use cohort_core::data::Dataset;
 use cohort_core::tree::{Array, ParamTree};
 use cohort_train::model::{ModelOptions, ModelSpec};
 use cohort_train::registry::Registry;
-use cohort_train::task::{Classification, Task};
+use cohort_train::task::{Classification, NextToken, Task};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -38,6 +38,8 @@ struct Case {
     classes: usize,
     /// `[parameters.model]` keys besides `num_classes`, as TOML.
     options: &'static str,
+    /// Samples are token ids below `classes` (else values in [-1, 1]).
+    tokens: bool,
 }
 
 const fn case(
@@ -51,6 +53,15 @@ const fn case(
         shape,
         classes,
         options,
+        tokens: false,
+    }
+}
+
+/// A case of token sequences.
+const fn tokens(model: &'static str, shape: &'static [usize], classes: usize, options: &'static str) -> Case {
+    Case {
+        tokens: true,
+        ..case(model, shape, classes, options)
     }
 }
 
@@ -75,6 +86,8 @@ const CASES: &[Case] = &[
     case("resnet_18", &[3, 32, 32], 10, "norm = \"group\""),
     case("vgg_11", &[3, 32, 32], 10, ""),
     case("vgg_11", &[1, 28, 28], 47, "norm = \"group\"\ngroups = 8"),
+    tokens("lstm_shakespeare", &[80], 80, ""),
+    tokens("lstm_shakespeare", &[12], 30, "outputs = \"every\""),
 ];
 
 impl Case {
@@ -140,11 +153,18 @@ fn write_case(dir: &Path, index: usize, case: &Case) {
     let batch = 4usize;
     let per_sample: usize = case.shape.iter().product();
     let inputs: Vec<f32> = (0..batch * per_sample)
-        .map(|_| rng.random_range(-1.0f32..1.0))
+        .map(|_| match case.tokens {
+            true => rng.random_range(0..case.classes) as f32,
+            false => rng.random_range(-1.0f32..1.0),
+        })
         .collect();
     let data = Dataset::new(inputs.clone(), vec![0; batch], case.shape.to_vec())
         .expect("sized inputs");
-    let task: Arc<dyn Task> = Arc::new(Classification);
+    // A model with a row per position is scored as next-token prediction.
+    let task: Arc<dyn Task> = match case.options.contains("every") {
+        true => Arc::new(NextToken),
+        false => Arc::new(Classification),
+    };
     let device = cohort_train::device::cpu();
     let mut evaluator = entry.evaluator(&spec, &task, &device, batch).unwrap();
     let indices: Vec<u32> = (0..batch as u32).collect();
@@ -163,7 +183,11 @@ fn write_case(dir: &Path, index: usize, case: &Case) {
         ("inputs".to_owned(), Array::f32(input_shape, inputs).unwrap()),
         (
             "logits".to_owned(),
-            Array::f32(vec![batch, predictions.classes], predictions.logits).unwrap(),
+            Array::f32(
+                vec![predictions.logits.len() / predictions.classes, predictions.classes],
+                predictions.logits,
+            )
+            .unwrap(),
         ),
     ]);
     write(format!("{label}.io.safetensors"), &io);
@@ -173,6 +197,7 @@ fn write_case(dir: &Path, index: usize, case: &Case) {
         "sample_shape": case.shape,
         "classes": case.classes,
         "options": options,
+        "tokens": case.tokens,
     });
     std::fs::write(dir.join(format!("{label}.json")), description.to_string()).unwrap();
 }

@@ -26,8 +26,8 @@ use cohort_core::suggest::did_you_mean;
 use cohort_core::tree::ParamTree;
 
 use crate::model::{
-    Accelerated, Cnn, CnnBn, CnnFemnist, FederatedModel, LeNet5, LeNet5Compact, ModelError,
-    ModelOptions, ModelSpec, Multilayer, ResNet18, ResNet20, Vgg11,
+    Accelerated, Cnn, CnnBn, CnnFemnist, FederatedModel, LeNet5, LeNet5Compact, LstmShakespeare,
+    ModelError, ModelOptions, ModelSpec, Multilayer, ResNet18, ResNet20, Vgg11,
 };
 use crate::params;
 use crate::task::Task;
@@ -373,6 +373,11 @@ impl Registry {
                 "vgg_11",
                 "Plato's VGG-11 with BatchNorm and one linear layer (options: norm, groups)",
                 Vgg11::build,
+            ),
+            ModelEntry::new(
+                "lstm_shakespeare",
+                "LEAF's Shakespeare LSTM: embedding 8, two LSTM layers of 256 (option: outputs)",
+                LstmShakespeare::build,
             ),
         ] {
             registry.add(entry).expect("built-in names are unique");
