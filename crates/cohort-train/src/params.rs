@@ -564,6 +564,37 @@ mod tests {
     }
 
     #[test]
+    fn groupnorm_is_named_as_pytorch_and_an_lstm_as_one_nn_lstm() {
+        use crate::model::{LstmShakespeare, ModelOptions, ModelSpec, ResNet20};
+        let device = crate::device::cpu();
+        let table: toml::Table = "norm = \"group\"".parse().unwrap();
+        let spec = ModelSpec::new(vec![3, 32, 32], 10)
+            .with_options(ModelOptions::new(table.into_iter().collect()));
+        let tree = extract(&ResNet20::build(&spec, &device).unwrap());
+        let names: BTreeSet<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
+        assert!(names.contains("layer1.0.bn2.weight") && names.contains("bn1.bias"));
+        assert!(!names.iter().any(|n| n.contains("gamma") || n.contains("running")));
+
+        let lstm = LstmShakespeare::build(&ModelSpec::new(vec![4], 80), &device).unwrap();
+        let tree = extract(&lstm);
+        // A stacked tensor of the wrong height is refused with PyTorch's shape.
+        let short = ParamTree::from_dotted(tree.leaves().into_iter().map(|(p, a)| {
+            let name = p.to_string();
+            let array = if name == "lstm.weight_ih_l0" {
+                Array::f32(vec![512, 8], vec![0.0; 512 * 8]).unwrap()
+            } else {
+                a.clone()
+            };
+            (name, array)
+        }));
+        let error = load(lstm, &short).unwrap_err().to_string();
+        assert!(
+            error.contains("lstm.weight_ih_l0") && error.contains("[1024, 8]"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn wrong_trees_are_refused() {
         let device = crate::device::cpu();
         let tree = extract(&LeNet5Compact::new(10, &device));
