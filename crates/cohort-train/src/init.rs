@@ -90,7 +90,13 @@ mod tests {
         let spec = ModelSpec::new(vec![4], 80);
         let template = extract(&LstmShakespeare::build(&spec, &device).unwrap());
         let a = seeded_parameters(&template, 3);
-        assert_eq!(a, seeded_parameters(&extract(&LstmShakespeare::build(&spec, &device).unwrap()), 3));
+        assert_eq!(
+            a,
+            seeded_parameters(
+                &extract(&LstmShakespeare::build(&spec, &device).unwrap()),
+                3
+            )
+        );
         let leaves = a.leaves();
         let (_, hh) = leaves
             .iter()
@@ -99,7 +105,11 @@ mod tests {
         let values = hh.as_f32().unwrap();
         // 1/√256 = 0.0625; drawn, not the constructor's values.
         assert!(values.iter().all(|v| v.abs() < 0.0625), "{values:?}");
-        let (_, old) = template.leaves().into_iter().find(|(p, _)| p.to_string() == "lstm.bias_hh_l1").unwrap();
+        let (_, old) = template
+            .leaves()
+            .into_iter()
+            .find(|(p, _)| p.to_string() == "lstm.bias_hh_l1")
+            .unwrap();
         assert_ne!(hh.as_f32(), old.as_f32());
     }
 

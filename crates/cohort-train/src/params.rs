@@ -154,7 +154,10 @@ impl PathStack {
     /// `lstm` is one `nn.LSTM` named `lstm` with a layer per element
     /// (`lstm.weight_ih_l{k}`), a lone `Lstm` field one with a single layer.
     pub(crate) fn lstm_slot(&self) -> Option<LstmSlot> {
-        let at = self.entries.iter().position(|e| e.holder == "Struct:Lstm")?;
+        let at = self
+            .entries
+            .iter()
+            .position(|e| e.holder == "Struct:Lstm")?;
         let gate = LSTM_GATES
             .iter()
             .position(|g| *g == self.entries[at].name)?;
@@ -573,7 +576,11 @@ mod tests {
         let tree = extract(&ResNet20::build(&spec, &device).unwrap());
         let names: BTreeSet<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
         assert!(names.contains("layer1.0.bn2.weight") && names.contains("bn1.bias"));
-        assert!(!names.iter().any(|n| n.contains("gamma") || n.contains("running")));
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.contains("gamma") || n.contains("running"))
+        );
 
         let lstm = LstmShakespeare::build(&ModelSpec::new(vec![4], 80), &device).unwrap();
         let tree = extract(&lstm);

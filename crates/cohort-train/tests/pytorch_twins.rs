@@ -58,7 +58,12 @@ const fn case(
 }
 
 /// A case of token sequences.
-const fn tokens(model: &'static str, shape: &'static [usize], classes: usize, options: &'static str) -> Case {
+const fn tokens(
+    model: &'static str,
+    shape: &'static [usize],
+    classes: usize,
+    options: &'static str,
+) -> Case {
     Case {
         tokens: true,
         ..case(model, shape, classes, options)
@@ -80,7 +85,12 @@ const CASES: &[Case] = &[
     case("cnn", &[3, 32, 32], 10, ""),
     case("resnet_20", &[3, 32, 32], 10, ""),
     case("resnet_20", &[3, 32, 32], 100, "norm = \"group\""),
-    case("resnet_20", &[1, 28, 28], 10, "norm = \"group\"\ngroups = 4"),
+    case(
+        "resnet_20",
+        &[1, 28, 28],
+        10,
+        "norm = \"group\"\ngroups = 4",
+    ),
     case("cnn_femnist", &[1, 28, 28], 62, ""),
     case("resnet_18", &[3, 32, 32], 10, ""),
     case("resnet_18", &[3, 32, 32], 10, "norm = \"group\""),
@@ -128,15 +138,19 @@ fn random_tree(template: &ParamTree, rng: &mut ChaCha8Rng) -> ParamTree {
                 .map(|_| rng.random_range(low..high))
                 .collect()
         };
-        let values = if name.ends_with("running_var") || (shape.len() == 1 && name.ends_with("weight")) {
-            draw(0.5, 1.5)
-        } else if name.ends_with("running_mean") || shape.len() == 1 {
-            draw(-0.5, 0.5)
-        } else {
-            let bound = 1.0 / (fan_in as f32).sqrt();
-            draw(-bound, bound)
-        };
-        (name, Array::f32(shape, values).expect("the template's shape"))
+        let values =
+            if name.ends_with("running_var") || (shape.len() == 1 && name.ends_with("weight")) {
+                draw(0.5, 1.5)
+            } else if name.ends_with("running_mean") || shape.len() == 1 {
+                draw(-0.5, 0.5)
+            } else {
+                let bound = 1.0 / (fan_in as f32).sqrt();
+                draw(-bound, bound)
+            };
+        (
+            name,
+            Array::f32(shape, values).expect("the template's shape"),
+        )
     }))
 }
 
@@ -158,8 +172,8 @@ fn write_case(dir: &Path, index: usize, case: &Case) {
             false => rng.random_range(-1.0f32..1.0),
         })
         .collect();
-    let data = Dataset::new(inputs.clone(), vec![0; batch], case.shape.to_vec())
-        .expect("sized inputs");
+    let data =
+        Dataset::new(inputs.clone(), vec![0; batch], case.shape.to_vec()).expect("sized inputs");
     // A model with a row per position is scored as next-token prediction.
     let task: Arc<dyn Task> = match case.options.contains("every") {
         true => Arc::new(NextToken),
@@ -180,11 +194,17 @@ fn write_case(dir: &Path, index: usize, case: &Case) {
     let mut input_shape = vec![batch];
     input_shape.extend_from_slice(case.shape);
     let io = ParamTree::from_dotted([
-        ("inputs".to_owned(), Array::f32(input_shape, inputs).unwrap()),
+        (
+            "inputs".to_owned(),
+            Array::f32(input_shape, inputs).unwrap(),
+        ),
         (
             "logits".to_owned(),
             Array::f32(
-                vec![predictions.logits.len() / predictions.classes, predictions.classes],
+                vec![
+                    predictions.logits.len() / predictions.classes,
+                    predictions.classes,
+                ],
                 predictions.logits,
             )
             .unwrap(),
@@ -229,7 +249,10 @@ fn every_registered_model_gives_its_pytorch_twins_logits() {
         String::from_utf8_lossy(&output.stderr)
     );
     let report: serde_json::Value = serde_json::from_str(
-        stdout.lines().last().expect("the script prints its report last"),
+        stdout
+            .lines()
+            .last()
+            .expect("the script prints its report last"),
     )
     .expect("a JSON report");
     let cases = report.as_array().expect("one entry per case");

@@ -51,7 +51,10 @@ mod tests {
         let device = crate::device::cpu();
         let model = CnnFemnist::build(&ModelSpec::new(vec![1, 28, 28], 62), &device).unwrap();
         let inputs = Inputs::from_host(vec![0.0; 2 * 784], &[1, 28, 28], &device);
-        assert_eq!(model.forward(inputs, &mut Randomness::none()).dims(), [2, 62]);
+        assert_eq!(
+            model.forward(inputs, &mut Randomness::none()).dims(),
+            [2, 62]
+        );
     }
 
     #[test]

@@ -98,7 +98,8 @@ mod tests {
 
     fn spec(length: usize, options: &str) -> ModelSpec {
         let table: toml::Table = options.parse().unwrap();
-        ModelSpec::new(vec![length], 80).with_options(ModelOptions::new(table.into_iter().collect()))
+        ModelSpec::new(vec![length], 80)
+            .with_options(ModelOptions::new(table.into_iter().collect()))
     }
 
     #[test]
@@ -116,9 +117,18 @@ mod tests {
             .iter()
             .map(|(p, a)| (p.to_string(), a.shape().to_vec()))
             .collect();
-        assert!(shapes.contains(&("lstm.weight_ih_l0".to_owned(), vec![1024, 8])), "{shapes:?}");
-        assert!(shapes.contains(&("lstm.weight_hh_l1".to_owned(), vec![1024, 256])), "{shapes:?}");
-        assert!(shapes.contains(&("lstm.bias_ih_l1".to_owned(), vec![1024])), "{shapes:?}");
+        assert!(
+            shapes.contains(&("lstm.weight_ih_l0".to_owned(), vec![1024, 8])),
+            "{shapes:?}"
+        );
+        assert!(
+            shapes.contains(&("lstm.weight_hh_l1".to_owned(), vec![1024, 256])),
+            "{shapes:?}"
+        );
+        assert!(
+            shapes.contains(&("lstm.bias_ih_l1".to_owned(), vec![1024])),
+            "{shapes:?}"
+        );
         assert_eq!(shapes.len(), 11, "{shapes:?}");
     }
 
@@ -129,15 +139,18 @@ mod tests {
         for (options, rows) in [("", 3), ("outputs = \"every\"", 15)] {
             let model = LstmShakespeare::build(&spec(5, options), &device).unwrap();
             let inputs = Inputs::from_host(tokens.clone(), &[5], &device);
-            assert_eq!(model.forward(inputs, &mut Randomness::none()).dims(), [rows, 80]);
+            assert_eq!(
+                model.forward(inputs, &mut Randomness::none()).dims(),
+                [rows, 80]
+            );
         }
     }
 
     #[test]
     fn images_are_refused() {
         let device = crate::device::cpu();
-        let error = LstmShakespeare::build(&ModelSpec::new(vec![1, 28, 28], 80), &device)
-            .unwrap_err();
+        let error =
+            LstmShakespeare::build(&ModelSpec::new(vec![1, 28, 28], 80), &device).unwrap_err();
         assert!(error.to_string().contains("[1, 28, 28]"), "{error}");
     }
 

@@ -39,10 +39,10 @@ pub use cnn::Cnn;
 pub use cnn_femnist::CnnFemnist;
 pub use lstm_shakespeare::LstmShakespeare;
 pub use multilayer::{Activation, Multilayer};
+pub use options::ModelOptions;
 pub use resnet_18::ResNet18;
 pub use resnet_20::ResNet20;
 pub use vgg_11::Vgg11;
-pub use options::ModelOptions;
 
 /// A burn module that trains in a federation.
 ///

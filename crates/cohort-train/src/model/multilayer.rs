@@ -118,8 +118,15 @@ mod tests {
         let plato = Multilayer::build(&spec(&[600], 100, ""), &device).unwrap();
         assert_eq!(plato.num_params(), 1_317_348);
         // McMahan et al.'s 2NN on MNIST: 784·200+200 + 200·200+200 + 200·10+10 = 199,210.
-        let two_nn = spec(&[1, 28, 28], 10, "hidden = [200, 200]\nactivation = \"relu\"");
-        assert_eq!(Multilayer::build(&two_nn, &device).unwrap().num_params(), 199_210);
+        let two_nn = spec(
+            &[1, 28, 28],
+            10,
+            "hidden = [200, 200]\nactivation = \"relu\"",
+        );
+        assert_eq!(
+            Multilayer::build(&two_nn, &device).unwrap().num_params(),
+            199_210
+        );
     }
 
     #[test]

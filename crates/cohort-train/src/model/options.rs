@@ -70,12 +70,7 @@ impl ModelOptions {
     }
 
     /// The string option `key`, one of `allowed` (`default` when not given).
-    pub fn choice(
-        &self,
-        key: &str,
-        allowed: &[&str],
-        default: &str,
-    ) -> Result<String, ModelError> {
+    pub fn choice(&self, key: &str, allowed: &[&str], default: &str) -> Result<String, ModelError> {
         let Some(value) = self.ask(key) else {
             return Ok(default.to_owned());
         };
@@ -87,7 +82,11 @@ impl ModelOptions {
             Some(text) if allowed.contains(&text) => Ok(text.to_owned()),
             Some(text) => Err(self.refuse(
                 key,
-                &format!("{}{}", expected(), did_you_mean(text, allowed.iter().copied())),
+                &format!(
+                    "{}{}",
+                    expected(),
+                    did_you_mean(text, allowed.iter().copied())
+                ),
                 value,
             )),
             None => Err(self.refuse(key, &expected(), value)),
@@ -179,7 +178,10 @@ mod tests {
     #[test]
     fn given_values_are_read_and_defaults_stand_in_for_the_rest() {
         let given = options("norm = \"group\"\nhidden = [64, 32]\n");
-        assert_eq!(given.choice("norm", &["batch", "group"], "batch").unwrap(), "group");
+        assert_eq!(
+            given.choice("norm", &["batch", "group"], "batch").unwrap(),
+            "group"
+        );
         assert_eq!(given.sizes("hidden", &[200]).unwrap(), vec![64, 32]);
         assert_eq!(given.sizes("other", &[7]).unwrap(), vec![7]);
         assert!(given.unread().is_none());
@@ -210,7 +212,10 @@ mod tests {
             .choice("norm", &["batch", "group"], "batch")
             .unwrap_err()
             .to_string();
-        assert!(error.contains("parameters.model.norm") && error.contains("`group`"), "{error}");
+        assert!(
+            error.contains("parameters.model.norm") && error.contains("`group`"),
+            "{error}"
+        );
         assert_eq!(given.refused().as_deref(), Some("norm"));
         let error = given.sizes("hidden", &[200]).unwrap_err().to_string();
         assert!(error.contains("parameters.model.hidden"), "{error}");

@@ -115,7 +115,10 @@ mod tests {
         let device = crate::device::cpu();
         let model = ResNet18::build(&spec(&[1, 28, 28], "norm = \"group\""), &device).unwrap();
         let inputs = Inputs::from_host(vec![0.1; 2 * 784], &[1, 28, 28], &device);
-        assert_eq!(model.forward(inputs, &mut Randomness::none()).dims(), [2, 10]);
+        assert_eq!(
+            model.forward(inputs, &mut Randomness::none()).dims(),
+            [2, 10]
+        );
     }
 
     #[test]
@@ -123,8 +126,14 @@ mod tests {
         let device = crate::device::cpu();
         let error = ResNet18::build(&spec(&[600], ""), &device).unwrap_err();
         assert!(error.to_string().contains("[600]"), "{error}");
-        let error = ResNet18::build(&spec(&[3, 32, 32], "norm = \"group\"\ngroups = 48"), &device)
-            .unwrap_err();
-        assert!(error.to_string().contains("does not divide the 64"), "{error}");
+        let error = ResNet18::build(
+            &spec(&[3, 32, 32], "norm = \"group\"\ngroups = 48"),
+            &device,
+        )
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("does not divide the 64"),
+            "{error}"
+        );
     }
 }

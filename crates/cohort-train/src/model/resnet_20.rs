@@ -113,8 +113,11 @@ mod tests {
     #[test]
     fn forward_gives_one_row_per_image_for_either_norm_and_odd_sizes() {
         let device = crate::device::cpu();
-        for (shape, options) in [([3, 32, 32], ""), ([1, 28, 28], "norm = \"group\""), ([2, 9, 7], "")]
-        {
+        for (shape, options) in [
+            ([3, 32, 32], ""),
+            ([1, 28, 28], "norm = \"group\""),
+            ([2, 9, 7], ""),
+        ] {
             let model = ResNet20::build(&spec(&shape, options), &device).unwrap();
             let values = vec![0.1; 2 * shape.iter().product::<usize>()];
             let logits = model.forward(
@@ -136,11 +139,15 @@ mod tests {
     }
 
     /// `tree` with every running statistic set to `value`.
-    fn with_statistics(tree: &cohort_core::tree::ParamTree, value: f32) -> cohort_core::tree::ParamTree {
+    fn with_statistics(
+        tree: &cohort_core::tree::ParamTree,
+        value: f32,
+    ) -> cohort_core::tree::ParamTree {
         cohort_core::tree::ParamTree::from_dotted(tree.leaves().into_iter().map(|(path, array)| {
             let name = path.to_string();
             let array = if name.ends_with("running_mean") || name.ends_with("running_var") {
-                cohort_core::tree::Array::f32(array.shape().to_vec(), vec![value; array.len()]).unwrap()
+                cohort_core::tree::Array::f32(array.shape().to_vec(), vec![value; array.len()])
+                    .unwrap()
             } else {
                 array.clone()
             };
@@ -157,21 +164,47 @@ mod tests {
         let names: Vec<String> = global.leaves().iter().map(|(p, _)| p.to_string()).collect();
         // 19 BatchNorm layers (bn1, two per block), each with both statistics
         // and no `num_batches_tracked`: cohort's BatchNorm keeps no counter.
-        assert_eq!(names.iter().filter(|n| n.ends_with(".running_mean")).count(), 19);
-        assert_eq!(names.iter().filter(|n| n.ends_with(".running_var")).count(), 19);
+        assert_eq!(
+            names
+                .iter()
+                .filter(|n| n.ends_with(".running_mean"))
+                .count(),
+            19
+        );
+        assert_eq!(
+            names.iter().filter(|n| n.ends_with(".running_var")).count(),
+            19
+        );
         assert!(!names.iter().any(|n| n.ends_with("num_batches_tracked")));
         // Two clients, 1 and 3 samples: the statistics are averaged by sample
         // count like every weight, (1·2 + 3·6) / 4 = 5.
         let (a, b) = (with_statistics(&global, 2.0), with_statistics(&global, 6.0));
         let contributions = [
-            Contribution { client_id: 1, weight: 1.0, tree: &a },
-            Contribution { client_id: 2, weight: 3.0, tree: &b },
+            Contribution {
+                client_id: 1,
+                weight: 1.0,
+                tree: &a,
+            },
+            Contribution {
+                client_id: 2,
+                weight: 3.0,
+                tree: &b,
+            },
         ];
         let FedAvgOutcome::Updated(averaged) = fedavg(&global, &contributions).unwrap() else {
             panic!("a positive total weight updates the model");
         };
-        for name in ["bn1.running_mean", "layer2.0.bn1.running_var", "layer3.2.bn2.running_mean"] {
-            assert!(leaf(&averaged, name).iter().all(|&v| (v - 5.0).abs() < 1e-6), "{name}");
+        for name in [
+            "bn1.running_mean",
+            "layer2.0.bn1.running_var",
+            "layer3.2.bn2.running_mean",
+        ] {
+            assert!(
+                leaf(&averaged, name)
+                    .iter()
+                    .all(|&v| (v - 5.0).abs() < 1e-6),
+                "{name}"
+            );
         }
         // The average loads into the model and is what evaluation normalizes with.
         let loaded = crate::params::load(model, &averaged).unwrap();
@@ -196,7 +229,10 @@ mod tests {
         assert!(error.to_string().contains("[784]"), "{error}");
         let error = ResNet20::build(&spec(&[3, 32, 32], "norm = \"group\"\ngroups = 3"), &device)
             .unwrap_err();
-        assert!(error.to_string().contains("does not divide the 16"), "{error}");
+        assert!(
+            error.to_string().contains("does not divide the 16"),
+            "{error}"
+        );
         let error = ResNet20::build(&spec(&[3, 32, 32], "groups = 4"), &device).unwrap_err();
         assert!(error.to_string().contains("norm = \"group\""), "{error}");
     }

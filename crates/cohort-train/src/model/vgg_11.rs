@@ -130,7 +130,10 @@ mod tests {
         let device = crate::device::cpu();
         let model = Vgg11::build(&ModelSpec::new(vec![1, 28, 28], 47), &device).unwrap();
         let inputs = Inputs::from_host(vec![0.1; 2 * 784], &[1, 28, 28], &device);
-        assert_eq!(model.forward(inputs, &mut Randomness::none()).dims(), [2, 47]);
+        assert_eq!(
+            model.forward(inputs, &mut Randomness::none()).dims(),
+            [2, 47]
+        );
     }
 
     #[test]
