@@ -14,8 +14,8 @@
 //! must be below 1e-5.
 //!
 //! Needs python3 with torch and numpy, so that test is `#[ignore]`d (run it
-//! with `--include-ignored`; without torch it fails, it never passes having
-//! checked nothing). `every_registered_model_has_a_case` needs nothing and
+//! with `--include-ignored`, as `.ci/run` does after installing PyTorch's CPU
+//! build; without torch it fails, it never passes having checked nothing). `every_registered_model_has_a_case` needs nothing and
 //! fails when a model is registered without a case here.
 
 use std::collections::BTreeSet;
