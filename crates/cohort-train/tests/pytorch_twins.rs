@@ -24,10 +24,13 @@ use std::process::Command;
 use std::sync::Arc;
 
 use cohort_core::data::Dataset;
+use cohort_core::optim::OptimizerSpec;
 use cohort_core::tree::{Array, ParamTree};
+use cohort_train::local::LocalPlan;
 use cohort_train::model::{ModelOptions, ModelSpec};
 use cohort_train::registry::Registry;
 use cohort_train::task::{Classification, NextToken, Task};
+use cohort_train::trainer::{ClientTask, TrainSettings};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -165,20 +168,9 @@ fn write_case(dir: &Path, index: usize, case: &Case) {
     let tree = random_tree(&template, &mut rng);
 
     let batch = 4usize;
-    let per_sample: usize = case.shape.iter().product();
-    let inputs: Vec<f32> = (0..batch * per_sample)
-        .map(|_| match case.tokens {
-            true => rng.random_range(0..case.classes) as f32,
-            false => rng.random_range(-1.0f32..1.0),
-        })
-        .collect();
-    let data =
-        Dataset::new(inputs.clone(), vec![0; batch], case.shape.to_vec()).expect("sized inputs");
-    // A model with a row per position is scored as next-token prediction.
-    let task: Arc<dyn Task> = match case.options.contains("every") {
-        true => Arc::new(NextToken),
-        false => Arc::new(Classification),
-    };
+    let data = samples(case, batch, &mut rng);
+    let inputs = data.inputs.clone();
+    let task = task_of(case);
     let device = cohort_train::device::cpu();
     let mut evaluator = entry.evaluator(&spec, &task, &device, batch).unwrap();
     let indices: Vec<u32> = (0..batch as u32).collect();
@@ -220,6 +212,92 @@ fn write_case(dir: &Path, index: usize, case: &Case) {
         "tokens": case.tokens,
     });
     std::fs::write(dir.join(format!("{label}.json")), description.to_string()).unwrap();
+}
+
+/// `count` samples of `case`'s shape with labels below its classes.
+fn samples(case: &Case, count: usize, rng: &mut ChaCha8Rng) -> Dataset {
+    let per_sample: usize = case.shape.iter().product();
+    let inputs: Vec<f32> = (0..count * per_sample)
+        .map(|_| match case.tokens {
+            true => rng.random_range(0..case.classes) as f32,
+            false => rng.random_range(-1.0f32..1.0),
+        })
+        .collect();
+    let labels = (0..count).map(|i| (i % case.classes) as u32).collect();
+    Dataset::new(inputs, labels, case.shape.to_vec()).expect("sized inputs")
+}
+
+/// The task a case's outputs are scored by: a row per position is
+/// next-token prediction.
+fn task_of(case: &Case) -> Arc<dyn Task> {
+    match case.options.contains("every") {
+        true => Arc::new(NextToken),
+        false => Arc::new(Classification),
+    }
+}
+
+/// Evaluation is what the twins check; this is the other half: every case
+/// trains through the registry's trainer on an autodiff device (BatchNorm on
+/// batch statistics, updating its running ones; the option-A shortcut's and
+/// the LSTM's backward passes), with FedProx's term, which reads the global
+/// model parameter by parameter (`local.rs`, an LSTM gate by gate).
+#[test]
+fn every_case_trains_two_steps_with_fedprox_s_term() {
+    let registry = Registry::builtin();
+    let device = cohort_train::device::cpu();
+    for (index, case) in CASES.iter().enumerate() {
+        let entry = registry.model(case.model).unwrap();
+        let spec = case.spec();
+        let mut rng = ChaCha8Rng::seed_from_u64(100 + index as u64);
+        let global = cohort_train::init::seeded_parameters(&entry.template(&spec).unwrap(), 5);
+        let data = samples(case, 8, &mut rng);
+        let settings = TrainSettings {
+            epochs: 1,
+            batch_size: 4,
+            optimizer: OptimizerSpec::Sgd {
+                learning_rate: 0.05,
+                momentum: 0.0,
+                weight_decay: 0.0,
+                dampening: 0.0,
+                nesterov: false,
+            },
+            clip_grad_norm: None,
+            training_seed: Some(3),
+        };
+        let mut trainer = entry
+            .trainer(&spec, &task_of(case), &device, settings)
+            .unwrap();
+        let plan = LocalPlan {
+            proximal_mu: 0.1,
+            ..LocalPlan::plain(0.05)
+        };
+        let all: Vec<u32> = (0..8).collect();
+        let task = ClientTask {
+            client_id: 1,
+            round: 1,
+        };
+        let update = trainer.train(task, &global, &data, &all, &plan).unwrap();
+        let label = case.label(index);
+        let before = global.leaves();
+        let after = update.tree.leaves();
+        assert_eq!(before.len(), after.len(), "{label}");
+        let mut moved = 0;
+        for ((name, old), (same, new)) in before.iter().zip(&after) {
+            assert_eq!(name.to_string(), same.to_string(), "{label}");
+            assert_eq!(old.shape(), new.shape(), "{label}: {name}");
+            let new = new.as_f32().unwrap();
+            assert!(new.iter().all(|v| v.is_finite()), "{label}: {name}");
+            moved += usize::from(old.as_f32().unwrap() != new);
+        }
+        // Every leaf takes part in the forward pass, so every one moves:
+        // weights by their gradients, running statistics by the batches'.
+        assert_eq!(
+            moved,
+            before.len(),
+            "{label}: {moved} of {} leaves moved",
+            before.len()
+        );
+    }
 }
 
 fn repo_root() -> PathBuf {
