@@ -6,7 +6,8 @@
 //! task's classes). Everything else a federation needs comes from the module
 //! itself: its parameters travel as a tree in PyTorch's layout
 //! ([`crate::params`], the one place that knows layouts), it is built from a
-//! [`ModelSpec`] (the dataset's sample shape and the task's classes) by the
+//! [`ModelSpec`] (the dataset's sample shape, the task's classes and the
+//! model's options from `[parameters.model]`, [`ModelOptions`]) by the
 //! function registered with it ([`crate::registry`]), and its initial
 //! parameters come from the model seed ([`crate::init`]).
 //!
