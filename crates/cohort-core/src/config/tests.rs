@@ -1068,3 +1068,13 @@ fn model_options_are_kept_as_read_for_the_model_registry_and_printed_back() {
     let without = format!("{MINIMAL}[parameters.model]\nnum_classes = 10\n");
     assert_ne!(loaded.hash(), load_text(&without).unwrap().hash());
 }
+
+#[test]
+fn a_model_option_can_be_set_on_the_command_line() {
+    let loaded = load_text(MINIMAL).unwrap();
+    let set: Override = "parameters.model.norm=group".parse().unwrap();
+    let again = loaded.with_overrides(&[set]).unwrap();
+    let options = &again.config.parameters.model.options;
+    assert_eq!(options["norm"].as_str(), Some("group"), "{options:?}");
+    assert!(loaded.config.parameters.model.options.is_empty());
+}
