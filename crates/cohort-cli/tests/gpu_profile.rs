@@ -30,10 +30,7 @@ use cohort_train::trainer::{ClientTask, TrainSettings};
 fn model(name: &str) -> RunModel {
     RunModel {
         entry: Registry::builtin().model(name).unwrap().clone(),
-        spec: ModelSpec {
-            sample_shape: vec![1, 28, 28],
-            classes: 10,
-        },
+        spec: ModelSpec::new(vec![1, 28, 28], 10),
         task: std::sync::Arc::new(cohort_train::task::Classification),
     }
 }

@@ -83,7 +83,13 @@ fn run_to_end(config: &Path, data: &Path, rounds: u32, extra: &[&str]) -> f64 {
     let csv = std::fs::read_to_string(only_run_dir(base.path()).join("results.csv")).unwrap();
     let rows: Vec<&str> = csv.lines().skip(1).collect();
     assert_eq!(rows.len(), rounds.parse::<usize>().unwrap(), "{csv}");
-    rows.last().unwrap().split(',').nth(1).unwrap().parse().unwrap()
+    rows.last()
+        .unwrap()
+        .split(',')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 #[test]

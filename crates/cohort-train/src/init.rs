@@ -3,7 +3,7 @@
 //! Every parameter is drawn from its own ChaCha8 stream derived from the model
 //! seed and the parameter's path, with PyTorch's default initialization for
 //! convolutions and linear layers (uniform in ±1/√fan_in for weights and
-//! biases). Other leaves (BatchNorm's weight, bias and running statistics)
+//! biases) and LSTMs (±1/√hidden). Other leaves (BatchNorm's weight, bias and running statistics)
 //! keep the constructor's constants, as in PyTorch. Two trainers built
 //! independently from the same seed start from identical parameters, and no
 //! global RNG is touched.
@@ -24,6 +24,17 @@ fn fan_in(shape: &[usize]) -> Option<usize> {
     }
 }
 
+/// The hidden size of an `nn.LSTM` tensor (`weight_ih_l0`, `bias_hh_l1`, …:
+/// `[4·hidden, …]`), whose weights and biases PyTorch draws in
+/// ±1/√hidden; `None` for other leaves.
+fn lstm_hidden(name: &str, shape: &[usize]) -> Option<usize> {
+    let last = name.rsplit('.').next()?;
+    let lstm = ["weight_ih_l", "weight_hh_l", "bias_ih_l", "bias_hh_l"]
+        .iter()
+        .any(|prefix| last.starts_with(prefix));
+    lstm.then(|| shape.first().map(|rows| rows / 4))?
+}
+
 /// A tree with the schema of `template` (PyTorch's layout) and seeded values.
 pub fn seeded_parameters(template: &ParamTree, seed: u64) -> ParamTree {
     let leaves = template.leaves();
@@ -38,7 +49,7 @@ pub fn seeded_parameters(template: &ParamTree, seed: u64) -> ParamTree {
     };
     ParamTree::from_dotted(leaves.iter().map(|(path, array)| {
         let name = path.to_string();
-        let Some(fan) = layer_fan_in(&name) else {
+        let Some(fan) = lstm_hidden(&name, array.shape()).or_else(|| layer_fan_in(&name)) else {
             return (name, (*array).clone());
         };
         let bound = 1.0 / (fan.max(1) as f32).sqrt();
@@ -71,6 +82,36 @@ mod tests {
     use super::*;
     use crate::model::LeNet5;
     use crate::params::extract;
+
+    #[test]
+    fn lstm_tensors_are_seeded_within_pytorchs_bound() {
+        use crate::model::{LstmShakespeare, ModelSpec};
+        let device = crate::device::cpu();
+        let spec = ModelSpec::new(vec![4], 80);
+        let template = extract(&LstmShakespeare::build(&spec, &device).unwrap());
+        let a = seeded_parameters(&template, 3);
+        assert_eq!(
+            a,
+            seeded_parameters(
+                &extract(&LstmShakespeare::build(&spec, &device).unwrap()),
+                3
+            )
+        );
+        let leaves = a.leaves();
+        let (_, hh) = leaves
+            .iter()
+            .find(|(p, _)| p.to_string() == "lstm.bias_hh_l1")
+            .unwrap();
+        let values = hh.as_f32().unwrap();
+        // 1/√256 = 0.0625; drawn, not the constructor's values.
+        assert!(values.iter().all(|v| v.abs() < 0.0625), "{values:?}");
+        let (_, old) = template
+            .leaves()
+            .into_iter()
+            .find(|(p, _)| p.to_string() == "lstm.bias_hh_l1")
+            .unwrap();
+        assert_ne!(hh.as_f32(), old.as_f32());
+    }
 
     #[test]
     fn same_seed_same_parameters_other_seed_other_parameters() {

@@ -11,7 +11,7 @@
 //!
 //! Plain training (FedAvg) resolves to no terms at all, so it pays nothing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -19,7 +19,7 @@ use burn::tensor::{Tensor, TensorData};
 use cohort_core::strategy::ClientInstructions;
 use cohort_core::tree::{Array, ParamTree};
 
-use crate::params::{LoadError, PathStack, to_burn};
+use crate::params::{LoadError, PathStack, leaf_values};
 
 /// What the strategy asks of one local run.
 pub type LocalPlan = ClientInstructions;
@@ -106,13 +106,15 @@ fn tensors_by_param<M: Module>(
         path: PathStack::default(),
         leaves: &leaves,
         tensors: HashMap::new(),
+        used: HashSet::new(),
         error: None,
     };
     model.visit(&mut collector);
     if let Some(error) = collector.error {
         return Err(error);
     }
-    if collector.tensors.len() != leaves.len() {
+    // Leaves, not parameters: an LSTM's four gates share PyTorch's leaf.
+    if collector.used.len() != leaves.len() {
         let known = crate::params::extract(model);
         let expected: std::collections::BTreeSet<String> =
             known.leaves().iter().map(|(p, _)| p.to_string()).collect();
@@ -130,6 +132,8 @@ struct Collector<'a> {
     path: PathStack,
     leaves: &'a HashMap<String, &'a Array>,
     tensors: HashMap<ParamId, Tensor<1>>,
+    /// The tree's leaves read.
+    used: HashSet<String>,
     error: Option<LoadError>,
 }
 
@@ -146,16 +150,15 @@ impl ModuleVisitor for Collector<'_> {
         if self.error.is_some() {
             return;
         }
-        let path = self.path.current();
         let tensor = param.val();
         let shape = tensor.dims().to_vec();
-        let Some(array) = self.leaves.get(&path) else {
-            self.error = Some(LoadError::Missing(path));
-            return;
-        };
         // In burn's order, so the flat tensor reshapes to the gradient's shape.
-        let values = match to_burn(&path, &shape, array, self.path.in_burn_order()) {
-            Ok(values) => values,
+        let found = leaf_values(&self.path, &shape, |name| self.leaves.get(name).copied());
+        let values = match found {
+            Ok((leaf, values)) => {
+                self.used.insert(leaf);
+                values
+            }
             Err(error) => {
                 self.error = Some(error);
                 return;

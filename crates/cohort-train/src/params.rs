@@ -9,9 +9,9 @@
 //! * a linear layer's weight is `[in, out]` in burn and `[out, in]` in PyTorch:
 //!   transposed on the way out and back on the way in. A transpose only moves
 //!   elements, so element-wise aggregation gives the same numbers either way;
-//! * BatchNorm's affine parameters are `gamma`/`beta` in burn and
-//!   `weight`/`bias` in PyTorch: renamed. `running_mean` and `running_var`
-//!   have the same names in both.
+//! * BatchNorm's and GroupNorm's affine parameters are `gamma`/`beta` in
+//!   burn and `weight`/`bias` in PyTorch: renamed. BatchNorm's `running_mean`
+//!   and `running_var` have the same names in both; GroupNorm has no buffers.
 //!
 //! PyTorch's `num_batches_tracked` counter has no burn counterpart and is not in
 //! the tree; model files add it ([`cohort_core::layout`]).
@@ -81,45 +81,105 @@ fn transposed_hint(model: &[usize], tree: &[usize]) -> &'static str {
 /// enum holds it.
 #[derive(Default)]
 pub(crate) struct PathStack {
-    segments: Vec<String>,
-    skipped: Vec<bool>,
-    /// The struct type holding each entered field, innermost last: burn calls
-    /// `enter_module(field, holder)`.
-    holders: Vec<String>,
+    entries: Vec<Entry>,
 }
+
+/// One entered field: burn calls `enter_module(field, holder)`.
+struct Entry {
+    /// The field's name in PyTorch's naming.
+    name: String,
+    /// The type holding the field (`Struct:Linear`, `Vec`, `Enum:Norm`).
+    holder: String,
+    /// An enum variant: no part of the name.
+    skipped: bool,
+}
+
+/// Where a parameter of a burn `Lstm` lives in PyTorch's `nn.LSTM`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LstmSlot {
+    /// PyTorch's name of the stacked tensor, such as `lstm.weight_ih_l1`.
+    pub(crate) name: String,
+    /// The gate's block of rows in it: PyTorch stacks i, f, g, o.
+    pub(crate) gate: usize,
+}
+
+/// PyTorch's order of an LSTM's gates (`weight_ih_l0` is
+/// `[W_ii | W_if | W_ig | W_io]`) in burn's names.
+const LSTM_GATES: [&str; 4] = ["input_gate", "forget_gate", "cell_gate", "output_gate"];
 
 impl PathStack {
     pub(crate) fn enter(&mut self, name: &str, container_type: &str) {
-        let skip = container_type.starts_with("Enum:");
-        self.skipped.push(skip);
-        self.holders.push(container_type.to_owned());
-        if !skip {
-            let name = match (container_type, name) {
-                ("Struct:BatchNorm", "gamma") => "weight",
-                ("Struct:BatchNorm", "beta") => "bias",
-                _ => name,
-            };
-            self.segments.push(name.to_owned());
-        }
+        let name = match (container_type, name) {
+            ("Struct:BatchNorm" | "Struct:GroupNorm", "gamma") => "weight",
+            ("Struct:BatchNorm" | "Struct:GroupNorm", "beta") => "bias",
+            _ => name,
+        };
+        self.entries.push(Entry {
+            name: name.to_owned(),
+            holder: container_type.to_owned(),
+            skipped: container_type.starts_with("Enum:"),
+        });
     }
 
     pub(crate) fn exit(&mut self) {
-        self.holders.pop();
-        if !self.skipped.pop().unwrap_or(false) {
-            self.segments.pop();
-        }
+        self.entries.pop();
     }
 
-    /// The current parameter's name in PyTorch's layout.
+    /// The dotted name of the first `count` entries.
+    fn joined(&self, count: usize) -> String {
+        let names: Vec<&str> = self.entries[..count]
+            .iter()
+            .filter(|e| !e.skipped)
+            .map(|e| e.name.as_str())
+            .collect();
+        names.join(".")
+    }
+
+    /// The current parameter's name in PyTorch's layout (for a parameter of
+    /// an LSTM, burn's path; see [`PathStack::lstm_slot`]).
     pub(crate) fn current(&self) -> String {
-        self.segments.join(".")
+        self.joined(self.entries.len())
     }
 
     /// Whether the current parameter is a linear layer's weight, which burn
     /// stores transposed.
     pub(crate) fn in_burn_order(&self) -> bool {
-        self.holders.last().is_some_and(|h| h == "Struct:Linear")
-            && self.segments.last().is_some_and(|s| s == "weight")
+        self.entries
+            .last()
+            .is_some_and(|e| e.holder == "Struct:Linear" && e.name == "weight")
+    }
+
+    /// For a parameter of a burn `Lstm` (`{gate}.{input,hidden}_transform.
+    /// {weight,bias}`), its place in PyTorch's `nn.LSTM`: a `Vec<Lstm>` field
+    /// `lstm` is one `nn.LSTM` named `lstm` with a layer per element
+    /// (`lstm.weight_ih_l{k}`), a lone `Lstm` field one with a single layer.
+    pub(crate) fn lstm_slot(&self) -> Option<LstmSlot> {
+        let at = self
+            .entries
+            .iter()
+            .position(|e| e.holder == "Struct:Lstm")?;
+        let gate = LSTM_GATES
+            .iter()
+            .position(|g| *g == self.entries[at].name)?;
+        let transform = match self.entries.get(at + 1)?.name.as_str() {
+            "input_transform" => "ih",
+            "hidden_transform" => "hh",
+            _ => return None,
+        };
+        let kind = self.entries.get(at + 2)?.name.clone();
+        let (prefix, layer) = match at.checked_sub(1).map(|i| &self.entries[i]) {
+            Some(e) if e.holder == "Vec" => (self.joined(at - 1), e.name.clone()),
+            _ => (self.joined(at), "0".to_owned()),
+        };
+        let prefix = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{prefix}.")
+        };
+        Some(LstmSlot {
+            name: format!("{prefix}{kind}_{transform}_l{layer}"),
+            gate,
+        })
     }
 }
 
@@ -174,9 +234,86 @@ pub(crate) fn to_burn(
     })
 }
 
+/// The values, in burn's order, of the parameter at `path` (of burn shape
+/// `model_shape`) from the tree's leaves (PyTorch's layout, looked up by
+/// `leaf`), with the name of the leaf they came from: for an LSTM's
+/// parameter, its gate's rows of PyTorch's stacked tensor.
+pub(crate) fn leaf_values<'a>(
+    path: &PathStack,
+    model_shape: &[usize],
+    leaf: impl Fn(&str) -> Option<&'a Array>,
+) -> Result<(String, Vec<f32>), LoadError> {
+    let linear = path.in_burn_order();
+    let Some(slot) = path.lstm_slot() else {
+        let name = path.current();
+        let array = leaf(&name).ok_or_else(|| LoadError::Missing(name.clone()))?;
+        return to_burn(&name, model_shape, array, linear).map(|values| (name, values));
+    };
+    let array = leaf(&slot.name).ok_or_else(|| LoadError::Missing(slot.name.clone()))?;
+    let rows = lstm_gate_rows(&slot, model_shape, linear, array)?;
+    to_burn(&slot.name, model_shape, &rows, linear).map(|values| (slot.name, values))
+}
+
+/// The rows of `slot`'s gate in PyTorch's stacked LSTM tensor `array`, which
+/// must be `[4·rows, …]` for a gate parameter of burn shape `model_shape`.
+fn lstm_gate_rows(
+    slot: &LstmSlot,
+    model_shape: &[usize],
+    linear: bool,
+    array: &Array,
+) -> Result<Array, LoadError> {
+    let gate: Vec<usize> = match (linear, model_shape) {
+        (true, &[input, output]) => vec![output, input],
+        _ => model_shape.to_vec(),
+    };
+    let mut stacked = gate.clone();
+    stacked[0] *= LSTM_GATES.len();
+    if array.shape() != stacked.as_slice() {
+        return Err(LoadError::Shape {
+            path: slot.name.clone(),
+            model: stacked,
+            tree: array.shape().to_vec(),
+        });
+    }
+    let Some(values) = array.as_f32() else {
+        return Err(LoadError::DType {
+            path: slot.name.clone(),
+            dtype: array.dtype(),
+        });
+    };
+    let block: usize = gate.iter().product();
+    let rows = values[slot.gate * block..(slot.gate + 1) * block].to_vec();
+    Ok(Array::f32(gate, rows).expect("a gate's block has its shape's elements"))
+}
+
+/// An LSTM's four gate blocks, each `[rows, …]` in PyTorch's layout, as
+/// PyTorch's one `[4·rows, …]` tensor in its gate order.
+fn stack_gates(name: &str, gates: [Option<Array>; 4]) -> Array {
+    let gates: Vec<Array> = gates
+        .into_iter()
+        .map(|gate| {
+            gate.unwrap_or_else(|| {
+                panic!(
+                    "`{name}`: an LSTM without all four gates (burn's `input_forget`) has no \
+                     PyTorch layout"
+                )
+            })
+        })
+        .collect();
+    let mut shape = gates[0].shape().to_vec();
+    shape[0] *= gates.len();
+    let values: Vec<f32> = gates
+        .iter()
+        .flat_map(|gate| gate.as_f32().expect("extracted float32").iter().copied())
+        .collect();
+    Array::f32(shape, values).expect("four blocks of one shape")
+}
+
 struct Extractor {
     path: PathStack,
     leaves: Vec<(String, Array)>,
+    /// LSTM parameters by PyTorch's stacked name, one block per gate.
+    lstm: BTreeMap<String, [Option<Array>; 4]>,
 }
 
 impl ModuleVisitor for Extractor {
@@ -196,7 +333,10 @@ impl ModuleVisitor for Extractor {
             .try_to_vec::<f32>()
             .expect("float parameters of a float32 model convert to f32");
         let array = to_external(shape, values, self.path.in_burn_order());
-        self.leaves.push((self.path.current(), array));
+        match self.path.lstm_slot() {
+            Some(slot) => self.lstm.entry(slot.name).or_default()[slot.gate] = Some(array),
+            None => self.leaves.push((self.path.current(), array)),
+        }
     }
 }
 
@@ -205,9 +345,14 @@ pub fn extract<M: Module>(module: &M) -> ParamTree {
     let mut extractor = Extractor {
         path: PathStack::default(),
         leaves: Vec::new(),
+        lstm: BTreeMap::new(),
     };
     module.visit(&mut extractor);
-    ParamTree::from_dotted(extractor.leaves)
+    let lstm = std::mem::take(&mut extractor.lstm);
+    let stacked = lstm
+        .into_iter()
+        .map(|(name, gates)| (name.clone(), stack_gates(&name, gates)));
+    ParamTree::from_dotted(extractor.leaves.into_iter().chain(stacked))
 }
 
 struct Loader<'a> {
@@ -230,14 +375,12 @@ impl ModuleMapper for Loader<'_> {
         if self.error.is_some() {
             return param;
         }
-        let path = self.path.current();
-        let Some(array) = self.leaves.get(&path) else {
-            self.error = Some(LoadError::Missing(path));
-            return param;
-        };
         let model_shape = param.lazy_shape().to_vec();
-        let values = match to_burn(&path, &model_shape, array, self.path.in_burn_order()) {
-            Ok(values) => values,
+        let found = leaf_values(&self.path, &model_shape, |name| {
+            self.leaves.get(name).copied()
+        });
+        let (path, values) = match found {
+            Ok(found) => found,
             Err(error) => {
                 self.error = Some(error);
                 return param;
@@ -420,6 +563,41 @@ mod tests {
                 .leaves()
                 .iter()
                 .any(|(_, a)| a.as_f32().unwrap().iter().any(|&x| x != 0.0))
+        );
+    }
+
+    #[test]
+    fn groupnorm_is_named_as_pytorch_and_an_lstm_as_one_nn_lstm() {
+        use crate::model::{LstmShakespeare, ModelOptions, ModelSpec, ResNet20};
+        let device = crate::device::cpu();
+        let table: toml::Table = "norm = \"group\"".parse().unwrap();
+        let spec = ModelSpec::new(vec![3, 32, 32], 10)
+            .with_options(ModelOptions::new(table.into_iter().collect()));
+        let tree = extract(&ResNet20::build(&spec, &device).unwrap());
+        let names: BTreeSet<String> = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
+        assert!(names.contains("layer1.0.bn2.weight") && names.contains("bn1.bias"));
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.contains("gamma") || n.contains("running"))
+        );
+
+        let lstm = LstmShakespeare::build(&ModelSpec::new(vec![4], 80), &device).unwrap();
+        let tree = extract(&lstm);
+        // A stacked tensor of the wrong height is refused with PyTorch's shape.
+        let short = ParamTree::from_dotted(tree.leaves().into_iter().map(|(p, a)| {
+            let name = p.to_string();
+            let array = if name == "lstm.weight_ih_l0" {
+                Array::f32(vec![512, 8], vec![0.0; 512 * 8]).unwrap()
+            } else {
+                a.clone()
+            };
+            (name, array)
+        }));
+        let error = load(lstm, &short).unwrap_err().to_string();
+        assert!(
+            error.contains("lstm.weight_ih_l0") && error.contains("[1024, 8]"),
+            "{error}"
         );
     }
 

@@ -68,10 +68,7 @@ fn bigram_registry() -> Registry {
 fn run_model(entry: ModelEntry, sample_shape: Vec<usize>, task: Arc<dyn Task>) -> RunModel {
     RunModel {
         entry,
-        spec: ModelSpec {
-            sample_shape,
-            classes: VOCABULARY,
-        },
+        spec: ModelSpec::new(sample_shape, VOCABULARY),
         task,
     }
 }
@@ -184,10 +181,7 @@ fn classification_reports_the_cross_entropy_of_its_logits_with_the_native_kernel
     let registry = Registry::builtin();
     let model = RunModel {
         entry: registry.model("lenet5").unwrap().clone(),
-        spec: ModelSpec {
-            sample_shape: vec![1, 28, 28],
-            classes: 10,
-        },
+        spec: ModelSpec::new(vec![1, 28, 28], 10),
         task: Arc::new(Classification),
     };
     let count = 40;

@@ -334,17 +334,26 @@ pub fn to_toml(config: &Config) -> Result<String, toml::ser::Error> {
 /// `config` as a TOML table, a registered strategy's section as it was read
 /// (serde skips that variant).
 fn as_table(config: &Config) -> Result<toml::Table, toml::ser::Error> {
-    let AlgorithmConfig::Registered(registered) = &config.algorithm else {
-        return toml::Table::try_from(config);
+    let mut table = match &config.algorithm {
+        AlgorithmConfig::Registered(registered) => {
+            let builtin = Config {
+                algorithm: AlgorithmConfig::default(),
+                ..config.clone()
+            };
+            let mut table = toml::Table::try_from(&builtin)?;
+            let mut section = registered.options.clone();
+            section.insert("type".to_owned(), registered.name.clone().into());
+            table.insert("algorithm".to_owned(), section.into());
+            table
+        }
+        _ => toml::Table::try_from(config)?,
     };
-    let builtin = Config {
-        algorithm: AlgorithmConfig::default(),
-        ..config.clone()
-    };
-    let mut table = toml::Table::try_from(&builtin)?;
-    let mut section = registered.options.clone();
-    section.insert("type".to_owned(), registered.name.clone().into());
-    table.insert("algorithm".to_owned(), section.into());
+    // The model's options beside `num_classes`, where they were read from.
+    if let Some(toml::Value::Table(parameters)) = table.get_mut("parameters")
+        && let Some(toml::Value::Table(model)) = parameters.get_mut("model")
+    {
+        model.extend(config.parameters.model.options.clone());
+    }
     Ok(table)
 }
 
@@ -575,10 +584,12 @@ fn from_table(
     // What the run keeps is the table before problems are taken out of it
     // below; a config with problems is not kept.
     let kept = merged.clone();
+    let model_options = take_model_options(&mut merged);
     let registered = check_unknown_keys(&mut merged, path, &origins, &mut errors);
     let Some(mut config) = deserialize_all(&mut merged, path, &origins, &mut errors) else {
         return Err(ConfigErrors(errors));
     };
+    config.parameters.model.options = model_options;
     if let Some(registered) = registered {
         config.algorithm = AlgorithmConfig::Registered(registered);
     }
@@ -817,6 +828,29 @@ fn resolve_includes(
     }
     merged.extend(body);
     Ok(merged)
+}
+
+/// Takes the keys of `[parameters.model]` other than its own fields
+/// (`num_classes`) out of `merged`: they are the options of the model the
+/// config names, which only the model registry can check (as a registered
+/// strategy's options are).
+fn take_model_options(merged: &mut toml::Table) -> BTreeMap<String, toml::Value> {
+    let fields = introspect::fields_of::<ModelParameters>();
+    let Some(toml::Value::Table(parameters)) = merged.get_mut("parameters") else {
+        return BTreeMap::new();
+    };
+    let Some(toml::Value::Table(model)) = parameters.get_mut("model") else {
+        return BTreeMap::new();
+    };
+    let options: Vec<String> = model
+        .keys()
+        .filter(|key| !fields.contains(&key.as_str()))
+        .cloned()
+        .collect();
+    options
+        .into_iter()
+        .filter_map(|key| model.remove(&key).map(|value| (key, value)))
+        .collect()
 }
 
 /// Reports every key no section declares, and removes it so the types of the

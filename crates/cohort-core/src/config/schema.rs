@@ -436,11 +436,21 @@ pub struct Parameters {
 #[serde(default, deny_unknown_fields)]
 pub struct ModelParameters {
     pub num_classes: usize,
+    /// Every other key of `[parameters.model]`: options of the model that
+    /// `trainer.model_name` names (`norm`, `hidden`, ...). cohort-core knows
+    /// no model, so it keeps them as read; the model registry checks them,
+    /// a key the model does not read included. Not a key itself (serde
+    /// skips it): the loader fills it and [`super::to_toml`] writes it back.
+    #[serde(skip)]
+    pub options: BTreeMap<String, toml::Value>,
 }
 
 impl Default for ModelParameters {
     fn default() -> Self {
-        Self { num_classes: 10 }
+        Self {
+            num_classes: 10,
+            options: BTreeMap::new(),
+        }
     }
 }
 

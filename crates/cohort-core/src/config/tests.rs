@@ -1075,3 +1075,31 @@ fn classes_are_the_data_sets_and_leaf_sizes_are_not_known_before_loading() {
     assert_eq!(error.key.as_deref(), Some("data.partition_size"));
     load_text(&oversized("FEMNIST", 62)).unwrap();
 }
+
+#[test]
+fn model_options_are_kept_as_read_for_the_model_registry_and_printed_back() {
+    let text = format!(
+        "{MINIMAL}[parameters.model]\nnum_classes = 10\nnorm = \"group\"\nhidden = [64, 32]\n"
+    );
+    let loaded = load_text(&text).unwrap();
+    let model = &loaded.config.parameters.model;
+    assert_eq!(model.num_classes, 10);
+    assert_eq!(model.options.len(), 2, "{:?}", model.options);
+    assert_eq!(model.options["norm"].as_str(), Some("group"));
+    let printed = to_toml(&loaded.config).unwrap();
+    let again = load_text(&printed).unwrap();
+    assert_eq!(again.config.parameters.model, *model, "{printed}");
+    // Options change what a run computes: they are part of its hash.
+    let without = format!("{MINIMAL}[parameters.model]\nnum_classes = 10\n");
+    assert_ne!(loaded.hash(), load_text(&without).unwrap().hash());
+}
+
+#[test]
+fn a_model_option_can_be_set_on_the_command_line() {
+    let loaded = load_text(MINIMAL).unwrap();
+    let set: Override = "parameters.model.norm=group".parse().unwrap();
+    let again = loaded.with_overrides(&[set]).unwrap();
+    let options = &again.config.parameters.model.options;
+    assert_eq!(options["norm"].as_str(), Some("group"), "{options:?}");
+    assert!(loaded.config.parameters.model.options.is_empty());
+}

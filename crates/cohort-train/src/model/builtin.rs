@@ -189,10 +189,7 @@ mod tests {
     use burn::module::Module;
 
     fn spec(classes: usize) -> ModelSpec {
-        ModelSpec {
-            sample_shape: MNIST_SAMPLE.to_vec(),
-            classes,
-        }
+        ModelSpec::new(MNIST_SAMPLE.to_vec(), classes)
     }
 
     #[test]
@@ -227,10 +224,7 @@ mod tests {
     #[test]
     fn other_sample_shapes_are_refused_naming_both() {
         let device = crate::device::cpu();
-        let cifar = ModelSpec {
-            sample_shape: vec![3, 32, 32],
-            classes: 10,
-        };
+        let cifar = ModelSpec::new(vec![3, 32, 32], 10);
         let error = LeNet5::build(&cifar, &device).unwrap_err().to_string();
         assert!(
             error.contains("[1, 28, 28]") && error.contains("[3, 32, 32]"),

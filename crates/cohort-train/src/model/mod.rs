@@ -6,7 +6,8 @@
 //! task's classes). Everything else a federation needs comes from the module
 //! itself: its parameters travel as a tree in PyTorch's layout
 //! ([`crate::params`], the one place that knows layouts), it is built from a
-//! [`ModelSpec`] (the dataset's sample shape and the task's classes) by the
+//! [`ModelSpec`] (the dataset's sample shape, the task's classes and the
+//! model's options from `[parameters.model]`, [`ModelOptions`]) by the
 //! function registered with it ([`crate::registry`]), and its initial
 //! parameters come from the model seed ([`crate::init`]).
 //!
@@ -17,14 +18,32 @@
 //! draws its masks from the client's seeded stream ([`Randomness`]), never
 //! from a global RNG.
 
+mod blocks;
 mod builtin;
+mod cnn;
+mod cnn_femnist;
+mod lstm_shakespeare;
+mod multilayer;
+mod options;
+mod resnet_18;
+mod resnet_20;
+mod vgg_11;
 
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
+pub use blocks::{Norm, NormKind};
 pub use builtin::{CnnBn, LeNet5, LeNet5Compact};
+pub use cnn::Cnn;
+pub use cnn_femnist::CnnFemnist;
+pub use lstm_shakespeare::LstmShakespeare;
+pub use multilayer::{Activation, Multilayer};
+pub use options::ModelOptions;
+pub use resnet_18::ResNet18;
+pub use resnet_20::ResNet20;
+pub use vgg_11::Vgg11;
 
 /// A burn module that trains in a federation.
 ///
@@ -46,8 +65,9 @@ pub trait FederatedModel: Module + 'static {
     }
 }
 
-/// What a model is built for: one sample's shape and the task's outputs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a model is built for: one sample's shape, the task's outputs and the
+/// model's options.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
     /// `[channels, height, width]` for images, `[features]` for tabular
     /// rows, `[length]` for token sequences.
@@ -55,9 +75,41 @@ pub struct ModelSpec {
     /// Outputs per sample: the classes of the task (the vocabulary of a
     /// next-token task).
     pub classes: usize,
+    /// `[parameters.model]`'s keys beside `num_classes`, read by the
+    /// model's constructor ([`ModelOptions`]).
+    pub options: ModelOptions,
 }
 
 impl ModelSpec {
+    /// For samples of `sample_shape` and `classes` outputs, without options.
+    pub fn new(sample_shape: Vec<usize>, classes: usize) -> Self {
+        Self {
+            sample_shape,
+            classes,
+            options: ModelOptions::default(),
+        }
+    }
+
+    /// The same spec with `options`.
+    pub fn with_options(self, options: ModelOptions) -> Self {
+        Self { options, ..self }
+    }
+
+    /// `[channels, height, width]` of image samples at least `min_side`
+    /// pixels on each side, else the error naming what the model needs.
+    pub fn require_images(&self, min_side: usize) -> Result<[usize; 3], ModelError> {
+        match *self.sample_shape.as_slice() {
+            [channels, height, width] if channels > 0 && height.min(width) >= min_side => {
+                Ok([channels, height, width])
+            }
+            _ => Err(ModelError(format!(
+                "takes images [channels, height, width] of at least {min_side}×{min_side} \
+                 pixels, but the data set's samples are {:?}",
+                self.sample_shape
+            ))),
+        }
+    }
+
     /// `Ok` when the samples have `expected` shape, else the error a model
     /// built for one input shape gives.
     pub fn require_sample_shape(&self, expected: &[usize]) -> Result<(), ModelError> {

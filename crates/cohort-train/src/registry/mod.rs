@@ -26,7 +26,8 @@ use cohort_core::suggest::did_you_mean;
 use cohort_core::tree::ParamTree;
 
 use crate::model::{
-    Accelerated, CnnBn, FederatedModel, LeNet5, LeNet5Compact, ModelError, ModelSpec,
+    Accelerated, Cnn, CnnBn, CnnFemnist, FederatedModel, LeNet5, LeNet5Compact, LstmShakespeare,
+    ModelError, ModelOptions, ModelSpec, Multilayer, ResNet18, ResNet20, Vgg11,
 };
 use crate::params;
 use crate::task::Task;
@@ -108,6 +109,20 @@ impl ModelEntry {
     pub fn accelerated(&self, spec: &ModelSpec) -> Result<Option<Accelerated>, ModelError> {
         self.build.accelerated(spec)
     }
+
+    /// Whether the model can be built for `spec`: `Err` names the option
+    /// (the key of `[parameters.model]`) at fault where one is.
+    pub fn check_spec(&self, spec: &ModelSpec) -> Result<(), SpecRefusal> {
+        self.build.check_spec(spec)
+    }
+}
+
+/// Why a model cannot be built for a spec, and the option at fault if it is
+/// one (`norm` for `parameters.model.norm`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecRefusal {
+    pub option: Option<String>,
+    pub error: ModelError,
 }
 
 /// What a [`ModelEntry`] does with its model type erased.
@@ -128,11 +143,40 @@ trait BuildModel: Send + Sync {
     ) -> Result<Box<dyn ModelEvaluator>, ModelError>;
     fn template(&self, spec: &ModelSpec) -> Result<ParamTree, ModelError>;
     fn accelerated(&self, spec: &ModelSpec) -> Result<Option<Accelerated>, ModelError>;
+    fn check_spec(&self, spec: &ModelSpec) -> Result<(), SpecRefusal>;
 }
 
 struct Typed<M, F> {
     build: F,
     model: PhantomData<fn() -> M>,
+}
+
+impl<M, F> Typed<M, F>
+where
+    M: FederatedModel,
+    F: Fn(&ModelSpec, &Device) -> Result<M, ModelError> + Send + Sync,
+{
+    /// The model for `spec`, built from a fresh copy of it so that this
+    /// build's record of the options it read is its own; an option given
+    /// but never read is refused.
+    fn built(&self, spec: &ModelSpec, device: &Device) -> Result<M, SpecRefusal> {
+        let fresh = spec.clone();
+        let model = (self.build)(&fresh, device).map_err(|error| SpecRefusal {
+            option: fresh.options.refused(),
+            error,
+        })?;
+        match fresh.options.unread() {
+            Some((key, error)) => Err(SpecRefusal {
+                option: Some(key),
+                error,
+            }),
+            None => Ok(model),
+        }
+    }
+
+    fn build(&self, spec: &ModelSpec, device: &Device) -> Result<M, ModelError> {
+        self.built(spec, device).map_err(|refusal| refusal.error)
+    }
 }
 
 impl<M, F> BuildModel for Typed<M, F>
@@ -147,7 +191,7 @@ where
         device: &Device,
         settings: TrainSettings,
     ) -> Result<Box<dyn ClientTrainer>, ModelError> {
-        let model = (self.build)(spec, &device.clone().autodiff())?;
+        let model = self.build(spec, &device.clone().autodiff())?;
         let trainer = LocalTrainer::new(|_| model, device, settings).with_task(task.clone());
         Ok(Box::new(trainer))
     }
@@ -159,19 +203,23 @@ where
         device: &Device,
         batch_size: usize,
     ) -> Result<Box<dyn ModelEvaluator>, ModelError> {
-        let model = (self.build)(spec, device)?;
+        let model = self.build(spec, device)?;
         Ok(Box::new(
             Evaluator::new(model, batch_size).with_task(task.clone()),
         ))
     }
 
     fn template(&self, spec: &ModelSpec) -> Result<ParamTree, ModelError> {
-        Ok(params::extract(&(self.build)(spec, &crate::device::cpu())?))
+        Ok(params::extract(&self.build(spec, &crate::device::cpu())?))
     }
 
     fn accelerated(&self, spec: &ModelSpec) -> Result<Option<Accelerated>, ModelError> {
-        let model = (self.build)(spec, &crate::device::cpu())?;
+        let model = self.build(spec, &crate::device::cpu())?;
         Ok(model.accelerated())
+    }
+
+    fn check_spec(&self, spec: &ModelSpec) -> Result<(), SpecRefusal> {
+        self.built(spec, &crate::device::cpu()).map(drop)
     }
 }
 
@@ -295,6 +343,41 @@ impl Registry {
                 "cnn_bn",
                 "a CNN with BatchNorm and seeded dropout (207,018 parameters)",
                 CnnBn::build,
+            ),
+            ModelEntry::new(
+                "multilayer",
+                "an MLP for flattened or tabular samples (options: hidden, activation)",
+                Multilayer::build,
+            ),
+            ModelEntry::new(
+                "cnn",
+                "McMahan et al.'s CNN: 5×5 conv 32 and 64, 2×2 pooling, dense 512",
+                Cnn::build,
+            ),
+            ModelEntry::new(
+                "resnet_20",
+                "He et al.'s CIFAR ResNet-20, option A shortcuts (options: norm, groups)",
+                ResNet20::build,
+            ),
+            ModelEntry::new(
+                "cnn_femnist",
+                "LEAF's FEMNIST CNN: 5×5 conv 32 and 64, 2×2 pooling, dense 2048",
+                CnnFemnist::build,
+            ),
+            ModelEntry::new(
+                "resnet_18",
+                "Plato's ResNet-18, 3×3 stem, option B shortcuts (options: norm, groups)",
+                ResNet18::build,
+            ),
+            ModelEntry::new(
+                "vgg_11",
+                "Plato's VGG-11 with BatchNorm and one linear layer (options: norm, groups)",
+                Vgg11::build,
+            ),
+            ModelEntry::new(
+                "lstm_shakespeare",
+                "LEAF's Shakespeare LSTM: embedding 8, two LSTM layers of 256 (option: outputs)",
+                LstmShakespeare::build,
             ),
         ] {
             registry.add(entry).expect("built-in names are unique");
@@ -466,10 +549,10 @@ impl Registry {
     ) -> Result<RunModel, ConfigErrors> {
         let model = RunModel {
             entry: self.model_of(loaded)?.clone(),
-            spec: ModelSpec {
-                sample_shape,
-                classes: loaded.config().parameters.model.num_classes,
-            },
+            spec: ModelSpec::new(sample_shape, loaded.config().parameters.model.num_classes)
+                .with_options(ModelOptions::new(
+                    loaded.config().parameters.model.options.clone(),
+                )),
             task: self.dataset_of(loaded)?.task().clone(),
         };
         self.check(loaded, &model)?;
@@ -482,6 +565,18 @@ impl Registry {
     pub fn check(&self, loaded: &LoadedConfig, model: &RunModel) -> Result<(), ConfigErrors> {
         let (entry, spec) = (&model.entry, &model.spec);
         let key = "trainer.vectorized_clients";
+        if let Err(refusal) = entry.check_spec(spec) {
+            return Err(match refusal.option {
+                Some(option) => loaded.error_at(
+                    &format!("parameters.model.{option}"),
+                    format!("`{}`: {}", entry.name(), refusal.error),
+                ),
+                None => loaded.error_at(
+                    "trainer.model_name",
+                    format!("`{}` {}", entry.name(), refusal.error),
+                ),
+            });
+        }
         let build = |error: ModelError| {
             loaded.error_at("trainer.model_name", format!("`{}` {error}", entry.name()))
         };
@@ -614,6 +709,34 @@ mod tests {
         let error = error.first();
         assert_eq!(error.key.as_deref(), Some("trainer.model_name"));
         assert!(error.message.contains("[3, 32, 32]"), "{error}");
+    }
+
+    #[test]
+    fn model_options_reach_the_model_and_a_misspelt_one_is_an_error_naming_its_key() {
+        fn with(model: &str) -> impl Fn(&str) -> Result<RunModel, ConfigErrors> + '_ {
+            move |options: &str| {
+                let text = format!(
+                    "{MINIMAL}[trainer]\noptimizer = \"sgd\"\nmodel_name = \"{model}\"\n\
+                     [parameters.model]\n{options}"
+                );
+                let loaded = cohort_core::config::from_str(&text, Path::new("job.toml")).unwrap();
+                Registry::builtin().run_model(&loaded, vec![3, 32, 32])
+            }
+        }
+        let group = with("resnet_20")("norm = \"group\"\n").unwrap();
+        // GroupNorm has no running statistics: 269,722 parameters, none besides.
+        assert_eq!(group.template().unwrap().num_elements(), 269_722);
+        let error = with("resnet_20")("nrom = \"group\"\n").unwrap_err();
+        let error = error.first();
+        assert_eq!(error.key.as_deref(), Some("parameters.model.nrom"));
+        assert!(error.message.contains("did you mean `norm`?"), "{error}");
+        let error = with("resnet_20")("norm = \"layer\"\n").unwrap_err();
+        assert_eq!(error.first().key.as_deref(), Some("parameters.model.norm"));
+        // A model without options refuses any.
+        let error = with("cnn")("norm = \"group\"\n").unwrap_err();
+        let error = error.first();
+        assert_eq!(error.key.as_deref(), Some("parameters.model.norm"));
+        assert!(error.message.contains("takes no options"), "{error}");
     }
 
     #[test]

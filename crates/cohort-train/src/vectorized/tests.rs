@@ -16,10 +16,7 @@ use rand::Rng;
 const MNIST: [usize; 3] = [1, 28, 28];
 
 fn spec() -> ModelSpec {
-    ModelSpec {
-        sample_shape: MNIST.to_vec(),
-        classes: 10,
-    }
+    ModelSpec::new(MNIST.to_vec(), 10)
 }
 
 fn classification() -> std::sync::Arc<dyn crate::task::Task> {
