@@ -1,7 +1,7 @@
 //! Every config cohort ships runs to its end with the defaults it shows,
 //! shortened only in rounds (and, for the 100-client vectorized job on a
 //! CPU, in samples per client), on the real data sets; each strategy's
-//! config learns within three rounds.
+//! config learns within three rounds (DP-FedAvg's within 15).
 
 mod common;
 
@@ -110,12 +110,18 @@ fn every_shipped_config_runs_to_its_end() {
         } else {
             &[]
         };
-        let rounds = if strategy { 3 } else { 1 };
+        // DP-FedAvg's noise holds it near chance for its first ten rounds.
+        let rounds = match (strategy, name.as_str()) {
+            (true, "dp_fedavg") => 15,
+            (true, _) => 3,
+            (false, _) => 1,
+        };
         let accuracy = run_to_end(&config, &data, rounds, extra);
         eprintln!("{name}: accuracy {accuracy:.4} after {rounds} rounds");
         if strategy {
             // Chance is 0.1: each strategy's own config learns in three
-            // rounds of 10 of 100 Dirichlet(0.5) clients.
+            // rounds of 10 of 100 Dirichlet(0.5) clients (DP-FedAvg's in 15
+            // of 200 of 1,000).
             assert!(
                 accuracy > 0.3,
                 "{name}: accuracy {accuracy} after {rounds} rounds"
