@@ -69,12 +69,46 @@ pub enum PartitionError {
     },
     #[error("concentration must be a finite number > 0, got {alpha}")]
     InvalidConcentration { alpha: f64 },
+    #[error(
+        "the natural sampler needs a data set whose samples have users (FEMNIST's writers, \
+         Shakespeare's roles); {datasource} has none: choose another data.sampler"
+    )]
+    NoUsers { datasource: String },
+    #[error(
+        "{clients} clients, but the training set has {users} users (data.sampler = \
+         \"natural\" makes one client of each): lower clients.total_clients"
+    )]
+    TooFewUsers { clients: usize, users: usize },
     #[error("label {label} of training sample {index} is outside 0..{num_classes}")]
     LabelOutOfRange {
         index: usize,
         label: u32,
         num_classes: usize,
     },
+}
+
+/// The `natural` sampler: the data set's own users are the clients. `users`
+/// gives each training sample's user (ids from 0); the users are ordered by
+/// a ChaCha8 shuffle seeded by `seed`, and client `c` is the `c`-th of them,
+/// with every sample of that user, in the data set's order. Users beyond
+/// `clients` take no part.
+pub fn natural(users: &[u32], clients: usize, seed: u64) -> Result<Vec<Vec<u32>>, PartitionError> {
+    let count = users.iter().map(|&u| u as usize + 1).max().unwrap_or(0);
+    let mut samples_of: Vec<Vec<u32>> = vec![Vec::new(); count];
+    for (index, &user) in users.iter().enumerate() {
+        samples_of[user as usize].push(index as u32);
+    }
+    // A user id that no sample has is no user.
+    samples_of.retain(|samples| !samples.is_empty());
+    if samples_of.len() < clients {
+        return Err(PartitionError::TooFewUsers {
+            clients,
+            users: samples_of.len(),
+        });
+    }
+    samples_of.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+    samples_of.truncate(clients);
+    Ok(samples_of)
 }
 
 /// The `iid` sampler: shuffles `0..num_samples` with a ChaCha8 stream seeded by
@@ -564,6 +598,26 @@ fn standard_normal(rng: &mut impl Rng) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn natural_clients_are_whole_users_in_a_seeded_order() {
+        // Samples 0..6 of users 2, 0, 2, 1, 0, 2 (user 3 has none).
+        let users = [2, 0, 2, 1, 0, 2];
+        let parts = natural(&users, 3, 5).unwrap();
+        let mut sorted = parts.clone();
+        sorted.sort();
+        assert_eq!(sorted, [vec![0, 2, 5], vec![1, 4], vec![3]]);
+        assert_eq!(natural(&users, 3, 5).unwrap(), parts, "seeded");
+        let first = natural(&users, 1, 5).unwrap();
+        assert_eq!(first[..], parts[..1]);
+        assert!(matches!(
+            natural(&users, 4, 5),
+            Err(PartitionError::TooFewUsers {
+                clients: 4,
+                users: 3
+            })
+        ));
+    }
 
     #[test]
     fn iid_cyclic_is_platos_strided_fill_of_the_repeated_shuffle() {

@@ -327,3 +327,54 @@ fn every_name_is_plato_s_and_declares_its_shape() {
     assert_eq!(DataSource::Shakespeare.classes(), 80);
     assert_eq!(DataSource::Cifar100.classes(), 100);
 }
+
+#[test]
+fn the_natural_sampler_makes_a_client_of_each_writer() {
+    let splits = data::load(DataSource::Femnist, &fixtures(), &Fetch::Never).unwrap();
+    let users = splits
+        .train_users
+        .clone()
+        .expect("FEMNIST's samples have writers");
+    let config = |clients: u32, seed: u64| {
+        let text = format!(
+            "[clients]\ntotal_clients = {clients}\nper_round = 1\n[data]\n\
+             datasource = \"FEMNIST\"\nsampler = \"natural\"\nrandom_seed = {seed}\n\
+             [parameters.model]\nnum_classes = 62\n[parameters.optimizer]\nlearning_rate = 0.01\n"
+        );
+        cohort_core::config::from_str(&text, Path::new("natural.toml")).unwrap()
+    };
+    let labels = &splits.train.labels;
+    let parts = config(3, 1).partitions(labels, Some(&users)).unwrap();
+    // Each client is one writer, with every sample of that writer.
+    let mut writers: Vec<u32> = Vec::new();
+    for part in &parts {
+        let writer = users[part[0] as usize];
+        assert!(
+            part.iter().all(|&i| users[i as usize] == writer),
+            "{parts:?}"
+        );
+        let count = users.iter().filter(|&&u| u == writer).count();
+        assert_eq!(part.len(), count);
+        writers.push(writer);
+    }
+    writers.sort_unstable();
+    assert_eq!(writers, [0, 1, 2]);
+    // Fewer clients take the first writers of the seeded order.
+    let two = config(2, 1).partitions(labels, Some(&users)).unwrap();
+    assert_eq!(two[..], parts[..2]);
+    // More clients than writers, or a data set without writers, is an error
+    // that says what to change.
+    let error = config(4, 1)
+        .partitions(labels, Some(&users))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("4 clients, but the training set has 3 users"),
+        "{error}"
+    );
+    let error = config(3, 1)
+        .partitions(labels, None)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("FEMNIST has none"), "{error}");
+}

@@ -129,6 +129,7 @@ pub fn load_data(
             Splits {
                 train,
                 test: splits.test,
+                train_users: None,
             },
             partitions,
         ));
@@ -140,7 +141,8 @@ pub fn load_data(
         "loaded {source} from {}",
         request.root.display()
     );
-    let partitions = loaded.partitions(&splits.train.labels).context(
+    let users = splits.train_users.as_deref();
+    let partitions = loaded.partitions(&splits.train.labels, users).context(
         "config `data.sampler` and its options / `clients.total_clients` do not fit the training set",
     )?;
     let clients = &config.clients;

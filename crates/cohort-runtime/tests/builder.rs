@@ -190,6 +190,7 @@ fn the_transport_and_the_data_can_be_the_callers_own() {
     let splits = cohort_core::data::Splits {
         train: images(8),
         test: images(4),
+        train_users: None,
     };
     let partitions = cohort_runtime::client::ClientPartitions {
         train: (0..4).map(|c| vec![2 * c, 2 * c + 1]).collect(),
@@ -243,7 +244,11 @@ fn data_given_to_the_builder_is_checked_as_a_loader_would_check_it() {
         test: vec![Vec::new(); 4],
     };
     let attempt = |train, test, partitions| {
-        let splits = cohort_core::data::Splits { train, test };
+        let splits = cohort_core::data::Splits {
+            train,
+            test,
+            train_users: None,
+        };
         let error = RunBuilder::new(&loaded, options(dir.path().join("run")))
             .data(splits, partitions)
             .run()
@@ -443,4 +448,40 @@ fn the_results_can_go_to_a_recorder_of_the_callers_own() {
     .run()
     .unwrap();
     assert_eq!(resumed.rounds.len(), 3);
+}
+
+/// `data.sampler = "natural"` on LEAF's FEMNIST (the fixture's three
+/// writers): a run trains one client per writer, each on all of its samples.
+#[test]
+fn a_natural_partition_trains_each_writer_as_a_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = config(
+        "[clients]\ntotal_clients = 3\nper_round = 3\n[data]\ndatasource = \"FEMNIST\"\n\
+         download = false\nsampler = \"natural\"\n[trainer]\nrounds = 1\nbatch_size = 2\n\
+         optimizer = \"sgd\"\nmodel_name = \"cnn_femnist\"\n[parameters.model]\nnum_classes = 62\n\
+         [parameters.optimizer]\nlearning_rate = 0.01\n",
+    );
+    let run_dir = dir.path().join("run");
+    RunBuilder::new(&loaded, options(run_dir.clone()))
+        .run()
+        .unwrap();
+    let csv = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    let mut samples: Vec<u64> = csv
+        .lines()
+        .skip(1)
+        .map(|line| line.split(',').nth(3).unwrap().parse().unwrap())
+        .collect();
+    samples.sort_unstable();
+    let splits = cohort_core::data::load(
+        cohort_core::data::DataSource::Femnist,
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data"),
+        &cohort_core::data::Fetch::Never,
+    )
+    .unwrap();
+    let users = splits.train_users.unwrap();
+    let mut per_writer: Vec<u64> = (0..3)
+        .map(|w| users.iter().filter(|&&u| u == w).count() as u64)
+        .collect();
+    per_writer.sort_unstable();
+    assert_eq!(samples, per_writer, "{csv}");
 }

@@ -90,6 +90,7 @@ pub mod blobs {
         Splits {
             train: points(TRAIN, &centres, &mut rng),
             test: points(TEST, &centres, &mut rng),
+            train_users: None,
         }
     }
 }

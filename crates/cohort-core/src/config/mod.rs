@@ -194,10 +194,12 @@ impl LoadedConfig {
     }
 
     /// Each client's training-sample indices (client `c` at index `c - 1`),
-    /// split by `data.sampler` from the training set's `labels`.
+    /// split by `data.sampler` from the training set's `labels` (or, for the
+    /// natural sampler, its samples' `users`).
     pub fn partitions(
         &self,
         labels: &[u32],
+        users: Option<&[u32]>,
     ) -> Result<Vec<Vec<u32>>, crate::partition::PartitionError> {
         use crate::partition;
         let data = &self.config.data;
@@ -223,6 +225,12 @@ impl LoadedConfig {
             Sampler::QuantitySkew => {
                 partition::quantity_skew(labels.len(), clients, alpha, min_size, seed)
             }
+            Sampler::Natural => match users {
+                Some(users) => partition::natural(users, clients, seed),
+                None => Err(partition::PartitionError::NoUsers {
+                    datasource: data.datasource.clone(),
+                }),
+            },
         }
     }
 
@@ -1665,7 +1673,7 @@ pub fn training_samples_needed(config: &Config) -> Option<(&'static str, u64)> {
             (Sampler::Iid, None, Some(size)) => {
                 ("data.partition_size", (size as u64).saturating_mul(clients))
             }
-            (Sampler::Iid, None, None) | (Sampler::Shards, _, _) => {
+            (Sampler::Iid, None, None) | (Sampler::Shards | Sampler::Natural, _, _) => {
                 ("clients.total_clients", clients)
             }
             (Sampler::Dirichlet | Sampler::QuantitySkew, _, _) => (

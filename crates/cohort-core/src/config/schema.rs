@@ -265,6 +265,9 @@ pub enum Sampler {
     Shards,
     /// Iid contents, sizes drawn from Dir(`concentration`).
     QuantitySkew,
+    /// The data set's own users as clients (FEMNIST's writers, Shakespeare's
+    /// roles): `total_clients` of them in a seeded order.
+    Natural,
 }
 
 impl Sampler {
@@ -276,6 +279,7 @@ impl Sampler {
             Sampler::Dirichlet => "dirichlet",
             Sampler::Shards => "shards",
             Sampler::QuantitySkew => "quantity_skew",
+            Sampler::Natural => "natural",
         }
     }
 }

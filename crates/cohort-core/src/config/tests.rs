@@ -491,7 +491,7 @@ fn partitions_dispatch_on_the_sampler() {
     let parts = |lines: &str| {
         load_text(&with_data(lines))
             .unwrap()
-            .partitions(&labels)
+            .partitions(&labels, None)
             .unwrap()
     };
     assert_eq!(parts(""), partition::iid(1000, 10, None, 1).unwrap());
@@ -532,7 +532,7 @@ fn noniid_dirichlet_reference_config_loads() {
     assert_eq!(config.trainer.epochs, 1);
     // 100 clients fit Fashion-MNIST's 60,000 balanced training labels.
     let labels: Vec<u32> = (0..60_000).map(|i| (i % 10) as u32).collect();
-    let parts = loaded.partitions(&labels).unwrap();
+    let parts = loaded.partitions(&labels, None).unwrap();
     assert_eq!(parts.len(), 100);
     assert!(parts.iter().all(|p| p.len() >= 10));
     assert_eq!(parts.iter().map(Vec::len).sum::<usize>(), 60_000);

@@ -241,6 +241,7 @@ pub fn load(
     Ok(Splits {
         train: read_split(kind, folder, kind.train_files(), normalization)?,
         test: read_split(kind, folder, &[kind.test_file()], normalization)?,
+        train_users: None,
     })
 }
 

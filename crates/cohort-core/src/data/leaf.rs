@@ -128,11 +128,12 @@ pub struct LeafData {
 }
 
 impl LeafData {
-    /// The samples without their users.
+    /// The samples, with each training sample's user.
     pub fn splits(self) -> Splits {
         Splits {
             train: self.train.data,
             test: self.test.data,
+            train_users: Some(self.train.users.of_sample),
         }
     }
 }

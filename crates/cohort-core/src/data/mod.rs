@@ -454,6 +454,10 @@ pub enum ShapeError {
 pub struct Splits {
     pub train: Dataset,
     pub test: Dataset,
+    /// Each training sample's natural client (its user: a FEMNIST writer, a
+    /// Shakespeare role), for data sets that have them:
+    /// `data.sampler = "natural"` makes one client of each user.
+    pub train_users: Option<Vec<u32>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -494,6 +498,7 @@ pub fn load(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Splits, Da
             Ok(Splits {
                 train: read_split(source, &folder, &files[0], &files[1])?,
                 test: read_split(source, &folder, &files[2], &files[3])?,
+                train_users: None,
             })
         }
         Format::Cifar(kind) => {

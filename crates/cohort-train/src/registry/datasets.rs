@@ -108,7 +108,11 @@ impl DatasetEntry {
                         labels: Vec::new(),
                         sample_shape: test.sample_shape.clone(),
                     };
-                    return Ok(Splits { train, test });
+                    return Ok(Splits {
+                        train,
+                        test,
+                        train_users: None,
+                    });
                 }
                 Ok(data::load(source, &request.root, &request.fetch)?)
             },

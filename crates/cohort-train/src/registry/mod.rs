@@ -748,6 +748,7 @@ mod tests {
                 Ok(Splits {
                     train: split()?,
                     test: split()?,
+                    train_users: None,
                 })
             }))
             .unwrap();
