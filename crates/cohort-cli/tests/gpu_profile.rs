@@ -32,6 +32,7 @@ fn model(name: &str) -> RunModel {
         entry: Registry::builtin().model(name).unwrap().clone(),
         spec: ModelSpec::new(vec![1, 28, 28], 10),
         task: std::sync::Arc::new(cohort_train::task::Classification),
+        augmentation: None,
     }
 }
 
@@ -58,6 +59,7 @@ fn settings() -> TrainSettings {
         },
         clip_grad_norm: Some(5.0),
         training_seed: Some(7),
+        augmentation: None,
     }
 }
 
@@ -172,6 +174,7 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
         },
         clip_grad_norm: None,
         training_seed: Some(1),
+        augmentation: None,
     };
     for samples in [32usize * 8, 32 * 32, 32 * 64, 32 * 128, 32 * 187, 6000] {
         let partition: Vec<u32> = (0..samples as u32).collect();

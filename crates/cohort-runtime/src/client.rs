@@ -67,6 +67,7 @@ pub fn train_settings(loaded: &LoadedConfig) -> TrainSettings {
         optimizer: loaded.optimizer().clone(),
         clip_grad_norm: trainer.clip_grad_norm,
         training_seed: trainer.training_seed,
+        augmentation: None,
     }
 }
 

@@ -485,3 +485,40 @@ fn a_natural_partition_trains_each_writer_as_a_client() {
     per_writer.sort_unstable();
     assert_eq!(samples, per_writer, "{csv}");
 }
+
+/// CIFAR's training batches are cropped and flipped from each client's
+/// seeded stream: two runs give one model, `data.augment = false` another,
+/// and the vectorized trainer, which does not augment, is refused.
+#[test]
+fn cifar_batches_are_augmented_from_the_seeded_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = |augment: &str| {
+        format!(
+            "[clients]\ntotal_clients = 3\nper_round = 3\n[data]\ndatasource = \"CIFAR10\"\n\
+             download = false\n{augment}[trainer]\nrounds = 1\nepochs = 2\nbatch_size = 2\n\
+             optimizer = \"sgd\"\nmodel_name = \"cnn\"\nmodel_seed = 1\ntraining_seed = 4\n\
+             [parameters.optimizer]\nlearning_rate = 0.05\n"
+        )
+    };
+    let model_of = |text: &str, name: &str| {
+        let loaded = config(text);
+        RunBuilder::new(&loaded, options(dir.path().join(name)))
+            .run()
+            .unwrap();
+        std::fs::read(dir.path().join(name).join(MODEL_FILE)).unwrap()
+    };
+    let augmented = model_of(&job(""), "a");
+    assert_eq!(augmented, model_of(&job(""), "b"), "augmentation is seeded");
+    let plain = model_of(&job("augment = false\n"), "plain");
+    assert_ne!(augmented, plain, "the crops and flips changed what was learned");
+
+    let vectorized = config(&job("").replace(
+        "model_seed = 1",
+        "model_seed = 1\nvectorized_clients = 3",
+    ));
+    let error = RunBuilder::new(&vectorized, options(dir.path().join("vectorized")))
+        .run()
+        .unwrap_err();
+    let message = format!("{error:#}");
+    assert!(message.contains("set data.augment = false"), "{message}");
+}

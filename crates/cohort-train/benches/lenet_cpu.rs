@@ -91,6 +91,7 @@ fn main() {
         },
         clip_grad_norm: None,
         training_seed: Some(1),
+        augmentation: None,
     };
     let mut evaluator = Evaluator::new(LeNet5::new(10, &device), 1000);
     let global = evaluator.parameters();

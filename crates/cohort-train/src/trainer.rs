@@ -14,8 +14,8 @@ use std::time::Instant;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use rand::SeedableRng;
 use rand::seq::SliceRandom;
+use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use cohort_core::data::Dataset;
@@ -39,6 +39,17 @@ pub struct TrainSettings {
     pub clip_grad_norm: Option<f64>,
     /// Base of the shuffling streams; `None` shuffles from OS entropy.
     pub training_seed: Option<u64>,
+    /// Crops and flips of each training batch (the data set's, unless
+    /// `data.augment = false`); `None` trains on the samples as they are.
+    pub augmentation: Option<Augmentation>,
+}
+
+/// A data set's augmentation of training batches, with the padding value of
+/// each channel (a black pixel, normalized as the samples are).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Augmentation {
+    pub augment: cohort_core::data::augment::Augment,
+    pub black: Vec<f32>,
 }
 
 /// Which logical client trains in which round; names errors and seeds streams.
@@ -100,6 +111,12 @@ pub enum TrainError {
     },
     #[error("client {client_id}, round {round}: the partition is empty")]
     EmptyPartition { client_id: u32, round: u32 },
+    #[error("client {client_id}, round {round}: cannot augment a batch: {problem}")]
+    Augmentation {
+        client_id: u32,
+        round: u32,
+        problem: String,
+    },
 }
 
 /// One physical worker's trainer of a model of type `M`.
@@ -169,8 +186,17 @@ impl<M: FederatedModel> LocalTrainer<M> {
         'training: for epoch in 1..=self.settings.epochs {
             let mut rng = epoch_stream(self.settings.training_seed, task, epoch);
             order.shuffle(&mut rng);
+            let mut crops = augmentation_stream(self.settings.training_seed, task, epoch);
             for (step, batch) in order.chunks(self.settings.batch_size).enumerate() {
                 data.gather(batch, &mut self.images, &mut self.labels);
+                if let Err(problem) = self.augment(&data.sample_shape, &mut crops) {
+                    failure = Some(TrainError::Augmentation {
+                        client_id,
+                        round,
+                        problem,
+                    });
+                    break 'training;
+                }
                 let computed =
                     self.batch_gradients(&model, &data.sample_shape, &mut rng, &mut loss_sum);
                 let (mut grads, rows) = match computed {
@@ -230,6 +256,20 @@ impl<M: FederatedModel> LocalTrainer<M> {
 }
 
 impl<M: FederatedModel> LocalTrainer<M> {
+    /// Crops and flips the gathered batch, when the settings ask for it.
+    fn augment(&mut self, shape: &[usize], crops: &mut ChaCha8Rng) -> Result<(), String> {
+        let Some(augmentation) = &self.settings.augmentation else {
+            return Ok(());
+        };
+        cohort_core::data::augment::augment_batch(
+            augmentation.augment,
+            &mut self.images,
+            shape,
+            &augmentation.black,
+            crops.next_u64(),
+        )
+    }
+
     /// The trainer's model with `global` loaded, and the strategy's gradient
     /// terms for it. On an error the instance stays, so the worker stays
     /// usable.
@@ -276,6 +316,21 @@ fn epoch_stream(seed: Option<u64>, task: ClientTask, epoch: u32) -> ChaCha8Rng {
         Some(seed) => {
             ChaCha8Rng::seed_from_u64(training_stream(seed, task.client_id, task.round, epoch))
         }
+        None => ChaCha8Rng::from_os_rng(),
+    }
+}
+
+/// The stream each batch's crops and flips are drawn from: its own purpose
+/// (`seeds::augmentation_stream`), so augmenting leaves the shuffle as it
+/// was.
+fn augmentation_stream(seed: Option<u64>, task: ClientTask, epoch: u32) -> ChaCha8Rng {
+    match seed {
+        Some(seed) => ChaCha8Rng::seed_from_u64(cohort_core::seeds::augmentation_stream(
+            seed,
+            task.client_id,
+            task.round,
+            epoch,
+        )),
         None => ChaCha8Rng::from_os_rng(),
     }
 }
@@ -798,6 +853,7 @@ mod tests {
             },
             clip_grad_norm: clip,
             training_seed: Some(1),
+            augmentation: None,
         }
     }
 

@@ -263,6 +263,7 @@ fn every_case_trains_two_steps_with_fedprox_s_term() {
             },
             clip_grad_norm: None,
             training_seed: Some(3),
+            augmentation: None,
         };
         let mut trainer = entry
             .trainer(&spec, &task_of(case), &device, settings)

@@ -70,6 +70,7 @@ fn run_model(entry: ModelEntry, sample_shape: Vec<usize>, task: Arc<dyn Task>) -
         entry,
         spec: ModelSpec::new(sample_shape, VOCABULARY),
         task,
+        augmentation: None,
     }
 }
 
@@ -86,6 +87,7 @@ fn settings(epochs: u32) -> TrainSettings {
         },
         clip_grad_norm: None,
         training_seed: Some(7),
+        augmentation: None,
     }
 }
 
@@ -183,6 +185,7 @@ fn classification_reports_the_cross_entropy_of_its_logits_with_the_native_kernel
         entry: registry.model("lenet5").unwrap().clone(),
         spec: ModelSpec::new(vec![1, 28, 28], 10),
         task: Arc::new(Classification),
+        augmentation: None,
     };
     let count = 40;
     let data = Dataset::new(

@@ -199,6 +199,10 @@ pub struct Data {
     pub datasource: String,
     pub data_path: PathBuf,
     /// How the training set is split among the clients.
+    /// Crop and flip training batches where the data set defines it (CIFAR's
+    /// 4-pixel-padded random crop and horizontal flip); `false` trains on the
+    /// samples as they are.
+    pub augment: bool,
     pub sampler: Sampler,
     /// Samples per client (`iid` only); default: the training set divided evenly.
     pub partition_size: Option<usize>,
@@ -233,6 +237,7 @@ impl Default for Data {
         Self {
             datasource: "MNIST".to_owned(),
             data_path: PathBuf::from("data"),
+            augment: true,
             sampler: Sampler::Iid,
             partition_size: None,
             partition_sizes: None,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use cohort_core::data::augment::Augment;
 use cohort_core::data::{self, DataSource, Dataset, Fetch, Normalization, Splits};
 
 use crate::task::{Classification, NextToken, Task};
@@ -36,6 +37,7 @@ pub struct DatasetEntry {
     train_samples: usize,
     task: Arc<dyn Task>,
     normalization: Option<Normalization>,
+    augmentation: Option<Augment>,
     load: Arc<Load>,
 }
 
@@ -72,6 +74,7 @@ impl DatasetEntry {
             train_samples,
             task: Arc::new(Classification),
             normalization: None,
+            augmentation: None,
             load: Arc::new(load),
         }
     }
@@ -81,6 +84,14 @@ impl DatasetEntry {
     /// Without it, own data's values are taken as they are.
     pub fn with_normalization(mut self, normalization: Normalization) -> Self {
         self.normalization = Some(normalization);
+        self
+    }
+
+    /// Training batches cropped and flipped as `augment` says (seeded from
+    /// each client's round and epoch, so runs repeat), unless the config sets
+    /// `data.augment = false`. Evaluation sees the samples as they are.
+    pub fn with_augmentation(mut self, augment: Augment) -> Self {
+        self.augmentation = Some(augment);
         self
     }
 
@@ -123,6 +134,9 @@ impl DatasetEntry {
         };
         match source {
             DataSource::Shakespeare => entry.with_task(NextToken),
+            // torchvision's RandomCrop(32, padding=4) and horizontal flips,
+            // as Plato trains CIFAR.
+            DataSource::Cifar10 | DataSource::Cifar100 => entry.with_augmentation(Augment::CIFAR),
             _ => entry,
         }
     }
@@ -153,6 +167,19 @@ impl DatasetEntry {
 
     pub fn normalization(&self) -> Option<&Normalization> {
         self.normalization.as_ref()
+    }
+
+    pub fn augmentation(&self) -> Option<Augment> {
+        self.augmentation
+    }
+
+    /// Each of `channels` channels' value of a black pixel, as the loader
+    /// normalizes: what augmentation pads with.
+    pub fn black(&self, channels: usize) -> Vec<f32> {
+        match &self.normalization {
+            Some(normalization) => data::augment::black_of(normalization, channels),
+            None => vec![0.0; channels],
+        }
     }
 
     /// Both splits (or the test split alone), checked against what the entry

@@ -31,7 +31,9 @@ use crate::model::{
 };
 use crate::params;
 use crate::task::Task;
-use crate::trainer::{ClientTrainer, Evaluator, LocalTrainer, ModelEvaluator, TrainSettings};
+use crate::trainer::{
+    Augmentation, ClientTrainer, Evaluator, LocalTrainer, ModelEvaluator, TrainSettings,
+};
 
 /// A registered model: its name, and what the runtime builds from it without
 /// knowing its type.
@@ -230,6 +232,9 @@ pub struct RunModel {
     pub entry: ModelEntry,
     pub spec: ModelSpec,
     pub task: Arc<dyn Task>,
+    /// The data set's augmentation of training batches, unless
+    /// `data.augment = false`.
+    pub augmentation: Option<Augmentation>,
 }
 
 impl RunModel {
@@ -243,6 +248,10 @@ impl RunModel {
         device: &Device,
         settings: TrainSettings,
     ) -> Result<Box<dyn ClientTrainer>, ModelError> {
+        let settings = TrainSettings {
+            augmentation: self.augmentation.clone(),
+            ..settings
+        };
         self.entry.trainer(&self.spec, &self.task, device, settings)
     }
 
@@ -547,13 +556,22 @@ impl Registry {
         loaded: &LoadedConfig,
         sample_shape: Vec<usize>,
     ) -> Result<RunModel, ConfigErrors> {
+        let dataset = self.dataset_of(loaded)?;
+        let augmentation = dataset
+            .augmentation()
+            .filter(|_| loaded.config().data.augment)
+            .map(|augment| Augmentation {
+                augment,
+                black: dataset.black(sample_shape.first().copied().unwrap_or(1)),
+            });
         let model = RunModel {
             entry: self.model_of(loaded)?.clone(),
             spec: ModelSpec::new(sample_shape, loaded.config().parameters.model.num_classes)
                 .with_options(ModelOptions::new(
                     loaded.config().parameters.model.options.clone(),
                 )),
-            task: self.dataset_of(loaded)?.task().clone(),
+            task: dataset.task().clone(),
+            augmentation,
         };
         self.check(loaded, &model)?;
         Ok(model)
@@ -582,6 +600,16 @@ impl Registry {
         };
         let accelerated = model.accelerated().map_err(build)?;
         let vectorized = loaded.config().trainer.vectorized_clients != VectorizedClients::Off;
+        if vectorized && model.augmentation.is_some() {
+            return Err(loaded.error_at(
+                key,
+                format!(
+                    "trains on the samples as they are, and data.datasource = \"{}\" is \
+                     augmented (set data.augment = false, or trainer.vectorized_clients = \"off\")",
+                    loaded.config().data.datasource
+                ),
+            ));
+        }
         if vectorized && !model.task.is_builtin_classification() {
             return Err(loaded.error_at(
                 key,

@@ -66,6 +66,7 @@ fn settings(clip: Option<f64>, epochs: u32, weight_decay: f64, nesterov: bool) -
         },
         clip_grad_norm: clip,
         training_seed: Some(5),
+        augmentation: None,
     }
 }
 
