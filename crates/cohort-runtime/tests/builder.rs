@@ -510,12 +510,13 @@ fn cifar_batches_are_augmented_from_the_seeded_stream() {
     let augmented = model_of(&job(""), "a");
     assert_eq!(augmented, model_of(&job(""), "b"), "augmentation is seeded");
     let plain = model_of(&job("augment = false\n"), "plain");
-    assert_ne!(augmented, plain, "the crops and flips changed what was learned");
+    assert_ne!(
+        augmented, plain,
+        "the crops and flips changed what was learned"
+    );
 
-    let vectorized = config(&job("").replace(
-        "model_seed = 1",
-        "model_seed = 1\nvectorized_clients = 3",
-    ));
+    let vectorized =
+        config(&job("").replace("model_seed = 1", "model_seed = 1\nvectorized_clients = 3"));
     let error = RunBuilder::new(&vectorized, options(dir.path().join("vectorized")))
         .run()
         .unwrap_err();

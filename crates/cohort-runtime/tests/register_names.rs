@@ -202,7 +202,9 @@ fn refusals_from_one_peer_are_logged_once_per_window() {
     for marker in [
         "client refused: wrong or missing token",
         "bytes=300 ",
-        "own-data client refused",
+        // This test's own claim refusal: other tests of this binary refuse
+        // own-data claims too, into the same log.
+        "own-data client refused: this run has no own-data clients",
     ] {
         let lines: Vec<&str> = log.lines().filter(|line| line.contains(marker)).collect();
         assert!(
