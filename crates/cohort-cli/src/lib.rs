@@ -99,6 +99,9 @@ enum Command {
         /// The config whose `[algorithm]` (and clients, learning rate) to use.
         #[arg(long, short)]
         config: PathBuf,
+        /// Override a config key, as `cohort run --set` does (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<Override>,
         /// The global model the clients started from.
         #[arg(long, value_name = "FILE")]
         global: PathBuf,
@@ -119,6 +122,9 @@ enum Command {
         /// The config: its model (`trainer.model_name`) and data set.
         #[arg(long, short)]
         config: PathBuf,
+        /// Override a config key, as `cohort run --set` does (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<Override>,
         /// The model file.
         #[arg(long, value_name = "FILE")]
         model: PathBuf,
@@ -146,6 +152,9 @@ enum Command {
         /// The config file.
         #[arg(long, short)]
         config: PathBuf,
+        /// Override a config key, as `cohort run --set` does (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<Override>,
         /// Also draw the histograms as stacked bars into this PNG.
         #[arg(long, value_name = "FILE")]
         png: Option<PathBuf>,
@@ -349,19 +358,25 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
         }
         Command::Aggregate {
             config,
+            overrides,
             global,
             output,
             local_steps,
             updates,
         } => {
-            let loaded = load_config(&config, &[], registry)?;
+            let loaded = load_config(&config, &overrides, registry)?;
             let summary =
                 tools::aggregate(registry, &loaded, &global, &output, &updates, local_steps)?;
             println!("{summary}");
             Ok(())
         }
-        Command::Partitions { config, png, json } => {
-            let loaded = load_config(&config, &[], registry)?;
+        Command::Partitions {
+            config,
+            overrides,
+            png,
+            json,
+        } => {
+            let loaded = load_config(&config, &overrides, registry)?;
             let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
             let report = tools::partitions(&loaded, registry, data_root.as_deref())?;
             print!("{}", report.table);
@@ -379,13 +394,14 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
         }
         Command::Evaluate {
             config,
+            overrides,
             model,
             first,
             logits,
             cpu,
             gpu,
         } => {
-            let loaded = load_config(&config, &[], registry)?;
+            let loaded = load_config(&config, &overrides, registry)?;
             let request = tools::EvaluateRequest {
                 model: &model,
                 first,

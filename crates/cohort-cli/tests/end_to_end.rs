@@ -490,3 +490,50 @@ fn partitions_json_is_the_assignment_the_run_trains_on() {
     }
     assert_eq!(checked, 3 * 2);
 }
+
+/// `--set` works on the commands that read a config as it does on `run`.
+#[test]
+fn partitions_take_set_overrides_as_run_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SMALL_JOB);
+    let json = dir.path().join("parts.json");
+    let output = cohort(
+        &[
+            "partitions",
+            "--config",
+            config.to_str().unwrap(),
+            "--set",
+            "data.partition_size=100",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let assignment: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let sizes: Vec<usize> = assignment["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["train"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(sizes, [100; 4]);
+    let refused = cohort(
+        &[
+            "partitions",
+            "--config",
+            config.to_str().unwrap(),
+            "--set",
+            "data.partition_sise=100",
+        ],
+        &fixture_data(),
+    );
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("partition_size"), "{stderr}");
+}
