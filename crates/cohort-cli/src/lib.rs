@@ -532,6 +532,18 @@ fn run(args: RunArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
         &loaded,
     )?;
     let follower = distributed.as_ref().is_some_and(|d| !d.leader());
+    if distributed.is_none()
+        && let Some((run_dir, round, accuracy)) = completed(&args, &loaded)
+    {
+        if !args.quiet {
+            println!(
+                "{}: all {round} rounds are done (accuracy {accuracy:.4}); nothing to run. \
+                 `--rounds N` with N above {round} continues it",
+                run_dir.display()
+            );
+        }
+        return Ok(());
+    }
     let run_dir = run_dir_of(&args, &loaded, follower)?;
     if follower {
         init_stderr_logging(args.quiet, args.verbose)?;
@@ -583,6 +595,20 @@ fn run(args: RunArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
     }
     report_finished(&summary, follower, args.quiet);
     Ok(())
+}
+
+/// `--resume` of a run whose newest checkpoint is at its last round: the
+/// folder, that round and its accuracy. Whatever cannot be read here is left
+/// to the run itself, which says what is wrong.
+fn completed(
+    args: &RunArgs,
+    loaded: &cohort_core::config::LoadedConfig,
+) -> Option<(PathBuf, u32, f64)> {
+    let run_dir = args.resume.as_ref()?;
+    let history = cohort_core::checkpoint::latest(run_dir).ok()?.history;
+    let accuracy = history.rounds.last()?.accuracy;
+    (history.round >= loaded.config().trainer.rounds)
+        .then(|| (run_dir.clone(), history.round, accuracy))
 }
 
 /// The run folder: `--resume`'s, or a fresh one (created now); a follower

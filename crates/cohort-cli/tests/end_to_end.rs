@@ -537,3 +537,40 @@ fn partitions_take_set_overrides_as_run_does() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("partition_size"), "{stderr}");
 }
+
+/// `--resume` of a finished run says so and runs nothing: no data is
+/// loaded, no banner, no line added to run.log.
+#[test]
+fn resuming_a_finished_run_says_it_is_complete() {
+    let (_dir, base, output) = run_job(&SMALL_JOB.replace("rounds = 3", "rounds = 2"));
+    assert!(output.status.success());
+    let run_dir = only_run_dir(&base);
+    let log_before = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
+    // No data folder: a resume that loaded the data would fail.
+    let no_data = tempfile::tempdir().unwrap();
+    let resumed = cohort(
+        &["run", "--resume", run_dir.to_str().unwrap(), "--cpu"],
+        no_data.path(),
+    );
+    let stdout = String::from_utf8_lossy(&resumed.stdout);
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert!(
+        stdout.contains("all 2 rounds are done (accuracy 0."),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("`--rounds N` with N above 2 continues it"),
+        "{stdout}"
+    );
+    assert!(
+        resumed.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let log_after = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
+    assert_eq!(log_before, log_after);
+}
