@@ -574,3 +574,41 @@ fn resuming_a_finished_run_says_it_is_complete() {
     let log_after = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
     assert_eq!(log_before, log_after);
 }
+
+/// The run folder's config.toml is the config as it ran: every default
+/// filled in and the data folder it read, so `--resume RUN_DIR` alone
+/// continues it, with no COHORT_DATA_DIR.
+#[test]
+fn the_run_records_its_resolved_config_and_resumes_from_it_alone() {
+    let (_dir, base, output) = run_job(&SMALL_JOB.replace("rounds = 3", "rounds = 1"));
+    assert!(output.status.success());
+    let run_dir = only_run_dir(&base);
+    let recorded = std::fs::read_to_string(run_dir.join("config.toml")).unwrap();
+    let data = fixture_data().canonicalize().unwrap();
+    assert!(
+        recorded.contains(&format!("data_path = {:?}", data.display().to_string())),
+        "{recorded}"
+    );
+    // Defaults SMALL_JOB leaves out are written too.
+    assert!(recorded.contains("payload_timeout = 600.0"), "{recorded}");
+    let resumed = std::process::Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args([
+            "run",
+            "--resume",
+            run_dir.to_str().unwrap(),
+            "--rounds",
+            "2",
+        ])
+        .args(["--cpu", "--quiet"])
+        .env_remove("COHORT_DATA_DIR")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let csv = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+}

@@ -177,7 +177,10 @@ fn run_loop(
     Ok((rounds, reached_target?))
 }
 
-/// Creates the run folder and writes what runs into it. A resumed run
+/// Creates the run folder and writes into it the config the run uses:
+/// every key with its value, defaults filled in, and the data folder it
+/// reads (`RunOptions::data_root` where one was given), so that `--resume`
+/// needs nothing else and a reader sees every setting. A resumed run
 /// rewrites config.toml too, since it may have changed keys that do not
 /// change results (the number of rounds, ports, paths), and a later --resume
 /// must see them. A config with a token is a secret: only its owner may read
@@ -192,9 +195,29 @@ fn prepare_run_dir(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Resul
     };
     write(
         &options.run_dir.join("config.toml"),
-        toml_text(loaded.merged()).as_bytes(),
+        resolved_config(loaded, options)?.as_bytes(),
     )
     .context("cannot write config.toml into the run folder")
+}
+
+/// The run's config as it runs, in TOML.
+fn resolved_config(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Result<String> {
+    let text = cohort_core::config::to_toml(loaded.config())
+        .context("cannot write the run's config as TOML")?;
+    let mut table: toml::Table = text
+        .parse()
+        .context("the run's config does not read back as TOML")?;
+    if let Some(root) = &options.data_root {
+        let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.clone());
+        if let Some(toml::Value::Table(data)) = table.get_mut("data") {
+            let path = root.display().to_string();
+            data.insert("data_path".to_owned(), toml::Value::String(path));
+        }
+    }
+    Ok(format!(
+        "# The config this run uses, every default filled in; `cohort run --resume` reads it.\n{}",
+        toml_text(&table)
+    ))
 }
 
 /// The newest checkpoint with `--resume`, else round 1 from the caller's
