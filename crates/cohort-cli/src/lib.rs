@@ -45,86 +45,51 @@ struct Cli {
     command: Command,
 }
 
+// The order is the order a user meets the commands in: run and check a
+// config, look at results and partitions, check models, then deployment.
 #[derive(Subcommand)]
 enum Command {
     /// Run a federated training job described by a TOML config.
+    ///
+    /// Writes a run folder (results.csv, clients.csv, model.safetensors,
+    /// checkpoints, the config as it ran) that `--resume` continues.
     Run(RunArgs),
-    /// One rank of a distributed simulation: trains its block of clients and
-    /// meets the other ranks as the plan says (`cohort place --emit`). Same
-    /// flags as `run`; --plan is required.
-    Worker(RunArgs),
-    /// Draw accuracy by round and by wall time of one or more run folders into a PNG.
-    Plot {
-        /// Run folders; each becomes one line.
-        #[arg(required = true)]
-        runs: Vec<PathBuf>,
-        /// The PNG to write [default: accuracy.png in the first run folder].
-        #[arg(long, short)]
-        output: Option<PathBuf>,
-    },
-    /// Compare two model files (safetensors, PyTorch's layout) leaf by leaf:
-    /// largest absolute difference and relative L2 distance. Exits non-zero
-    /// above --tolerance. BatchNorm's num_batches_tracked is not compared.
-    Compare {
-        /// The reference model.
-        reference: PathBuf,
-        /// The model compared with it.
-        candidate: PathBuf,
-        /// Largest allowed relative L2 distance ‖a − b‖ / ‖a‖ [default: 0, i.e. bitwise equal].
-        #[arg(long, default_value_t = 0.0)]
-        tolerance: f64,
-    },
-    /// A client worker process for network mode (`clients.comm_simulation =
-    /// false`): connects to a `cohort run` server and trains the logical
-    /// clients it is given until the server closes the session.
-    Client(ClientArgs),
-    /// Check a config file and print it with every default filled in, then
-    /// what it points to: the data set's files (from their headers: present,
-    /// intact, large enough for the partitions), TLS files, the cluster file.
-    /// Every problem is named; none of them are left for the run to meet.
-    Check {
-        /// The config file.
-        #[arg(long, short)]
-        config: PathBuf,
-        /// Override a config key, as `cohort run --set` does (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<Override>,
-    },
-    /// Apply the config's strategy (`[algorithm]`) once to model files, from
-    /// fresh strategy state: for audits and for checking cohort against other
-    /// implementations. Client ids are the updates' positions, from 1. Files
-    /// are in PyTorch's layout (a `state_dict` saved with safetensors); the
-    /// output is too, with num_batches_tracked 0.
-    Aggregate {
-        /// The config whose `[algorithm]` (and clients, learning rate) to use.
-        #[arg(long, short)]
-        config: PathBuf,
-        /// Override a config key, as `cohort run --set` does (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<Override>,
-        /// The global model the clients started from.
+    /// Check a config and print it with every default filled in.
+    ///
+    /// Then what it points to: the data set's files (from their headers:
+    /// present, intact, large enough for the partitions), TLS files, the
+    /// cluster file. Every problem is named; none of them are left for the
+    /// run to meet.
+    Check(ConfigArgs),
+    /// Chart a results column of one or more run folders into a PNG.
+    ///
+    /// Three panels: against round, against wall time, and against
+    /// simulated time (clients of a round in parallel, as a deployment would
+    /// run them). Accuracy by default; --metric picks other columns.
+    Plot(plot::PlotArgs),
+    /// Print each client's sample count and label histogram.
+    ///
+    /// Under the config's partitioner (`data.sampler`); --png draws them,
+    /// --json writes the exact assignment for other frameworks.
+    Partitions {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Also draw the histograms as stacked bars into this PNG.
         #[arg(long, value_name = "FILE")]
-        global: PathBuf,
-        /// Where to write the aggregated model.
-        #[arg(long, short, value_name = "FILE")]
-        output: PathBuf,
-        /// Local steps each client took (SCAFFOLD's control variates use it).
-        #[arg(long, default_value_t = 1)]
-        local_steps: u64,
-        /// The clients' models, each as FILE=SAMPLES.
-        #[arg(required = true, value_name = "FILE=SAMPLES", value_parser = tools::parse_update)]
-        updates: Vec<tools::UpdateArg>,
+        png: Option<PathBuf>,
+        /// Also write the exact assignment (each client's training and
+        /// held-out sample indices, 0-based into the training set) as JSON.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
     },
-    /// Evaluate a model file (safetensors in PyTorch's layout, as runs write
-    /// model.safetensors) on the config's test set, as a run evaluates its
-    /// global model: prints the correct count and the accuracy.
+    /// Evaluate a model file on the config's test set.
+    ///
+    /// The file is safetensors in PyTorch's layout, as runs write
+    /// model.safetensors; prints the correct count and the accuracy, as a run
+    /// evaluates its global model.
     Evaluate {
-        /// The config: its model (`trainer.model_name`) and data set.
-        #[arg(long, short)]
-        config: PathBuf,
-        /// Override a config key, as `cohort run --set` does (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<Override>,
+        #[command(flatten)]
+        config: ConfigArgs,
         /// The model file.
         #[arg(long, value_name = "FILE")]
         model: PathBuf,
@@ -142,34 +107,137 @@ enum Command {
         #[arg(long)]
         gpu: bool,
     },
-    /// Plan where a run's ranks go on a cluster (nodes, workers, clients,
-    /// addresses, ports); print it as a table or JSON, and with --emit write
-    /// each rank's host file and the command lines that start the ranks.
-    Place(place::PlaceArgs),
-    /// Print each client's sample count and label histogram under the config's
-    /// partitioner (`data.sampler`); --png draws them.
-    Partitions {
-        /// The config file.
-        #[arg(long, short)]
-        config: PathBuf,
-        /// Override a config key, as `cohort run --set` does (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<Override>,
-        /// Also draw the histograms as stacked bars into this PNG.
-        #[arg(long, value_name = "FILE")]
-        png: Option<PathBuf>,
-        /// Also write the exact assignment (each client's training and
-        /// held-out sample indices, 0-based into the training set) as JSON.
-        #[arg(long, value_name = "FILE")]
-        json: Option<PathBuf>,
+    /// Compare two model files leaf by leaf.
+    ///
+    /// Safetensors files in PyTorch's layout: prints the largest absolute
+    /// difference and the relative L2 distance, and exits non-zero above
+    /// --tolerance. BatchNorm's num_batches_tracked is not compared.
+    Compare {
+        /// The reference model.
+        reference: PathBuf,
+        /// The model compared with it.
+        candidate: PathBuf,
+        /// Largest allowed relative L2 distance ‖a − b‖ / ‖a‖ (0: bitwise equal).
+        #[arg(long, default_value_t = 0.0)]
+        tolerance: f64,
     },
+    /// Apply the config's strategy once to model files.
+    ///
+    /// From fresh strategy state (`[algorithm]`): for audits and for checking
+    /// cohort against other implementations. Client ids are the updates'
+    /// positions, from 1. Files are in PyTorch's layout (a `state_dict` saved
+    /// with safetensors); the output is too, with num_batches_tracked 0.
+    Aggregate {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// The global model the clients started from.
+        #[arg(long, value_name = "FILE")]
+        global: PathBuf,
+        /// Where to write the aggregated model.
+        #[arg(long, short, value_name = "FILE")]
+        output: PathBuf,
+        /// Local steps each client took (SCAFFOLD's control variates use it).
+        #[arg(long, default_value_t = 1)]
+        local_steps: u64,
+        /// The clients' models, each as FILE=SAMPLES.
+        #[arg(required = true, value_name = "FILE=SAMPLES", value_parser = tools::parse_update)]
+        updates: Vec<tools::UpdateArg>,
+    },
+    /// A client process for network mode: connects to a `cohort run` server.
+    ///
+    /// For configs with `clients.comm_simulation = false`. A partition
+    /// client (no --data) trains the clients the server gives it on their
+    /// partitions of the config's data set, so it needs the data set's files
+    /// on this machine (under `data.data_path`, or `COHORT_DATA_DIR`). An
+    /// own-data client (--data PATH) claims one of the config's
+    /// `clients.own_data_clients` and trains on that data only; it needs no
+    /// data set. Either runs until the server closes the session.
+    Client(ClientArgs),
+    /// Plan where a run's ranks go on a cluster.
+    ///
+    /// Nodes, workers, clients, addresses, ports: printed as a table or
+    /// JSON; with --emit, each rank's host file and the command lines that
+    /// start the ranks (with this command's --set, --unset and --rounds).
+    Place(place::PlaceArgs),
+    /// One rank of a distributed simulation, as `cohort place --emit` plans it.
+    ///
+    /// Trains its block of clients and meets the other ranks as the plan
+    /// says. Started by the launch lines `cohort place --emit` writes.
+    Worker(WorkerArgs),
+}
+
+/// The config a command reads, and what the command line changes in it.
+#[derive(Args)]
+pub(crate) struct ConfigArgs {
+    /// The config file (TOML); `cohort check` prints it with every default.
+    #[arg(long, short, value_name = "FILE")]
+    config: PathBuf,
+    /// Override a config key, as `cohort run --set` does (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<Override>,
+    /// Take a key out of the config, so its default applies (repeatable;
+    /// before --set).
+    #[arg(long = "unset", value_name = "KEY", value_parser = Override::unset)]
+    unsets: Vec<Override>,
+    /// Number of rounds: the same as --set trainer.rounds=N.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: Option<u32>,
+}
+
+impl ConfigArgs {
+    /// The config with --unset, --set and --rounds over it, in that order.
+    fn load(&self, registry: &Registry) -> anyhow::Result<LoadedConfig> {
+        load_config(&self.config, &self.overrides(), registry)
+    }
+
+    /// The config as `cohort place` reads it: no model or strategy lookup.
+    pub(crate) fn load_unchecked(&self) -> anyhow::Result<LoadedConfig> {
+        Ok(cohort_core::config::load_with(
+            &self.config,
+            &self.overrides(),
+        )?)
+    }
+
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.config
+    }
+
+    fn overrides(&self) -> Vec<Override> {
+        all_overrides(&self.unsets, &self.overrides, self.rounds)
+    }
+
+    /// --unset, --set and --rounds as arguments again, for the command
+    /// lines `cohort place` writes.
+    pub(crate) fn command_line(&self) -> Vec<String> {
+        let mut words = Vec::new();
+        for unset in &self.unsets {
+            words.extend(["--unset".to_owned(), unset.key.clone()]);
+        }
+        for set in &self.overrides {
+            words.extend(["--set".to_owned(), set.to_string()]);
+        }
+        if let Some(rounds) = self.rounds {
+            words.extend(["--rounds".to_owned(), rounds.to_string()]);
+        }
+        words
+    }
+}
+
+/// `--unset`s, then `--set`s, then `--rounds`, as one list.
+fn all_overrides(unsets: &[Override], sets: &[Override], rounds: Option<u32>) -> Vec<Override> {
+    unsets
+        .iter()
+        .chain(sets)
+        .cloned()
+        .chain(rounds.map(Override::rounds))
+        .collect()
 }
 
 #[derive(Args)]
 struct RunArgs {
-    /// The config file (TOML); see docs/CONFIG.md for every key. Required,
-    /// unless --resume is given: then it defaults to the run folder's
-    /// config.toml.
+    /// The config file (TOML); `cohort check FILE` prints it with every key
+    /// and its default. Required, unless --resume is given: then it defaults
+    /// to the run folder's config.toml.
     #[arg(long, short, required_unless_present = "resume")]
     config: Option<PathBuf>,
     /// Continue the run in RUN_DIR from its newest complete checkpoint; the final
@@ -197,6 +265,10 @@ struct RunArgs {
     /// anything else is read as a string.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<Override>,
+    /// Take a key out of the config, so its default applies (repeatable;
+    /// before --set): --unset data.partition_size.
+    #[arg(long = "unset", value_name = "KEY", value_parser = Override::unset)]
+    unsets: Vec<Override>,
     /// No progress bar and only warnings on stderr (for scripts).
     #[arg(long, short)]
     quiet: bool,
@@ -222,6 +294,76 @@ struct RunArgs {
     /// srun, or a Kubernetes Indexed Job's JOB_COMPLETION_INDEX].
     #[arg(long, requires = "plan")]
     rank: Option<u32>,
+}
+
+/// `cohort worker`'s flags: `run`'s, less those of network mode and of a
+/// single process, with --plan required.
+#[derive(Args)]
+struct WorkerArgs {
+    /// The config file (TOML), the same on every rank. Required unless
+    /// --resume is given.
+    #[arg(long, short, required_unless_present = "resume")]
+    config: Option<PathBuf>,
+    /// The folder of host files that `cohort place --emit` wrote.
+    #[arg(long, value_name = "DIR")]
+    plan: PathBuf,
+    /// The plan's instance [default: the only one in --plan].
+    #[arg(long)]
+    instance: Option<String>,
+    /// This process's rank in the plan [default: from the launcher: mpirun,
+    /// srun, or a Kubernetes Indexed Job's JOB_COMPLETION_INDEX].
+    #[arg(long)]
+    rank: Option<u32>,
+    /// Continue the run in RUN_DIR (rank 0's run folder, as every rank sees it).
+    #[arg(long, value_name = "RUN_DIR", conflicts_with = "base")]
+    resume: Option<PathBuf>,
+    /// Folder under which rank 0 creates the run folder [default: `general.base_path`].
+    #[arg(long)]
+    base: Option<PathBuf>,
+    /// Number of rounds: the same as --set trainer.rounds=N.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: Option<u32>,
+    /// Override a config key, as `cohort run --set` does (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<Override>,
+    /// Take a key out of the config, so its default applies (repeatable;
+    /// before --set).
+    #[arg(long = "unset", value_name = "KEY", value_parser = Override::unset)]
+    unsets: Vec<Override>,
+    /// Train on the CPU, even when the build has a GPU backend.
+    #[arg(long, conflicts_with = "gpu")]
+    cpu: bool,
+    /// Train on the GPU; fail if there is none.
+    #[arg(long)]
+    gpu: bool,
+    /// Only warnings on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+    /// More log lines on stderr (info level).
+    #[arg(long, short, conflicts_with = "quiet")]
+    verbose: bool,
+}
+
+impl From<WorkerArgs> for RunArgs {
+    fn from(worker: WorkerArgs) -> Self {
+        Self {
+            config: worker.config,
+            resume: worker.resume,
+            cpu: worker.cpu,
+            gpu: worker.gpu,
+            base: worker.base,
+            rounds: worker.rounds,
+            overrides: worker.overrides,
+            unsets: worker.unsets,
+            quiet: worker.quiet,
+            plot: false,
+            verbose: worker.verbose,
+            local_clients: None,
+            plan: Some(worker.plan),
+            instance: worker.instance,
+            rank: worker.rank,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -337,9 +479,13 @@ fn train_switches() -> cohort_train::switches::TrainSwitches {
 
 fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
     match cli.command {
-        Command::Check { config, overrides } => {
-            let loaded = load_config(&config, &overrides, registry)?;
-            println!("# {} is valid (hash {})", config.display(), loaded.hash());
+        Command::Check(config) => {
+            let loaded = config.load(registry)?;
+            println!(
+                "# {} is valid (hash {})",
+                config.path().display(),
+                loaded.hash()
+            );
             let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
             let findings = check::check(&loaded, data_root.as_deref());
             for note in loaded.notes() {
@@ -349,34 +495,22 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
             check::report(&findings)
         }
         Command::Run(args) => run(args, registry),
-        Command::Worker(args) => {
-            anyhow::ensure!(
-                args.plan.is_some(),
-                "cohort worker needs --plan DIR (the host files of `cohort place --emit`)"
-            );
-            run(args, registry)
-        }
+        Command::Worker(args) => run(args.into(), registry),
         Command::Aggregate {
             config,
-            overrides,
             global,
             output,
             local_steps,
             updates,
         } => {
-            let loaded = load_config(&config, &overrides, registry)?;
+            let loaded = config.load(registry)?;
             let summary =
                 tools::aggregate(registry, &loaded, &global, &output, &updates, local_steps)?;
             println!("{summary}");
             Ok(())
         }
-        Command::Partitions {
-            config,
-            overrides,
-            png,
-            json,
-        } => {
-            let loaded = load_config(&config, &overrides, registry)?;
+        Command::Partitions { config, png, json } => {
+            let loaded = config.load(registry)?;
             let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
             let report = tools::partitions(&loaded, registry, data_root.as_deref())?;
             print!("{}", report.table);
@@ -394,14 +528,13 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
         }
         Command::Evaluate {
             config,
-            overrides,
             model,
             first,
             logits,
             cpu,
             gpu,
         } => {
-            let loaded = load_config(&config, &overrides, registry)?;
+            let loaded = config.load(registry)?;
             let request = tools::EvaluateRequest {
                 model: &model,
                 first,
@@ -417,9 +550,12 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
             candidate,
             tolerance,
         } => compare_models(&reference, &candidate, tolerance),
-        Command::Plot { runs, output } => {
-            let output = output.unwrap_or_else(|| runs[0].join(PLOT_FILE));
-            let written = plot_runs(&runs, &output)?;
+        Command::Plot(args) => {
+            let output = args
+                .output
+                .clone()
+                .unwrap_or_else(|| args.runs[0].join(PLOT_FILE));
+            let written = plot_runs(&args.runs, &output, &args.chart())?;
             println!("wrote {}", written.display());
             Ok(())
         }
@@ -545,6 +681,12 @@ fn run(args: RunArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
         return Ok(());
     }
     let run_dir = run_dir_of(&args, &loaded, follower)?;
+    let loaded = if args.resume.is_none() && distributed.is_none() {
+        let name = run_name(&args, &loaded);
+        named(loaded, name)?
+    } else {
+        loaded
+    };
     if follower {
         init_stderr_logging(args.quiet, args.verbose)?;
     } else {
@@ -590,6 +732,7 @@ fn run(args: RunArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
         let written = plot_runs(
             std::slice::from_ref(&summary.run_dir),
             &summary.run_dir.join(PLOT_FILE),
+            &plot::Chart::default(),
         )?;
         tracing::info!(plot = %written.display(), "chart written");
     }
@@ -708,11 +851,9 @@ fn report_finished(summary: &cohort_runtime::RunSummary, follower: bool, quiet: 
 }
 
 impl RunArgs {
-    /// `--set` and `--rounds` as one list of overrides.
+    /// `--unset`, `--set` and `--rounds` as one list of overrides.
     fn overrides(&self) -> Vec<Override> {
-        let mut overrides = self.overrides.clone();
-        overrides.extend(self.rounds.map(Override::rounds));
-        overrides
+        all_overrides(&self.unsets, &self.overrides, self.rounds)
     }
 }
 
@@ -759,7 +900,8 @@ fn load_for_run(args: &RunArgs, registry: &Registry) -> anyhow::Result<LoadedCon
     Ok(resumed)
 }
 
-/// A new run folder under `--base` (or the config's result or base path).
+/// A new run folder under `--base` (or the config's result or base path):
+/// `general.run_name`, else the run's name with the time it started.
 fn fresh_run_dir(args: &RunArgs, loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
     let config = &loaded.config();
     let base = args
@@ -767,8 +909,48 @@ fn fresh_run_dir(args: &RunArgs, loaded: &LoadedConfig) -> anyhow::Result<PathBu
         .clone()
         .or_else(|| config.results.result_path.clone())
         .unwrap_or_else(|| config.general.base_path.clone());
-    new_run_dir(&base, loaded.path(), config.general.run_name.as_deref())
-        .with_context(|| format!("cannot create a run folder under {}", base.display()))
+    let created = match &config.general.run_name {
+        Some(name) => new_run_dir(&base, loaded.path(), Some(name)),
+        None => cohort_runtime::new_timestamped_run_dir(&base, &run_name(args, loaded)),
+    };
+    created.with_context(|| format!("cannot create a run folder under {}", base.display()))
+}
+
+/// The run's name, for its folder and for `cohort plot`'s legends:
+/// `general.run_name`, else the config's stem, with the strategy when the
+/// command line chose it (`--set algorithm.type=fedprox`), so runs of one
+/// config with different strategies are told apart.
+fn run_name(args: &RunArgs, loaded: &LoadedConfig) -> String {
+    if let Some(name) = &loaded.config().general.run_name {
+        return name.clone();
+    }
+    let stem = loaded
+        .path()
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "run".into());
+    let strategy_set = args
+        .overrides
+        .iter()
+        .any(|o| o.key == "algorithm.type" && o.value.is_some());
+    if strategy_set {
+        format!("{stem}-{}", loaded.config().algorithm.name())
+    } else {
+        stem
+    }
+}
+
+/// `loaded` with `general.run_name` recorded, so the run folder's
+/// config.toml carries the name its charts are labelled with.
+fn named(loaded: LoadedConfig, name: String) -> anyhow::Result<LoadedConfig> {
+    if loaded.config().general.run_name.is_some() {
+        return Ok(loaded);
+    }
+    let name = Override {
+        key: "general.run_name".to_owned(),
+        value: Some(toml::Value::String(name)),
+    };
+    Ok(loaded.with_overrides(&[name])?)
 }
 
 /// Logging of a rank that writes no run folder: stderr only.
@@ -834,7 +1016,11 @@ const PLOT_FILE: &str = "accuracy.png";
 
 /// Draws into a temporary PNG beside `output` and renames it, so a reader never
 /// sees half a chart.
-fn plot_runs(runs: &[PathBuf], output: &std::path::Path) -> anyhow::Result<PathBuf> {
+fn plot_runs(
+    runs: &[PathBuf],
+    output: &std::path::Path,
+    chart: &plot::Chart,
+) -> anyhow::Result<PathBuf> {
     let series = runs
         .iter()
         .map(|run| plot::load_run(run))
@@ -844,7 +1030,7 @@ fn plot_runs(runs: &[PathBuf], output: &std::path::Path) -> anyhow::Result<PathB
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "plot".into());
     let temporary = output.with_file_name(format!("{stem}.tmp-{}.png", std::process::id()));
-    let drawn = plot::draw(&series, &temporary).and_then(|_| {
+    let drawn = plot::draw(&series, chart, &temporary).and_then(|_| {
         std::fs::rename(&temporary, output)
             .with_context(|| format!("cannot write {}", output.display()))
     });

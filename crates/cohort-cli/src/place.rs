@@ -37,9 +37,8 @@ pub struct PlaceArgs {
     /// configs/clusters/three_nodes.toml) [default: the config's `cluster.file`].
     #[arg(long, value_name = "FILE")]
     cluster: Option<PathBuf>,
-    /// The run config.
-    #[arg(long, short, value_name = "FILE")]
-    config: PathBuf,
+    #[command(flatten)]
+    config: crate::ConfigArgs,
     /// Collective backend: grpc, ring, mpi or rdma [default: `cluster.backend`, else grpc].
     #[arg(long, value_name = "NAME", value_parser = parse_backend)]
     backend: Option<Backend>,
@@ -74,7 +73,7 @@ fn parse_backend(name: &str) -> Result<Backend, String> {
 
 /// `cohort place`.
 pub fn place(args: &PlaceArgs, registry: &Registry) -> anyhow::Result<()> {
-    let loaded = cohort_core::config::load(&args.config)?;
+    let loaded = args.config.load_unchecked()?;
     let size = run_size(&loaded, registry)?;
     let cluster_path = cluster_path(args, &loaded)?;
     let topology = cluster::load(&cluster_path)?;
@@ -108,7 +107,7 @@ fn cluster_path(args: &PlaceArgs, loaded: &LoadedConfig) -> anyhow::Result<PathB
         .with_context(|| {
             format!(
                 "no cluster file: pass --cluster FILE, or set `cluster.file` in {}",
-                args.config.display()
+                args.config.path().display()
             )
         })
 }
@@ -266,7 +265,7 @@ fn read_host_files(dir: &Path) -> anyhow::Result<Vec<(PathBuf, RankFile)>> {
 fn emit(
     dir: &Path,
     plan: &Plan,
-    config: &Path,
+    config: &crate::ConfigArgs,
     earlier: &[(PathBuf, RankFile)],
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -298,7 +297,8 @@ fn emit(
     let spec = LaunchSpec {
         program: "cohort".to_owned(),
         plan_dir: dir.display().to_string(),
-        config: config.display().to_string(),
+        config: config.path().display().to_string(),
+        config_args: config.command_line(),
     };
     let launch_name = format!("launch-{}.txt", plan.instance);
     write(

@@ -202,6 +202,14 @@ impl RunObserver for Terminal {
             RunEvent::Listening { address } if self.show => {
                 eprintln!("listening for client processes on {address}");
             }
+            RunEvent::Registered {
+                processes,
+                expected,
+                own_data_missing,
+            } if self.show => eprintln!(
+                "{}",
+                registered_line(*processes, *expected, *own_data_missing)
+            ),
             RunEvent::RoundStarted { round, clients } => {
                 if let Some(progress) = &mut self.progress {
                     progress.start_round(*round, *clients);
@@ -227,9 +235,39 @@ impl RunObserver for Terminal {
     }
 }
 
+/// A network-mode server's wait before round 1, in one line.
+fn registered_line(processes: usize, expected: usize, own_data_missing: usize) -> String {
+    let own = match own_data_missing {
+        0 => String::new(),
+        n => format!("; {n} own-data client(s) still to register"),
+    };
+    let state = if processes >= expected && own_data_missing == 0 {
+        ": starting round 1"
+    } else {
+        ", waiting"
+    };
+    format!("client processes registered: {processes} of {expected}{own}{state}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wait_for_clients_is_one_line_each_change() {
+        assert_eq!(
+            registered_line(0, 2, 0),
+            "client processes registered: 0 of 2, waiting"
+        );
+        assert_eq!(
+            registered_line(2, 2, 1),
+            "client processes registered: 2 of 2; 1 own-data client(s) still to register, waiting"
+        );
+        assert_eq!(
+            registered_line(2, 2, 0),
+            "client processes registered: 2 of 2: starting round 1"
+        );
+    }
 
     #[test]
     fn time_left_scales_the_pace_so_far() {

@@ -78,17 +78,32 @@ pub fn aggregate(
     let outcome = strategy
         .aggregate(&ctx, &global, &client_updates)
         .with_context(|| format!("{} refused the updates", strategy.name()))?;
-    let model = outcome.model.unwrap_or(global);
+    let weighted = updates.iter().filter(|u| u.samples > 0).count();
+    let unchanged = outcome.model.as_ref().is_none_or(|model| *model == global);
+    let model = outcome.model.unwrap_or_else(|| global.clone());
     let file = cohort_core::layout::to_model_file(&model);
     let bytes = cohort_core::codec::encode(file.as_ref().unwrap_or(&model))?;
     cohort_core::fsutil::atomic_write(output, &bytes)
         .with_context(|| format!("cannot write {}", output.display()))?;
-    let mut summary = format!(
-        "{}: {} updates aggregated into {}",
-        strategy.name(),
-        updates.len(),
-        output.display()
-    );
+    let unweighted = match updates.len() - weighted {
+        0 => String::new(),
+        n => format!(" ({n} of them with 0 samples, so no weight)"),
+    };
+    let mut summary = if unchanged {
+        format!(
+            "{}: the global model is unchanged by the {} update(s){unweighted}; wrote it to {}",
+            strategy.name(),
+            updates.len(),
+            output.display()
+        )
+    } else {
+        format!(
+            "{}: {} update(s) aggregated{unweighted} into {}",
+            strategy.name(),
+            updates.len(),
+            output.display()
+        )
+    };
     if let Some(selected) = outcome.selected {
         let files: Vec<String> = selected
             .iter()

@@ -320,3 +320,41 @@ fn place_takes_the_cluster_file_and_backend_from_the_config() {
         &["no cluster file", "--cluster FILE", "cluster.file"],
     );
 }
+
+#[test]
+fn set_unset_and_rounds_of_place_go_into_every_launch_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan");
+    let output = place(&[
+        "--backend",
+        "ring",
+        "--ranks",
+        "2",
+        "--instance",
+        "t",
+        "--set",
+        "clients.per_round=4",
+        "--rounds",
+        "3",
+        "--emit",
+        plan.to_str().unwrap(),
+    ]);
+    succeeded(&output);
+    let launch = std::fs::read_to_string(plan.join("launch-t.txt")).unwrap();
+    let lines: Vec<&str> = launch
+        .lines()
+        .filter(|line| line.contains("--plan"))
+        .collect();
+    assert!(lines.len() >= 3, "{launch}");
+    for line in lines {
+        assert!(
+            line.contains("--set clients.per_round=4 --rounds 3 --plan"),
+            "{line}"
+        );
+    }
+    // The plan is made from the config with the changes: a bad one is refused.
+    failed_naming(
+        &place(&["--set", "clients.per_rond=4"]),
+        &["per_rond", "did you mean `per_round`"],
+    );
+}

@@ -612,3 +612,161 @@ fn the_run_records_its_resolved_config_and_resumes_from_it_alone() {
     let csv = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 3, "{csv}");
 }
+
+#[test]
+fn unset_takes_a_key_out_so_its_default_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    // partition_size pins the iid split; without it a Dirichlet split is valid.
+    let config = write_config(dir.path(), SMALL_JOB);
+    let output = cohort(
+        &[
+            "partitions",
+            "--config",
+            config.to_str().unwrap(),
+            "--unset",
+            "data.partition_size",
+            "--set",
+            "data.sampler=dirichlet",
+            "--set",
+            "data.concentration=0.1",
+        ],
+        &fixture_data(),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let refused = cohort(
+        &[
+            "check",
+            "--config",
+            config.to_str().unwrap(),
+            "--unset",
+            "data.partition_sise",
+        ],
+        &fixture_data(),
+    );
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("`data.partition_sise` cannot be unset: the config does not set it")
+            && stderr.contains("did you mean `partition_size`"),
+        "{stderr}"
+    );
+    // --rounds on check, as on run: the printed config carries it.
+    let checked = cohort(
+        &[
+            "check",
+            "--config",
+            config.to_str().unwrap(),
+            "--rounds",
+            "7",
+        ],
+        &fixture_data(),
+    );
+    let stdout = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "{stdout}");
+    assert!(stdout.contains("rounds = 7"), "{stdout}");
+}
+
+#[test]
+fn runs_of_one_config_with_different_strategies_are_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &SMALL_JOB.replace("rounds = 3", "rounds = 1"));
+    let base = dir.path().join("runs");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+            "--base",
+            base.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let output = cohort(&args, &fixture_data());
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    run(&[]);
+    run(&[
+        "--set",
+        "algorithm.type=fedprox",
+        "--set",
+        "algorithm.mu=0.01",
+    ]);
+    let mut names: Vec<String> = std::fs::read_dir(&base)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let fedprox = names
+        .iter()
+        .find(|n| n.starts_with("job-fedprox-"))
+        .unwrap_or_else(|| panic!("no job-fedprox-* folder: {names:?}"));
+    // The name is recorded, and is what `cohort plot` labels the line with.
+    let recorded = std::fs::read_to_string(base.join(fedprox).join("config.toml")).unwrap();
+    assert!(
+        recorded.contains("run_name = \"job-fedprox\""),
+        "{recorded}"
+    );
+    let plain = names.iter().find(|n| *n != fedprox).unwrap();
+    let recorded = std::fs::read_to_string(base.join(plain).join("config.toml")).unwrap();
+    assert!(recorded.contains("run_name = \"job\""), "{recorded}");
+}
+
+#[test]
+fn help_lists_commands_in_the_order_users_need_them() {
+    let help = cohort(&["--help"], &fixture_data());
+    let text = String::from_utf8_lossy(&help.stdout);
+    let commands: Vec<&str> = text
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| !line.is_empty())
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            "run",
+            "check",
+            "plot",
+            "partitions",
+            "evaluate",
+            "compare",
+            "aggregate",
+            "client",
+            "place",
+            "worker",
+            "help"
+        ],
+        "{text}"
+    );
+    // One line each.
+    let lines = text
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| !line.is_empty())
+        .count();
+    assert_eq!(lines, 11, "{text}");
+    let worker = String::from_utf8_lossy(&cohort(&["worker", "--help"], &fixture_data()).stdout)
+        .into_owned();
+    assert!(worker.contains("--plan <DIR>"), "{worker}");
+    assert!(!worker.contains("--local-clients"), "{worker}");
+    assert!(!worker.contains("[--plan"), "{worker}");
+    let compare = String::from_utf8_lossy(&cohort(&["compare", "--help"], &fixture_data()).stdout)
+        .into_owned();
+    assert_eq!(compare.matches("default").count(), 1, "{compare}");
+    let plot =
+        String::from_utf8_lossy(&cohort(&["plot", "--help"], &fixture_data()).stdout).into_owned();
+    assert!(plot.contains("simulated time"), "{plot}");
+    let run =
+        String::from_utf8_lossy(&cohort(&["run", "--help"], &fixture_data()).stdout).into_owned();
+    assert!(run.contains("cohort check"), "{run}");
+    assert!(!run.contains("docs/CONFIG.md"), "{run}");
+}

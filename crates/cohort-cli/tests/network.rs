@@ -180,6 +180,46 @@ fn two_client_processes_give_the_exact_sample_weighted_mean() {
     );
 }
 
+#[test]
+fn the_server_says_whom_it_waits_for_and_claims_no_workers_it_does_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &unequal_job(free_port(), false));
+    let base = dir.path().join("runs");
+    let output = cohort_command(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--cpu",
+        "--base",
+        base.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the clients train in their own processes"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("workers ×"), "{stderr}");
+    assert!(
+        stderr.contains("waits for 2 client process(es) (2 started here, output in ")
+            && stderr.contains(
+                "each round gives 2 clients to them and aggregates once 2 updates are in"
+            ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("client processes registered: 2 of 2: starting round 1"),
+        "{stderr}"
+    );
+    // Each change is a line: never more than one per count.
+    for count in 0..=2 {
+        let prefix = format!("client processes registered: {count} of 2");
+        assert!(stderr.matches(&prefix).count() <= 1, "{stderr}");
+    }
+}
+
 /// Three logical clients, all in every round, with enough local work that a
 /// process can be killed while it trains.
 fn three_client_job(port: u16, min_per_round: u32) -> String {

@@ -326,6 +326,28 @@ fn cohort_aggregate_applies_the_configured_strategy_once() {
 }
 
 #[test]
+fn cohort_aggregate_says_when_the_model_is_unchanged() {
+    let (output, model) = aggregate("type = \"fedavg\"", &[(&[1.0, 2.0], 10), (&[3.0, 4.0], 0)]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(model, [1.0, 2.0]);
+    assert!(
+        stdout.contains("fedavg: 2 update(s) aggregated (1 of them with 0 samples, so no weight)"),
+        "{stdout}"
+    );
+    // Weights of 0 everywhere: nothing to average, and the report says so.
+    let (output, model) = aggregate("type = \"fedavg\"", &[(&[1.0, 2.0], 0), (&[3.0, 4.0], 0)]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(model, [0.0, 0.0]);
+    assert!(
+        stdout.contains(
+            "fedavg: the global model is unchanged by the 2 update(s) (2 of them with 0 samples"
+        ),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn cohort_partitions_prints_and_draws_the_label_histograms() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(

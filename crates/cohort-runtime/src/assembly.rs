@@ -488,12 +488,22 @@ fn run_facts(
         .unwrap_or(trainer.max_concurrency);
     let plural =
         |count: u32, noun: &str| format!("{count} {noun}{}", if count == 1 { "" } else { "s" });
-    let device = format!(
-        "{}, {} × {} each",
-        selected.name,
-        plural(workers, "worker"),
-        plural(trainer.threads_per_worker, "thread")
-    );
+    let network = options.distributed.is_none() && !config.clients.comm_simulation;
+    // A network-mode server trains nothing itself: its workers would be a
+    // claim about processes it does not run.
+    let device = if network {
+        format!(
+            "{} for evaluation; the clients train in their own processes",
+            selected.name
+        )
+    } else {
+        format!(
+            "{}, {} × {} each",
+            selected.name,
+            plural(workers, "worker"),
+            plural(trainer.threads_per_worker, "thread")
+        )
+    };
     let execution = match (&options.distributed, config.clients.comm_simulation) {
         (Some(distributed), _) => format!(
             "{} ranks over {}{}",
@@ -509,20 +519,7 @@ fn run_facts(
             }
         ),
         (None, true) => "one process (clients simulated in the worker pool)".to_owned(),
-        (None, false) => format!(
-            "gRPC on {}:{}, {} local client processes{}",
-            config.server.address,
-            config.server.port,
-            options.local_clients.as_ref().map_or(0, |c| c.count),
-            if options.local_clients.is_some() {
-                format!(
-                    " (output in {})",
-                    options.run_dir.join(crate::children::CLIENT_LOGS).display()
-                )
-            } else {
-                String::new()
-            }
-        ),
+        (None, false) => network_facts(loaded, options),
     };
     RunFacts {
         config: loaded.path().to_path_buf(),
@@ -538,6 +535,35 @@ fn run_facts(
         execution,
         leader: true,
     }
+}
+
+/// How a network-mode server runs, in words: where it listens, how many
+/// client processes it waits for before round 1 (and how many it starts
+/// itself), and what a round needs of them.
+fn network_facts(loaded: &LoadedConfig, options: &RunOptions) -> String {
+    let config = loaded.config();
+    let clients = &config.clients;
+    let processes = crate::transports::expected_clients(options, config);
+    let local = options.local_clients.as_ref().map_or(0, |c| c.count);
+    let started_here = match local {
+        0 => "none started here".to_owned(),
+        n => format!(
+            "{n} started here, output in {}",
+            options.run_dir.join(crate::children::CLIENT_LOGS).display()
+        ),
+    };
+    let own_data = match clients.own_data_clients {
+        0 => String::new(),
+        n => format!(" and {n} own-data client(s)"),
+    };
+    format!(
+        "gRPC on {}:{}; waits for {processes} client process(es) ({started_here}){own_data}; \
+         each round gives {} clients to them and aggregates once {} updates are in",
+        config.server.address,
+        config.server.port,
+        clients.per_round,
+        loaded.min_per_round(),
+    )
 }
 
 /// Where the data comes from and how it is split, in words.

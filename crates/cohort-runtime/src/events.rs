@@ -45,6 +45,15 @@ pub enum RunEvent {
     RunStarted(RunFacts),
     /// A network-mode server is listening for client processes.
     Listening { address: std::net::SocketAddr },
+    /// Before round 1, a network-mode server's count of registered clients
+    /// changed (and once when it starts waiting): `processes` of the
+    /// `expected` ordinary client processes are in, and `own_data_missing`
+    /// own-data clients are still to claim their ids.
+    Registered {
+        processes: usize,
+        expected: usize,
+        own_data_missing: usize,
+    },
     /// The loop waits for the outcomes of `clients` tasks of `round`.
     RoundStarted { round: u32, clients: usize },
     /// One client's update arrived (it may still be refused by the checks).
@@ -94,9 +103,13 @@ impl RunObserver for Unobserved {
 /// The round's line as the `cohort` command prints it (and the tests read).
 pub fn round_summary(row: &RoundRow, privacy: Option<&PrivacySpent>) -> String {
     format!(
-        "round {:>3}: accuracy {:.4}, loss {:.4}, {:.2}s{}",
+        "round {:>3}: accuracy {:.4}{}, loss {:.4}, {:.2}s{}",
         row.round,
         row.accuracy,
+        row.federated_accuracy
+            .map_or(String::new(), |federated| format!(
+                " (on the clients' own test data {federated:.4})"
+            )),
         row.train_loss,
         row.round_time,
         privacy.map_or(String::new(), |p| format!(

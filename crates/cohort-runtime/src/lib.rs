@@ -34,6 +34,7 @@ pub use events::{RunEvent, RunFacts, RunObserver};
 pub use ranks::{DistributedRun, RankLink};
 pub use record::{CheckpointState, MODEL_FILE, Recorder, RunFolder};
 pub use run::{
-    RunBuilder, RunOptions, RunSummary, new_run_dir, run, run_with_hooks, run_with_strategy,
+    RunBuilder, RunOptions, RunSummary, new_run_dir, new_timestamped_run_dir, run, run_with_hooks,
+    run_with_strategy,
 };
 pub use worker_process::{OwnDataOptions, WorkerOptions, WorkerSummary, run_worker};

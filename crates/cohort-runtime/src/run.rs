@@ -251,19 +251,31 @@ pub fn new_run_dir(
     config_path: &Path,
     name: Option<&str>,
 ) -> std::io::Result<PathBuf> {
-    let stem = name.map(str::to_owned).unwrap_or_else(|| {
-        let stem = config_path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "run".into());
-        let seconds = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        format!("{stem}-{seconds}")
-    });
+    match name {
+        Some(name) => claim_run_dir(base, name),
+        None => {
+            let stem = config_path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "run".into());
+            new_timestamped_run_dir(base, &stem)
+        }
+    }
+}
+
+/// Creates a fresh run folder `<stem>-<unix seconds>` under `base` (with a
+/// counter when that exists already).
+pub fn new_timestamped_run_dir(base: &Path, stem: &str) -> std::io::Result<PathBuf> {
+    let seconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    claim_run_dir(base, &format!("{stem}-{seconds}"))
+}
+
+fn claim_run_dir(base: &Path, stem: &str) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(base)?;
-    let mut candidate = base.join(&stem);
+    let mut candidate = base.join(stem);
     let mut counter = 2;
     loop {
         match std::fs::create_dir(&candidate) {

@@ -204,7 +204,14 @@ fn start_server(
         None => None,
     };
     let expected = expected_clients(options, config);
-    if let Err(error) = grpc.wait_for_clients(expected) {
+    let registered = grpc.wait_for_clients_with(expected, &mut |waiting| {
+        observer.on_event(&RunEvent::Registered {
+            processes: waiting.processes,
+            expected: waiting.expected,
+            own_data_missing: waiting.own_data_missing,
+        });
+    });
+    if let Err(error) = registered {
         // The server goes first: closing its streams lets the children exit.
         drop(grpc);
         drop(children);
@@ -311,7 +318,13 @@ fn admission(options: &RunOptions, config: &cohort_core::config::Config) -> Admi
     }
 }
 
-fn expected_clients(options: &RunOptions, config: &cohort_core::config::Config) -> usize {
+/// The ordinary client processes a network-mode server waits for before
+/// round 1: those it starts, else one per `trainer.max_concurrency` (none when
+/// every client brings its own data).
+pub(crate) fn expected_clients(
+    options: &RunOptions,
+    config: &cohort_core::config::Config,
+) -> usize {
     let clients = &config.clients;
     match &options.local_clients {
         Some(spec) => spec.count.max(1),

@@ -424,7 +424,9 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             None => break,
             Some(_) => bail!("the server sent a message out of order"),
         };
+        let download_started = Instant::now();
         let (payload, instructions) = task_inputs(&mut inbound, &task, max_bytes).await?;
+        let download_time = download_started.elapsed().as_secs_f64();
         let (data, partition, held_out) = holdings.client(task.client_id)?;
         tracing::info!(
             round = task.round,
@@ -445,7 +447,8 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             summary.failed += 1;
             tracing::warn!(client = task.client_id, round = task.round, "{error}");
         }
-        answer(&sender, &task, outcome.map_err(|e| e.to_string())).await?;
+        let outcome = outcome.map_err(|e| e.to_string());
+        answer(&sender, &task, outcome, download_time).await?;
     }
     Ok(summary)
 }
@@ -488,6 +491,7 @@ async fn answer(
     sender: &Outbox,
     task: &proto::Task,
     outcome: Result<ClientReply, String>,
+    download_time: f64,
 ) -> anyhow::Result<()> {
     let reply = match outcome {
         Ok(reply) => reply,
@@ -514,6 +518,7 @@ async fn answer(
             local_steps: reply.local_steps,
             test_samples: reply.test_samples,
             test_correct: reply.test_correct,
+            download_time,
         })))
         .await?;
     for chunk in reply.payload.chunks(CHUNK_BYTES) {

@@ -234,6 +234,10 @@ pub struct LaunchSpec {
     pub plan_dir: String,
     /// The run config, as the nodes see it. Default: `config.toml`.
     pub config: String,
+    /// Arguments that change the config, after `--config` on every line
+    /// (`--set KEY=VALUE`, `--unset KEY`, `--rounds N`), so each rank runs
+    /// the config that was placed. Default: none.
+    pub config_args: Vec<String>,
 }
 
 impl Default for LaunchSpec {
@@ -242,6 +246,7 @@ impl Default for LaunchSpec {
             program: "cohort".to_owned(),
             plan_dir: "plan".to_owned(),
             config: "config.toml".to_owned(),
+            config_args: Vec::new(),
         }
     }
 }
@@ -446,9 +451,13 @@ impl Plan {
         let dir = spec.plan_dir.trim_end_matches('/');
         let dir = if dir.is_empty() { "/" } else { dir };
         let (program, instance) = (shell_word(&spec.program), shell_word(&self.instance));
+        let config: String = std::iter::once(&spec.config)
+            .chain(&spec.config_args)
+            .map(|word| shell_word(word))
+            .collect::<Vec<_>>()
+            .join(" ");
         let run = format!(
-            "{program} run --config {} --plan {} --instance {instance}",
-            shell_word(&spec.config),
+            "{program} run --config {config} --plan {} --instance {instance}",
             shell_word(dir)
         );
         let plain = self
@@ -458,8 +467,7 @@ impl Plan {
                 rank: rank.rank,
                 host: rank.host.clone(),
                 command: format!(
-                    "{program} worker --config {} --plan {} --instance {instance} --rank {}",
-                    shell_word(&spec.config),
+                    "{program} worker --config {config} --plan {} --instance {instance} --rank {}",
                     shell_word(dir),
                     rank.rank
                 ),

@@ -703,9 +703,18 @@ fn launch_lines_in_plain_mpirun_and_srun_forms() {
         program: "cohort".to_owned(),
         plan_dir: "/shared/plans/".to_owned(),
         config: "my run.toml".to_owned(),
+        config_args: [
+            "--set",
+            "data.concentration=0.5",
+            "--set",
+            "general.run_name=a b",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
     };
     let launch = plan.launch(&spec);
-    let run = "cohort run --config 'my run.toml' --plan /shared/plans --instance exp-1";
+    let config = "--config 'my run.toml' --set data.concentration=0.5 --set 'general.run_name=a b'";
+    let run = format!("cohort run {config} --plan /shared/plans --instance exp-1");
     assert_eq!(
         launch.mpirun,
         format!("mpirun -n 3 --host alpha:2,beta:1 {run}")
@@ -721,7 +730,7 @@ fn launch_lines_in_plain_mpirun_and_srun_forms() {
     assert_eq!(launch.plain[2].host, "beta");
     assert_eq!(
         launch.plain[2].command,
-        "cohort worker --config 'my run.toml' --plan /shared/plans --instance exp-1 --rank 2"
+        format!("cohort worker {config} --plan /shared/plans --instance exp-1 --rank 2")
     );
 }
 

@@ -9,6 +9,7 @@
 //! expected: TOML syntax, unknown sections and keys (with a did-you-mean), wrong
 //! types, and impossible values such as `per_round > total_clients`.
 
+mod foreign;
 pub(crate) mod introspect;
 mod overrides;
 mod plato;
@@ -722,7 +723,9 @@ fn deserialize_all(
         errors.push(file_error(
             file,
             Some(key.clone()),
-            suggest_variant(without_location(error.into_inner().to_string())),
+            suggest_variant(foreign::plain_types(&without_location(
+                error.into_inner().to_string(),
+            ))),
         ));
         // `clients.outbound_processors[0]` is the key `clients.outbound_processors`.
         let removable = key.split('[').next().unwrap_or_default();
@@ -902,7 +905,8 @@ fn check_unknown_keys(
                 Some(dotted),
                 format!(
                     "unknown key `{key}` in [{section}]{}; valid keys: {}",
-                    did_you_mean(&key, fields.iter().copied()),
+                    foreign::flower_hint(section, &key)
+                        .unwrap_or_else(|| did_you_mean(&key, fields.iter().copied())),
                     sorted.join(", ")
                 ),
             ));
@@ -1038,7 +1042,8 @@ fn check_algorithm_keys(
             Some(dotted),
             format!(
                 "unknown option `{key}`{}; {valid}",
-                did_you_mean(&key, options.iter().copied())
+                foreign::flower_hint("algorithm", &key)
+                    .unwrap_or_else(|| did_you_mean(&key, options.iter().copied()))
             ),
         ));
     }

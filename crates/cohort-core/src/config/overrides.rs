@@ -13,12 +13,15 @@ use std::str::FromStr;
 /// real one; a longer chain is a typo, not a config.
 const MAX_KEY_DEPTH: usize = 4;
 
-/// One `section.key=value` from the command line.
+/// One `section.key=value` (`--set`) or `section.key` (`--unset`) from the
+/// command line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Override {
     /// Dotted key, such as `trainer.rounds`.
     pub key: String,
-    pub value: toml::Value,
+    /// The new value; `None` takes the key out of the config, so its default
+    /// (or nothing, for an optional key) applies.
+    pub value: Option<toml::Value>,
 }
 
 impl Override {
@@ -26,13 +29,24 @@ impl Override {
     pub fn rounds(rounds: u32) -> Self {
         Self {
             key: "trainer.rounds".to_owned(),
-            value: toml::Value::Integer(rounds.into()),
+            value: Some(toml::Value::Integer(rounds.into())),
         }
+    }
+
+    /// `--unset KEY`: `key` checked as `--set` checks its key.
+    pub fn unset(key: &str) -> Result<Self, String> {
+        Ok(Self {
+            key: checked_key(key.trim())?.to_owned(),
+            value: None,
+        })
     }
 
     /// Where an error about this key came from, for the error's file field.
     pub fn origin(&self) -> String {
-        format!("--set {}={}", self.key, self.value)
+        match &self.value {
+            Some(value) => format!("--set {}={value}", self.key),
+            None => format!("--unset {}", self.key),
+        }
     }
 
     fn segments(&self) -> Vec<&str> {
@@ -42,7 +56,10 @@ impl Override {
 
 impl fmt::Display for Override {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}={}", self.key, self.value)
+        match &self.value {
+            Some(value) => write!(f, "{}={value}", self.key),
+            None => write!(f, "{} (unset)", self.key),
+        }
     }
 }
 
@@ -58,24 +75,7 @@ impl FromStr for Override {
                 "`{text}` is not KEY=VALUE (for example trainer.rounds=10)"
             ));
         };
-        let key = key.trim();
-        let segments: Vec<&str> = key.split('.').collect();
-        let well_formed = segments.iter().all(|s| {
-            !s.is_empty()
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        });
-        if segments.len() < 2 || !well_formed {
-            return Err(format!(
-                "`{key}` is not a config key: expected section.key, such as trainer.rounds"
-            ));
-        }
-        if segments.len() > MAX_KEY_DEPTH {
-            return Err(format!(
-                "`{key}` is nested {} deep; config keys are at most {MAX_KEY_DEPTH}",
-                segments.len()
-            ));
-        }
+        let key = checked_key(key.trim())?;
         let raw = raw.trim();
         let value = format!("value = {raw}")
             .parse::<toml::Table>()
@@ -84,14 +84,39 @@ impl FromStr for Override {
             .unwrap_or_else(|| toml::Value::String(raw.to_owned()));
         Ok(Self {
             key: key.to_owned(),
-            value,
+            value: Some(value),
         })
     }
 }
 
-/// Writes each override into `merged`, creating subsections it names; fails
-/// on the first one that names a section not in `sections`, would replace a
-/// section with a value, or descends into a value as if it were a section.
+/// `key` if it is `section.key` (up to [`MAX_KEY_DEPTH`] segments of
+/// letters, digits, `_` and `-`).
+fn checked_key(key: &str) -> Result<&str, String> {
+    let segments: Vec<&str> = key.split('.').collect();
+    let well_formed = segments.iter().all(|s| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    });
+    if segments.len() < 2 || !well_formed {
+        return Err(format!(
+            "`{key}` is not a config key: expected section.key, such as trainer.rounds"
+        ));
+    }
+    if segments.len() > MAX_KEY_DEPTH {
+        return Err(format!(
+            "`{key}` is nested {} deep; config keys are at most {MAX_KEY_DEPTH}",
+            segments.len()
+        ));
+    }
+    Ok(key)
+}
+
+/// Writes each override into `merged`, creating subsections it names, or
+/// takes an unset key out; fails on the first one that names a section not in
+/// `sections`, would replace a section with a value, descends into a value as
+/// if it were a section, or unsets a key the config does not set (a typo
+/// would otherwise change nothing, silently).
 pub(crate) fn apply(
     merged: &mut toml::Table,
     overrides: &[Override],
@@ -111,6 +136,10 @@ pub(crate) fn apply(
         let (last, parents) = segments
             .split_last()
             .expect("parsed keys have two segments");
+        let Some(value) = &item.value else {
+            unset(merged, &segments)?;
+            continue;
+        };
         let mut table = &mut *merged;
         for (depth, segment) in parents.iter().enumerate() {
             let entry = table
@@ -131,9 +160,46 @@ pub(crate) fn apply(
                 item.key, item.key
             ));
         }
-        table.insert(last.to_string(), item.value.clone());
+        table.insert(last.to_string(), value.clone());
     }
     Ok(())
+}
+
+/// Takes the key at `segments` out of `merged`; an error names the key when
+/// the config does not set it, with the keys its section does set.
+fn unset(merged: &mut toml::Table, segments: &[&str]) -> Result<(), String> {
+    let key = segments.join(".");
+    let (last, parents) = segments
+        .split_last()
+        .expect("parsed keys have two segments");
+    let mut table = &mut *merged;
+    for segment in parents {
+        match table.get_mut(*segment) {
+            Some(toml::Value::Table(inner)) => table = inner,
+            _ => {
+                return Err(format!(
+                    "`{key}` cannot be unset: the config does not set it"
+                ));
+            }
+        }
+    }
+    if table.remove(*last).is_some() {
+        return Ok(());
+    }
+    let set: Vec<&str> = table.keys().map(String::as_str).collect();
+    Err(format!(
+        "`{key}` cannot be unset: the config does not set it{}",
+        if set.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "{}; `{}` sets {}",
+                crate::suggest::did_you_mean(last, set.iter().copied()),
+                parents.join("."),
+                set.join(", ")
+            )
+        }
+    ))
 }
 
 #[cfg(test)]
@@ -148,22 +214,20 @@ mod tests {
 
     #[test]
     fn values_are_read_as_toml_and_otherwise_as_strings() {
-        assert_eq!(parse("trainer.rounds=7").value, toml::Value::Integer(7));
-        assert_eq!(parse("trainer.lr = 0.5").value, toml::Value::Float(0.5));
-        assert_eq!(
-            parse("clients.do_test=true").value,
-            toml::Value::Boolean(true)
-        );
+        let value = |text: &str| parse(text).value.unwrap();
+        assert_eq!(value("trainer.rounds=7"), toml::Value::Integer(7));
+        assert_eq!(value("trainer.lr = 0.5"), toml::Value::Float(0.5));
+        assert_eq!(value("clients.do_test=true"), toml::Value::Boolean(true));
         let string = |s: &str| toml::Value::String(s.to_owned());
-        assert_eq!(parse("data.datasource=MNIST").value, string("MNIST"));
-        assert_eq!(parse("data.datasource=\"MNIST\"").value, string("MNIST"));
-        assert_eq!(parse("server.address=127.0.0.1").value, string("127.0.0.1"));
+        assert_eq!(value("data.datasource=MNIST"), string("MNIST"));
+        assert_eq!(value("data.datasource=\"MNIST\""), string("MNIST"));
+        assert_eq!(value("server.address=127.0.0.1"), string("127.0.0.1"));
         assert_eq!(
-            parse("data.partition_sizes=[1, 2]").value,
+            value("data.partition_sizes=[1, 2]"),
             toml::Value::Array(vec![toml::Value::Integer(1), toml::Value::Integer(2)])
         );
         // Everything after the first `=` is the value.
-        assert_eq!(parse("server.auth_token=a=b").value, string("a=b"));
+        assert_eq!(value("server.auth_token=a=b"), string("a=b"));
     }
 
     #[test]
@@ -212,5 +276,37 @@ mod tests {
         );
         let error = apply(&mut merged, &[parse("trainr.rounds=1")], SECTIONS).unwrap_err();
         assert!(error.contains("did you mean `trainer`"), "{error}");
+    }
+
+    #[test]
+    fn unset_takes_a_key_out_and_refuses_one_that_is_not_set() {
+        let mut merged: toml::Table =
+            "[data]\npartition_size = 600\nsampler = \"iid\"\n[parameters.optimizer]\nlr = 1\n"
+                .parse()
+                .unwrap();
+        let unset = |key: &str| Override::unset(key).unwrap();
+        apply(
+            &mut merged,
+            &[
+                unset("data.partition_size"),
+                unset("parameters.optimizer.lr"),
+            ],
+            SECTIONS,
+        )
+        .unwrap();
+        let expected: toml::Table = "[data]\nsampler = \"iid\"\n[parameters.optimizer]\n"
+            .parse()
+            .unwrap();
+        assert_eq!(merged, expected);
+        let error = apply(&mut merged, &[unset("data.sampeler")], SECTIONS).unwrap_err();
+        assert!(
+            error.contains("`data.sampeler` cannot be unset: the config does not set it")
+                && error.contains("did you mean `sampler`"),
+            "{error}"
+        );
+        let error = apply(&mut merged, &[unset("clients.per_round")], SECTIONS).unwrap_err();
+        assert!(error.contains("does not set it"), "{error}");
+        assert!(Override::unset("rounds").is_err());
+        assert_eq!(unset("data.sampler").origin(), "--unset data.sampler");
     }
 }

@@ -60,7 +60,38 @@ fn wrong_type_names_the_key_and_the_expected_type() {
         error.message.contains("invalid type: string \"two\""),
         "{error}"
     );
-    assert!(error.message.contains("u32"), "{error}");
+    assert!(
+        error
+            .message
+            .ends_with("expected a whole number from 0 to 4294967295"),
+        "{error}"
+    );
+    assert!(!error.message.contains("u32"), "{error}");
+}
+
+#[test]
+fn flower_names_point_to_cohorts_keys() {
+    let error = error_of(&MINIMAL.replace("per_round = 2", "per_round = 2\nfraction_fit = 0.2"));
+    assert_eq!(error.key.as_deref(), Some("clients.fraction_fit"));
+    assert!(
+        error
+            .message
+            .contains("(Flower's `fraction_fit` is cohort's `clients.per_round`, a number"),
+        "{error}"
+    );
+    let text = format!("{MINIMAL}\n[algorithm]\ntype = \"fedprox\"\nproximal_mu = 0.1\n");
+    let errors = load_text(&text).unwrap_err();
+    let error = errors
+        .errors()
+        .iter()
+        .find(|e| e.key.as_deref() == Some("algorithm.proximal_mu"))
+        .unwrap_or_else(|| panic!("{errors}"));
+    assert!(
+        error
+            .message
+            .contains("(Flower's `proximal_mu` is cohort's `algorithm.mu`)"),
+        "{error}"
+    );
 }
 
 #[test]

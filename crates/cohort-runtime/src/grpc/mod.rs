@@ -427,11 +427,31 @@ impl GrpcTransport {
     /// Blocks until `count` ordinary worker processes have registered and
     /// every own-data client has claimed its id.
     pub fn wait_for_clients(&self, count: usize) -> anyhow::Result<()> {
+        self.wait_for_clients_with(count, &mut |_| {})
+    }
+
+    /// [`Self::wait_for_clients`], telling `progress` of each change in who
+    /// is registered (first with the state when the wait begins).
+    pub fn wait_for_clients_with(
+        &self,
+        count: usize,
+        progress: &mut dyn FnMut(Waiting),
+    ) -> anyhow::Result<()> {
         let timeout = self.shared.settings.registration_timeout;
         let started = Instant::now();
+        let mut last = None;
         loop {
             let ordinary = self.shared.ordinary.load(Ordering::SeqCst);
             let unclaimed = self.unclaimed();
+            let waiting = Waiting {
+                processes: ordinary,
+                expected: count,
+                own_data_missing: unclaimed.len(),
+            };
+            if last != Some(waiting) {
+                progress(waiting);
+                last = Some(waiting);
+            }
             if ordinary >= count && unclaimed.is_empty() {
                 return Ok(());
             }
@@ -474,6 +494,17 @@ impl GrpcTransport {
         let claims = self.shared.queue.lock().map_or(0, |q| q.claims.len());
         self.shared.alive.load(Ordering::SeqCst) + claims
     }
+}
+
+/// Who has registered while a server waits for its clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    /// Ordinary client processes registered so far.
+    pub processes: usize,
+    /// Ordinary client processes the server waits for.
+    pub expected: usize,
+    /// Own-data clients that no process has claimed yet.
+    pub own_data_missing: usize,
 }
 
 impl Transport for GrpcTransport {

@@ -62,9 +62,8 @@ pub(super) async fn serve_worker(
         )
         .await;
         let (result, keep_worker) = match attempt {
-            Ok(Ok(reply)) => {
-                let own = reply.training_time + reply.processing_time;
-                let comm_time = (started.elapsed().as_secs_f64() - own).max(0.0);
+            Ok(Ok((reply, transfer))) => {
+                let comm_time = transfer.comm_time(started.elapsed().as_secs_f64());
                 let declared = process.declared;
                 (
                     Ok(Delivered {
@@ -106,17 +105,45 @@ pub(super) async fn serve_worker(
     }
 }
 
+/// How long a task's payloads took to cross the network: the download as
+/// the client measured it, the upload as the server did.
+struct Transfer {
+    /// Seconds, from the client's report: a peer's number, bounded before use.
+    download: f64,
+    /// Seconds from the report's arrival to the update's last chunk.
+    upload: f64,
+}
+
+impl Transfer {
+    /// `clients.csv`'s comm_time: download plus upload, never more than the
+    /// whole task took (`elapsed`), and a client's non-finite or negative
+    /// figure counted as 0.
+    fn comm_time(&self, elapsed: f64) -> f64 {
+        let download = if self.download.is_finite() {
+            self.download.max(0.0)
+        } else {
+            0.0
+        };
+        (download + self.upload).min(elapsed).max(0.0)
+    }
+}
+
 /// One task: sent, answered, its update received.
 async fn run_task(
     shared: &Shared,
     sender: &tokio::sync::mpsc::Sender<Result<ServerMessage, Status>>,
     inbound: &mut Streaming<ClientMessage>,
     job: &Job,
-) -> Result<ClientReply, TaskError> {
+) -> Result<(ClientReply, Transfer), TaskError> {
     send_task(sender, job).await?;
     let report = answer(inbound, job.spec.task).await?;
+    let upload_started = Instant::now();
     let payload = receive_update(shared, inbound, &report).await?;
-    Ok(ClientReply {
+    let transfer = Transfer {
+        download: report.download_time,
+        upload: upload_started.elapsed().as_secs_f64(),
+    };
+    let reply = ClientReply {
         num_samples: report.num_samples,
         loss: report.loss,
         training_time: report.training_time,
@@ -125,7 +152,8 @@ async fn run_task(
         test_samples: report.test_samples,
         test_correct: report.test_correct.min(report.test_samples),
         payload,
-    })
+    };
+    Ok((reply, transfer))
 }
 
 fn gone() -> TaskError {
@@ -251,5 +279,24 @@ async fn next_message(inbound: &mut Streaming<ClientMessage>) -> Result<ClientKi
             "the connection to the client process broke: {}",
             status.message()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Transfer;
+
+    #[test]
+    fn comm_time_is_download_plus_upload_bounded_by_the_task() {
+        let transfer = |download| Transfer {
+            download,
+            upload: 0.25,
+        };
+        assert_eq!(transfer(0.5).comm_time(10.0), 0.75);
+        // A client's figure is not trusted beyond the task's own length.
+        assert_eq!(transfer(1e9).comm_time(2.0), 2.0);
+        assert_eq!(transfer(f64::NAN).comm_time(2.0), 0.25);
+        assert_eq!(transfer(-5.0).comm_time(2.0), 0.25);
+        assert_eq!(transfer(f64::INFINITY).comm_time(2.0), 0.25);
     }
 }
