@@ -156,7 +156,7 @@ pub fn evaluate(
     }
     let selected = cohort_train::device::select(request.device)?;
     let mut evaluator = registry
-        .run_model(loaded, test.sample_shape.clone())?
+        .run_model_in(loaded, data_root, test.sample_shape.clone())?
         .evaluator(&selected.device, config.trainer.eval_batch_size)?;
     let indices: Vec<u32> = (0..samples as u32).collect();
     let predictions = evaluator

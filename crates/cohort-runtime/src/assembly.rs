@@ -151,9 +151,11 @@ fn data_and_model(
         Some(data) => data,
         None => load_data(loaded, &options.registry, options.data_root.as_deref())?,
     };
-    let model = options
-        .registry
-        .run_model(loaded, splits.train.sample_shape.clone())?;
+    let model = options.registry.run_model_in(
+        loaded,
+        options.data_root.as_deref(),
+        splits.train.sample_shape.clone(),
+    )?;
     if was_given {
         check_given_data(&splits, &partitions, &model, total_clients)
             .context("the data given to RunBuilder::data")?;

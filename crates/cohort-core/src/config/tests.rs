@@ -1155,3 +1155,24 @@ fn file_data_sets_need_a_train_file_and_their_keys_belong_to_them() {
     ));
     assert_eq!(error.key.as_deref(), Some("data.client_column"));
 }
+
+#[test]
+fn config_md_documents_exactly_the_data_keys() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/CONFIG.md"))
+            .unwrap();
+    let table = doc
+        .split("## `[data]`")
+        .nth(1)
+        .and_then(|rest| rest.split("\n### ").next())
+        .expect("docs/CONFIG.md has a `[data]` section");
+    let mut documented: Vec<&str> = table
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `")?.split_once("` |"))
+        .map(|(key, _)| key)
+        .collect();
+    documented.sort_unstable();
+    let mut keys = introspect::fields_of::<Data>().to_vec();
+    keys.sort_unstable();
+    assert_eq!(documented, keys, "docs/CONFIG.md's [data] table and `Data`");
+}

@@ -235,10 +235,23 @@ pub fn load(spec: &FileSpec) -> Result<FileData, FileError> {
         splits: Splits {
             train: train.data,
             test,
-            train_users: train.users,
+            train_users: train.users.map(|users| dense(&users)),
         },
         classes,
     })
+}
+
+/// Client ids renumbered 0, 1, … in their order, so that ids as large as
+/// [`MAX_CLIENT_ID`] cost the natural sampler no more than their count; the
+/// users keep their order, so its partitions are those of the ids as written.
+pub fn dense(users: &[u32]) -> Vec<u32> {
+    let mut ids = users.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    users
+        .iter()
+        .map(|id| ids.binary_search(id).map_or(0, |rank| rank as u32))
+        .collect()
 }
 
 fn no_test_set(format: FileFormat) -> String {

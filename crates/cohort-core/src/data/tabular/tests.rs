@@ -257,3 +257,9 @@ fn broken_binary_files_are_errors_naming_them() {
     let error = load(&truncated).unwrap_err().to_string();
     assert!(error.contains("bytes"), "{error}");
 }
+
+#[test]
+fn client_ids_are_renumbered_in_their_order() {
+    assert_eq!(dense(&[70, 3, 70, 1_000_000, 3]), [1, 0, 1, 2, 0]);
+    assert_eq!(dense(&[]), Vec::<u32>::new());
+}
