@@ -255,7 +255,8 @@ pub fn partitions(
         );
     }
     let (splits, partitions) = cohort_runtime::client::load_data(loaded, registry, data_root)?;
-    let classes = config.parameters.model.num_classes;
+    // The data set's classes: a file data set's come from its labels.
+    let classes = registry.dataset_in(loaded, data_root)?.classes();
     let labels = &splits.train.labels;
     let table = cohort_core::partition::summary_table(&partitions.train, labels, classes);
     let histograms = partitions

@@ -166,8 +166,9 @@ fn check_surveys_the_files() {
         stderr(&output)
     );
     assert!(!output.status.success(), "{all}");
+    // Without data.client_column the `client` column is a fifth feature.
     assert!(
-        all.contains("240 training and 60 test samples of shape [4]"),
+        all.contains("240 training and 60 test samples of shape [5]"),
         "{all}"
     );
     assert!(

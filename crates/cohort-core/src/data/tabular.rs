@@ -1080,12 +1080,19 @@ fn safetensors_survey(path: &Path) -> Result<Counted, FileError> {
     Ok((x, test, clients))
 }
 
+/// One tensor's bytes, checked against its dtype and shape.
+struct Tensor {
+    bytes: Vec<u8>,
+    dtype: safetensors::Dtype,
+    sample_shape: Vec<usize>,
+}
+
 fn read_safetensors(path: &Path, train: bool) -> Result<(Part, Option<Dataset>), FileError> {
     let mut file =
         std::fs::File::open(path).map_err(|e| error(path, format!("cannot be read: {e}")))?;
     // The header first, so that shapes are checked before the data is read.
     let (data_start, metadata) = safetensors_header(path, &mut file)?;
-    let mut infos: HashMap<&str, (Vec<usize>, safetensors::Dtype, (usize, usize))> = HashMap::new();
+    let mut infos: HashMap<&str, safetensors::tensor::TensorInfo> = HashMap::new();
     for name in [
         "inputs",
         "labels",
@@ -1094,18 +1101,14 @@ fn read_safetensors(path: &Path, train: bool) -> Result<(Part, Option<Dataset>),
         "client_id",
     ] {
         if let Some(info) = metadata.info(name) {
-            infos.insert(name, (info.shape.clone(), info.dtype, info.data_offsets));
+            infos.insert(name, info.clone());
         }
     }
-    let mut tensor = |name: &str,
-                      labels: bool|
-     -> Result<
-        Option<(Vec<u8>, safetensors::Dtype, Vec<usize>, usize)>,
-        FileError,
-    > {
-        let Some((shape, dtype, (start, end))) = infos.get(name).cloned() else {
+    let mut tensor = |name: &str, labels: bool| -> Result<Option<Tensor>, FileError> {
+        let Some(info) = infos.get(name).cloned() else {
             return Ok(None);
         };
+        let (shape, dtype, (start, end)) = (info.shape, info.dtype, info.data_offsets);
         let (count, sample_shape) = check_shape(path, name, &shape, labels)?;
         let values = sample_shape.iter().product::<usize>().max(1) * count;
         let bytes = dtype_bytes(path, name, dtype)?;
@@ -1119,17 +1122,26 @@ fn read_safetensors(path: &Path, train: bool) -> Result<(Part, Option<Dataset>),
         file.seek(SeekFrom::Start(data_start + start as u64))
             .and_then(|_| file.read_exact(&mut data))
             .map_err(|e| error(path, format!("tensor `{name}` cannot be read: {e}")))?;
-        Ok(Some((data, dtype, sample_shape, count)))
+        Ok(Some(Tensor {
+            bytes: data,
+            dtype,
+            sample_shape,
+        }))
     };
     let mut pair = |x_name: &str, y_name: &str| -> Result<Option<Dataset>, FileError> {
-        let Some((x, x_dtype, sample_shape, _)) = tensor(x_name, false)? else {
+        let Some(x) = tensor(x_name, false)? else {
             return Ok(None);
         };
-        let x = finite(path, x_name, st_floats(path, x_name, &x, x_dtype)?)?;
-        let (y, y_dtype, _, _) = tensor(y_name, true)?
+        let values = finite(path, x_name, st_floats(path, x_name, &x.bytes, x.dtype)?)?;
+        let y = tensor(y_name, true)?
             .ok_or_else(|| error(path, format!("has `{x_name}` but no `{y_name}` tensor")))?;
-        let y = to_ids(path, y_name, st_ints(path, y_name, &y, y_dtype)?, MAX_LABEL)?;
-        pair_up(path, (x, x_name, sample_shape), (y, y_name)).map(Some)
+        let y = to_ids(
+            path,
+            y_name,
+            st_ints(path, y_name, &y.bytes, y.dtype)?,
+            MAX_LABEL,
+        )?;
+        pair_up(path, (values, x_name, x.sample_shape), (y, y_name)).map(Some)
     };
     let data = pair("inputs", "labels")?.ok_or_else(|| error(path, "has no tensor `inputs`"))?;
     let test = if train {
@@ -1138,10 +1150,10 @@ fn read_safetensors(path: &Path, train: bool) -> Result<(Part, Option<Dataset>),
         None
     };
     let users = match (train, tensor("client_id", true)?) {
-        (true, Some((ids, dtype, _, _))) => Some(to_ids(
+        (true, Some(ids)) => Some(to_ids(
             path,
             "client_id",
-            st_ints(path, "client_id", &ids, dtype)?,
+            st_ints(path, "client_id", &ids.bytes, ids.dtype)?,
             MAX_CLIENT_ID,
         )?),
         _ => None,

@@ -127,7 +127,7 @@ proptest::proptest! {
         match check_shape(Path::new("f"), "x", &shape, false) {
             Ok((count, sample_shape)) => {
                 let values = sample_shape.iter().product::<usize>() * count;
-                proptest::prop_assert!(count >= 1 && count <= MAX_SAMPLES);
+                proptest::prop_assert!((1..=MAX_SAMPLES).contains(&count));
                 proptest::prop_assert!((1..=MAX_VALUES).contains(&values));
             }
             Err(error) => proptest::prop_assert!(error.to_string().starts_with("f: array `x`")),
