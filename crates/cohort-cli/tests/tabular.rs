@@ -259,6 +259,27 @@ fn broken_files_and_configs_fail_naming_the_file_and_the_problem() {
 }
 
 #[test]
+fn partitions_count_the_files_classes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &job(
+            "datasource = \"CSV\"\ntrain_file = \"train.csv\"\ntest_file = \"test.csv\"\nsampler = \"dirichlet\"\nmin_partition_size = 5",
+            "",
+        ),
+    );
+    let output = cohort(
+        &["partitions", "--config", config.to_str().unwrap()],
+        &tabular(),
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let header = stdout.lines().next().unwrap();
+    // Three classes (0, 1, 2), not the default num_classes of 10.
+    assert!(header.trim_end().ends_with('2'), "{stdout}");
+}
+
+#[test]
 fn a_larger_num_classes_is_kept() {
     let csv = "datasource = \"CSV\"\ntrain_file = \"train.csv\"\ntest_file = \"test.csv\"";
     let (output, accuracies) = run(&job(csv, "num_classes = 5"), &tabular());

@@ -719,16 +719,39 @@ fn npz_array<'a>(
     npz: &'a mut Npz,
     name: &str,
 ) -> Result<Option<npyz::NpyFile<zip::read::ZipFile<'a>>>, FileError> {
+    // What the zip declares the member to hold once inflated: a header that
+    // asks for more values than that is refused before any is allocated.
+    let member = npyz::npz::file_name_from_array_name(name);
+    let stored = match npz.zip_archive().by_name(&member) {
+        Ok(file) => file.size(),
+        Err(zip::result::ZipError::FileNotFound) => return Ok(None),
+        Err(e) => return Err(error(path, format!("array `{name}` cannot be read: {e}"))),
+    };
     let array = npz
         .by_name(name)
         .map_err(|e| error(path, format!("array `{name}` is not a readable .npy: {e}")))?;
     let Some(array) = array else { return Ok(None) };
-    if array.order() == npyz::Order::Fortran && array.shape().len() > 2 {
+    if array.order() == npyz::Order::Fortran && array.shape().len() > 1 {
         return Err(error(
             path,
             format!(
                 "array `{name}` is in Fortran order: save it C-contiguous \
                  (numpy.ascontiguousarray)"
+            ),
+        ));
+    }
+    let bytes = match array.dtype() {
+        npyz::DType::Plain(ts) => ts.num_bytes().map(|b| b as u64),
+        _ => None,
+    };
+    let needed = (array.shape().iter()).try_fold(bytes.unwrap_or(1), |n, &d| n.checked_mul(d));
+    if needed.is_none_or(|needed| needed > stored) {
+        return Err(error(
+            path,
+            format!(
+                "array `{name}` of shape {:?} needs more bytes than the {stored} its zip member \
+                 holds",
+                array.shape()
             ),
         ));
     }

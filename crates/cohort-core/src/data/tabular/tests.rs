@@ -263,3 +263,78 @@ fn client_ids_are_renumbered_in_their_order() {
     assert_eq!(dense(&[70, 3, 70, 1_000_000, 3]), [1, 0, 1, 2, 0]);
     assert_eq!(dense(&[]), Vec::<u32>::new());
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// A fixture cut short anywhere, or with one byte changed, is read or
+    /// refused naming the file: never a panic, never a wrong-sized split.
+    #[test]
+    fn damaged_binary_files_never_panic(
+        npz in proptest::prelude::any::<bool>(),
+        cut in 0.0f64..1.0,
+        flip in proptest::prelude::any::<(usize, u8)>(),
+    ) {
+        let (format, name) = if npz {
+            (FileFormat::Npz, "tabular.npz")
+        } else {
+            (FileFormat::Safetensors, "tabular.safetensors")
+        };
+        let mut bytes = std::fs::read(fixtures().join(name)).unwrap();
+        bytes.truncate(((bytes.len() as f64) * cut) as usize + 1);
+        let at = flip.0 % bytes.len();
+        bytes[at] ^= flip.1;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        let mut damaged = spec(format, name, None);
+        damaged.train_file = path.clone();
+        match load(&damaged) {
+            Ok(data) => {
+                proptest::prop_assert!(data.splits.train.check().is_ok());
+                proptest::prop_assert!(data.splits.test.check().is_ok());
+            }
+            Err(error) => proptest::prop_assert_eq!(error.path, path),
+        }
+        let _ = survey(&damaged);
+    }
+}
+
+#[test]
+fn an_npz_header_asking_for_more_than_its_member_holds_is_refused() {
+    // The fixture's `y` member rewritten (stored, not deflated) with a
+    // header claiming 2^27 labels and 16 bytes of data.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lying.npz");
+    let header = "{'descr': '<i8', 'fortran_order': False, 'shape': (134217728,), }";
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    let padded = format!("{header:<117}\n");
+    npy.extend_from_slice(&(padded.len() as u16).to_le_bytes());
+    npy.extend_from_slice(padded.as_bytes());
+    npy.extend_from_slice(&[0u8; 16]);
+    let mut x = b"\x93NUMPY\x01\x00".to_vec();
+    let x_header = format!(
+        "{:<117}\n",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }"
+    );
+    x.extend_from_slice(&(x_header.len() as u16).to_le_bytes());
+    x.extend_from_slice(x_header.as_bytes());
+    x.extend_from_slice(&[0u8; 16]);
+    let file = std::fs::File::create(&path).unwrap();
+    let mut zip = zip::ZipWriter::new(file);
+    let stored =
+        zip::write::FileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    zip.start_file("x.npy", stored).unwrap();
+    std::io::Write::write_all(&mut zip, &x).unwrap();
+    zip.start_file("y.npy", stored).unwrap();
+    std::io::Write::write_all(&mut zip, &npy).unwrap();
+    zip.finish().unwrap();
+    let mut lying = spec(FileFormat::Npz, "x", None);
+    lying.train_file = path;
+    lying.test_fraction = Some(0.5);
+    let error = load(&lying).unwrap_err().to_string();
+    assert!(
+        error.contains("array `y` of shape [134217728] needs more bytes"),
+        "{error}"
+    );
+}
