@@ -13,6 +13,7 @@ use anyhow::bail;
 use cohort_core::config::LoadedConfig;
 use cohort_core::data::Obtain;
 use cohort_core::data::survey::{self, Survey};
+use cohort_core::data::tabular::{self, FileFormat, FileSpec};
 
 /// The findings: lines to print, and problems that make the run fail.
 #[derive(Debug, Default)]
@@ -49,6 +50,10 @@ pub fn report(findings: &Findings) -> anyhow::Result<()> {
 /// cuts no partitions).
 fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Findings) {
     let data = &loaded.config().data;
+    if FileFormat::from_name(&data.datasource).is_some() {
+        check_file_data(loaded, data_root, findings);
+        return;
+    }
     let Some(source) = data.builtin_source() else {
         findings.notes.push(format!(
             "data: `{}` is a data set of the program's own registry; its files are read when \
@@ -99,6 +104,55 @@ fn check_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Fi
         _ => {}
     }
     if !own_data && let Some(train) = survey.train_samples() {
+        findings
+            .problems
+            .extend(partition_fit(loaded, train as u64));
+    }
+}
+
+/// A file data set (`CSV`, `NPZ`, `Safetensors`): its files' headers (a
+/// CSV file is read whole: it has no other), the samples they declare, and
+/// whether the partitions fit.
+fn check_file_data(loaded: &LoadedConfig, data_root: Option<&Path>, findings: &mut Findings) {
+    let data = &loaded.config().data;
+    let Some(spec) = FileSpec::of(data, data_root.unwrap_or(&data.data_path)) else {
+        return;
+    };
+    let survey = match tabular::survey(&spec) {
+        Ok(survey) => survey,
+        Err(error) => {
+            findings.problems.push(format!("data: {error}"));
+            return;
+        }
+    };
+    let file = spec.train_file.display();
+    let (train, test) = match (survey.test_samples, spec.test_fraction) {
+        (Some(test), _) => (survey.train_samples, test),
+        (None, fraction) => {
+            let test = (survey.train_samples as f64 * fraction.unwrap_or(0.0)).round() as usize;
+            (survey.train_samples.saturating_sub(test), test)
+        }
+    };
+    let clients = if survey.has_clients {
+        ", each with its client id"
+    } else {
+        ""
+    };
+    findings.notes.push(format!(
+        "data: {file} holds {train} training and {test} test samples of shape {:?}{clients}",
+        survey.sample_shape
+    ));
+    if data.sampler == cohort_core::config::Sampler::Natural && !survey.has_clients {
+        let key = match spec.format {
+            FileFormat::Csv => "a data.client_column",
+            FileFormat::Npz | FileFormat::Safetensors => "a `client_id` array",
+        };
+        findings.problems.push(format!(
+            "data.sampler = \"natural\" needs each training sample's client, and {file} has no \
+             client ids: add {key}, or choose another data.sampler"
+        ));
+    }
+    if !loaded.config().clients.all_own_data() {
         findings
             .problems
             .extend(partition_fit(loaded, train as u64));

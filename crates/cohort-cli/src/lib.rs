@@ -34,6 +34,11 @@ pub use cohort_train::registry::Registry;
 /// overrides `data.data_path`.
 const DATA_DIR_ENV: &str = "COHORT_DATA_DIR";
 
+/// The data folder `COHORT_DATA_DIR` names, over `data.data_path`.
+pub(crate) fn data_root_env() -> Option<PathBuf> {
+    std::env::var_os(DATA_DIR_ENV).map(PathBuf::from)
+}
+
 #[derive(Parser)]
 #[command(
     name = "cohort",
@@ -595,7 +600,7 @@ fn load_config(
 ) -> anyhow::Result<cohort_core::config::LoadedConfig> {
     let loaded = cohort_core::config::load_with(path, overrides)?;
     loaded.check_cluster_backend(&cohort_runtime::available_backends())?;
-    registry.config_model(&loaded)?;
+    registry.config_model_in(&loaded, data_root_env().as_deref())?;
     registry.strategy_of(&loaded)?;
     Ok(loaded)
 }

@@ -191,8 +191,9 @@ struct RunSize {
 }
 
 fn run_size(loaded: &LoadedConfig, registry: &Registry) -> anyhow::Result<RunSize> {
-    let model = registry.config_model(loaded)?;
-    let dataset = registry.dataset_of(loaded)?;
+    let root = crate::data_root_env();
+    let dataset = registry.dataset_in(loaded, root.as_deref())?;
+    let model = registry.run_model_for(loaded, &dataset, dataset.sample_shape().to_vec())?;
     Ok(RunSize {
         parameters: model.template()?.num_elements() as u64,
         values_per_sample: dataset.sample_shape().iter().product(),

@@ -171,7 +171,7 @@ pub fn evaluate(
     }
     let selected = cohort_train::device::select(request.device)?;
     let mut evaluator = registry
-        .run_model(loaded, test.sample_shape.clone())?
+        .run_model_in(loaded, data_root, test.sample_shape.clone())?
         .evaluator(&selected.device, config.trainer.eval_batch_size)?;
     let indices: Vec<u32> = (0..samples as u32).collect();
     let predictions = evaluator
@@ -270,7 +270,8 @@ pub fn partitions(
         );
     }
     let (splits, partitions) = cohort_runtime::client::load_data(loaded, registry, data_root)?;
-    let classes = config.parameters.model.num_classes;
+    // The data set's classes: a file data set's come from its labels.
+    let classes = registry.dataset_in(loaded, data_root)?.classes();
     let labels = &splits.train.labels;
     let table = cohort_core::partition::summary_table(&partitions.train, labels, classes);
     let histograms = partitions

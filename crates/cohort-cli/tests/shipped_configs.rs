@@ -13,7 +13,7 @@ use common::{cohort, only_run_dir, real_data_dir, repo_root};
 /// files, which describe machines, not runs.
 fn shipped() -> Vec<PathBuf> {
     let mut configs = Vec::new();
-    for folder in ["fashion_mnist", "mnist", "strategies"] {
+    for folder in ["fashion_mnist", "mnist", "strategies", "tabular"] {
         let dir = repo_root().join("configs").join(folder);
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -27,7 +27,7 @@ fn shipped() -> Vec<PathBuf> {
         .unwrap()
         .filter(|e| e.as_ref().unwrap().path().is_dir())
         .count();
-    assert_eq!(expected_folders, 4, "a new configs/ folder: list it above");
+    assert_eq!(expected_folders, 5, "a new configs/ folder: list it above");
     configs
 }
 
@@ -37,6 +37,10 @@ fn shipped() -> Vec<PathBuf> {
 /// runs to its end, not MNIST's accuracy.
 fn data_for(config: &Path, real: &Path, stand_in: &Path) -> PathBuf {
     let text = std::fs::read_to_string(config).unwrap();
+    // A file data set's config points at the committed fixture.
+    if text.contains("datasource = \"CSV\"") {
+        return repo_root().join("tests/fixtures/tabular");
+    }
     if !text.contains("datasource = \"MNIST\"") {
         return real.to_path_buf();
     }

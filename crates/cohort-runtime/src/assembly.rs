@@ -97,7 +97,13 @@ pub(crate) fn build_and_run(
         ..facts
     }));
     let rows_per_sample = model.task.rows_per_sample(&model.spec.sample_shape) as u64;
-    let clients = client_facts(loaded, &splits, &partitions, rows_per_sample);
+    let clients = client_facts(
+        loaded,
+        &splits,
+        &partitions,
+        rows_per_sample,
+        model.spec.classes,
+    );
     let (transport, child_clients) = match parts.transport {
         Some(transport) => (transport, None),
         None => crate::transports::start_transport(
@@ -151,9 +157,11 @@ fn data_and_model(
         Some(data) => data,
         None => load_data(loaded, &options.registry, options.data_root.as_deref())?,
     };
-    let model = options
-        .registry
-        .run_model(loaded, splits.train.sample_shape.clone())?;
+    let model = options.registry.run_model_in(
+        loaded,
+        options.data_root.as_deref(),
+        splits.train.sample_shape.clone(),
+    )?;
     if was_given {
         check_given_data(&splits, &partitions, &model, total_clients)
             .context("the data given to RunBuilder::data")?;
@@ -356,9 +364,9 @@ fn client_facts(
     splits: &Splits,
     partitions: &ClientPartitions,
     rows_per_sample: u64,
+    num_classes: usize,
 ) -> ClientFacts {
     let config = loaded.config();
-    let num_classes = config.parameters.model.num_classes;
     let own_data = config.clients.own_data_clients as usize;
     let histograms = partitions
         .train

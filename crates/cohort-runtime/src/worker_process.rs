@@ -318,18 +318,15 @@ impl Holdings {
         // data set, as this process's registry knows it.
         let dataset = options
             .registry
-            .dataset_of(loaded)
+            .dataset_in(loaded, options.data_root.as_deref())
             .map_err(|errors| anyhow::anyhow!("{errors}"))?;
         let data = own.into_dataset(Expected {
             sample_shape: dataset.sample_shape(),
-            classes: config.parameters.model.num_classes,
+            classes: dataset.classes(),
             normalization: dataset.normalization(),
             datasource: dataset.name(),
         })?;
-        if let Err(error) = dataset
-            .task()
-            .check(&data, config.parameters.model.num_classes)
-        {
+        if let Err(error) = dataset.task().check(&data, dataset.classes()) {
             anyhow::bail!(
                 "--data: the server's data set `{}` is learned as {}: {error}",
                 dataset.name(),
@@ -395,7 +392,11 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     let holdings = Holdings::prepare(&loaded, options, own, welcome.client_id)?;
     let model = options
         .registry
-        .run_model(&loaded, holdings.sample_shape().to_vec())
+        .run_model_in(
+            &loaded,
+            options.data_root.as_deref(),
+            holdings.sample_shape().to_vec(),
+        )
         .context("the server's model")?;
     let mut runner = ClientRunner::new(&loaded, &model, &selected)?;
     let compute = compute_threads(config.trainer.threads_per_worker)?;

@@ -219,7 +219,10 @@ impl LoadedConfig {
                 partition::iid_cyclic(labels.len(), clients, data.partition_size, seed)
             }
             Sampler::Dirichlet => {
-                let classes = self.config.parameters.model.num_classes;
+                // A file data set's classes come from its labels, and may
+                // be more than the default num_classes.
+                let labelled = labels.iter().max().map_or(0, |&l| l as usize + 1);
+                let classes = self.config.parameters.model.num_classes.max(labelled);
                 partition::dirichlet(labels, classes, clients, alpha, min_size, seed)
             }
             Sampler::Shards => partition::shards(labels, clients, data.shards_per_client, seed),
@@ -308,6 +311,16 @@ impl LoadedConfig {
     /// The file that set `key` (dotted), or the top-level file.
     pub fn origin_of(&self, key: &str) -> &Path {
         self.origins.get(key).unwrap_or(&self.path)
+    }
+
+    /// `parameters.model.num_classes` when the config sets it (a file or
+    /// `--set`), `None` when it is the default: a file data set's classes
+    /// then come from its labels.
+    pub fn num_classes_set(&self) -> Option<usize> {
+        let model = self.merged.get("parameters")?.get("model")?;
+        model
+            .get("num_classes")
+            .map(|_| self.config.parameters.model.num_classes)
     }
 
     /// A problem with `key`'s value found after loading, by a layer that
@@ -1334,6 +1347,7 @@ fn validate_data(config: &Config, fail: Fail) {
             "must be at least 1 when set".to_owned(),
         );
     }
+    check_file_data(config, fail);
     check_partition_sizes(config, fail);
     check_iid_fits(config, fail);
     check_iid_cyclic(config, fail);
@@ -1687,6 +1701,93 @@ pub fn training_samples_needed(config: &Config) -> Option<(&'static str, u64)> {
             ),
         },
     )
+}
+
+/// The keys of file data sets (`data.datasource = "CSV"`, `"NPZ"`,
+/// `"Safetensors"`): `train_file` required for them, every one of them
+/// refused for the other data sets, the CSV columns for CSV only.
+fn check_file_data(config: &Config, fail: Fail) {
+    use crate::data::tabular::FileFormat;
+    let data = &config.data;
+    let format = FileFormat::from_name(&data.datasource);
+    let keys: [(&str, bool); 6] = [
+        ("data.train_file", data.train_file.is_some()),
+        ("data.test_file", data.test_file.is_some()),
+        ("data.label_column", data.label_column.is_some()),
+        ("data.client_column", data.client_column.is_some()),
+        ("data.test_fraction", data.test_fraction.is_some()),
+        ("data.split_seed", data.split_seed.is_some()),
+    ];
+    let Some(format) = format else {
+        for (key, _) in keys.iter().filter(|(_, set)| *set) {
+            fail(
+                key,
+                format!(
+                    "applies only to the file data sets (data.datasource = \"CSV\", \"NPZ\" or \
+                     \"Safetensors\"); `{}` reads its own files, so remove `{key}`",
+                    data.datasource
+                ),
+            );
+        }
+        return;
+    };
+    if data.train_file.is_none() {
+        fail(
+            "data.datasource",
+            format!(
+                "`{format}` reads the file that data.train_file names (relative to \
+                 data.data_path), and none is set"
+            ),
+        );
+    }
+    if format != FileFormat::Csv {
+        for key in ["data.label_column", "data.client_column"] {
+            if keys.iter().any(|(k, set)| *k == key && *set) {
+                fail(
+                    key,
+                    format!(
+                        "names a column of a CSV file; `{format}` files name their arrays \
+                         (see docs/CONFIG.md), so remove `{key}`"
+                    ),
+                );
+            }
+        }
+    }
+    for (key, name) in [
+        ("data.label_column", &data.label_column),
+        ("data.client_column", &data.client_column),
+    ] {
+        if name.as_ref().is_some_and(|n| n.trim().is_empty()) {
+            fail(key, "must name a column".to_owned());
+        }
+    }
+    if data.label_column.is_some() && data.label_column == data.client_column {
+        fail(
+            "data.client_column",
+            "must be another column than data.label_column".to_owned(),
+        );
+    }
+    if let Some(fraction) = data.test_fraction {
+        if !(fraction > 0.0 && fraction < 1.0) {
+            fail(
+                "data.test_fraction",
+                format!("must be a number with 0 < f < 1, got {fraction}"),
+            );
+        }
+        if data.test_file.is_some() {
+            fail(
+                "data.test_fraction",
+                "cuts a test set from the training file, and data.test_file names one: keep \
+                 one"
+                .to_owned(),
+            );
+        }
+    } else if data.split_seed.is_some() {
+        fail(
+            "data.split_seed",
+            "seeds data.test_fraction's split, which is not set".to_owned(),
+        );
+    }
 }
 
 /// Iid partitions with a given size cannot together take more samples than

@@ -223,6 +223,23 @@ pub struct Data {
     pub download: bool,
     /// Mirror base URLs tried in order; default: the dataset's standard mirrors.
     pub mirrors: Option<Vec<String>>,
+    /// The file of a file data set (`CSV`, `NPZ`, `Safetensors`: see
+    /// [`crate::data::tabular`]), relative to `data_path` unless absolute;
+    /// required for those, refused for the others.
+    pub train_file: Option<PathBuf>,
+    /// A file data set's test file, in the same format; default: the test
+    /// arrays of `train_file` (NPZ, Safetensors) or `test_fraction`.
+    pub test_file: Option<PathBuf>,
+    /// `CSV`: the column of labels; default `"label"`.
+    pub label_column: Option<String>,
+    /// `CSV`: a column of integer client ids, not a feature; it makes the
+    /// `natural` sampler's users.
+    pub client_column: Option<String>,
+    /// A file data set without a test set: this fraction (0 < f < 1) of the
+    /// training file, drawn by a seeded shuffle, is the test set.
+    pub test_fraction: Option<f64>,
+    /// Seed of `test_fraction`'s shuffle; default: `random_seed`.
+    pub split_seed: Option<u64>,
 }
 
 impl Data {
@@ -247,6 +264,12 @@ impl Default for Data {
             random_seed: 1,
             download: true,
             mirrors: None,
+            train_file: None,
+            test_file: None,
+            label_column: None,
+            client_column: None,
+            test_fraction: None,
+            split_seed: None,
         }
     }
 }

@@ -1134,3 +1134,76 @@ fn a_model_option_can_be_set_on_the_command_line() {
     assert_eq!(options["norm"].as_str(), Some("group"), "{options:?}");
     assert!(loaded.config.parameters.model.options.is_empty());
 }
+
+#[test]
+fn file_data_sets_need_a_train_file_and_their_keys_belong_to_them() {
+    let with = |data: &str| format!("{MINIMAL}\n[data]\n{data}\n");
+    let loaded = load_text(&with(
+        "datasource = \"CSV\"\ntrain_file = \"t.csv\"\ntest_fraction = 0.2",
+    ))
+    .unwrap();
+    assert_eq!(loaded.num_classes_set(), None, "the default");
+    let set = load_text(&format!(
+        "{}\n[parameters.model]\nnum_classes = 5\n",
+        with("datasource = \"NPZ\"\ntrain_file = \"t.npz\"")
+    ))
+    .unwrap();
+    assert_eq!(set.num_classes_set(), Some(5));
+
+    let error = error_of(&with("datasource = \"CSV\""));
+    assert_eq!(error.key.as_deref(), Some("data.datasource"));
+    assert!(error.message.contains("data.train_file"), "{error}");
+    let error = error_of(&with("datasource = \"MNIST\"\ntrain_file = \"t.csv\""));
+    assert_eq!(error.key.as_deref(), Some("data.train_file"));
+    assert!(
+        error.message.contains("applies only to the file data sets"),
+        "{error}"
+    );
+    let error = error_of(&with(
+        "datasource = \"NPZ\"\ntrain_file = \"t.npz\"\nlabel_column = \"y\"",
+    ));
+    assert_eq!(error.key.as_deref(), Some("data.label_column"));
+    for fraction in ["0.0", "1.0", "-0.5", "nan"] {
+        let error = error_of(&with(&format!(
+            "datasource = \"CSV\"\ntrain_file = \"t.csv\"\ntest_fraction = {fraction}"
+        )));
+        assert_eq!(
+            error.key.as_deref(),
+            Some("data.test_fraction"),
+            "{fraction}"
+        );
+    }
+    let error = error_of(&with(
+        "datasource = \"CSV\"\ntrain_file = \"t.csv\"\ntest_file = \"u.csv\"\ntest_fraction = 0.5",
+    ));
+    assert!(error.message.contains("keep one"), "{error}");
+    let error = error_of(&with(
+        "datasource = \"CSV\"\ntrain_file = \"t.csv\"\nsplit_seed = 3",
+    ));
+    assert_eq!(error.key.as_deref(), Some("data.split_seed"));
+    let error = error_of(&with(
+        "datasource = \"CSV\"\ntrain_file = \"t.csv\"\nlabel_column = \"c\"\nclient_column = \"c\"",
+    ));
+    assert_eq!(error.key.as_deref(), Some("data.client_column"));
+}
+
+#[test]
+fn config_md_documents_exactly_the_data_keys() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/CONFIG.md"))
+            .unwrap();
+    let table = doc
+        .split("## `[data]`")
+        .nth(1)
+        .and_then(|rest| rest.split("\n### ").next())
+        .expect("docs/CONFIG.md has a `[data]` section");
+    let mut documented: Vec<&str> = table
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `")?.split_once("` |"))
+        .map(|(key, _)| key)
+        .collect();
+    documented.sort_unstable();
+    let mut keys = introspect::fields_of::<Data>().to_vec();
+    keys.sort_unstable();
+    assert_eq!(documented, keys, "docs/CONFIG.md's [data] table and `Data`");
+}

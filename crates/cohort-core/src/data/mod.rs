@@ -1,5 +1,6 @@
 //! Datasets: the readers of their file formats (IDX, CIFAR's binary
-//! batches, LEAF's JSON), the dataset catalogue, and downloads.
+//! batches, LEAF's JSON; CSV, NumPy .npz and safetensors for the file data
+//! sets of [`tabular`]), the dataset catalogue, and downloads.
 
 pub mod augment;
 pub mod cifar;
@@ -8,6 +9,7 @@ pub mod idx;
 pub mod leaf;
 pub mod own;
 pub mod survey;
+pub mod tabular;
 
 use std::path::{Path, PathBuf};
 

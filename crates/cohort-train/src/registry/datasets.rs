@@ -1,9 +1,11 @@
 //! Data sets a run can name, by `data.datasource`.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
+use cohort_core::config::{ConfigErrors, LoadedConfig};
 use cohort_core::data::augment::Augment;
+use cohort_core::data::tabular::{self, FileFormat, FileSpec};
 use cohort_core::data::{self, DataSource, Dataset, Fetch, Normalization, Splits};
 
 use crate::task::{Classification, NextToken, Task};
@@ -141,6 +143,77 @@ impl DatasetEntry {
         }
     }
 
+    /// The file data set `loaded` names (`data.datasource = "CSV"`, `"NPZ"`
+    /// or `"Safetensors"`), read from `data.train_file` under `root`: its
+    /// sample shape from the file, its classes the largest label + 1, or
+    /// `parameters.model.num_classes` where the config sets it larger (a
+    /// label at or above a num_classes the config sets is an error). The
+    /// entry holds the splits it read, so loading it reads nothing again.
+    pub fn from_file(loaded: &LoadedConfig, root: &Path) -> Result<Self, ConfigErrors> {
+        let data = &loaded.config().data;
+        let Some(spec) = FileSpec::of(data, root) else {
+            return Err(loaded.error_at(
+                "data.train_file",
+                format!(
+                    "`{}` reads data.train_file, which is not set",
+                    data.datasource
+                ),
+            ));
+        };
+        let read = tabular::load(&spec)
+            .map_err(|error| loaded.error_at("data.train_file", format!("{error}")))?;
+        let classes = match loaded.num_classes_set() {
+            None => read.classes,
+            Some(set) if set >= read.classes => set,
+            Some(set) => {
+                let found = [
+                    ("training", &spec.train_file, &read.splits.train),
+                    (
+                        "test",
+                        spec.test_file.as_ref().unwrap_or(&spec.train_file),
+                        &read.splits.test,
+                    ),
+                ]
+                .into_iter()
+                .find_map(|(split, file, set_of)| {
+                    set_of
+                        .label_out_of(set)
+                        .map(|(index, label)| (split, file, index, label))
+                });
+                let (split, file, index, label) =
+                    found.unwrap_or(("training", &spec.train_file, 0, read.classes as u32 - 1));
+                return Err(loaded.error_at(
+                    "parameters.model.num_classes",
+                    format!(
+                        "is {set}, but {}: {split} sample {index} has label {label} (labels \
+                         must be below num_classes; remove it to take the file's {} classes)",
+                        file.display(),
+                        read.classes
+                    ),
+                ));
+            }
+        };
+        let splits = Arc::new(read.splits);
+        let train_samples = splits.train.len();
+        let sample_shape = splits.train.sample_shape.clone();
+        Ok(Self::new(
+            spec.format.name(),
+            spec.format.summary(),
+            sample_shape,
+            classes,
+            train_samples,
+            move |request| {
+                let mut splits = Splits::clone(&splits);
+                if request.test_only {
+                    splits.train.inputs.clear();
+                    splits.train.labels.clear();
+                    splits.train_users = None;
+                }
+                Ok(splits)
+            },
+        ))
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -204,5 +277,102 @@ impl DatasetEntry {
             }
         }
         Ok(splits)
+    }
+}
+
+type Resolve = dyn Fn(&LoadedConfig, &Path) -> Result<DatasetEntry, ConfigErrors> + Send + Sync;
+
+/// A data set whose entry is derived from the config and the data folder
+/// when a run names it, not fixed when it is registered: its sample shape
+/// and classes come from the files (cohort's `CSV`, `NPZ` and
+/// `Safetensors`, [`DatasetResolver::file`]).
+#[derive(Clone)]
+pub struct DatasetResolver {
+    name: String,
+    summary: String,
+    resolve: Arc<Resolve>,
+}
+
+impl std::fmt::Debug for DatasetResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatasetResolver")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a file data set's entry was derived from: the same spec, classes
+/// and files (by size and modification time) give the same entry.
+type FileKey = (
+    FileSpec,
+    Option<usize>,
+    Vec<Option<(u64, std::time::SystemTime)>>,
+);
+
+impl DatasetResolver {
+    /// The data set named `name` whose entry `resolve` derives from the
+    /// config and the data folder (`data.data_path`, or the folder the
+    /// command line gives).
+    pub fn new(
+        name: &str,
+        summary: &str,
+        resolve: impl Fn(&LoadedConfig, &Path) -> Result<DatasetEntry, ConfigErrors>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            summary: summary.to_owned(),
+            resolve: Arc::new(resolve),
+        }
+    }
+
+    /// A file data set of `format` ([`DatasetEntry::from_file`]). The last
+    /// entry derived is kept, so a run that asks for it several times (its
+    /// model, its data) reads the file once while the file is unchanged.
+    pub fn file(format: FileFormat) -> Self {
+        let last: Mutex<Option<(FileKey, DatasetEntry)>> = Mutex::new(None);
+        Self::new(format.name(), format.summary(), move |loaded, root| {
+            let key = FileSpec::of(&loaded.config().data, root).map(|spec| {
+                let stamps = std::iter::once(&spec.train_file)
+                    .chain(spec.test_file.as_ref())
+                    .map(|file| {
+                        let meta = std::fs::metadata(file).ok()?;
+                        Some((meta.len(), meta.modified().ok()?))
+                    })
+                    .collect();
+                (spec, loaded.num_classes_set(), stamps)
+            });
+            let mut last = last.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let (Some(key), Some((kept, entry))) = (&key, last.as_ref())
+                && key == kept
+                && key.2.iter().all(Option::is_some)
+            {
+                return Ok(entry.clone());
+            }
+            let entry = DatasetEntry::from_file(loaded, root)?;
+            if let Some(key) = key {
+                *last = Some((key, entry.clone()));
+            }
+            Ok(entry)
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn summary(&self) -> &str {
+        &self.summary
+    }
+
+    /// The entry for `loaded`, its files under `root`.
+    pub fn resolve(
+        &self,
+        loaded: &LoadedConfig,
+        root: &Path,
+    ) -> Result<DatasetEntry, ConfigErrors> {
+        (self.resolve)(loaded, root)
     }
 }

@@ -12,14 +12,16 @@
 mod datasets;
 mod strategies;
 
-pub use datasets::{DataRequest, DatasetEntry, LoadError};
+pub use datasets::{DataRequest, DatasetEntry, DatasetResolver, LoadError};
 pub use strategies::StrategyEntry;
 
 use std::marker::PhantomData;
+use std::path::Path;
 use std::sync::Arc;
 
 use burn::tensor::Device;
 use cohort_core::config::{ConfigErrors, LoadedConfig, VectorizedClients, plain_name};
+use cohort_core::data::tabular::FileFormat;
 use cohort_core::data::{DataSource, Splits};
 use cohort_core::strategy::{AlgorithmConfig, Strategy};
 use cohort_core::suggest::did_you_mean;
@@ -296,6 +298,8 @@ pub enum RegistryError {
 pub struct Registry {
     models: Vec<ModelEntry>,
     datasets: Vec<DatasetEntry>,
+    /// Data sets whose entries come from their files when a run names them.
+    resolvers: Vec<DatasetResolver>,
     /// Beside cohort's own (`AlgorithmConfig`), which are always there.
     strategies: Vec<StrategyEntry>,
 }
@@ -425,6 +429,11 @@ impl Registry {
                 .add_dataset(DatasetEntry::builtin(source, summary))
                 .expect("built-in names are unique");
         }
+        for format in FileFormat::ALL {
+            registry
+                .add_resolver(DatasetResolver::file(format))
+                .expect("built-in names are unique");
+        }
         registry
     }
 
@@ -433,14 +442,37 @@ impl Registry {
         if !plain_name(entry.name()) {
             return Err(RegistryError::BadName(entry.name().to_owned()));
         }
-        if self.dataset(entry.name()).is_some() {
+        if self.knows_dataset(entry.name()) {
             return Err(RegistryError::DuplicateDataset(entry.name().to_owned()));
         }
         self.datasets.push(entry);
         Ok(self)
     }
 
-    /// The data set registered as `name`.
+    /// Registers a data set whose entry `resolver` derives when a run names
+    /// it (its shape and classes from the files the config names).
+    pub fn add_resolver(&mut self, resolver: DatasetResolver) -> Result<&mut Self, RegistryError> {
+        if !plain_name(resolver.name()) {
+            return Err(RegistryError::BadName(resolver.name().to_owned()));
+        }
+        if self.knows_dataset(resolver.name()) {
+            return Err(RegistryError::DuplicateDataset(resolver.name().to_owned()));
+        }
+        self.resolvers.push(resolver);
+        Ok(self)
+    }
+
+    fn knows_dataset(&self, name: &str) -> bool {
+        self.dataset(name).is_some() || self.resolvers.iter().any(|r| r.name() == name)
+    }
+
+    /// The data sets derived from their files, in registration order.
+    pub fn resolvers(&self) -> &[DatasetResolver] {
+        &self.resolvers
+    }
+
+    /// The data set registered as `name` with a fixed entry (not one
+    /// derived from files: see [`Registry::dataset_in`]).
     pub fn dataset(&self, name: &str) -> Option<&DatasetEntry> {
         self.datasets.iter().find(|entry| entry.name() == name)
     }
@@ -450,13 +482,30 @@ impl Registry {
         &self.datasets
     }
 
+    /// [`Registry::dataset_in`] with the files under `data.data_path`.
+    pub fn dataset_of(&self, loaded: &LoadedConfig) -> Result<DatasetEntry, ConfigErrors> {
+        self.dataset_in(loaded, None)
+    }
+
     /// The data set `data.datasource` names, or the config error that says
-    /// which names there are; its classes must be the config's
-    /// `parameters.model.num_classes`.
-    pub fn dataset_of(&self, loaded: &LoadedConfig) -> Result<&DatasetEntry, ConfigErrors> {
+    /// which names there are. A fixed entry's classes must be the config's
+    /// `parameters.model.num_classes`; a derived one (a file data set) is
+    /// read from `data_root` (else `data.data_path`) and takes its classes
+    /// from its labels.
+    pub fn dataset_in(
+        &self,
+        loaded: &LoadedConfig,
+        data_root: Option<&Path>,
+    ) -> Result<DatasetEntry, ConfigErrors> {
         let name = &loaded.config().data.datasource;
+        if let Some(resolver) = self.resolvers.iter().find(|r| r.name() == name) {
+            let root = data_root.unwrap_or(&loaded.config().data.data_path);
+            return resolver.resolve(loaded, root);
+        }
         let Some(entry) = self.dataset(name) else {
-            let names: Vec<&str> = self.datasets.iter().map(DatasetEntry::name).collect();
+            let names: Vec<&str> = (self.datasets.iter().map(DatasetEntry::name))
+                .chain(self.resolvers.iter().map(DatasetResolver::name))
+                .collect();
             return Err(loaded.error_at(
                 "data.datasource",
                 format!(
@@ -476,7 +525,7 @@ impl Registry {
                 ),
             ));
         }
-        Ok(entry)
+        Ok(entry.clone())
     }
 
     /// The config's data set, loaded as `request` says.
@@ -485,7 +534,7 @@ impl Registry {
         loaded: &LoadedConfig,
         request: &DataRequest,
     ) -> Result<Splits, LoadError> {
-        self.dataset_of(loaded)?.load(request)
+        self.dataset_in(loaded, Some(&request.root))?.load(request)
     }
 
     /// Registers the model that `build` constructs under `name`.
@@ -544,8 +593,18 @@ impl Registry {
     /// The model the config names for the config's data set, after
     /// [`Registry::check`] (with the data set's declared sample shape).
     pub fn config_model(&self, loaded: &LoadedConfig) -> Result<RunModel, ConfigErrors> {
-        let dataset = self.dataset_of(loaded)?;
-        self.run_model(loaded, dataset.sample_shape().to_vec())
+        self.config_model_in(loaded, None)
+    }
+
+    /// [`Registry::config_model`] with the data set's files under
+    /// `data_root` (else `data.data_path`).
+    pub fn config_model_in(
+        &self,
+        loaded: &LoadedConfig,
+        data_root: Option<&Path>,
+    ) -> Result<RunModel, ConfigErrors> {
+        let dataset = self.dataset_in(loaded, data_root)?;
+        self.run_model_for(loaded, &dataset, dataset.sample_shape().to_vec())
     }
 
     /// The model the config names, for samples of `sample_shape` and the
@@ -556,7 +615,29 @@ impl Registry {
         loaded: &LoadedConfig,
         sample_shape: Vec<usize>,
     ) -> Result<RunModel, ConfigErrors> {
-        let dataset = self.dataset_of(loaded)?;
+        self.run_model_in(loaded, None, sample_shape)
+    }
+
+    /// [`Registry::run_model`] with the data set's files under `data_root`
+    /// (else `data.data_path`): a file data set's classes come from them.
+    pub fn run_model_in(
+        &self,
+        loaded: &LoadedConfig,
+        data_root: Option<&Path>,
+        sample_shape: Vec<usize>,
+    ) -> Result<RunModel, ConfigErrors> {
+        let dataset = self.dataset_in(loaded, data_root)?;
+        self.run_model_for(loaded, &dataset, sample_shape)
+    }
+
+    /// The model the config names for `dataset` (its task and classes),
+    /// for samples of `sample_shape`, after [`Registry::check`].
+    pub fn run_model_for(
+        &self,
+        loaded: &LoadedConfig,
+        dataset: &DatasetEntry,
+        sample_shape: Vec<usize>,
+    ) -> Result<RunModel, ConfigErrors> {
         let augmentation = dataset
             .augmentation()
             .filter(|_| loaded.config().data.augment)
@@ -566,10 +647,11 @@ impl Registry {
             });
         let model = RunModel {
             entry: self.model_of(loaded)?.clone(),
-            spec: ModelSpec::new(sample_shape, loaded.config().parameters.model.num_classes)
-                .with_options(ModelOptions::new(
-                    loaded.config().parameters.model.options.clone(),
-                )),
+            // The config's num_classes for a fixed entry (they are equal);
+            // a file data set's classes from its labels.
+            spec: ModelSpec::new(sample_shape, dataset.classes()).with_options(ModelOptions::new(
+                loaded.config().parameters.model.options.clone(),
+            )),
             task: dataset.task().clone(),
             augmentation,
         };
