@@ -85,6 +85,10 @@ pub enum PeerError {
         "client {client} reports refusing shares from {peer}, which it was not sent (or twice)"
     )]
     BadRejection { client: ClientId, peer: ClientId },
+    #[error(
+        "client {client}'s shares were refused by its neighbour {by}; it is left out of the sum"
+    )]
+    ReportedByPeer { client: ClientId, by: ClientId },
     #[error("client {client}'s message is malformed: {error}")]
     Malformed { client: ClientId, error: WireError },
     #[error("client {client}'s unmask response does not answer the request: {what}")]
@@ -446,12 +450,23 @@ impl CollectingInputs {
     /// mask keys of its neighbours out of it whose pairwise masks some
     /// contributor's input carries (and whose share it holds).
     pub fn finish(self) -> Result<(Unmasking, Vec<(ClientId, UnmaskRequest)>), SecAggError> {
-        let core = self.0;
-        let excluded: BTreeSet<ClientId> = core
+        let mut core = self.0;
+        let reports: Vec<PeerError> = core
             .inputs
-            .values()
-            .flat_map(|i| i.rejected.iter().copied())
+            .iter()
+            .flat_map(|(&by, input)| {
+                let report = move |&client| PeerError::ReportedByPeer { client, by };
+                input.rejected.iter().map(report)
+            })
             .collect();
+        let excluded: BTreeSet<ClientId> = reports
+            .iter()
+            .filter_map(|r| match r {
+                PeerError::ReportedByPeer { client, .. } => Some(*client),
+                _ => None,
+            })
+            .collect();
+        core.refused.extend(reports);
         let contributors: BTreeSet<ClientId> = core
             .inputs
             .keys()
