@@ -354,3 +354,135 @@ impl InputSent {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secagg::NumShares;
+    use crate::secagg::wire::PeerKeys;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
+
+    const IDS: [ClientId; 3] = [10, 20, 30];
+
+    fn params() -> Params {
+        Params::new(NumShares::All, 2)
+    }
+
+    fn advertised(rng: &mut ChaCha20Rng) -> (Vec<KeysAdvertised>, NeighbourKeys) {
+        let (states, peers): (Vec<_>, Vec<_>) = IDS
+            .iter()
+            .map(|&id| {
+                let (state, keys) = KeysAdvertised::start(id, &params(), rng).unwrap();
+                (state, PeerKeys { id, keys })
+            })
+            .unzip();
+        (states, NeighbourKeys { peers })
+    }
+
+    #[test]
+    fn key_lists_are_checked() {
+        let mut rng = ChaCha20Rng::seed_from_u64(1);
+        let (mut states, keys) = advertised(&mut rng);
+        let first = states.remove(0);
+        let mut swapped = keys.clone();
+        swapped.peers.swap(1, 2);
+        assert!(matches!(
+            first.check_key_list(&swapped),
+            Err(ClientError::KeyListOrder(20))
+        ));
+        let others = NeighbourKeys {
+            peers: keys.peers[1..].to_vec(),
+        };
+        assert_eq!(
+            first.check_key_list(&others),
+            Err(ClientError::OwnKeysMissing)
+        );
+        let alone = NeighbourKeys {
+            peers: keys.peers[..1].to_vec(),
+        };
+        assert!(matches!(
+            first.check_key_list(&alone),
+            Err(ClientError::KeyListSize { got: 1, need: 2 })
+        ));
+        let mut copied = keys.clone();
+        copied.peers[2].keys.mask_key = copied.peers[1].keys.mask_key;
+        assert_eq!(first.check_key_list(&copied), Err(ClientError::WeakKey(30)));
+        let mut low_order = keys.clone();
+        low_order.peers[1].keys.mask_key = [0; 32];
+        assert_eq!(
+            first.check_key_list(&low_order),
+            Err(ClientError::WeakKey(20))
+        );
+        assert_eq!(first.check_key_list(&keys), Ok(0));
+    }
+
+    /// Client 10's view after 20 sent an authentic but malformed share and
+    /// 30 an honest one.
+    fn after_malformed_share() -> Result<(InputSent, MaskedInput), ClientError> {
+        let mut rng = ChaCha20Rng::seed_from_u64(2);
+        let (states, keys) = advertised(&mut rng);
+        let mut sent: Vec<(SharesSent, SealedShares)> = states
+            .into_iter()
+            .map(|s| s.share_keys(&keys, &mut rng).unwrap())
+            .collect();
+        let to_first = |sealed: &SealedShares| {
+            sealed
+                .entries
+                .iter()
+                .find(|(to, _)| *to == 10)
+                .unwrap()
+                .1
+                .clone()
+        };
+        // 20 seals a plaintext that is not two shares, under the right key.
+        let key = sent[0].0.peers[&20].1;
+        let garbage = crypto::seal(&key, 20, 10, &[7; 40]);
+        let routed = SealedShares {
+            entries: vec![(20, garbage), (30, to_first(&sent[2].1))],
+        };
+        let first = sent.remove(0).0;
+        first.collect_masked_input(&routed, 1.0, &[0.5; 4], &mut rng)
+    }
+
+    #[test]
+    fn an_authentic_but_malformed_share_is_refused() {
+        let (state, input) = after_malformed_share().unwrap();
+        assert_eq!(input.rejected, vec![20]);
+        assert_eq!(state.held.keys().copied().collect::<Vec<_>>(), vec![10, 30]);
+        let ask =
+            |survivors: Vec<ClientId>, dropped: Vec<ClientId>| UnmaskRequest { survivors, dropped };
+        let fresh = || after_malformed_share().unwrap().0;
+        assert_eq!(
+            fresh().unmask(&ask(vec![10, 20], vec![])),
+            Err(ClientError::NoShareHeld(20))
+        );
+        assert_eq!(
+            fresh().unmask(&ask(vec![10, 30], vec![30])),
+            Err(ClientError::BothShares(30))
+        );
+        assert_eq!(
+            fresh().unmask(&ask(vec![10, 40], vec![])),
+            Err(ClientError::NoEdge(40))
+        );
+        assert_eq!(
+            fresh().unmask(&ask(vec![30], vec![10])),
+            Err(ClientError::OwnKey)
+        );
+        assert_eq!(
+            fresh().unmask(&ask(vec![30, 30], vec![])),
+            Err(ClientError::Repeated(30))
+        );
+        assert_eq!(
+            fresh().unmask(&ask(vec![10], vec![])),
+            Err(ClientError::TooFewSurvivors {
+                survivors: 1,
+                need: 2
+            })
+        );
+        let answer = fresh().unmask(&ask(vec![10, 30], vec![])).unwrap();
+        let owners: Vec<ClientId> = answer.seed_shares.iter().map(|(id, _)| *id).collect();
+        assert_eq!(owners, vec![10, 30]);
+        assert!(answer.key_shares.is_empty());
+    }
+}

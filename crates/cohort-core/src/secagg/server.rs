@@ -17,13 +17,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rand::CryptoRng;
+use rand::seq::SliceRandom;
+use rand::{CryptoRng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 use x25519_dalek::StaticSecret;
 
 use super::crypto::{self, KeyPair, Sign};
 use super::graph::{Graph, GraphError};
 use super::quant;
-use super::shamir::{self, SHARE_LEN, ShamirError, Share};
+use super::shamir::{self, SHARE_LEN, Share};
 use super::wire::{
     KeyAdvertisement, MaskedInput, NeighbourKeys, PeerKeys, SealedShares, UnmaskRequest,
     UnmaskResponse, WireError,
@@ -125,23 +127,27 @@ pub enum SecAggError {
         got: usize,
         need: usize,
     },
-    #[error("client {owner}'s {secret} could not be reconstructed: {source}")]
-    Reconstruction {
-        owner: ClientId,
-        secret: &'static str,
-        source: ShamirError,
-    },
     #[error(
-        "client {owner}'s reconstructed {secret} does not match what it committed to; some shares are corrupt"
+        "client {client}'s mask key gives no contributory agreement; expected it refused on receipt"
+    )]
+    NotContributory { client: ClientId },
+    #[error(
+        "no {need} of the {got} shares of client {owner}'s {secret} rebuild what it committed to (tried {attempts} subsets); some shares are corrupt"
     )]
     Mismatch {
         owner: ClientId,
         secret: &'static str,
+        got: usize,
+        need: usize,
+        attempts: usize,
     },
 }
 
 /// The longest model a round accepts (2^28 values, 1 GiB of `u32`).
 pub const MAX_VALUES: usize = 1 << 28;
+
+/// How many subsets of `t` shares are tried before a secret is given up.
+const RECONSTRUCTION_ATTEMPTS: usize = 32;
 
 const SEED: &str = "self-mask seed";
 const KEY: &str = "mask key";
@@ -573,21 +579,16 @@ impl Unmasking {
             }
         }
         for &owner in &self.contributors {
-            let seed = self.reconstruct(owner, SEED, |r| &r.seed_shares)?;
-            if crypto::seed_commitment(&seed) != core.inputs[&owner].seed_commitment {
-                return Err(SecAggError::Mismatch {
-                    owner,
-                    secret: SEED,
-                });
-            }
+            let commitment = core.inputs[&owner].seed_commitment;
+            let check = |seed: &[u8; 32]| crypto::seed_commitment(seed) == commitment;
+            let seed = self.reconstruct(owner, SEED, |r| &r.seed_shares, check)?;
             crypto::apply_mask(&mut sum, &seed, Sign::Subtract, modulus_mask);
         }
         for &owner in &self.dropped {
-            let key = KeyPair::from_secret(self.reconstruct(owner, KEY, |r| &r.key_shares)?);
-            if key.public != core.keys[&owner].mask_key {
-                return Err(SecAggError::Mismatch { owner, secret: KEY });
-            }
-            self.remove_pairwise(&mut sum, owner, &key)?;
+            let advertised = core.keys[&owner].mask_key;
+            let check = |key: &[u8; 32]| KeyPair::from_secret(*key).public == advertised;
+            let key = self.reconstruct(owner, KEY, |r| &r.key_shares, check)?;
+            self.remove_pairwise(&mut sum, owner, &KeyPair::from_secret(key))?;
         }
         sum.iter_mut().for_each(|v| *v &= modulus_mask);
         let (total_weight, weighted_sum) =
@@ -615,12 +616,8 @@ impl Unmasking {
                 continue;
             }
             // Keys were checked contributory on receipt, so this holds.
-            let shared = crypto::agree(&key.secret, &self.core.keys[&client].mask_key).ok_or(
-                SecAggError::Mismatch {
-                    owner: client,
-                    secret: KEY,
-                },
-            )?;
+            let shared = crypto::agree(&key.secret, &self.core.keys[&client].mask_key)
+                .ok_or(SecAggError::NotContributory { client })?;
             let sign = if client > owner {
                 Sign::Subtract
             } else {
@@ -636,31 +633,123 @@ impl Unmasking {
         Ok(())
     }
 
-    /// One secret of `owner` from the shares the responders returned.
+    /// One secret of `owner` from the shares the responders returned: the
+    /// first `t` if they pass `check`, else other subsets of `t`, drawn at
+    /// random, so one corrupt share among spare ones does not sink the round.
     fn reconstruct(
         &self,
         owner: ClientId,
         secret: &'static str,
         list: impl Fn(&UnmaskResponse) -> &Vec<(ClientId, Share)>,
+        check: impl Fn(&[u8; 32]) -> bool,
     ) -> Result<[u8; 32], SecAggError> {
-        let shares: Vec<Share> = self
+        let mut shares: Vec<Share> = self
             .responses
             .values()
             .filter_map(|r| list(r).iter().find(|(id, _)| *id == owner).map(|(_, s)| *s))
             .collect();
-        let need = self.core.threshold;
-        if shares.len() < need {
+        let (got, need) = (shares.len(), self.core.threshold);
+        if got < need {
             return Err(SecAggError::NotEnoughShares {
                 owner,
                 secret,
-                got: shares.len(),
+                got,
                 need,
             });
         }
-        shamir::reconstruct(&shares, need).map_err(|source| SecAggError::Reconstruction {
+        let attempts = if got == need {
+            1
+        } else {
+            RECONSTRUCTION_ATTEMPTS
+        };
+        let mut rng = ChaCha20Rng::seed_from_u64(owner);
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                shares.shuffle(&mut rng);
+            }
+            if let Ok(value) = shamir::reconstruct(&shares, need)
+                && check(&value)
+            {
+                return Ok(value);
+            }
+        }
+        Err(SecAggError::Mismatch {
             owner,
             secret,
-            source,
+            got,
+            need,
+            attempts,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secagg::NumShares;
+    use crate::secagg::graph::GraphError;
+
+    fn keys(rng: &mut ChaCha20Rng) -> KeyAdvertisement {
+        KeyAdvertisement {
+            mask_key: KeyPair::generate(rng).public,
+            encryption_key: KeyPair::generate(rng).public,
+        }
+    }
+
+    #[test]
+    fn key_collection_refuses_strangers_repeats_and_weak_keys() {
+        let mut rng = ChaCha20Rng::seed_from_u64(1);
+        let params = Params::new(NumShares::Neighbours(3), 2);
+        let mut server = CollectingKeys::new(&params, &[1, 2, 3, 4], 10, 0, &mut rng).unwrap();
+        let first = keys(&mut rng);
+        server.receive(1, first.clone()).unwrap();
+        assert_eq!(
+            server.receive(1, keys(&mut rng)),
+            Err(PeerError::Unexpected { client: 1 })
+        );
+        assert_eq!(
+            server.receive(9, keys(&mut rng)),
+            Err(PeerError::Unexpected { client: 9 })
+        );
+        assert_eq!(
+            server.receive(2, first.clone()),
+            Err(PeerError::WeakKey { client: 2 })
+        );
+        let low_order = KeyAdvertisement {
+            mask_key: [0; 32],
+            ..keys(&mut rng)
+        };
+        assert_eq!(
+            server.receive(3, low_order),
+            Err(PeerError::WeakKey { client: 3 })
+        );
+        // Only client 1 is left: its neighbourhood is below the threshold.
+        assert!(matches!(
+            server.finish(),
+            Err(SecAggError::TooFewSurvivors {
+                client: 1,
+                alive: 1,
+                threshold: 2,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn bad_dimensions_and_params_are_refused() {
+        let mut rng = ChaCha20Rng::seed_from_u64(2);
+        let params = Params::new(NumShares::All, 2);
+        assert!(matches!(
+            CollectingKeys::new(&params, &[1, 2, 3], 0, 0, &mut rng),
+            Err(SecAggError::Dimension(0))
+        ));
+        assert!(matches!(
+            CollectingKeys::new(&params, &[1, 2, 3, 4], 5, 0, &mut rng),
+            Err(SecAggError::Params(ParamsError::ThresholdMajority { .. }))
+        ));
+        assert!(matches!(
+            CollectingKeys::new(&params, &[1, 1, 2], 5, 0, &mut rng),
+            Err(SecAggError::Graph(GraphError::DuplicateClient(1)))
+        ));
     }
 }

@@ -112,6 +112,7 @@ pub trait Adversary {
     fn shares(&mut self, _from: ClientId, _shares: &mut SealedShares) {}
     fn masked_input(&mut self, _from: ClientId, _input: &mut MaskedInput) {}
     fn unmask_request(&mut self, _to: ClientId, _request: &mut UnmaskRequest) {}
+    fn unmask_response(&mut self, _from: ClientId, _response: &mut UnmaskResponse) {}
     /// The encoded bytes a client sends in `stage`.
     fn upload(&mut self, _from: ClientId, _stage: Stage, _bytes: &mut Vec<u8>) {}
 }
@@ -390,9 +391,10 @@ impl<'a> Sim<'a> {
     ) -> Result<ServerOutput, SecAggError> {
         for (state, request) in requests {
             let id = state.id();
-            let Some(response) = self.timed_client(id, |_, _| state.unmask(&request)) else {
+            let Some(mut response) = self.timed_client(id, |_, _| state.unmask(&request)) else {
                 continue;
             };
+            self.adversary.unmask_response(id, &mut response);
             if let Some(response) = self.upload::<UnmaskResponse>(id, Stage::Unmask, &response) {
                 // A refusal is recorded by the server; the round goes on.
                 let _ = self.timed_server(|_| server.receive(id, response));

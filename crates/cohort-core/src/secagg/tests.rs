@@ -8,8 +8,9 @@ use rand_chacha::ChaCha20Rng;
 use super::client::ClientError;
 use super::graph::Graph;
 use super::quant::sum_error_bound;
+use super::shamir::PRIME;
 use super::sim::{Adversary, Stage};
-use super::wire::{MaskedInput, SealedShares, UnmaskRequest};
+use super::wire::{MaskedInput, SealedShares, UnmaskRequest, UnmaskResponse};
 use super::*;
 
 /// Updates in [-1, 1], weights in [1, 100].
@@ -201,6 +202,8 @@ struct Rogue {
     truncate_vector: bool,
     share_to: Option<ClientId>,
     garble_upload: Option<Stage>,
+    corrupt_answer: bool,
+    corrupt_all_of: Option<ClientId>,
     /// (victim, peer to add to `dropped`, peer to add to `survivors`).
     server_asks: Option<(ClientId, Option<ClientId>, Option<ClientId>)>,
 }
@@ -234,6 +237,21 @@ impl Adversary for Rogue {
             if let (Some(slot), Some(stranger)) = (slot, stranger) {
                 *slot = stranger;
             }
+        }
+    }
+    fn unmask_response(&mut self, from: ClientId, response: &mut UnmaskResponse) {
+        let corrupt = |share: &mut (ClientId, super::shamir::Share)| {
+            share.1.y[0] = (share.1.y[0] + 1) % PRIME
+        };
+        if from == self.client && self.corrupt_answer {
+            response.seed_shares.iter_mut().for_each(corrupt);
+        }
+        if let Some(owner) = self.corrupt_all_of {
+            response
+                .seed_shares
+                .iter_mut()
+                .filter(|s| s.0 == owner)
+                .for_each(corrupt);
         }
     }
     fn upload(&mut self, from: ClientId, stage: Stage, bytes: &mut Vec<u8>) {
@@ -325,6 +343,32 @@ fn garbled_bytes_drop_the_sender_at_any_stage() {
         assert_eq!(result.contributors.len(), expected, "{stage:?}");
         assert_matches_fedavg(&plus(), &inputs, &result);
     }
+}
+
+#[test]
+fn a_corrupt_unmask_share_is_outvoted_by_spare_ones() {
+    let mut rogue = Rogue {
+        corrupt_answer: true,
+        ..Rogue::default()
+    };
+    let (inputs, result) = run_rogue(&mut rogue, 27);
+    assert_eq!(result.contributors.len(), 8);
+    assert_matches_fedavg(&plus(), &inputs, &result);
+}
+
+#[test]
+fn corrupt_shares_everywhere_abort_with_a_clear_error() {
+    let inputs = make_inputs(8, 100, 5);
+    let owner = inputs[5].0;
+    let mut rogue = Rogue {
+        corrupt_all_of: Some(owner),
+        ..Rogue::default()
+    };
+    let error = simulate_round_with(&plus(), &borrowed(&inputs), &[], 28, &mut rogue).unwrap_err();
+    assert!(
+        matches!(error, SecAggError::Mismatch { owner: o, need: 3, .. } if o == owner),
+        "{error}"
+    );
 }
 
 #[test]
