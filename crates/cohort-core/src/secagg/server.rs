@@ -127,6 +127,8 @@ pub enum SecAggError {
         got: usize,
         need: usize,
     },
+    #[error("{got} masked inputs are usable; expected at least the threshold {need}")]
+    TooFewContributors { got: usize, need: usize },
     #[error(
         "client {client}'s mask key gives no contributory agreement; expected it refused on receipt"
     )]
@@ -480,6 +482,12 @@ impl CollectingInputs {
             .filter(|id| !excluded.contains(id))
             .collect();
         core.check_alive("sending masked inputs", &contributors)?;
+        // Fewer than t inputs in the sum would say too much about each; an
+        // empty set passes the neighbourhood check, so it is checked here.
+        if contributors.len() < core.threshold {
+            let (got, need) = (contributors.len(), core.threshold);
+            return Err(SecAggError::TooFewContributors { got, need });
+        }
         let mask_peers: BTreeMap<ClientId, BTreeSet<ClientId>> = contributors
             .iter()
             .map(|&id| (id, core.mask_peers(id)))
