@@ -459,60 +459,12 @@ impl CollectingInputs {
     /// contributor's input carries (and whose share it holds).
     pub fn finish(self) -> Result<(Unmasking, Vec<(ClientId, UnmaskRequest)>), SecAggError> {
         let mut core = self.0;
-        let reports: Vec<PeerError> = core
-            .inputs
-            .iter()
-            .flat_map(|(&by, input)| {
-                let report = move |&client| PeerError::ReportedByPeer { client, by };
-                input.rejected.iter().map(report)
-            })
-            .collect();
-        let excluded: BTreeSet<ClientId> = reports
-            .iter()
-            .filter_map(|r| match r {
-                PeerError::ReportedByPeer { client, .. } => Some(*client),
-                _ => None,
-            })
-            .collect();
-        core.refused.extend(reports);
-        let contributors: BTreeSet<ClientId> = core
-            .inputs
-            .keys()
-            .copied()
-            .filter(|id| !excluded.contains(id))
-            .collect();
-        core.check_alive("sending masked inputs", &contributors)?;
-        // Fewer than t inputs in the sum would say too much about each; an
-        // empty set passes the neighbourhood check, so it is checked here.
-        if contributors.len() < core.threshold {
-            let (got, need) = (contributors.len(), core.threshold);
-            return Err(SecAggError::TooFewContributors { got, need });
-        }
+        let contributors = core.settle_contributors()?;
         let mask_peers: BTreeMap<ClientId, BTreeSet<ClientId>> = contributors
             .iter()
             .map(|&id| (id, core.mask_peers(id)))
             .collect();
-        let dropped: BTreeSet<ClientId> = mask_peers
-            .values()
-            .flatten()
-            .copied()
-            .filter(|id| !contributors.contains(id))
-            .collect();
-        for &owner in &dropped {
-            let holders = mask_peers
-                .values()
-                .filter(|peers| peers.contains(&owner))
-                .count();
-            if holders < core.threshold {
-                let (secret, need) = (KEY, core.threshold);
-                return Err(SecAggError::NotEnoughShares {
-                    owner,
-                    secret,
-                    got: holders,
-                    need,
-                });
-            }
-        }
+        let dropped = core.dropped_keys_needed(&contributors, &mask_peers)?;
         let mut requests = BTreeMap::new();
         for (&holder, peers) in &mask_peers {
             let around = core.graph.neighbours(holder).unwrap_or(&[]);
@@ -541,6 +493,63 @@ impl CollectingInputs {
             responses,
         };
         Ok((state, out))
+    }
+}
+
+impl Core {
+    /// The clients whose inputs go in the sum: those that sent one, less
+    /// those a neighbour reported (each report is recorded as a refusal).
+    fn settle_contributors(&mut self) -> Result<BTreeSet<ClientId>, SecAggError> {
+        let mut excluded = BTreeSet::new();
+        for (&by, input) in &self.inputs {
+            for &client in &input.rejected {
+                excluded.insert(client);
+                self.refused.push(PeerError::ReportedByPeer { client, by });
+            }
+        }
+        let contributors: BTreeSet<ClientId> = self
+            .inputs
+            .keys()
+            .copied()
+            .filter(|id| !excluded.contains(id))
+            .collect();
+        self.check_alive("sending masked inputs", &contributors)?;
+        // Fewer than t inputs in the sum would say too much about each; an
+        // empty set passes the neighbourhood check, so it is checked here.
+        if contributors.len() < self.threshold {
+            let (got, need) = (contributors.len(), self.threshold);
+            return Err(SecAggError::TooFewContributors { got, need });
+        }
+        Ok(contributors)
+    }
+
+    /// The clients out of the sum whose pairwise masks some contributor's
+    /// input carries, so whose mask keys must be rebuilt; aborts if fewer
+    /// than `t` contributors hold shares of one of them.
+    fn dropped_keys_needed(
+        &self,
+        contributors: &BTreeSet<ClientId>,
+        mask_peers: &BTreeMap<ClientId, BTreeSet<ClientId>>,
+    ) -> Result<BTreeSet<ClientId>, SecAggError> {
+        let dropped: BTreeSet<ClientId> = mask_peers
+            .values()
+            .flatten()
+            .copied()
+            .filter(|id| !contributors.contains(id))
+            .collect();
+        for &owner in &dropped {
+            let got = mask_peers.values().filter(|p| p.contains(&owner)).count();
+            if got < self.threshold {
+                let (secret, need) = (KEY, self.threshold);
+                return Err(SecAggError::NotEnoughShares {
+                    owner,
+                    secret,
+                    got,
+                    need,
+                });
+            }
+        }
+        Ok(dropped)
     }
 }
 

@@ -100,6 +100,23 @@ fn eight_clients_equal_fedavg() {
 }
 
 #[test]
+fn a_small_modulus_still_cancels_exactly() {
+    // 8 clients × 2^12 < 2^16: masks are drawn and cancelled mod 2^16.
+    let params = Params {
+        quantization_range: 1 << 12,
+        modulus_range: 1 << 16,
+        max_weight: 100.0,
+        clipping_range: 1.0,
+        ..plus()
+    };
+    let inputs = make_inputs(8, 64, 9);
+    let dropouts = [(inputs[0].0, DropPoint::AfterSharingKeys)];
+    let result = simulate_round(&params, &borrowed(&inputs), &dropouts, 9).unwrap();
+    assert_eq!(result.contributors.len(), 7);
+    assert_matches_fedavg(&params, &inputs, &result);
+}
+
+#[test]
 fn rounds_are_seeded_and_bytes_are_the_encoded_sizes() {
     let inputs = make_inputs(8, 50, 2);
     let a = simulate_round(&plus(), &borrowed(&inputs), &[], 3).unwrap();
