@@ -7,6 +7,21 @@
 //! cryptographic core lives here; [`simulate_round`] runs a whole round in
 //! one process (the simulation mode).
 //!
+//! ```
+//! use cohort_core::secagg::{DropPoint, NumShares, Params, simulate_round};
+//!
+//! // SecAgg+ on a ring of 4 (each client, its two neighbours), threshold 2.
+//! let params = Params::new(NumShares::Neighbours(3), 2);
+//! let updates = [[0.5f32, -1.0], [1.5, 2.0], [-0.5, 0.0], [9.0, 9.0]];
+//! let inputs: Vec<_> = (0..4u64).map(|i| (i, 10.0, &updates[i as usize][..])).collect();
+//! // Client 3 sends its shares, then vanishes: the others' masks with it are removed.
+//! let round = simulate_round(&params, &inputs, &[(3, DropPoint::AfterSharingKeys)], 42)?;
+//! assert_eq!(round.contributors, [0, 1, 2]);
+//! let mean = round.mean().unwrap();
+//! assert!((mean[0] - 0.5).abs() < 1e-4 && (mean[1] - 1.0 / 3.0).abs() < 1e-4);
+//! # Ok::<(), cohort_core::secagg::SecAggError>(())
+//! ```
+//!
 //! # The protocol
 //!
 //! Every client `i` has neighbours `N(i)` in a seeded random

@@ -63,6 +63,10 @@ pub enum ParamsError {
     )]
     ThresholdRange { threshold: usize, num_shares: usize },
     #[error(
+        "reconstruction_threshold is {0}; expected at least 2, so that no single share reveals a secret"
+    )]
+    ThresholdTooSmall(usize),
+    #[error(
         "reconstruction_threshold is {threshold}; expected more than half of num_shares ({num_shares}), so that a malicious server cannot collect both shares of one client's secrets"
     )]
     ThresholdMajority { threshold: usize, num_shares: usize },
@@ -110,10 +114,7 @@ impl Params {
                 });
             }
         } else if t < 2 {
-            return Err(ParamsError::ThresholdRange {
-                threshold: t,
-                num_shares: usize::MAX,
-            });
+            return Err(ParamsError::ThresholdTooSmall(t));
         }
         for (name, value) in [
             ("max_weight", self.max_weight),
@@ -238,6 +239,10 @@ mod tests {
                 ..
             })
         ));
+        assert_eq!(
+            Params::new(NumShares::All, 1).validate(),
+            Err(ParamsError::ThresholdTooSmall(1))
+        );
         let message = with(7, 3).validate().unwrap_err().to_string();
         assert!(message.contains("3") && message.contains("7"), "{message}");
     }
