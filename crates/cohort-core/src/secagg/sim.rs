@@ -111,6 +111,7 @@ impl Aggregate {
 pub trait Adversary {
     fn shares(&mut self, _from: ClientId, _shares: &mut SealedShares) {}
     fn masked_input(&mut self, _from: ClientId, _input: &mut MaskedInput) {}
+    fn routed_shares(&mut self, _to: ClientId, _shares: &mut SealedShares) {}
     fn unmask_request(&mut self, _to: ClientId, _request: &mut UnmaskRequest) {}
     fn unmask_response(&mut self, _from: ClientId, _response: &mut UnmaskResponse) {}
     /// The encoded bytes a client sends in `stage`.
@@ -333,8 +334,9 @@ impl<'a> Sim<'a> {
         let (server, messages) = self.timed_server(|_| server.finish())?;
         let down = messages
             .into_iter()
-            .filter_map(|(id, routed)| {
+            .filter_map(|(id, mut routed)| {
                 let state = states.remove(&id)?;
+                self.adversary.routed_shares(id, &mut routed);
                 Some((state, self.download(id, Stage::MaskedInput, &routed)?))
             })
             .collect();

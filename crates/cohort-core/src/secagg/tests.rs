@@ -221,6 +221,8 @@ struct Rogue {
     garble_upload: Option<Stage>,
     corrupt_answer: bool,
     corrupt_all_of: Option<ClientId>,
+    /// A client whose first two routed shares get each other's sender ids.
+    relabel_for: Option<ClientId>,
     /// (victim, peer to add to `dropped`, peer to add to `survivors`).
     server_asks: Option<(ClientId, Option<ClientId>, Option<ClientId>)>,
 }
@@ -240,6 +242,13 @@ impl Adversary for Rogue {
     fn masked_input(&mut self, from: ClientId, input: &mut MaskedInput) {
         if from == self.client && self.truncate_vector {
             input.values.pop();
+        }
+    }
+    fn routed_shares(&mut self, to: ClientId, shares: &mut SealedShares) {
+        if self.relabel_for == Some(to) {
+            let (a, b) = (shares.entries[0].0, shares.entries[1].0);
+            shares.entries[0].0 = b;
+            shares.entries[1].0 = a;
         }
     }
     fn unmask_request(&mut self, to: ClientId, request: &mut UnmaskRequest) {
@@ -360,6 +369,35 @@ fn garbled_bytes_drop_the_sender_at_any_stage() {
         assert_eq!(result.contributors.len(), expected, "{stage:?}");
         assert_matches_fedavg(&plus(), &inputs, &result);
     }
+}
+
+#[test]
+fn shares_relabelled_by_the_server_do_not_open() {
+    let inputs = make_inputs(8, 100, 5);
+    let victim = inputs[4].0;
+    let mut rogue = Rogue {
+        relabel_for: Some(victim),
+        ..Rogue::default()
+    };
+    let (inputs, result) = run_rogue(&mut rogue, 29);
+    // Sealed for (sender, victim), each fails to open under the other sender's
+    // key: the victim refuses both, and both senders leave the sum.
+    let reported: Vec<(ClientId, ClientId)> = result
+        .refused
+        .iter()
+        .map(|r| match r {
+            PeerError::ReportedByPeer { client, by } => (*client, *by),
+            other => panic!("{other}"),
+        })
+        .collect();
+    assert_eq!(reported.len(), 2);
+    assert!(
+        reported
+            .iter()
+            .all(|&(client, by)| by == victim && client != victim)
+    );
+    assert_eq!(result.contributors.len(), 6);
+    assert_matches_fedavg(&plus(), &inputs, &result);
 }
 
 #[test]
