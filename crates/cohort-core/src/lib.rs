@@ -13,6 +13,7 @@
 //! * safetensors payloads: [`codec`]
 //! * iid partitions: [`partition`]; client selection: [`selection`]
 //! * cluster files and placement of ranks on nodes: [`cluster::place`]
+//! * secure aggregation (SecAgg+), simulated in process: [`secagg::simulate_round`]
 
 pub mod aggregate;
 pub mod attack;
@@ -31,6 +32,7 @@ pub mod partition;
 pub mod processors;
 pub mod results;
 pub mod schedule;
+pub mod secagg;
 pub mod seeds;
 pub mod selection;
 pub mod strategy;
