@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The model zoo on a GPU machine (an NVIDIA H200 through Vulkan), in one go:
 #  1. every zoo model's training samples/s at batch 32 against PyTorch eager
-#     with CUDA (bench/zoo.sh --gpu);
+#     with CUDA (bench/zoo.sh --gpu), and on the host's CPU, one thread each;
 #  2. resnet_20 (group norm) on bench/zoo_accuracy.toml, 30 rounds, cohort on
 #     the GPU and plain PyTorch FedAvg with CUDA on the same clients and
 #     samples (bench/pytorch_fedavg.py).
@@ -22,6 +22,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
 
 ZOO_BIN=.gpu/zoo bash bench/zoo.sh --gpu --samples 1024 --reps 3 | tee "$OUT/zoo.txt"
+# The same host's CPU, one thread each side (fewer samples: the CIFAR models
+# take seconds a batch on one core).
+ZOO_BIN=.gpu/zoo bash bench/zoo.sh --samples 128 --reps 2 | tee "$OUT/zoo_cpu.txt"
 
 start=$(date +%s.%N)
 .gpu/cohort run --config bench/zoo_accuracy.toml --gpu --quiet --base "$OUT/runs" \
