@@ -83,6 +83,24 @@ pub enum RunEvent {
 /// steps: a slow observer slows the loop, never corrupts it.
 pub trait RunObserver {
     fn on_event(&mut self, event: &RunEvent);
+
+    /// Whether the run should stop once the round in progress is recorded
+    /// (a Ctrl-C seen by an embedding program, a callback that failed). The
+    /// loop asks after each round's row is recorded; it then checkpoints
+    /// that round whatever `server.checkpoint_interval` says, drops the
+    /// next round's work, and ends with [`Stopped`], so `--resume`
+    /// continues at the next round. Never by default.
+    fn stop_requested(&self) -> bool {
+        false
+    }
+}
+
+/// How a run that an observer stopped ends: `round` is the last round
+/// recorded and checkpointed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the run was stopped after round {round}; resume it to continue")]
+pub struct Stopped {
+    pub round: u32,
 }
 
 /// Any closure over events is an observer.

@@ -30,7 +30,7 @@ pub mod worker_process;
 
 pub use backends::available_backends;
 pub use children::{CLIENT_LOGS, LocalClients};
-pub use events::{RunEvent, RunFacts, RunObserver};
+pub use events::{RunEvent, RunFacts, RunObserver, Stopped};
 pub use ranks::{DistributedRun, RankLink};
 pub use record::{CheckpointState, MODEL_FILE, Recorder, RunFolder};
 pub use run::{

@@ -107,6 +107,10 @@ impl RunObserver for Observers<'_> {
             observer.on_event(event);
         }
     }
+
+    fn stop_requested(&self) -> bool {
+        self.0.iter().any(|observer| observer.stop_requested())
+    }
 }
 
 /// A run of `loaded`, assembled from the config with the parts the caller

@@ -523,3 +523,61 @@ fn cifar_batches_are_augmented_from_the_seeded_stream() {
     let message = format!("{error:#}");
     assert!(message.contains("set data.augment = false"), "{message}");
 }
+
+/// An observer that asks the run to stop once `after` rounds are recorded.
+struct StopAfter {
+    after: u32,
+    recorded: u32,
+}
+
+impl cohort_runtime::RunObserver for StopAfter {
+    fn on_event(&mut self, event: &RunEvent) {
+        if let RunEvent::RoundFinished { row, .. } = event {
+            self.recorded = row.round;
+        }
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.recorded >= self.after
+    }
+}
+
+/// A run stopped by its observer after round 1 of 3 (checkpoints only every
+/// 10 rounds) still checkpoints round 1, ends with `Stopped`, and resumed
+/// gives the uninterrupted run's model bit for bit.
+#[test]
+fn a_run_an_observer_stops_checkpoints_that_round_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = JOB.replace("rounds = 2", "rounds = 3") + "[server]\ncheckpoint_interval = 10\n";
+    let loaded = config(&job);
+    let whole_dir = dir.path().join("whole");
+    RunBuilder::new(&loaded, options(whole_dir.clone()))
+        .run()
+        .unwrap();
+    let stopped_dir = dir.path().join("stopped");
+    let error = RunBuilder::new(&loaded, options(stopped_dir.clone()))
+        .observer(StopAfter {
+            after: 1,
+            recorded: 0,
+        })
+        .run()
+        .unwrap_err();
+    assert_eq!(
+        error.downcast_ref::<cohort_runtime::Stopped>(),
+        Some(&cohort_runtime::Stopped { round: 1 })
+    );
+    let results = std::fs::read_to_string(stopped_dir.join("results.csv")).unwrap();
+    assert_eq!(results.lines().count(), 2, "{results}");
+    let resumed = RunBuilder::new(
+        &loaded,
+        RunOptions {
+            resume: true,
+            ..options(stopped_dir.clone())
+        },
+    )
+    .run()
+    .unwrap();
+    assert_eq!(resumed.rounds.len(), 3);
+    let model = |dir: &Path| std::fs::read(dir.join(MODEL_FILE)).unwrap();
+    assert_eq!(model(&stopped_dir), model(&whole_dir));
+}

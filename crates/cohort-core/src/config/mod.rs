@@ -526,8 +526,18 @@ pub fn load_with(path: &Path, overrides: &[Override]) -> Result<LoadedConfig, Co
 /// Like [`load`], for config text that claims to come from `path` (includes
 /// resolve relative to it).
 pub fn from_str(text: &str, path: &Path) -> Result<LoadedConfig, ConfigErrors> {
+    from_str_with(text, path, &[])
+}
+
+/// [`from_str`] with `overrides` written over the text's table before any
+/// check, as [`load_with`] does for a file.
+pub fn from_str_with(
+    text: &str,
+    path: &Path,
+    overrides: &[Override],
+) -> Result<LoadedConfig, ConfigErrors> {
     let table = parse_table(text, path)?;
-    from_table(table, path, &[])
+    from_table(table, path, overrides)
 }
 
 fn file_error(file: &Path, key: Option<String>, message: impl Into<String>) -> ConfigError {

@@ -318,9 +318,11 @@ impl<'a> RoundLoop<'a> {
             steps.recording = step.elapsed();
             let target = self.settings.target_accuracy;
             let target_reached = target.is_some_and(|target| accuracy >= target);
+            let stopping = round < last_round && self.observer.stop_requested();
             let interval = self.settings.checkpoint_interval.max(1);
             let step = Instant::now();
-            if self.leader() && (round % interval == 0 || round == last_round || target_reached) {
+            let due = round % interval == 0 || round == last_round || target_reached || stopping;
+            if self.leader() && due {
                 let written = self.recorder.checkpoint(&CheckpointState {
                     round,
                     model_bytes: &packed.model_bytes,
@@ -336,6 +338,11 @@ impl<'a> RoundLoop<'a> {
             }
             steps.checkpointing = step.elapsed();
             steps.log(round);
+            if stopping && !target_reached {
+                tracing::info!(round, "stopped by the caller");
+                self.transport.cancel();
+                return Err(crate::events::Stopped { round }.into());
+            }
             if target_reached {
                 tracing::info!(round, accuracy, "target accuracy reached");
                 // The next round may already be training; its work is dropped.
