@@ -153,15 +153,17 @@ def partition(labels, method="iid", num_clients=10, *, users=None, num_classes=N
     table = {
         "clients": {"total_clients": num_clients, "per_round": 1},
         "data": data,
+        # A config needs one; partitioning never reads it.
+        "parameters": {"optimizer": {"learning_rate": 0.01}},
     }
     if num_classes is not None:
-        table["parameters"] = {"model": {"num_classes": num_classes}}
+        table["parameters"]["model"] = {"num_classes": num_classes}
     user_bytes = None if users is None else _indices("users", users)
     parts = _cohort.partition(_json(table), _indices("labels", labels), user_bytes)
     return [np.frombuffer(p, dtype="<u4").astype(np.int64) for p in parts]
 
 
-def aggregate(name, global_model, updates, *, learning_rate=None, local_steps=1,
+def aggregate(name, global_model, updates, *, learning_rate=0.01, local_steps=1,
               details=False, **options):
     """Applies the built-in strategy ``name`` (``fedavg``, ``fedavgm``,
     ``fedadam``, ``fedyogi``, ``fedadagrad``, ``fedprox``, ``median``,
@@ -171,26 +173,26 @@ def aggregate(name, global_model, updates, *, learning_rate=None, local_steps=1,
 
     ``global_model``: a dict of named arrays (PyTorch layout) or a list of
     arrays (Flower's parameters). ``updates``: ``(model, num_examples)``
-    pairs, each model of the same form. ``learning_rate`` sets
-    ``parameters.optimizer.learning_rate`` for strategies that read it.
+    pairs, each model of the same form. ``learning_rate``: the clients'
+    rate (``parameters.optimizer.learning_rate``), for the strategies that
+    read it (SCAFFOLD's correction); ``local_steps``: the steps each update
+    reports.
     Returns the next global model in the form given; with ``details=True``,
     ``(model, {"selected": ..., "epsilon": ..., "delta": ...})``.
     """
     wire_global, restore = params_to_wire(global_model)
     wire_updates = []
     for index, pair in enumerate(updates):
-        try:
-            model, samples = pair
-        except (TypeError, ValueError):
-            raise TypeError(f"update {index} must be a (model, num_examples) pair") from None
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise TypeError(f"update {index} must be a (model, num_examples) pair")
+        model, samples = pair
         wire_updates.append((params_to_wire(model)[0], int(samples)))
     count = max(len(wire_updates), 1)
     table = {
         "algorithm": {"type": name, **options},
         "clients": {"total_clients": count, "per_round": count},
+        "parameters": {"optimizer": {"learning_rate": learning_rate}},
     }
-    if learning_rate is not None:
-        table["parameters"] = {"optimizer": {"learning_rate": learning_rate}}
     tensors, selected, privacy = _cohort.aggregate(
         _json(table), wire_global, wire_updates, int(local_steps)
     )

@@ -32,7 +32,7 @@ def test_a_config_file_error_is_the_message_the_cohort_command_prints(tmp_path, 
     message = str(raised.value)
     assert str(path) in message
     printed = subprocess.run(
-        [cohort_bin, "check", str(path)], capture_output=True, text=True
+        [cohort_bin, "check", "--config", str(path)], capture_output=True, text=True
     )
     assert printed.returncode != 0
     assert message in printed.stderr, (message, printed.stderr)

@@ -17,10 +17,11 @@ def test_partitions_equal_those_of_cohort_partitions_for_the_same_seed(tmp_path,
         "[clients]\ntotal_clients = 4\nper_round = 2\n"
         "[data]\ndatasource = \"FashionMNIST\"\ndownload = false\nsampler = \"dirichlet\"\n"
         "concentration = 0.5\nrandom_seed = 7\nmin_partition_size = 2\n"
+        "[parameters.optimizer]\nlearning_rate = 0.01\n"
     )
     out = tmp_path / "assignment.json"
     subprocess.run(
-        [cohort_bin, "partitions", str(config), "--json", str(out)],
+        [cohort_bin, "partitions", "--config", str(config), "--json", str(out)],
         check=True,
         capture_output=True,
         env={**os.environ, "COHORT_DATA_DIR": str(FIXTURE_DATA)},
@@ -125,7 +126,7 @@ def test_krum_says_which_update_it_selected():
 def test_bad_aggregation_input_is_refused_naming_what():
     rng = np.random.default_rng(3)
     global_model = _model(rng)
-    with pytest.raises(cohort.ConfigError, match="algorithm"):
+    with pytest.raises(cohort.ConfigError, match="algorithm.type.*did you mean `fedavg`"):
         cohort.aggregate("fedavgg", global_model, [(global_model, 1)])
     with pytest.raises(cohort.ConfigError, match="algorithm"):
         cohort.aggregate("fedavgm", global_model, [(global_model, 1)], momentum=-3.0)

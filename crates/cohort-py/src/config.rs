@@ -97,7 +97,13 @@ pub(crate) fn config_error(py: Python<'_>, errors: &ConfigErrors) -> PyErr {
     let problems: Vec<(String, Option<String>, String)> = errors
         .errors()
         .iter()
-        .map(|e| (e.file.display().to_string(), e.key.clone(), e.message.clone()))
+        .map(|e| {
+            (
+                e.file.display().to_string(),
+                e.key.clone(),
+                e.message.clone(),
+            )
+        })
         .collect();
     crate::python_error(py, "ConfigError", (errors.to_string(), problems))
 }

@@ -35,7 +35,11 @@ fn _cohort(module: &Bound<'_, PyModule>) -> PyResult<()> {
 /// A Python exception of the package's own (`cohort._errors`), built with
 /// `args`: the classes live in Python so that they are ordinary classes
 /// with attributes, documented and picklable.
-fn python_error<'py>(py: Python<'py>, class: &str, args: impl pyo3::call::PyCallArgs<'py>) -> PyErr {
+fn python_error<'py>(
+    py: Python<'py>,
+    class: &str,
+    args: impl pyo3::call::PyCallArgs<'py>,
+) -> PyErr {
     let built = py
         .import("cohort._errors")
         .and_then(|errors| errors.getattr(class))
@@ -48,6 +52,11 @@ fn python_error<'py>(py: Python<'py>, class: &str, args: impl pyo3::call::PyCall
 
 /// `error` (with its causes, as the `cohort` command prints them) as a
 /// `cohort.CohortError`.
+/// A config problem found while a run is assembled (a strategy name only
+/// the registry knows) is a `cohort.ConfigError` too.
 fn cohort_error(py: Python<'_>, error: &anyhow::Error) -> PyErr {
-    python_error(py, "CohortError", (format!("{error:#}"),))
+    match error.downcast_ref::<cohort_core::config::ConfigErrors>() {
+        Some(errors) => config::config_error(py, errors),
+        None => python_error(py, "CohortError", (format!("{error:#}"),)),
+    }
 }

@@ -18,8 +18,7 @@ use cohort_core::config::LoadedConfig;
 use cohort_core::hooks::ReceivedPayload;
 use cohort_core::results::{ClientRow, RoundRow, RunRows};
 use cohort_runtime::{
-    CheckpointState, Recorder, RunBuilder, RunEvent, RunFolder, RunObserver,
-    RunOptions, RunSummary,
+    CheckpointState, Recorder, RunBuilder, RunEvent, RunFolder, RunObserver, RunOptions, RunSummary,
 };
 use pyo3::prelude::*;
 
@@ -75,7 +74,12 @@ impl Recorder for Capture {
         self.folder.model(round, model_bytes)
     }
 
-    fn round(&mut self, round: &RoundRow, clients: &[ClientRow], rows: &RunRows) -> anyhow::Result<()> {
+    fn round(
+        &mut self,
+        round: &RoundRow,
+        clients: &[ClientRow],
+        rows: &RunRows,
+    ) -> anyhow::Result<()> {
         self.folder.round(round, clients, rows)?;
         // `rows` holds the rounds a resumed run read back too.
         self.clients.clone_from(&rows.clients);
