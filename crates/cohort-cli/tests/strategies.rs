@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 
 use cohort_core::strategy::AlgorithmConfig;
 use cohort_core::tree::{Array, ParamTree};
-use common::{cohort, fixture_data, only_run_dir, repo_root, run_config, run_job, write_config};
+use common::{
+    algorithm_section, cohort, fixture_data, only_run_dir, repo_root, run_config, run_job,
+    write_config,
+};
 
 /// Six clients of 100 samples, five per round (Krum with f = 1 needs five).
 fn job(algorithm: &str, rounds: u32) -> String {
@@ -35,28 +38,6 @@ training_seed = 2
 learning_rate = 0.1
 "#
     )
-}
-
-/// The `[algorithm]` body each strategy is tested with.
-fn algorithm_section(name: &str) -> String {
-    match name {
-        // Noise of the default multiplier over five clients would swamp a
-        // two-round test; the accounting is what is checked here.
-        // A fixed noise seed makes the uninterrupted and the resumed run
-        // comparable; the entropy key's own resume is a unit test in dp.rs.
-        "dp_fedavg" => {
-            "type = \"dp_fedavg\"\nnoise_multiplier = 0.001\nclip_norm = 5.0\nnoise_seed = 7".into()
-        }
-        // The default beta, 0.1, trims nothing from five updates (refused).
-        "trimmed_mean" => "type = \"trimmed_mean\"\nbeta = 0.2".into(),
-        // The default momentum settles at FedAvg's step size over ~10 rounds;
-        // two rounds need a faster start.
-        "fedavgm" => "type = \"fedavgm\"\nserver_learning_rate = 1.0\nmomentum = 0.5".into(),
-        "fedadam" | "fedyogi" | "fedadagrad" => {
-            format!("type = \"{name}\"\nserver_learning_rate = 0.03")
-        }
-        other => format!("type = \"{other}\""),
-    }
 }
 
 fn results(run_dir: &Path) -> Vec<Vec<String>> {

@@ -622,6 +622,17 @@ fn from_table(
         return Err(ConfigErrors(errors));
     };
     config.parameters.model.options = model_options;
+    // A built-in data set knows its classes, so the model's output follows
+    // it unless the config names a count (a count that differs is refused in
+    // `validate_data`): FEMNIST's 62 need no line of their own.
+    let classes_named = kept
+        .get("parameters")
+        .and_then(|parameters| parameters.get("model"))
+        .and_then(|model| model.get("num_classes"))
+        .is_some();
+    if !classes_named && let Some(source) = config.data.builtin_source() {
+        config.parameters.model.num_classes = source.classes();
+    }
     if let Some(registered) = registered {
         config.algorithm = AlgorithmConfig::Registered(registered);
     }

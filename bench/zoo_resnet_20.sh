@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# resnet_20 (group norm) against plain PyTorch FedAvg on the same clients and
+# samples (docs/BENCHMARKS.md, "Accuracy against plain PyTorch FedAvg on the
+# same clients"), and cohort's peak memory as the federation grows from 100
+# to 10,000 clients ("Memory of a resnet_20 federation"; iid partitions: a
+# Dirichlet(0.5) draw cannot give each of 10,000 clients a sample).
+#
+#   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
+#   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh cohort     # cohort's side alone
+#   bash bench/zoo_resnet_20.sh pytorch [cpu|cuda] RUN_DIR PARTS_JSON
+#   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh memory [CLIENTS...]
+#
+# accuracy: bench/zoo_accuracy.toml with resnet_20 and group norm, 30 rounds
+# of 10 of 100 clients, cohort on the CPU (10 workers of one thread each),
+# then PyTorch with the given device. memory: one round of 10 clients from
+# federations of 100, 1,000 and 10,000 clients; peak RSS of the cohort
+# process from getrusage. Needs COHORT_DATA_DIR with Fashion-MNIST; results
+# go to $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+COHORT="${COHORT:-cohort}"
+OUT="${OUT:-$(mktemp -d)}"
+mode="${1:-accuracy}"
+# cohort's side on the CPU unless COHORT_DEVICE=--gpu.
+COHORT_DEVICE="${COHORT_DEVICE:---cpu}"
+resnet=(--set trainer.model_name=resnet_20 --set parameters.model.norm=group)
+
+# Peak resident memory of a command, in MiB (the largest of it and its
+# children: cohort's workers are threads, so this is the cohort process).
+peak_rss() {
+  python3 - "$@" <<'PY'
+import resource, subprocess, sys
+status = subprocess.run(sys.argv[1:]).returncode
+if status != 0:
+    sys.exit(f"error: {sys.argv[1:]} exited with {status}")
+print(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f}")
+PY
+}
+
+run_cohort() {
+  start=$(date +%s.%N)
+  "$COHORT" run --config bench/zoo_accuracy.toml "$COHORT_DEVICE" --quiet --base "$OUT/runs" \
+    "${resnet[@]}" --set trainer.max_concurrency=10
+  end=$(date +%s.%N)
+  echo "== cohort resnet_20: $(awk "BEGIN { printf \"%.1f\", $end - $start }") s end to end"
+  run=$(ls -d "$OUT"/runs/*/ | head -1)
+  tail -3 "$run/results.csv"
+  "$COHORT" partitions --config "$run/config.toml" --json "$OUT/parts.json" > /dev/null
+}
+
+# PyTorch on a finished cohort run folder $1 with its partitions $2.
+run_pytorch() {
+  python3 bench/pytorch_fedavg.py --run "$1" --partitions "$2" \
+    --data "$COHORT_DATA_DIR" --device "$device" --threads 10 \
+    --out "$OUT/resnet_20.json" 2> "$OUT/pytorch.log"
+  cat "$OUT/resnet_20.json"
+}
+
+device="${2:-cpu}"
+case "$mode" in
+accuracy)
+  run_cohort
+  run_pytorch "$(ls -d "$OUT"/runs/*/ | head -1)" "$OUT/parts.json"
+  ;;
+cohort)
+  run_cohort
+  ;;
+pytorch)
+  # bench/zoo_resnet_20.sh pytorch DEVICE RUN_DIR PARTS_JSON
+  run_pytorch "$3" "$4"
+  ;;
+memory)
+  echo "# clients peak_rss_MiB wall_s"
+  shift
+  [ $# -gt 0 ] || set -- 100 1000 10000
+  for clients in "$@"; do
+    start=$(date +%s.%N)
+    rss=$(peak_rss "$COHORT" run --config bench/zoo_accuracy.toml --cpu --quiet \
+      --base "$OUT/memory-$clients" "${resnet[@]}" --rounds 1 --set data.sampler=iid \
+      --set clients.total_clients="$clients" --set trainer.max_concurrency=10)
+    end=$(date +%s.%N)
+    echo "$clients $rss $(awk "BEGIN { printf \"%.1f\", $end - $start }")"
+  done
+  ;;
+*)
+  echo "usage: bench/zoo_resnet_20.sh accuracy|cohort|pytorch|memory (see the header)" >&2
+  exit 2
+  ;;
+esac
