@@ -11,7 +11,9 @@
 //!    `min_per_round` updates arrived;
 //! 3. **aggregate**: put the updates back in selection order, run the server
 //!    hooks under their positional contract, and let the strategy
-//!    ([`Strategy::aggregate`]) make the next global model;
+//!    ([`Strategy::aggregate`]) make the next global model; under secure
+//!    aggregation the updates go through the protocol instead and the
+//!    strategy steps from their mean alone (`secure.rs`);
 //! 4. **evaluate and record**: test-set accuracy, the round's rows and the
 //!    model, to the [`Recorder`];
 //! 5. **checkpoint** the model, the selector and the strategy's state; stop at
@@ -47,6 +49,7 @@ use cohort_core::tree::ParamTree;
 use cohort_train::trainer::ModelEvaluator;
 
 use crate::distributed::SharedCollective;
+pub(crate) use secure::SecureSettings;
 use crate::events::{RunEvent, RunObserver};
 use crate::record::{CheckpointState, Recorder, SimulatedWallTime};
 use crate::start::StartPoint;
@@ -89,6 +92,9 @@ pub(crate) struct LoopSettings {
     pub(crate) config_hash: String,
     /// Compute threads for the test-set evaluation.
     pub(crate) evaluation_threads: usize,
+    /// `[secure_aggregation]`: the round's mean through the protocol
+    /// instead of every update to the strategy.
+    pub(crate) secure: Option<SecureSettings>,
 }
 
 /// Who is drawn each round.
@@ -180,6 +186,8 @@ pub(crate) struct Aggregated {
     pub(crate) arrivals: Vec<Arrival>,
     pub(crate) dropped: Vec<Dropped>,
     pub(crate) privacy: Option<PrivacySpent>,
+    /// The protocol's costs, under secure aggregation.
+    pub(crate) secagg: Option<cohort_core::results::SecAggRow>,
 }
 
 /// Wall and simulated time of a run across rounds.
@@ -297,7 +305,15 @@ impl<'a> RoundLoop<'a> {
                 None => {
                     let collected = self.collect(round, &dispatched.clients, true)?;
                     steps.collecting = started.elapsed();
-                    self.aggregate(round, collected)?
+                    match self.settings.secure.clone() {
+                        Some(secure) => self.aggregate_securely(
+                            round,
+                            &dispatched.clients,
+                            collected,
+                            &secure,
+                        )?,
+                        None => self.aggregate(round, collected)?,
+                    }
                 }
             };
             steps.aggregating = started.elapsed() - steps.collecting;
@@ -697,6 +713,7 @@ impl<'a> RoundLoop<'a> {
             arrivals,
             dropped,
             privacy: outcome.privacy,
+            secagg: None,
         })
     }
 }
@@ -734,5 +751,6 @@ impl StepTimes {
 
 mod evaluate;
 mod partial;
+mod secure;
 #[cfg(test)]
 mod tests;
