@@ -119,7 +119,10 @@ fn one_row(args: &[String]) {
         (Params::new(NumShares::All, t), format!("SecAgg t={t}"))
     } else {
         let k: usize = k.parse().expect("a number of shares");
-        (Params::new(NumShares::Neighbours(k), t), format!("SecAgg+ k={k} t={t}"))
+        (
+            Params::new(NumShares::Neighbours(k), t),
+            format!("SecAgg+ k={k} t={t}"),
+        )
     };
     row_of(clients, values, &label, &params, percent, repeats);
 }

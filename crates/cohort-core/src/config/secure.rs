@@ -89,10 +89,12 @@ impl SecureAggregation {
             quantization_range: self.quantization_range,
             modulus_range: self.modulus_range,
         };
-        params.check_for(clients).map_err(|error| SecureParamsError {
-            key: key_of(&error),
-            message: format!("{error} (in a round of clients.per_round = {clients} clients)"),
-        })?;
+        params
+            .check_for(clients)
+            .map_err(|error| SecureParamsError {
+                key: key_of(&error),
+                message: format!("{error} (in a round of clients.per_round = {clients} clients)"),
+            })?;
         Ok(params)
     }
 }

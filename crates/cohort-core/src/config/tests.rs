@@ -1248,13 +1248,20 @@ fn secure_aggregation_loads_and_counts_in_the_result_hash() {
     assert_eq!(secure.result_hash(), waited.result_hash());
     // Written back and read again, the section is the same.
     let again = load_text(&to_toml(&secure.config).unwrap()).unwrap();
-    assert_eq!(again.config.secure_aggregation, secure.config.secure_aggregation);
+    assert_eq!(
+        again.config.secure_aggregation,
+        secure.config.secure_aggregation
+    );
     let fractions = load_text(&format!(
         "{MINIMAL}\n[secure_aggregation]\nprotocol = \"secagg\"\nreconstruction_threshold = 1.0\n"
     ))
     .unwrap();
     assert_eq!(
-        fractions.config.secure_aggregation.unwrap().reconstruction_threshold,
+        fractions
+            .config
+            .secure_aggregation
+            .unwrap()
+            .reconstruction_threshold,
         Some(ShareCount::Fraction(1.0))
     );
 }
@@ -1297,38 +1304,69 @@ fn secure_aggregation_errors_name_their_key() {
     ))
     .unwrap_err();
     assert!(
-        errors.errors().iter().all(|e| e.key == key("secure_aggregation.num_shares"))
+        errors
+            .errors()
+            .iter()
+            .all(|e| e.key == key("secure_aggregation.num_shares"))
             && errors.to_string().contains("not a fraction in (0, 1]"),
         "{errors}"
     );
     let unknown = error_of(&format!("{MINIMAL}{SECURE}num_share = 3\n"));
-    assert!(unknown.message.contains("did you mean `num_shares`"), "{}", unknown.message);
+    assert!(
+        unknown.message.contains("did you mean `num_shares`"),
+        "{}",
+        unknown.message
+    );
 }
 
 #[test]
 fn secure_aggregation_refuses_what_needs_each_update() {
     let refused = |extra: &str| error_of(&format!("{MINIMAL}{SECURE}{extra}"));
-    let strategy = error_of(&format!("{MINIMAL}{SECURE}\n[algorithm]\ntype = \"median\"\n"));
+    let strategy = error_of(&format!(
+        "{MINIMAL}{SECURE}\n[algorithm]\ntype = \"median\"\n"
+    ));
     assert_eq!(strategy.key.as_deref(), Some("algorithm.type"));
     assert!(
-        strategy.message.contains("`median` cannot run with [secure_aggregation]")
+        strategy
+            .message
+            .contains("`median` cannot run with [secure_aggregation]")
             && strategy.message.contains("fedavg"),
         "{}",
         strategy.message
     );
     for (extra, key) in [
-        ("\n[results]\nkeep_client_updates = true\n", "results.keep_client_updates"),
-        ("\n[server]\nmax_update_norm_ratio = 3.0\n", "server.max_update_norm_ratio"),
+        (
+            "\n[results]\nkeep_client_updates = true\n",
+            "results.keep_client_updates",
+        ),
+        (
+            "\n[server]\nmax_update_norm_ratio = 3.0\n",
+            "server.max_update_norm_ratio",
+        ),
     ] {
         assert_eq!(refused(extra).key.as_deref(), Some(key), "{extra}");
     }
     let network = error_of(&format!(
         "{}{SECURE}",
-        MINIMAL.replace("per_round = 2\n", "per_round = 2\ncomm_simulation = false\n")
+        MINIMAL.replace(
+            "per_round = 2\n",
+            "per_round = 2\ncomm_simulation = false\n"
+        )
     ));
     assert_eq!(network.key.as_deref(), Some("clients.comm_simulation"));
-    for accepted in ["fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad"] {
+    for accepted in [
+        "fedavg",
+        "fedprox",
+        "fedavgm",
+        "fedadam",
+        "fedyogi",
+        "fedadagrad",
+    ] {
         let text = format!("{MINIMAL}{SECURE}\n[algorithm]\ntype = \"{accepted}\"\n");
-        assert!(load_text(&text).is_ok(), "{accepted}: {:?}", load_text(&text).err());
+        assert!(
+            load_text(&text).is_ok(),
+            "{accepted}: {:?}",
+            load_text(&text).err()
+        );
     }
 }

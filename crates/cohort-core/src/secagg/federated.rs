@@ -76,8 +76,8 @@ pub fn secure_mean(
     dropouts: &[(u32, DropPoint)],
     seed: u64,
 ) -> Result<SecureMean, SecureRoundError> {
-    let layout =
-        float_layout("secure aggregation", global).map_err(|e| SecureRoundError::Model(e.to_string()))?;
+    let layout = float_layout("secure aggregation", global)
+        .map_err(|e| SecureRoundError::Model(e.to_string()))?;
     let anchor = layout.flatten(global);
     let mut dropped = Vec::new();
     let mut changes = Vec::with_capacity(updates.len());
@@ -94,8 +94,10 @@ pub fn secure_mean(
         .iter()
         .map(|(id, w, x)| (u64::from(*id), *w, x.as_slice()))
         .collect();
-    let mut drops: Vec<(u64, DropPoint)> =
-        dropouts.iter().map(|&(id, point)| (u64::from(id), point)).collect();
+    let mut drops: Vec<(u64, DropPoint)> = dropouts
+        .iter()
+        .map(|&(id, point)| (u64::from(id), point))
+        .collect();
     for &id in selected.iter().filter(|id| !arrived.contains(id)) {
         // Its keys were shared before training; its input never comes.
         inputs.push((u64::from(id), 0.0, &zeros));
@@ -271,7 +273,10 @@ mod tests {
         let out = secure_mean(&params, &global, &selected, &updates, &[], 7).unwrap();
         assert_eq!(out.contributors, selected);
         assert!(out.dropped.is_empty(), "{:?}", out.dropped);
-        let exact = fedavg(&models.iter().collect::<Vec<_>>(), &weights.map(|w| w as f64));
+        let exact = fedavg(
+            &models.iter().collect::<Vec<_>>(),
+            &weights.map(|w| w as f64),
+        );
         let bound = mean_error_bound(&params, 6, 210.0, 0.5).unwrap();
         let mean = values(out.mean.as_ref().unwrap());
         for (got, want) in mean.iter().zip(&exact) {
@@ -298,7 +303,10 @@ mod tests {
             .map(|(i, m)| update(i as u32 + 1, 5, m))
             .collect();
         let selected: Vec<u32> = (1..=8).collect();
-        let drops = [(3, DropPoint::AfterMaskedInput), (5, DropPoint::AfterAdvertising)];
+        let drops = [
+            (3, DropPoint::AfterMaskedInput),
+            (5, DropPoint::AfterAdvertising),
+        ];
         let out = secure_mean(&params, &global, &selected, &updates, &drops, 1).unwrap();
         assert_eq!(out.contributors, [1, 2, 3, 4, 6, 7]);
         assert_eq!(out.dropped.len(), 1, "{:?}", out.dropped);
@@ -341,7 +349,11 @@ mod tests {
         let out = secure_mean(&params, &global, &[1, 2, 3], &updates, &[], 3).unwrap();
         assert_eq!(out.contributors, [1, 2]);
         assert_eq!(out.dropped[0].0, 3);
-        assert!(out.dropped[0].1.contains("does not fit"), "{:?}", out.dropped);
+        assert!(
+            out.dropped[0].1.contains("does not fit"),
+            "{:?}",
+            out.dropped
+        );
     }
 
     #[test]

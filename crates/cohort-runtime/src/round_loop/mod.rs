@@ -49,7 +49,6 @@ use cohort_core::tree::ParamTree;
 use cohort_train::trainer::ModelEvaluator;
 
 use crate::distributed::SharedCollective;
-pub(crate) use secure::SecureSettings;
 use crate::events::{RunEvent, RunObserver};
 use crate::record::{CheckpointState, Recorder, SimulatedWallTime};
 use crate::start::StartPoint;
@@ -58,6 +57,7 @@ use crate::updates::{
     Arrival, Arrived, Collected, Dropped, ExpectedReport, OwnDataRules, check_update,
     collect_updates, hooked_payloads, own_data_expectation, plan_tasks,
 };
+pub(crate) use secure::SecureSettings;
 
 /// Everything the loop needs to know that a config would say, as plain
 /// values: built once by the assembly, never changed by the loop.
@@ -306,12 +306,9 @@ impl<'a> RoundLoop<'a> {
                     let collected = self.collect(round, &dispatched.clients, true)?;
                     steps.collecting = started.elapsed();
                     match self.settings.secure.clone() {
-                        Some(secure) => self.aggregate_securely(
-                            round,
-                            &dispatched.clients,
-                            collected,
-                            &secure,
-                        )?,
+                        Some(secure) => {
+                            self.aggregate_securely(round, &dispatched.clients, collected, &secure)?
+                        }
                         None => self.aggregate(round, collected)?,
                     }
                 }
