@@ -107,7 +107,7 @@ fn key_of(error: &ParamsError) -> &'static str {
         | ParamsError::ThresholdTooSmall(_)
         | ParamsError::ThresholdMajority { .. }
         | ParamsError::TooFewClients { .. } => "reconstruction_threshold",
-        ParamsError::NotPositive { name, .. } => *name,
+        ParamsError::NotPositive { name, .. } => name,
         ParamsError::QuantizationRange | ParamsError::Overflow { .. } => "quantization_range",
         ParamsError::ModulusRange { .. } => "modulus_range",
     }

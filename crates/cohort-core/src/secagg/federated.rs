@@ -316,7 +316,10 @@ mod tests {
         // Weights of 5 against max_weight 1000 use little of the range.
         let bound = mean_error_bound(&params, 6, 30.0, 0.06).unwrap();
         for value in mean {
-            assert!((f64::from(value) - expected).abs() <= bound, "{value} vs {expected}");
+            assert!(
+                (f64::from(value) - expected).abs() <= bound,
+                "{value} vs {expected}"
+            );
         }
     }
 
