@@ -1,7 +1,9 @@
 //! Compute cost of one secure-aggregation round, simulated in process.
 //!
 //! `cargo bench -p cohort-core --bench secagg` (add `-- --quick` for the
-//! 10-client rows only).
+//! 10-client rows only), or one row:
+//! `-- --row CLIENTS VALUES GRAPH DROPOUT REPEATS` with `GRAPH` `all:T`
+//! (SecAgg, threshold `T`) or `K:T` (SecAgg+), as `bench/secagg.sh` runs it.
 //!
 //! Each round aggregates a LeNet-5-sized update (61,706 float32 values) from
 //! 10 or 100 clients, over the complete graph (SecAgg) and a sparse SecAgg+
@@ -51,8 +53,19 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn row(clients: usize, graph: &str, params: &Params, percent: usize) {
+    row_of(clients, LENET5, graph, params, percent, REPEATS);
+}
+
+fn row_of(
+    clients: usize,
+    values: usize,
+    graph: &str,
+    params: &Params,
+    percent: usize,
+    repeats: usize,
+) {
     let inputs: Vec<(u64, f64, Vec<f32>)> = (0..clients as u64)
-        .map(|id| (id, 10.0 + id as f64, update(LENET5, id)))
+        .map(|id| (id, 10.0 + (id % 900) as f64, update(values, id)))
         .collect();
     let borrowed: Vec<(u64, f64, &[f32])> = inputs
         .iter()
@@ -61,7 +74,7 @@ fn row(clients: usize, graph: &str, params: &Params, percent: usize) {
     let ids: Vec<u64> = inputs.iter().map(|(id, _, _)| *id).collect();
     let drops = dropouts(&ids, percent);
     let mut best: Option<(Duration, Duration, u64, u64, usize)> = None;
-    for repeat in 0..REPEATS {
+    for repeat in 0..repeats {
         match simulate_round(params, &borrowed, &drops, repeat as u64) {
             Ok(round) => {
                 let b = round.bytes;
@@ -74,14 +87,16 @@ fn row(clients: usize, graph: &str, params: &Params, percent: usize) {
                 }
             }
             Err(error) => {
-                println!("| {clients} | {graph} | {percent} % | aborted: {error} | | | | |");
+                println!(
+                    "| {clients} | {values} | {graph} | {percent} % | aborted: {error} | | | | |"
+                );
                 return;
             }
         }
     }
-    let (client, server, up, down, contributors) = best.expect("REPEATS > 0");
+    let (client, server, up, down, contributors) = best.expect("repeats > 0");
     println!(
-        "| {clients} | {graph} | {percent} % | {:.1} | {:.1} | {:.2} | {:.2} | {contributors} |",
+        "| {clients} | {values} | {graph} | {percent} % | {:.1} | {:.1} | {:.2} | {:.2} | {contributors} |",
         ms(client) / clients as f64,
         ms(server),
         up as f64 / 1e6,
@@ -89,10 +104,39 @@ fn row(clients: usize, graph: &str, params: &Params, percent: usize) {
     );
 }
 
+/// `--row CLIENTS VALUES GRAPH DROPOUT REPEATS`: one row, no header.
+fn one_row(args: &[String]) {
+    let number = |i: usize| -> usize {
+        args.get(i)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("--row CLIENTS VALUES GRAPH DROPOUT REPEATS; argument {i}"))
+    };
+    let (clients, values, percent, repeats) = (number(0), number(1), number(3), number(4));
+    let graph = args.get(2).expect("GRAPH: all:T or K:T");
+    let (k, t) = graph.split_once(':').expect("GRAPH: all:T or K:T");
+    let t: usize = t.parse().expect("a threshold");
+    let (params, label) = if k == "all" {
+        (Params::new(NumShares::All, t), format!("SecAgg t={t}"))
+    } else {
+        let k: usize = k.parse().expect("a number of shares");
+        (
+            Params::new(NumShares::Neighbours(k), t),
+            format!("SecAgg+ k={k} t={t}"),
+        )
+    };
+    row_of(clients, values, &label, &params, percent, repeats);
+}
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    println!("| clients | graph | dropout | client ms | server ms | up MB | down MB | in sum |");
-    println!("|---|---|---|---|---|---|---|---|");
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--row") {
+        return one_row(&args[at + 1..]);
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    println!(
+        "| clients | values | graph | dropout | client ms | server ms | up MB | down MB | in sum |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
     for clients in [10usize, 100] {
         if quick && clients == 100 {
             continue;

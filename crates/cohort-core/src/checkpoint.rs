@@ -532,6 +532,7 @@ mod tests {
             federated_accuracy: None,
             epsilon: None,
             test_loss: Some(0.25),
+            secagg: None,
         }
     }
 
@@ -591,6 +592,7 @@ mod tests {
         let row = |round: u32| RoundRow {
             epsilon: Some(f64::INFINITY),
             test_loss: None,
+            secagg: None,
             ..row(round)
         };
         let mut good = history(2);

@@ -46,6 +46,59 @@ pub struct RoundRow {
     /// its output rows (blank in files written before it was recorded).
     #[serde(default)]
     pub test_loss: Option<f64>,
+    /// The round's secure-aggregation costs (`[secure_aggregation]`), for
+    /// `secagg.csv`; `None` in rounds aggregated in the clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secagg: Option<SecAggRow>,
+}
+
+/// One round of secure aggregation: who is in the sum and what the
+/// protocol cost, each stage's bytes summed over clients (`up`: client →
+/// server, `down`: server → client; stages as in [`crate::secagg`]).
+/// Times are seconds of compute, encoding and decoding excluded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SecAggRow {
+    /// Clients the round selected, all of whom started the protocol.
+    pub selected: u32,
+    /// Clients whose updates are in the sum.
+    pub contributors: u32,
+    pub advertise_up: u64,
+    pub share_down: u64,
+    pub share_up: u64,
+    pub input_down: u64,
+    pub input_up: u64,
+    pub unmask_down: u64,
+    pub unmask_up: u64,
+    /// The clients' protocol compute, summed over clients.
+    pub client_time: f64,
+    pub server_time: f64,
+}
+
+/// The run folder's per-round secure-aggregation costs.
+pub const SECAGG_FILE: &str = "secagg.csv";
+pub const SECAGG_HEADER: &str = "round,selected,contributors,advertise_up,share_down,share_up,input_down,input_up,unmask_down,unmask_up,client_time,server_time";
+
+/// `secagg.csv`: a line per round that was aggregated securely.
+pub fn render_secagg(rows: &[RoundRow]) -> String {
+    let mut out = format!("{SECAGG_HEADER}\n");
+    for (round, s) in rows.iter().filter_map(|r| Some((r.round, r.secagg?))) {
+        let _ = writeln!(
+            out,
+            "{round},{},{},{},{},{},{},{},{},{},{:.6},{:.6}",
+            s.selected,
+            s.contributors,
+            s.advertise_up,
+            s.share_down,
+            s.share_up,
+            s.input_down,
+            s.input_up,
+            s.unmask_down,
+            s.unmask_up,
+            s.client_time,
+            s.server_time,
+        );
+    }
+    out
 }
 
 /// One client's training in one round.
@@ -139,7 +192,14 @@ impl RunRows {
         atomic_write(
             &run_dir.join(CLIENTS_FILE),
             render_clients(&self.clients).as_bytes(),
-        )
+        )?;
+        if self.rounds.iter().any(|r| r.secagg.is_some()) {
+            atomic_write(
+                &run_dir.join(SECAGG_FILE),
+                render_secagg(&self.rounds).as_bytes(),
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -254,6 +314,7 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
                 federated_accuracy: optional_number(11)?,
                 epsilon: optional_number(12)?,
                 test_loss: optional_number(13)?,
+                secagg: None,
             })
         })
         .collect()
@@ -328,6 +389,7 @@ mod tests {
             federated_accuracy: Some(0.5),
             epsilon: None,
             test_loss: Some(0.75),
+            secagg: None,
         };
         assert_eq!(
             parse_results(&render_results(std::slice::from_ref(&row)), "r.csv").unwrap(),
@@ -368,6 +430,7 @@ mod tests {
                 federated_accuracy: None,
                 epsilon: None,
                 test_loss: None,
+                secagg: None,
             };
             let client = ClientRow {
                 round,

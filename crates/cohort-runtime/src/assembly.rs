@@ -28,7 +28,8 @@ use crate::events::{RunEvent, RunFacts, RunObserver};
 use crate::ranks::{DistributedRun, RankLink, join_ranks, partial_reduce};
 use crate::record::{MODEL_FILE, RunFolder, SimulatedWallTime};
 use crate::round_loop::{
-    ClientFacts, LoopParts, LoopSettings, RankRole, RoundLoop, Selection, SimulatedAttack,
+    ClientFacts, LoopParts, LoopSettings, RankRole, RoundLoop, SecureSettings, Selection,
+    SimulatedAttack,
 };
 use crate::run::{Parts, RunOptions, RunSummary, toml_text};
 use crate::start::{ResumeChecks, StartPoint, fresh_start, resume_point};
@@ -117,8 +118,12 @@ pub(crate) fn build_and_run(
         )?,
     };
     let (transport, ranks) = rank_role(loaded, options, strategy.as_ref(), hooks, transport)?;
+    let settings = LoopSettings {
+        secure: secure_settings(loaded, options, strategy.as_ref(), hooks, &clients)?,
+        ..loop_settings(loaded, options, rows_per_sample)
+    };
     let parts = LoopParts {
-        settings: loop_settings(loaded, options, rows_per_sample),
+        settings,
         strategy,
         transport,
         hooks,
@@ -473,7 +478,71 @@ fn loop_settings(
         },
         config_hash: loaded.result_hash(),
         evaluation_threads: trainer.threads_per_worker as usize,
+        secure: None,
     }
+}
+
+/// `[secure_aggregation]` as the loop needs it, after the checks only the
+/// run's parts can answer: a strategy given in code that needs every
+/// update, server hooks (which see every payload), ranks, and a client
+/// whose partition is heavier than `max_weight` (its weight could not be
+/// quantised, and it would drop out of every round).
+fn secure_settings(
+    loaded: &LoadedConfig,
+    options: &RunOptions,
+    strategy: &dyn Strategy,
+    hooks: &dyn ServerHooks,
+    clients: &ClientFacts,
+) -> anyhow::Result<Option<SecureSettings>> {
+    let config = loaded.config();
+    let Some(secure) = &config.secure_aggregation else {
+        return Ok(None);
+    };
+    if !strategy.aggregates_by_mean() {
+        anyhow::bail!(
+            "[secure_aggregation] reveals only the round's sum, but the strategy `{}` needs \
+             every update; use one that aggregates by the weighted mean ({})",
+            strategy.name(),
+            cohort_core::config::secure::SUM_ONLY_STRATEGIES.join(", ")
+        );
+    }
+    if !hooks.passes_through() {
+        anyhow::bail!(
+            "[secure_aggregation]: server hooks see every client's payload, which secure \
+             aggregation hides from the server; run without hooks"
+        );
+    }
+    if options.distributed.is_some() {
+        anyhow::bail!(
+            "[secure_aggregation] runs in one process so far; the ranks of a distributed \
+             simulation exchange updates in the clear"
+        );
+    }
+    let params = secure
+        .params_for(config.clients.per_round as usize)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", loaded.path().display()))?;
+    let heaviest = clients
+        .expected
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, e)| e.train_samples);
+    if let Some((index, expected)) = heaviest
+        && expected.train_samples as f64 > params.max_weight
+    {
+        anyhow::bail!(
+            "secure_aggregation.max_weight = {} is below client {}'s {} training samples, its \
+             weight in the sum; raise max_weight to at least {} (the largest partition)",
+            params.max_weight,
+            index + 1,
+            expected.train_samples,
+            expected.train_samples
+        );
+    }
+    Ok(Some(SecureSettings {
+        params,
+        seed: config.server.random_seed,
+        simulated_dropout: secure.simulated_dropout,
+    }))
 }
 
 /// The banner's facts: where the run reads and writes, what it computes, on

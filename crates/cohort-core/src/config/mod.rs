@@ -14,6 +14,7 @@ pub(crate) mod introspect;
 mod overrides;
 mod plato;
 mod schema;
+pub mod secure;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -406,6 +407,8 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "server.max_payload_bytes",
     "server.max_inflight_bytes",
     "results.keep_client_updates",
+    // How long the server waits for a stage changes nothing it computes.
+    "secure_aggregation.timeout",
     // An alias that must equal algorithm.type: writing it or not changes nothing.
     "server.type",
     // Where the ranks run: a distributed run computes the single-process
@@ -597,6 +600,7 @@ const SECTIONS: &[&str] = &[
     "parameters",
     "results",
     "cluster",
+    "secure_aggregation",
 ];
 
 fn from_table(
@@ -920,6 +924,10 @@ fn check_unknown_keys(
         ),
         ("results", introspect::fields_of::<Results>()),
         ("cluster", introspect::fields_of::<Cluster>()),
+        (
+            "secure_aggregation",
+            introspect::fields_of::<SecureAggregation>(),
+        ),
     ]);
     let check = |section: &str, body: &mut toml::Table, errors: &mut Vec<ConfigError>| {
         let fields = known[section];
@@ -1109,6 +1117,7 @@ fn validate(loaded: &LoadedConfig, optimizer_known: bool) -> Vec<ConfigError> {
     validate_data(config, &fail);
     validate_trainer(loaded, optimizer_known, &fail);
     validate_cluster(loaded, &fail);
+    secure::validate(config, &fail);
     found.into_inner()
 }
 

@@ -1208,3 +1208,166 @@ fn config_md_documents_exactly_the_data_keys() {
     keys.sort_unstable();
     assert_eq!(documented, keys, "docs/CONFIG.md's [data] table and `Data`");
 }
+
+#[test]
+fn config_md_documents_exactly_the_secure_aggregation_keys() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/CONFIG.md"))
+            .unwrap();
+    let table = doc
+        .split("## `[secure_aggregation]`")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/CONFIG.md has a `[secure_aggregation]` section");
+    let mut documented: Vec<&str> = table
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `")?.split_once("` |"))
+        .map(|(key, _)| key)
+        .collect();
+    documented.sort_unstable();
+    let mut keys = introspect::fields_of::<SecureAggregation>().to_vec();
+    keys.sort_unstable();
+    assert_eq!(
+        documented, keys,
+        "docs/CONFIG.md's [secure_aggregation] table and `SecureAggregation`"
+    );
+}
+
+const SECURE: &str = "\n[secure_aggregation]\nnum_shares = 3\nreconstruction_threshold = 2\n";
+
+#[test]
+fn secure_aggregation_loads_and_counts_in_the_result_hash() {
+    let plain = load_text(MINIMAL).unwrap();
+    assert_eq!(plain.config.secure_aggregation, None);
+    let secure = load_text(&format!("{MINIMAL}{SECURE}")).unwrap();
+    let section = secure.config.secure_aggregation.as_ref().unwrap();
+    assert_eq!(section.num_shares, Some(ShareCount::Count(3)));
+    assert_eq!(section.protocol, SecAggProtocol::SecAggPlus);
+    assert_ne!(plain.result_hash(), secure.result_hash());
+    // The timeout changes nothing computed.
+    let waited = load_text(&format!("{MINIMAL}{SECURE}timeout = 5.0\n")).unwrap();
+    assert_eq!(secure.result_hash(), waited.result_hash());
+    // Written back and read again, the section is the same.
+    let again = load_text(&to_toml(&secure.config).unwrap()).unwrap();
+    assert_eq!(
+        again.config.secure_aggregation,
+        secure.config.secure_aggregation
+    );
+    let fractions = load_text(&format!(
+        "{MINIMAL}\n[secure_aggregation]\nprotocol = \"secagg\"\nreconstruction_threshold = 1.0\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        fractions
+            .config
+            .secure_aggregation
+            .unwrap()
+            .reconstruction_threshold,
+        Some(ShareCount::Fraction(1.0))
+    );
+}
+
+#[test]
+fn secure_aggregation_errors_name_their_key() {
+    let key_of = |extra: &str| error_of(&format!("{MINIMAL}{extra}")).key;
+    let key = |k: &str| Some(k.to_owned());
+    assert_eq!(
+        key_of("\n[secure_aggregation]\nreconstruction_threshold = 2\n"),
+        key("secure_aggregation.num_shares")
+    );
+    assert_eq!(
+        key_of("\n[secure_aggregation]\nnum_shares = 3\nreconstruction_threshold = 1\n"),
+        key("secure_aggregation.reconstruction_threshold")
+    );
+    assert_eq!(
+        key_of(&format!("{SECURE}protocol = \"secaggplus2\"\n")),
+        key("secure_aggregation.protocol")
+    );
+    assert_eq!(
+        key_of(&format!("{SECURE}num_share = 3\n")),
+        key("secure_aggregation.num_share")
+    );
+    assert_eq!(
+        key_of(&format!("{SECURE}modulus_range = 1000\n")),
+        key("secure_aggregation.modulus_range")
+    );
+    assert_eq!(
+        key_of(&format!("{SECURE}timeout = -1.0\n")),
+        key("secure_aggregation.timeout")
+    );
+    assert_eq!(
+        key_of(&format!("{SECURE}simulated_dropout = 1.0\n")),
+        key("secure_aggregation.simulated_dropout")
+    );
+    // A fraction above 1 is refused as read (and then missing: two errors).
+    let errors = load_text(&format!(
+        "{MINIMAL}\n[secure_aggregation]\nnum_shares = 1.5\nreconstruction_threshold = 2\n"
+    ))
+    .unwrap_err();
+    assert!(
+        errors
+            .errors()
+            .iter()
+            .all(|e| e.key == key("secure_aggregation.num_shares"))
+            && errors.to_string().contains("not a fraction in (0, 1]"),
+        "{errors}"
+    );
+    let unknown = error_of(&format!("{MINIMAL}{SECURE}num_share = 3\n"));
+    assert!(
+        unknown.message.contains("did you mean `num_shares`"),
+        "{}",
+        unknown.message
+    );
+}
+
+#[test]
+fn secure_aggregation_refuses_what_needs_each_update() {
+    let refused = |extra: &str| error_of(&format!("{MINIMAL}{SECURE}{extra}"));
+    let strategy = error_of(&format!(
+        "{MINIMAL}{SECURE}\n[algorithm]\ntype = \"median\"\n"
+    ));
+    assert_eq!(strategy.key.as_deref(), Some("algorithm.type"));
+    assert!(
+        strategy
+            .message
+            .contains("`median` cannot run with [secure_aggregation]")
+            && strategy.message.contains("fedavg"),
+        "{}",
+        strategy.message
+    );
+    for (extra, key) in [
+        (
+            "\n[results]\nkeep_client_updates = true\n",
+            "results.keep_client_updates",
+        ),
+        (
+            "\n[server]\nmax_update_norm_ratio = 3.0\n",
+            "server.max_update_norm_ratio",
+        ),
+    ] {
+        assert_eq!(refused(extra).key.as_deref(), Some(key), "{extra}");
+    }
+    let network = error_of(&format!(
+        "{}{SECURE}",
+        MINIMAL.replace(
+            "per_round = 2\n",
+            "per_round = 2\ncomm_simulation = false\n"
+        )
+    ));
+    assert_eq!(network.key.as_deref(), Some("clients.comm_simulation"));
+    for accepted in [
+        "fedavg",
+        "fedprox",
+        "fedavgm",
+        "fedadam",
+        "fedyogi",
+        "fedadagrad",
+    ] {
+        let text = format!("{MINIMAL}{SECURE}\n[algorithm]\ntype = \"{accepted}\"\n");
+        assert!(
+            load_text(&text).is_ok(),
+            "{accepted}: {:?}",
+            load_text(&text).err()
+        );
+    }
+}

@@ -99,6 +99,7 @@
 
 pub mod client;
 pub mod crypto;
+pub mod federated;
 pub mod graph;
 pub mod params;
 pub mod quant;
@@ -110,6 +111,7 @@ pub mod wire;
 /// A client's id in a round (Flower's node id).
 pub type ClientId = u64;
 
+pub use federated::{SecureMean, SecureRoundError, draw_dropouts, mean_error_bound, secure_mean};
 pub use params::{NumShares, Params, ParamsError};
 pub use server::{PeerError, SecAggError};
 pub use sim::{Aggregate, DropPoint, simulate_round, simulate_round_with};

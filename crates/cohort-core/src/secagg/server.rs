@@ -100,6 +100,25 @@ pub enum PeerError {
     },
 }
 
+impl PeerError {
+    /// The client whose message was refused (and who is dropped for it).
+    pub fn client(&self) -> ClientId {
+        match self {
+            PeerError::Unexpected { client }
+            | PeerError::WeakKey { client }
+            | PeerError::NoEdge { client, .. }
+            | PeerError::MissingShares { client, .. }
+            | PeerError::SealedLength { client, .. }
+            | PeerError::VectorLength { client, .. }
+            | PeerError::ValueRange { client, .. }
+            | PeerError::BadRejection { client, .. }
+            | PeerError::ReportedByPeer { client, .. }
+            | PeerError::Malformed { client, .. }
+            | PeerError::BadResponse { client, .. } => *client,
+        }
+    }
+}
+
 /// Why a round could not be completed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SecAggError {

@@ -41,6 +41,7 @@ impl RoundLoop<'_> {
             arrivals,
             dropped,
             privacy,
+            ..
         } = aggregated;
         let mut client_rows = client_rows(round, &reports, &arrivals, &self.clients);
         client_rows.extend(dropped.into_iter().map(|d| ClientRow {
@@ -126,6 +127,7 @@ impl RoundLoop<'_> {
             federated_accuracy: federated_accuracy(arrivals),
             epsilon: privacy.as_ref().map(|p| p.epsilon),
             test_loss: Some(evaluation.loss).filter(|loss| loss.is_finite()),
+            secagg: aggregated.secagg,
         }
     }
 }

@@ -11,7 +11,9 @@
 //!    `min_per_round` updates arrived;
 //! 3. **aggregate**: put the updates back in selection order, run the server
 //!    hooks under their positional contract, and let the strategy
-//!    ([`Strategy::aggregate`]) make the next global model;
+//!    ([`Strategy::aggregate`]) make the next global model; under secure
+//!    aggregation the updates go through the protocol instead and the
+//!    strategy steps from their mean alone (`secure.rs`);
 //! 4. **evaluate and record**: test-set accuracy, the round's rows and the
 //!    model, to the [`Recorder`];
 //! 5. **checkpoint** the model, the selector and the strategy's state; stop at
@@ -55,6 +57,7 @@ use crate::updates::{
     Arrival, Arrived, Collected, Dropped, ExpectedReport, OwnDataRules, check_update,
     collect_updates, hooked_payloads, own_data_expectation, plan_tasks,
 };
+pub(crate) use secure::SecureSettings;
 
 /// Everything the loop needs to know that a config would say, as plain
 /// values: built once by the assembly, never changed by the loop.
@@ -89,6 +92,9 @@ pub(crate) struct LoopSettings {
     pub(crate) config_hash: String,
     /// Compute threads for the test-set evaluation.
     pub(crate) evaluation_threads: usize,
+    /// `[secure_aggregation]`: the round's mean through the protocol
+    /// instead of every update to the strategy.
+    pub(crate) secure: Option<SecureSettings>,
 }
 
 /// Who is drawn each round.
@@ -180,6 +186,8 @@ pub(crate) struct Aggregated {
     pub(crate) arrivals: Vec<Arrival>,
     pub(crate) dropped: Vec<Dropped>,
     pub(crate) privacy: Option<PrivacySpent>,
+    /// The protocol's costs, under secure aggregation.
+    pub(crate) secagg: Option<cohort_core::results::SecAggRow>,
 }
 
 /// Wall and simulated time of a run across rounds.
@@ -297,7 +305,12 @@ impl<'a> RoundLoop<'a> {
                 None => {
                     let collected = self.collect(round, &dispatched.clients, true)?;
                     steps.collecting = started.elapsed();
-                    self.aggregate(round, collected)?
+                    match self.settings.secure.clone() {
+                        Some(secure) => {
+                            self.aggregate_securely(round, &dispatched.clients, collected, &secure)?
+                        }
+                        None => self.aggregate(round, collected)?,
+                    }
                 }
             };
             steps.aggregating = started.elapsed() - steps.collecting;
@@ -704,6 +717,7 @@ impl<'a> RoundLoop<'a> {
             arrivals,
             dropped,
             privacy: outcome.privacy,
+            secagg: None,
         })
     }
 }
@@ -741,5 +755,6 @@ impl StepTimes {
 
 mod evaluate;
 mod partial;
+mod secure;
 #[cfg(test)]
 mod tests;

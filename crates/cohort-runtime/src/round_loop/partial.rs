@@ -79,6 +79,7 @@ impl RoundLoop<'_> {
             arrivals,
             dropped: all_dropped,
             privacy: outcome.privacy,
+            secagg: None,
         })
     }
 }

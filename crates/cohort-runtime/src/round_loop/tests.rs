@@ -146,6 +146,7 @@ fn settings(last_round: u32, min_per_round: usize) -> LoopSettings {
         wall_time: SimulatedWallTime::default(),
         config_hash: "test".to_owned(),
         evaluation_threads: 1,
+        secure: None,
     }
 }
 

@@ -1,0 +1,311 @@
+//! `[secure_aggregation]`: its counts resolved against a round's clients
+//! into the protocol's [`Params`], and every combination with the rest of
+//! the config that secure aggregation cannot honour refused with the reason.
+//!
+//! What is refused and why: the server sees only the round's weighted sum,
+//! so anything that needs one client's update is impossible: strategies
+//! that look at each update (median, trimmed mean, Krum, SCAFFOLD's
+//! per-client state, `dp_fedavg`'s clipping on the server), keeping the
+//! updates (`results.keep_client_updates`) and dropping outliers by their
+//! distance (`server.max_update_norm_ratio`). Network mode and distributed
+//! ranks have no secure-aggregation stages yet, and are refused rather than
+//! run in the clear.
+
+use crate::secagg::{NumShares, Params, ParamsError};
+
+use super::schema::{Config, SecAggProtocol, SecureAggregation};
+use super::{Fail, MAX_TIMEOUT_SECONDS};
+
+/// The strategies whose next model depends on a round only through its
+/// sample-weighted mean, which is what secure aggregation reveals.
+pub const SUM_ONLY_STRATEGIES: &[&str] = &[
+    "fedavg",
+    "fedprox",
+    "fedavgm",
+    "fedadam",
+    "fedyogi",
+    "fedadagrad",
+];
+
+/// A parameter that does not work for a round, and the key it is about.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("secure_aggregation.{key}: {message}")]
+pub struct SecureParamsError {
+    /// The key under `[secure_aggregation]`.
+    pub key: &'static str,
+    pub message: String,
+}
+
+impl SecureAggregation {
+    /// The protocol's parameters for a round of `clients` clients: the
+    /// fractions resolved as Flower does (`num_shares` as `⌈f·clients⌉`,
+    /// raised to an odd count; the threshold as `⌈f·num_shares⌉`), then
+    /// every check of [`Params::check_for`].
+    pub fn params_for(&self, clients: usize) -> Result<Params, SecureParamsError> {
+        let num_shares = match (self.protocol, self.num_shares) {
+            (SecAggProtocol::SecAgg, None) => NumShares::All,
+            (SecAggProtocol::SecAgg, Some(_)) => {
+                return Err(SecureParamsError {
+                    key: "num_shares",
+                    message: "is for protocol = \"secaggplus\"; \"secagg\" shares every \
+                              client's secrets with every other client, so leave it out"
+                        .to_owned(),
+                });
+            }
+            (SecAggProtocol::SecAggPlus, None) => {
+                return Err(SecureParamsError {
+                    key: "num_shares",
+                    message: "is required with protocol = \"secaggplus\" (as in Flower): an \
+                              odd count of at least 3, or a fraction of the round's clients"
+                        .to_owned(),
+                });
+            }
+            (SecAggProtocol::SecAggPlus, Some(count)) => {
+                let mut k = count.resolve(clients);
+                if matches!(count, super::ShareCount::Fraction(_)) {
+                    // Flower rounds an even count up; so does the fraction here.
+                    k = (k | 1).max(3);
+                }
+                NumShares::Neighbours(k)
+            }
+        };
+        let Some(threshold) = self.reconstruction_threshold else {
+            return Err(SecureParamsError {
+                key: "reconstruction_threshold",
+                message: "is required (as in Flower): a count of shares, more than half of \
+                          num_shares, or a fraction of num_shares"
+                    .to_owned(),
+            });
+        };
+        let shares = match num_shares {
+            NumShares::Neighbours(k) => k.min(clients),
+            NumShares::All => clients,
+        };
+        let params = Params {
+            num_shares,
+            reconstruction_threshold: threshold.resolve(shares),
+            max_weight: self.max_weight,
+            clipping_range: self.clipping_range,
+            quantization_range: self.quantization_range,
+            modulus_range: self.modulus_range,
+        };
+        params
+            .check_for(clients)
+            .map_err(|error| SecureParamsError {
+                key: key_of(&error),
+                message: format!("{error} (in a round of clients.per_round = {clients} clients)"),
+            })?;
+        Ok(params)
+    }
+}
+
+/// The key a protocol parameter error is about.
+fn key_of(error: &ParamsError) -> &'static str {
+    match error {
+        ParamsError::NumShares(_) => "num_shares",
+        ParamsError::ThresholdRange { .. }
+        | ParamsError::ThresholdTooSmall(_)
+        | ParamsError::ThresholdMajority { .. }
+        | ParamsError::TooFewClients { .. } => "reconstruction_threshold",
+        ParamsError::NotPositive { name, .. } => name,
+        ParamsError::QuantizationRange | ParamsError::Overflow { .. } => "quantization_range",
+        ParamsError::ModulusRange { .. } => "modulus_range",
+    }
+}
+
+/// Why `strategy` cannot run on the sum alone, for the strategies cohort
+/// ships; `None` for those that can (and for names cohort does not know,
+/// which the run's assembly asks the strategy itself about).
+pub fn strategy_refusal(strategy: &str) -> Option<&'static str> {
+    Some(match strategy {
+        "median" | "trimmed_mean" => {
+            "takes coordinate-wise order statistics of the individual updates, which secure \
+             aggregation hides; it reveals only their sum"
+        }
+        "krum" | "multi_krum" => {
+            "scores each update by its distances to the others, which needs the individual \
+             updates that secure aggregation hides"
+        }
+        "scaffold" => {
+            "updates each client's control variate on the server from that client's own \
+             update, which secure aggregation hides"
+        }
+        "dp_fedavg" => {
+            "clips each client's update on the server, which needs the individual updates; \
+             secure aggregation leaves the server only their sum"
+        }
+        _ => return None,
+    })
+}
+
+/// Every check of `[secure_aggregation]` against itself and the run.
+pub(super) fn validate(config: &Config, fail: Fail) {
+    let Some(secure) = &config.secure_aggregation else {
+        return;
+    };
+    let key = |name: &str| format!("secure_aggregation.{name}");
+    if let Err(error) = secure.params_for(config.clients.per_round as usize) {
+        fail(&key(error.key), error.message);
+    }
+    if let Some(timeout) = secure.timeout
+        && !(timeout.is_finite() && timeout > 0.0 && timeout <= MAX_TIMEOUT_SECONDS)
+    {
+        fail(
+            &key("timeout"),
+            format!(
+                "must be a number of seconds in (0, {MAX_TIMEOUT_SECONDS}] (a year), got {timeout}"
+            ),
+        );
+    }
+    let dropout = secure.simulated_dropout;
+    if !(0.0..1.0).contains(&dropout) {
+        fail(
+            &key("simulated_dropout"),
+            format!("must be a fraction of the round's clients in [0, 1), got {dropout}"),
+        );
+    }
+    let strategy = config.algorithm.name();
+    if let Some(reason) = strategy_refusal(strategy) {
+        fail(
+            "algorithm.type",
+            format!(
+                "`{strategy}` cannot run with [secure_aggregation]: it {reason}. Strategies \
+                 that need only the sum: {}",
+                SUM_ONLY_STRATEGIES.join(", ")
+            ),
+        );
+    }
+    refuse_combinations(config, fail);
+}
+
+/// The keys that would see or need what secure aggregation hides, or that
+/// ask for a mode without its stages.
+fn refuse_combinations(config: &Config, fail: Fail) {
+    if config.results.keep_client_updates {
+        fail(
+            "results.keep_client_updates",
+            "cannot be true with [secure_aggregation]: the server never holds a client's \
+             unmasked update, so there is none to keep"
+                .to_owned(),
+        );
+    }
+    if config.server.max_update_norm_ratio.is_some() {
+        fail(
+            "server.max_update_norm_ratio",
+            "cannot be set with [secure_aggregation]: it measures each update's distance \
+             from the global model, and the server sees only the sum"
+                .to_owned(),
+        );
+    }
+    if !config.clients.comm_simulation {
+        fail(
+            "clients.comm_simulation",
+            "is false, but [secure_aggregation] runs in simulation only so far: network mode \
+             has no secure-aggregation stages yet, and would send every update in the clear"
+                .to_owned(),
+        );
+    }
+    if config.cluster.backend.is_some() {
+        fail(
+            "cluster.backend",
+            "cannot be set with [secure_aggregation] yet: the ranks of a distributed \
+             simulation exchange updates or partial sums in the clear"
+                .to_owned(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ShareCount;
+
+    fn plus(k: ShareCount, t: ShareCount) -> SecureAggregation {
+        SecureAggregation {
+            num_shares: Some(k),
+            reconstruction_threshold: Some(t),
+            ..SecureAggregation::default()
+        }
+    }
+
+    #[test]
+    fn counts_and_fractions_resolve_as_flowers() {
+        let counted = plus(ShareCount::Count(5), ShareCount::Count(3));
+        let p = counted.params_for(10).unwrap();
+        assert_eq!(p.num_shares, NumShares::Neighbours(5));
+        assert_eq!(p.reconstruction_threshold, 3);
+        assert_eq!(p.quantization_range, 1 << 22);
+        // 0.4 of 10 clients is 4 shares, raised to the odd 5; 0.6 of 5 is 3.
+        let fractions = plus(ShareCount::Fraction(0.4), ShareCount::Fraction(0.6));
+        let p = fractions.params_for(10).unwrap();
+        assert_eq!(p.num_shares, NumShares::Neighbours(5));
+        assert_eq!(p.reconstruction_threshold, 3);
+        let all = SecureAggregation {
+            protocol: SecAggProtocol::SecAgg,
+            reconstruction_threshold: Some(ShareCount::Fraction(0.75)),
+            ..SecureAggregation::default()
+        };
+        let p = all.params_for(8).unwrap();
+        assert_eq!(p.num_shares, NumShares::All);
+        assert_eq!(p.reconstruction_threshold, 6);
+    }
+
+    #[test]
+    fn refusals_name_their_key() {
+        let key = |s: &SecureAggregation, n: usize| s.params_for(n).unwrap_err().key;
+        let even = plus(ShareCount::Count(4), ShareCount::Count(3));
+        assert_eq!(key(&even, 10), "num_shares");
+        let low = plus(ShareCount::Count(7), ShareCount::Count(3));
+        assert_eq!(key(&low, 10), "reconstruction_threshold");
+        let message = low.params_for(10).unwrap_err().to_string();
+        assert!(
+            message.starts_with("secure_aggregation.reconstruction_threshold: ")
+                && message.contains("clients.per_round = 10"),
+            "{message}"
+        );
+        let missing = SecureAggregation::default();
+        assert_eq!(key(&missing, 10), "num_shares");
+        let secagg_with_k = SecureAggregation {
+            protocol: SecAggProtocol::SecAgg,
+            ..plus(ShareCount::Count(5), ShareCount::Count(3))
+        };
+        assert_eq!(key(&secagg_with_k, 10), "num_shares");
+        let no_threshold = SecureAggregation {
+            num_shares: Some(ShareCount::Count(5)),
+            ..SecureAggregation::default()
+        };
+        assert_eq!(key(&no_threshold, 10), "reconstruction_threshold");
+        // 2000 clients × 2^22 do not fit below 2^32.
+        let ok = plus(ShareCount::Count(5), ShareCount::Count(3));
+        assert_eq!(key(&ok, 2000), "quantization_range");
+        let bad_clip = SecureAggregation {
+            clipping_range: -1.0,
+            ..ok.clone()
+        };
+        assert_eq!(key(&bad_clip, 10), "clipping_range");
+    }
+
+    #[test]
+    fn only_sum_strategies_pass() {
+        for name in SUM_ONLY_STRATEGIES {
+            assert_eq!(strategy_refusal(name), None, "{name}");
+        }
+        for name in [
+            "median",
+            "trimmed_mean",
+            "krum",
+            "multi_krum",
+            "scaffold",
+            "dp_fedavg",
+        ] {
+            assert!(strategy_refusal(name).is_some(), "{name}");
+        }
+        // Every shipped strategy is in one list or the other.
+        for name in crate::strategy::AlgorithmConfig::names() {
+            assert!(
+                SUM_ONLY_STRATEGIES.contains(name) || strategy_refusal(name).is_some(),
+                "{name} is neither accepted nor refused"
+            );
+        }
+    }
+}

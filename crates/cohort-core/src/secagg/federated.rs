@@ -1,0 +1,375 @@
+//! A federated round's updates through the protocol: what the round loop
+//! calls in simulation mode instead of handing the strategy every update.
+//!
+//! Each client masks `[w, w·(x − g)]`, its sample count `w` and its model
+//! `x` after training relative to the global model `g` it was sent, so the
+//! server's unmasked sum is `Σ w` and `Σ w·(x − g)`, and the round's mean is
+//! `g + Σ w·(x − g) / Σ w`, FedAvg's sample-weighted mean. Flower masks the
+//! parameters themselves; masking the change instead keeps the values small
+//! (so `clipping_range` bounds each weighted change, and a quantum
+//! `2·clipping_range / quantization_range` is fine-grained relative to it),
+//! and is what client-side clipping for differential privacy bounds.
+//!
+//! The protocol runs over every client the round selected, in Flower's
+//! order: keys are agreed before training, so a selected client whose
+//! update did not arrive (it failed, timed out, or its update was refused)
+//! has dropped after sharing its keys, and its masks are removed through its
+//! neighbours' shares. The result holds only the sum's mean: no client's
+//! update leaves this function, unmasked or masked.
+//!
+//! Error bound (the quantisation's, [`quant::sum_error_bound`]): with no
+//! value clipped and every `|x − g|` at most `M`, the weighted sum `S` is
+//! within `e_S = n·max_weight·(2c/Q + M/(2Q))` and the total weight `T`
+//! within `e_T = n·max_weight/(2Q)` of the exact ones, so each element of
+//! the mean is within `(e_S + M·e_T) / (T − e_T)` of FedAvg's
+//! ([`mean_error_bound`]).
+
+use std::collections::BTreeSet;
+
+use rand::SeedableRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand_chacha::ChaCha20Rng;
+
+use super::client::ClientError;
+use super::quant;
+use super::sim::{DropPoint, Timings, WireBytes, simulate_round};
+use super::{Params, PeerError, SecAggError};
+use crate::aggregate::{Contribution, validate};
+use crate::strategy::{ClientUpdate, FloatLayout, float_layout};
+use crate::tree::ParamTree;
+
+/// What a secure round gives the server: the mean, and the protocol's cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SecureMean {
+    /// `g + Σ w·(x − g) / Σ w` over the contributors; `None` when their
+    /// total weight is 0.
+    pub mean: Option<ParamTree>,
+    /// The dequantised total weight `Σ w`.
+    pub total_weight: f64,
+    /// The clients whose updates are in the sum, sorted.
+    pub contributors: Vec<u32>,
+    /// Selected clients that left the protocol, and why, in id order.
+    pub dropped: Vec<(u32, String)>,
+    pub bytes: WireBytes,
+    pub timings: Timings,
+}
+
+/// A round that cannot be aggregated securely: the model stays as it was.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SecureRoundError {
+    #[error("the global model cannot be masked: {0}")]
+    Model(String),
+    #[error("the secure aggregation protocol aborted: {0}")]
+    Protocol(#[from] SecAggError),
+}
+
+/// The round's mean through the protocol. `selected` are the round's
+/// clients, `updates` the ones that arrived (each id among `selected`),
+/// `dropouts` the protocol stages at which arrived clients vanish (a
+/// simulation's knob), `seed` every random choice of the round (keys, the
+/// graph, rounding).
+pub fn secure_mean(
+    params: &Params,
+    global: &ParamTree,
+    selected: &[u32],
+    updates: &[ClientUpdate<'_>],
+    dropouts: &[(u32, DropPoint)],
+    seed: u64,
+) -> Result<SecureMean, SecureRoundError> {
+    let layout = float_layout("secure aggregation", global)
+        .map_err(|e| SecureRoundError::Model(e.to_string()))?;
+    let anchor = layout.flatten(global);
+    let mut dropped = Vec::new();
+    let mut changes = Vec::with_capacity(updates.len());
+    for update in updates {
+        match change_of(&layout, &anchor, global, update) {
+            Ok(change) => changes.push((update.client_id, update.num_samples as f64, change)),
+            // The client cannot mask what does not fit the model: it drops.
+            Err(reason) => dropped.push((update.client_id, reason)),
+        }
+    }
+    let arrived: BTreeSet<u32> = changes.iter().map(|(id, _, _)| *id).collect();
+    let zeros = vec![0.0f32; layout.len()];
+    let mut inputs: Vec<(u64, f64, &[f32])> = changes
+        .iter()
+        .map(|(id, w, x)| (u64::from(*id), *w, x.as_slice()))
+        .collect();
+    let mut drops: Vec<(u64, DropPoint)> = dropouts
+        .iter()
+        .map(|&(id, point)| (u64::from(id), point))
+        .collect();
+    for &id in selected.iter().filter(|id| !arrived.contains(id)) {
+        // Its keys were shared before training; its input never comes.
+        inputs.push((u64::from(id), 0.0, &zeros));
+        drops.push((u64::from(id), DropPoint::AfterSharingKeys));
+    }
+    inputs.sort_by_key(|(id, _, _)| *id);
+    let round = simulate_round(params, &inputs, &drops, seed)?;
+    let contributors: Vec<u32> = round.contributors.iter().map(|&id| id as u32).collect();
+    dropped.extend(reasons(&round.refused, &round.client_errors));
+    for &(id, point) in dropouts {
+        if arrived.contains(&id) && !contributors.contains(&id) {
+            dropped.push((id, format!("vanished {}", point_name(point))));
+        }
+    }
+    dropped.sort_by_key(|(id, _)| *id);
+    let mean = (round.total_weight > 0.0).then(|| {
+        let values: Vec<f32> = anchor
+            .iter()
+            .zip(&round.weighted_sum)
+            .map(|(&g, &s)| (f64::from(g) + s / round.total_weight) as f32)
+            .collect();
+        layout.rebuild(global, &values)
+    });
+    Ok(SecureMean {
+        mean,
+        total_weight: round.total_weight,
+        contributors,
+        dropped,
+        bytes: round.bytes,
+        timings: round.timings,
+    })
+}
+
+/// `x − g` for one update, after FedAvg's checks of the update against the
+/// global model and a finiteness check.
+fn change_of(
+    layout: &FloatLayout,
+    anchor: &[f32],
+    global: &ParamTree,
+    update: &ClientUpdate<'_>,
+) -> Result<Vec<f32>, String> {
+    let contribution = Contribution {
+        client_id: update.client_id,
+        weight: update.num_samples as f64,
+        tree: update.tree,
+    };
+    validate(global, &[contribution]).map_err(|e| format!("its update does not fit: {e}"))?;
+    let values = layout.flatten(update.tree);
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(format!("its update is not finite at element {index}"));
+    }
+    Ok(values.iter().zip(anchor).map(|(x, g)| x - g).collect())
+}
+
+/// The protocol's refusals and client failures as `(client, reason)`.
+fn reasons(refused: &[PeerError], failures: &[(u64, ClientError)]) -> Vec<(u32, String)> {
+    let mut out: Vec<(u32, String)> = refused
+        .iter()
+        .map(|e| (e.client() as u32, format!("refused by the server: {e}")))
+        .collect();
+    out.extend(
+        failures
+            .iter()
+            .map(|(id, e)| (*id as u32, format!("left the protocol: {e}"))),
+    );
+    out
+}
+
+fn point_name(point: DropPoint) -> &'static str {
+    match point {
+        DropPoint::AfterAdvertising => "after advertising its keys",
+        DropPoint::AfterSharingKeys => "after sharing its keys",
+        DropPoint::AfterMaskedInput => "after sending its masked input",
+    }
+}
+
+/// `fraction` of the `arrived` clients (rounded to the nearest count), each
+/// vanishing at one of the three stages, all drawn from `seed`.
+pub fn draw_dropouts(arrived: &[u32], fraction: f64, seed: u64) -> Vec<(u32, DropPoint)> {
+    let count = ((fraction * arrived.len() as f64).round() as usize).min(arrived.len());
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let mut ids = arrived.to_vec();
+    ids.shuffle(&mut rng);
+    let points = [
+        DropPoint::AfterAdvertising,
+        DropPoint::AfterSharingKeys,
+        DropPoint::AfterMaskedInput,
+    ];
+    let mut drawn: Vec<(u32, DropPoint)> = ids
+        .into_iter()
+        .take(count)
+        .map(|id| (id, *points.choose(&mut rng).expect("three points")))
+        .collect();
+    drawn.sort_unstable();
+    drawn
+}
+
+/// How far each element of the secure mean can be from FedAvg's mean of the
+/// same updates, for `clients` contributors with total weight
+/// `total_weight`, every change `|x − g|` at most `max_change` and none
+/// clipped (see the module docs). `None` when the bound is not finite (the
+/// weight error swallows the total weight).
+pub fn mean_error_bound(
+    params: &Params,
+    clients: usize,
+    total_weight: f64,
+    max_change: f64,
+) -> Option<f64> {
+    let (sum_error, weight_error) = quant::sum_error_bound(params, clients, max_change);
+    let below = total_weight - weight_error;
+    (below > 0.0).then(|| (sum_error + max_change * weight_error) / below)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secagg::NumShares;
+    use crate::tree::Array;
+
+    fn tree(values: &[f32]) -> ParamTree {
+        ParamTree::from_dotted([(
+            "w".to_owned(),
+            Array::f32(vec![values.len()], values.to_vec()).unwrap(),
+        )])
+    }
+
+    fn values(tree: &ParamTree) -> Vec<f32> {
+        tree.leaves()[0].1.as_f32().unwrap().to_vec()
+    }
+
+    fn update(client_id: u32, num_samples: u64, tree: &ParamTree) -> ClientUpdate<'_> {
+        ClientUpdate {
+            client_id,
+            num_samples,
+            local_steps: 1,
+            tree,
+        }
+    }
+
+    /// FedAvg's mean of `models` with `weights`, in f64.
+    fn fedavg(models: &[&ParamTree], weights: &[f64]) -> Vec<f64> {
+        let total: f64 = weights.iter().sum();
+        let dim = values(models[0]).len();
+        (0..dim)
+            .map(|j| {
+                models
+                    .iter()
+                    .zip(weights)
+                    .map(|(m, w)| w * f64::from(values(m)[j]))
+                    .sum::<f64>()
+                    / total
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_mean_is_fedavg_within_the_bound() {
+        let params = Params::new(NumShares::Neighbours(3), 2);
+        let global = tree(&[1.0, -2.0, 0.5]);
+        let models: Vec<ParamTree> = (0..6)
+            .map(|i| {
+                let d = i as f32 * 0.1 - 0.25;
+                tree(&[1.0 + d, -2.0 - 2.0 * d, 0.5 + d * d])
+            })
+            .collect();
+        let weights = [10u64, 20, 30, 40, 50, 60];
+        let updates: Vec<_> = models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| update(i as u32 + 1, weights[i], m))
+            .collect();
+        let selected: Vec<u32> = (1..=6).collect();
+        let out = secure_mean(&params, &global, &selected, &updates, &[], 7).unwrap();
+        assert_eq!(out.contributors, selected);
+        assert!(out.dropped.is_empty(), "{:?}", out.dropped);
+        let exact = fedavg(
+            &models.iter().collect::<Vec<_>>(),
+            &weights.map(|w| w as f64),
+        );
+        let bound = mean_error_bound(&params, 6, 210.0, 0.5).unwrap();
+        let mean = values(out.mean.as_ref().unwrap());
+        for (got, want) in mean.iter().zip(&exact) {
+            // The f32 result adds its own rounding.
+            let error = (f64::from(*got) - want).abs();
+            assert!(error <= bound + 1e-6, "{got} vs {want}: {error} > {bound}");
+        }
+        // The bound is not vacuous: well below the updates' spread.
+        assert!(bound < 1e-3, "{bound}");
+        assert!(out.bytes.masked_input.up > 4 * 6 * 4);
+    }
+
+    #[test]
+    fn clients_without_updates_drop_after_sharing_keys() {
+        // The complete graph of 8 with threshold 5: three gone leave five.
+        let params = Params::new(NumShares::All, 5);
+        let global = tree(&[0.0; 4]);
+        let models: Vec<ParamTree> = (0..7).map(|i| tree(&[i as f32 * 0.01; 4])).collect();
+        // Clients 1..=8 were selected; 8 sent nothing, 3 is drawn to vanish
+        // after its masked input (its input still counts).
+        let updates: Vec<_> = models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| update(i as u32 + 1, 5, m))
+            .collect();
+        let selected: Vec<u32> = (1..=8).collect();
+        let drops = [
+            (3, DropPoint::AfterMaskedInput),
+            (5, DropPoint::AfterAdvertising),
+        ];
+        let out = secure_mean(&params, &global, &selected, &updates, &drops, 1).unwrap();
+        assert_eq!(out.contributors, [1, 2, 3, 4, 6, 7]);
+        assert_eq!(out.dropped.len(), 1, "{:?}", out.dropped);
+        assert_eq!(out.dropped[0].0, 5);
+        let expected = (0.0 + 0.01 + 0.02 + 0.03 + 0.05 + 0.06) / 6.0;
+        let mean = values(out.mean.as_ref().unwrap());
+        // Weights of 5 against max_weight 1000 use little of the range.
+        let bound = mean_error_bound(&params, 6, 30.0, 0.06).unwrap();
+        for value in mean {
+            assert!(
+                (f64::from(value) - expected).abs() <= bound,
+                "{value} vs {expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn too_few_survivors_abort_the_round() {
+        let params = Params::new(NumShares::Neighbours(3), 2);
+        let global = tree(&[0.0; 2]);
+        let models: Vec<ParamTree> = (0..4).map(|_| tree(&[0.1, 0.2])).collect();
+        let updates: Vec<_> = models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| update(i as u32 + 1, 5, m))
+            .collect();
+        let drops = [
+            (1, DropPoint::AfterSharingKeys),
+            (2, DropPoint::AfterSharingKeys),
+            (3, DropPoint::AfterSharingKeys),
+        ];
+        let error = secure_mean(&params, &global, &[1, 2, 3, 4], &updates, &drops, 3).unwrap_err();
+        assert!(matches!(error, SecureRoundError::Protocol(_)), "{error}");
+    }
+
+    #[test]
+    fn an_update_that_does_not_fit_is_its_clients_drop() {
+        let params = Params::new(NumShares::All, 2);
+        let global = tree(&[0.0; 2]);
+        let good = tree(&[0.1, 0.2]);
+        let wrong = tree(&[0.1, 0.2, 0.3]);
+        let updates = [
+            update(1, 5, &good),
+            update(2, 5, &good),
+            update(3, 5, &wrong),
+        ];
+        let out = secure_mean(&params, &global, &[1, 2, 3], &updates, &[], 3).unwrap();
+        assert_eq!(out.contributors, [1, 2]);
+        assert_eq!(out.dropped[0].0, 3);
+        assert!(
+            out.dropped[0].1.contains("does not fit"),
+            "{:?}",
+            out.dropped
+        );
+    }
+
+    #[test]
+    fn dropouts_are_seeded_and_sized() {
+        let ids: Vec<u32> = (1..=100).collect();
+        let a = draw_dropouts(&ids, 0.3, 9);
+        assert_eq!(a.len(), 30);
+        assert_eq!(a, draw_dropouts(&ids, 0.3, 9));
+        assert_ne!(a, draw_dropouts(&ids, 0.3, 10));
+        assert!(draw_dropouts(&ids, 0.0, 9).is_empty());
+    }
+}
