@@ -433,6 +433,7 @@ mod tests {
             federated_accuracy: None,
             epsilon: None,
             test_loss: None,
+            simulated_start: None,
         }
     }
 

@@ -63,6 +63,7 @@ impl RoundLoop<'_> {
                 client_id: d.client_id,
                 worker: Some(d.worker as usize),
                 reason: d.reason,
+                simulated: None,
             }));
         }
         rows.sort_by_key(|r| r.slot);
@@ -79,6 +80,7 @@ impl RoundLoop<'_> {
             arrivals,
             dropped: all_dropped,
             privacy: outcome.privacy,
+            simulated_end: None,
         })
     }
 }
