@@ -1339,7 +1339,7 @@ fn validate_devices(config: &Config, fail: Fail) {
         ("clients.over_selection", over > 1.0),
         ("server.round_deadline", config.server.round_deadline.is_some()),
     ];
-    for (key, set) in timed.into_iter().filter(|(_, set)| *set) {
+    for (key, _) in timed.into_iter().filter(|(_, set)| *set) {
         if !clients.profile.enabled() {
             fail(
                 key,

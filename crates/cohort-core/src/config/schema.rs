@@ -105,8 +105,10 @@ pub struct Clients {
     pub own_data_token_file: Option<PathBuf>,
     /// `[clients.profile]`: simulated devices (compute speed, links); see
     /// [`crate::devices`]. Default: none, simulated time from measured times.
+    #[serde(skip_serializing_if = "is_default")]
     pub profile: crate::devices::ProfileConfig,
     /// `[clients.availability]`: when each client is online. Default: always.
+    #[serde(skip_serializing_if = "is_default")]
     pub availability: crate::devices::AvailabilityConfig,
     /// Draw this many times `per_round` clients (rounded up) and aggregate
     /// the first `per_round` updates to arrive on the simulated clock
