@@ -28,7 +28,7 @@ type = "fedbuff"
 [data]
 datasource = "FashionMNIST"
 download = false
-partition_size = 150
+partition_size = 100
 [trainer]
 rounds = 10
 epochs = 2
@@ -105,8 +105,14 @@ fn fedbuff_is_the_same_with_one_or_two_workers() {
         std::fs::read(with_two.join("model.safetensors")).unwrap(),
         "the final model depends on the worker count"
     );
-    assert_eq!(results_without_times(&with_one), results_without_times(&with_two));
-    assert_eq!(clients_without_times(&with_one), clients_without_times(&with_two));
+    assert_eq!(
+        results_without_times(&with_one),
+        results_without_times(&with_two)
+    );
+    assert_eq!(
+        clients_without_times(&with_one),
+        clients_without_times(&with_two)
+    );
 
     // It was asynchronous: stale updates were aggregated, the clock moved
     // forward, and each round aggregated K = 2 updates.
@@ -147,7 +153,13 @@ fn fedbuff_after_a_sigkill_and_resume_equals_an_uninterrupted_run() {
 
     let base = dir.path().join("killed-base");
     let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
-        .args(["run", "--config", config.to_str().unwrap(), "--cpu", "--quiet"])
+        .args([
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+        ])
         .env("COHORT_DATA_DIR", fixture_data())
         .args(["--base", base.to_str().unwrap()])
         .stdout(Stdio::null())
@@ -156,7 +168,10 @@ fn fedbuff_after_a_sigkill_and_resume_equals_an_uninterrupted_run() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     let killed = loop {
-        assert!(Instant::now() < deadline, "no checkpoint of round 3 appeared");
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint of round 3 appeared"
+        );
         let found = std::fs::read_dir(&base)
             .ok()
             .and_then(|mut entries| entries.next())
@@ -181,10 +196,20 @@ fn fedbuff_after_a_sigkill_and_resume_equals_an_uninterrupted_run() {
     // The checkpoint holds the clock and the tasks in flight.
     let sidecar = std::fs::read_to_string(killed.join("checkpoints/round-0003.json")).unwrap();
     assert!(sidecar.contains("\"asynchronous\""), "{sidecar}");
-    assert!(killed.join("checkpoints/round-0003.bases.safetensors").is_file());
+    assert!(
+        killed
+            .join("checkpoints/round-0003.bases.safetensors")
+            .is_file()
+    );
 
     let output = cohort(
-        &["run", "--resume", killed.to_str().unwrap(), "--cpu", "--quiet"],
+        &[
+            "run",
+            "--resume",
+            killed.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+        ],
         &fixture_data(),
     );
     assert!(
@@ -199,8 +224,14 @@ fn fedbuff_after_a_sigkill_and_resume_equals_an_uninterrupted_run() {
         std::fs::read(reference.join("model.safetensors")).unwrap(),
         "final model differs from the uninterrupted run"
     );
-    assert_eq!(results_without_times(&killed), results_without_times(&reference));
-    assert_eq!(clients_without_times(&killed), clients_without_times(&reference));
+    assert_eq!(
+        results_without_times(&killed),
+        results_without_times(&reference)
+    );
+    assert_eq!(
+        clients_without_times(&killed),
+        clients_without_times(&reference)
+    );
 }
 
 const TRACED: &str = r#"
@@ -249,8 +280,14 @@ fn a_trace_is_followed_and_a_client_offline_mid_training_is_lost() {
         .collect();
     // Every task takes 1 s on the clock: rounds [0, 1] and [1, 2], from
     // the profile, not from how long training took here.
-    assert_eq!((rows[0][14].as_str(), rows[0][9].as_str()), ("0.000", "1.000"));
-    assert_eq!((rows[1][14].as_str(), rows[1][9].as_str()), ("1.000", "2.000"));
+    assert_eq!(
+        (rows[0][14].as_str(), rows[0][9].as_str()),
+        ("0.000", "1.000")
+    );
+    assert_eq!(
+        (rows[1][14].as_str(), rows[1][9].as_str()),
+        ("1.000", "2.000")
+    );
     let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
     let lost: Vec<&str> = clients
         .lines()
@@ -347,7 +384,10 @@ fn over_selection_and_a_deadline_keep_the_first_updates_and_drop_the_late() {
 
     // A deadline of 2.5 s, no over-selection: again clients 1 and 2.
     let deadline = OVER_SELECTED
-        .replace("per_round = 2\nover_selection = 2.0", "per_round = 4\nmin_per_round = 2")
+        .replace(
+            "per_round = 2\nover_selection = 2.0",
+            "per_round = 4\nmin_per_round = 2",
+        )
         .replace("[data]", "[server]\nround_deadline = 2.5\n[data]");
     let config = write_config(dir.path(), &deadline);
     let run_dir = run(&config, &dir.path().join("deadline"));
@@ -355,5 +395,8 @@ fn over_selection_and_a_deadline_keep_the_first_updates_and_drop_the_late() {
     let (aggregated, late) = rows_of(&clients, 1, "server.round_deadline = 2.5 s");
     assert_eq!((aggregated, late), (vec![1, 2], vec![3, 4]), "{clients}");
     let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
-    assert_eq!(results.lines().nth(1).unwrap().split(',').nth(9), Some("2.500"));
+    assert_eq!(
+        results.lines().nth(1).unwrap().split(',').nth(9),
+        Some("2.500")
+    );
 }

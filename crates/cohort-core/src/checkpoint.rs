@@ -261,7 +261,8 @@ fn write_trees(
         path: path.to_path_buf(),
         source: std::io::Error::other(message),
     };
-    let bytes = codec::encode(&ParamTree::Map(trees.clone())).map_err(|e| write_error(e.to_string()))?;
+    let bytes =
+        codec::encode(&ParamTree::Map(trees.clone())).map_err(|e| write_error(e.to_string()))?;
     if bytes.len() > DecodeLimits::default().max_bytes {
         return Err(write_error(format!(
             "{} bytes of models in flight, above what a checkpoint holds",

@@ -75,7 +75,13 @@ impl<T> InFlight<T> {
     /// Task `task` is in flight and finishes at `earliest` at the soonest;
     /// `settled` when that is its finish already (a client known to go
     /// offline first).
-    pub fn insert(&mut self, task: u64, earliest: f64, settled: bool, item: T) -> Result<(), ClockError> {
+    pub fn insert(
+        &mut self,
+        task: u64,
+        earliest: f64,
+        settled: bool,
+        item: T,
+    ) -> Result<(), ClockError> {
         check_time(task, earliest)?;
         if self.flights.contains_key(&task) {
             return Err(ClockError::Twice { task });
@@ -200,7 +206,9 @@ pub fn close_round(
     let quota_reached = quota
         .filter(|&q| q > 0 && arrivals.len() >= q)
         .map(|q| arrivals[q - 1].0);
-    let end = natural.min(cutoff).min(quota_reached.unwrap_or(f64::INFINITY));
+    let end = natural
+        .min(cutoff)
+        .min(quota_reached.unwrap_or(f64::INFINITY));
     let kept: Vec<usize> = arrivals
         .iter()
         .take(quota.unwrap_or(usize::MAX))
@@ -229,20 +237,41 @@ mod tests {
     fn rounds_close_at_the_quota_the_deadline_or_the_last_task_by_hand() {
         use TaskEnd::{Arrives, Lost};
         use Verdict::{Aggregated, Late};
-        let tasks = [Arrives(5.0), Arrives(3.0), Lost(2.0), Arrives(9.0), Arrives(3.0)];
+        let tasks = [
+            Arrives(5.0),
+            Arrives(3.0),
+            Lost(2.0),
+            Arrives(9.0),
+            Arrives(3.0),
+        ];
         // No deadline, no over-selection: the last task ends it at 9.
         let (end, verdicts) = close_round(1.0, &tasks, None, None);
         assert_eq!(end, 9.0);
-        assert_eq!(verdicts, [Aggregated, Aggregated, Verdict::Lost, Aggregated, Aggregated]);
+        assert_eq!(
+            verdicts,
+            [
+                Aggregated,
+                Aggregated,
+                Verdict::Lost,
+                Aggregated,
+                Aggregated
+            ]
+        );
         // Over-selected for 2: slots 1 and 4 arrive first (3, tie to slot 1
         // then 4); the round closes at 3 and the others are late.
         let (end, verdicts) = close_round(1.0, &tasks, None, Some(2));
         assert_eq!(end, 3.0);
-        assert_eq!(verdicts, [Late, Aggregated, Verdict::Lost, Late, Aggregated]);
+        assert_eq!(
+            verdicts,
+            [Late, Aggregated, Verdict::Lost, Late, Aggregated]
+        );
         // A deadline of 5 s from 1: closes at 6, 9 is late.
         let (end, verdicts) = close_round(1.0, &tasks, Some(5.0), None);
         assert_eq!(end, 6.0);
-        assert_eq!(verdicts, [Aggregated, Aggregated, Verdict::Lost, Late, Aggregated]);
+        assert_eq!(
+            verdicts,
+            [Aggregated, Aggregated, Verdict::Lost, Late, Aggregated]
+        );
         // A deadline before the loss: the loss is a late task.
         let (end, verdicts) = close_round(0.0, &tasks, Some(1.5), None);
         assert_eq!(end, 1.5);
@@ -278,7 +307,10 @@ mod tests {
         let mut clock = InFlight::default();
         assert!(clock.insert(1, f64::NAN, false, ()).is_err());
         clock.insert(1, 2.0, false, ()).unwrap();
-        assert_eq!(clock.insert(1, 2.0, false, ()), Err(ClockError::Twice { task: 1 }));
+        assert_eq!(
+            clock.insert(1, 2.0, false, ()),
+            Err(ClockError::Twice { task: 1 })
+        );
         assert!(matches!(
             clock.settle(1, 1.0),
             Err(ClockError::BeforeEarliest { .. })

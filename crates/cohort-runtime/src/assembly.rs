@@ -28,8 +28,8 @@ use crate::events::{RunEvent, RunFacts, RunObserver};
 use crate::ranks::{DistributedRun, RankLink, join_ranks, partial_reduce};
 use crate::record::{MODEL_FILE, RunFolder, SimulatedWallTime};
 use crate::round_loop::{
-    AsyncSettings, ClientFacts, LoopParts, LoopSettings, RankRole, RoundLoop, Selection, SimDevices,
-    SimulatedAttack,
+    AsyncSettings, ClientFacts, LoopParts, LoopSettings, RankRole, RoundLoop, Selection,
+    SimDevices, SimulatedAttack,
 };
 use crate::run::{Parts, RunOptions, RunSummary, toml_text};
 use crate::start::{ResumeChecks, StartPoint, fresh_start, resume_point};
@@ -228,7 +228,10 @@ fn resolved_config(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Resul
         if let Some(toml::Value::Table(clients)) = table.get_mut("clients")
             && let Some(toml::Value::Table(part)) = clients.get_mut(section)
         {
-            part.insert(key.to_owned(), toml::Value::String(path.display().to_string()));
+            part.insert(
+                key.to_owned(),
+                toml::Value::String(path.display().to_string()),
+            );
         }
     }
     if let Some(root) = &options.data_root {
@@ -460,13 +463,18 @@ fn sim_devices(loaded: &LoadedConfig) -> anyhow::Result<Option<SimDevices>> {
         None => Profiles::draw(&clients.profile, clients.total_clients),
     };
     let trace = match loaded.trace_file() {
-        Some(path) => Some((read_file(&path).context("clients.availability.trace_file")?, path)),
+        Some(path) => Some((
+            read_file(&path).context("clients.availability.trace_file")?,
+            path,
+        )),
         None => None,
     };
     let availability = Availability::new(
         &clients.availability,
         clients.total_clients,
-        trace.as_ref().map(|(text, path)| (text.as_str(), path.as_path())),
+        trace
+            .as_ref()
+            .map(|(text, path)| (text.as_str(), path.as_path())),
     )
     .context("clients.availability.trace_file")?;
     Ok(Some(SimDevices {

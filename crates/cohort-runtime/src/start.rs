@@ -129,7 +129,9 @@ fn fits(checks: &ResumeChecks<'_>, restored: &checkpoint::Restored) -> Result<()
         check_schema(checks.reference, &base, DTypeRule::Exact)
             .map_err(|mismatch| format!("its base model `{name}` does not fit: {mismatch}"))?;
         if let Some((path, index)) = base.first_non_finite() {
-            return Err(format!("its base model `{name}`'s `{path}`[{index}] is not finite"));
+            return Err(format!(
+                "its base model `{name}`'s `{path}`[{index}] is not finite"
+            ));
         }
     }
     if let Some(asynchronous) = &restored.history.asynchronous {

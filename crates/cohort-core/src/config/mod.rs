@@ -291,7 +291,10 @@ impl LoadedConfig {
 
     /// `clients.profile.file`, relative to the config file that sets it.
     pub fn profile_file(&self) -> Option<PathBuf> {
-        self.relative_file("clients.profile.file", self.config.clients.profile.file.as_ref())
+        self.relative_file(
+            "clients.profile.file",
+            self.config.clients.profile.file.as_ref(),
+        )
     }
 
     /// `clients.availability.trace_file`, relative to the config file that sets it.
@@ -1337,7 +1340,10 @@ fn validate_devices(config: &Config, fail: Fail) {
     }
     let timed = [
         ("clients.over_selection", over > 1.0),
-        ("server.round_deadline", config.server.round_deadline.is_some()),
+        (
+            "server.round_deadline",
+            config.server.round_deadline.is_some(),
+        ),
     ];
     for (key, _) in timed.into_iter().filter(|(_, set)| *set) {
         if !clients.profile.enabled() {
@@ -1349,7 +1355,10 @@ fn validate_devices(config: &Config, fail: Fail) {
             );
         }
         if !config.server.synchronous {
-            fail(key, "is for synchronous rounds (server.synchronous = true)".to_owned());
+            fail(
+                key,
+                "is for synchronous rounds (server.synchronous = true)".to_owned(),
+            );
         }
     }
     if over > 1.0 && config.algorithm.name() == "dp_fedavg" {

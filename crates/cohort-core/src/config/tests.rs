@@ -1247,7 +1247,9 @@ fn a_device_profile_and_availability_load() {
         "server.round_deadline",
     ];
     assert!(
-        !plain.keys().any(|k| new_keys.iter().any(|n| k.starts_with(n))),
+        !plain
+            .keys()
+            .any(|k| new_keys.iter().any(|n| k.starts_with(n))),
         "{plain:?}"
     );
 }
@@ -1256,7 +1258,11 @@ fn a_device_profile_and_availability_load() {
 fn device_problems_name_their_key() {
     let profile = |body: &str| format!("{MINIMAL}\n[clients.profile]\n{body}\n");
     let cases = [
-        (profile("compute = -1"), "clients.profile.compute", "`value` must be"),
+        (
+            profile("compute = -1"),
+            "clients.profile.compute",
+            "`value` must be",
+        ),
         (
             profile("compute = { distribution = \"lognorml\", median = 1, sigma = 1 }"),
             "clients.profile.compute",
@@ -1311,8 +1317,14 @@ fn the_asynchronous_server_loads_and_refuses_what_it_cannot_run() {
     assert_eq!(error.key.as_deref(), Some("clients.profile.compute"));
     assert!(error.message.contains("simulated clock"), "{error}");
     // K above the clients in flight could never aggregate.
-    let error = error_of(&text.replace("minimum_clients_aggregated = 2", "minimum_clients_aggregated = 3"));
-    assert_eq!(error.key.as_deref(), Some("server.minimum_clients_aggregated"));
+    let error = error_of(&text.replace(
+        "minimum_clients_aggregated = 2",
+        "minimum_clients_aggregated = 3",
+    ));
+    assert_eq!(
+        error.key.as_deref(),
+        Some("server.minimum_clients_aggregated")
+    );
     // A strategy that cannot take stale updates says why.
     let scaffold = format!("{text}\n[algorithm]\ntype = \"scaffold\"\n");
     let errors = load_text(&scaffold).unwrap_err();

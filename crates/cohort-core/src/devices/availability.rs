@@ -259,7 +259,11 @@ impl OnOff {
 
 /// A trace file's spells per client, sorted, overlapping and touching ones
 /// merged.
-fn read_trace(text: &str, file: &Path, total_clients: u32) -> Result<Vec<Vec<Interval>>, FileError> {
+fn read_trace(
+    text: &str,
+    file: &Path,
+    total_clients: u32,
+) -> Result<Vec<Vec<Interval>>, FileError> {
     const COLUMNS: [&str; 3] = ["client", "online_from", "online_until"];
     let table = CsvTable::parse(text, file, &COLUMNS, &COLUMNS)?;
     let mut spells = vec![Vec::new(); total_clients as usize];

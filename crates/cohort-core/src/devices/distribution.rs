@@ -105,9 +105,9 @@ impl TryFrom<toml::Value> for Distribution {
                 value.type_str()
             ));
         }
-        let table: Table = value.try_into().map_err(|e: toml::de::Error| {
-            e.message().trim_end().to_owned()
-        })?;
+        let table: Table = value
+            .try_into()
+            .map_err(|e: toml::de::Error| e.message().trim_end().to_owned())?;
         Ok(match table {
             Table::Constant { value } => Distribution::Constant { value },
             Table::Uniform { low, high } => Distribution::Uniform { low, high },
@@ -250,7 +250,9 @@ impl Distribution {
         let value = match *self {
             Distribution::Constant { value } => value,
             Distribution::Uniform { low, high } => low + (high - low) * rng.random::<f64>(),
-            Distribution::Lognormal { median, sigma } => median * (sigma * standard_normal(rng)).exp(),
+            Distribution::Lognormal { median, sigma } => {
+                median * (sigma * standard_normal(rng)).exp()
+            }
             Distribution::TwoPoint {
                 fast,
                 slow,
@@ -305,8 +307,8 @@ mod tests {
             parse("figure = 3").unwrap(),
             Distribution::Constant { value: 3.0 }
         );
-        let lognormal = parse(r#"figure = { distribution = "lognormal", median = 0.5, sigma = 1 }"#)
-            .unwrap();
+        let lognormal =
+            parse(r#"figure = { distribution = "lognormal", median = 0.5, sigma = 1 }"#).unwrap();
         assert_eq!(
             lognormal,
             Distribution::Lognormal {
@@ -330,8 +332,8 @@ mod tests {
 
     #[test]
     fn bad_tables_are_refused_naming_what_is_wrong() {
-        let unknown = parse(r#"figure = { distribution = "lognorml", median = 1, sigma = 1 }"#)
-            .unwrap_err();
+        let unknown =
+            parse(r#"figure = { distribution = "lognorml", median = 1, sigma = 1 }"#).unwrap_err();
         assert!(unknown.contains("unknown variant `lognorml`"), "{unknown}");
         let missing = parse(r#"figure = { distribution = "uniform", low = 1 }"#).unwrap_err();
         assert!(missing.contains("missing field `high`"), "{missing}");
@@ -346,7 +348,13 @@ mod tests {
     fn checks_name_the_parameter_out_of_range() {
         let bad = [
             (Distribution::Constant { value: -1.0 }, "`value`"),
-            (Distribution::Uniform { low: 2.0, high: 1.0 }, "`low` = 2"),
+            (
+                Distribution::Uniform {
+                    low: 2.0,
+                    high: 1.0,
+                },
+                "`low` = 2",
+            ),
             (
                 Distribution::Lognormal {
                     median: 1.0,
@@ -374,7 +382,10 @@ mod tests {
             let reason = distribution.check(0.0, 100.0).unwrap_err();
             assert!(reason.contains(named), "{reason}");
         }
-        assert_eq!(Distribution::Constant { value: 5.0 }.check(0.0, 10.0), Ok(()));
+        assert_eq!(
+            Distribution::Constant { value: 5.0 }.check(0.0, 10.0),
+            Ok(())
+        );
     }
 
     #[test]
@@ -389,7 +400,10 @@ mod tests {
             median: 2.0,
             sigma: 1.0,
         };
-        let below = draws(&lognormal, &mut rng).iter().filter(|&&x| x < 2.0).count();
+        let below = draws(&lognormal, &mut rng)
+            .iter()
+            .filter(|&&x| x < 2.0)
+            .count();
         assert!((below as f64 / n as f64 - 0.5).abs() < 0.02, "{below}");
         // Two points: about slow_fraction of them slow, nothing else.
         let two = Distribution::TwoPoint {
@@ -409,8 +423,15 @@ mod tests {
         let mean = draws(&pareto, &mut rng).iter().sum::<f64>() / n as f64;
         assert!((mean - 0.5).abs() < 0.05, "{mean}");
         // Uniform stays inside its bounds; a normal is cut at the minimum.
-        let uniform = Distribution::Uniform { low: 3.0, high: 4.0 };
-        assert!(draws(&uniform, &mut rng).iter().all(|x| (3.0..=4.0).contains(x)));
+        let uniform = Distribution::Uniform {
+            low: 3.0,
+            high: 4.0,
+        };
+        assert!(
+            draws(&uniform, &mut rng)
+                .iter()
+                .all(|x| (3.0..=4.0).contains(x))
+        );
         let normal = Distribution::Normal { mean: 0.0, sd: 1.0 };
         let cut = draws(&normal, &mut rng);
         assert!(cut.iter().all(|&x| x >= 0.0));

@@ -198,12 +198,18 @@ impl TaskTiming {
 impl DeviceProfile {
     /// Seconds to move `bytes` down to the client.
     pub fn download_seconds(&self, bytes: u64) -> f64 {
-        self.latency + self.downlink_mbps.map_or(0.0, |mbps| bits(bytes) / (mbps * 1e6))
+        self.latency
+            + self
+                .downlink_mbps
+                .map_or(0.0, |mbps| bits(bytes) / (mbps * 1e6))
     }
 
     /// Seconds to move `bytes` up to the server.
     pub fn upload_seconds(&self, bytes: u64) -> f64 {
-        self.latency + self.uplink_mbps.map_or(0.0, |mbps| bits(bytes) / (mbps * 1e6))
+        self.latency
+            + self
+                .uplink_mbps
+                .map_or(0.0, |mbps| bits(bytes) / (mbps * 1e6))
     }
 
     /// Seconds of local training over `samples` for `epochs`.
@@ -247,14 +253,18 @@ impl Profiles {
         Profiles(
             (1..=total_clients)
                 .map(|client| {
-                    let seed = crate::seeds::derive_seed(config.seed, "device-profile", &[
-                        u64::from(client),
-                    ]);
+                    let seed = crate::seeds::derive_seed(
+                        config.seed,
+                        "device-profile",
+                        &[u64::from(client)],
+                    );
                     let mut rng = ChaCha8Rng::seed_from_u64(seed);
                     let compute =
                         compute.sample(&mut rng, 0.0, config.compute_max.unwrap_or(MAX_SECONDS));
                     let mut link = |figure: &Option<Distribution>| {
-                        figure.as_ref().map(|d| d.sample(&mut rng, MIN_MBPS, MAX_MBPS))
+                        figure
+                            .as_ref()
+                            .map(|d| d.sample(&mut rng, MIN_MBPS, MAX_MBPS))
                     };
                     let downlink_mbps = link(&config.downlink_mbps);
                     let uplink_mbps = link(&config.uplink_mbps);
@@ -337,7 +347,13 @@ impl Profiles {
     }
 }
 
-const PROFILE_COLUMNS: [&str; 5] = ["client", "compute", "downlink_mbps", "uplink_mbps", "latency"];
+const PROFILE_COLUMNS: [&str; 5] = [
+    "client",
+    "compute",
+    "downlink_mbps",
+    "uplink_mbps",
+    "latency",
+];
 
 /// A profile or trace file that cannot be read: where, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -394,7 +410,14 @@ impl<'a> CsvTable<'a> {
             .map(|(i, line)| (i + 1, line.trim()))
             .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'));
         let Some((header_line, header)) = lines.next() else {
-            return Err(error(1, None, format!("the file is empty; expected a header such as `{}`", required.join(","))));
+            return Err(error(
+                1,
+                None,
+                format!(
+                    "the file is empty; expected a header such as `{}`",
+                    required.join(",")
+                ),
+            ));
         };
         let columns: Vec<&str> = header.split(',').map(str::trim).collect();
         for (index, name) in columns.iter().enumerate() {
@@ -421,7 +444,10 @@ impl<'a> CsvTable<'a> {
             return Err(error(
                 header_line,
                 None,
-                format!("the header has no `{missing}` column; it needs {}", required.join(", ")),
+                format!(
+                    "the header has no `{missing}` column; it needs {}",
+                    required.join(", ")
+                ),
             ));
         }
         let mut rows = Vec::new();

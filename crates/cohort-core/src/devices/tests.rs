@@ -85,7 +85,10 @@ fn a_csv_of_per_client_figures_is_read_and_the_rest_drawn() {
     let text = "client,compute,latency\n# the slow one\n2,0.25,0.5\n1, 0.125 ,0\n";
     let profiles = Profiles::from_csv(text, Path::new("devices.csv"), &config, 2).unwrap();
     let one = profiles.of(1).unwrap();
-    assert_eq!((one.compute, one.latency, one.uplink_mbps), (0.125, 0.0, Some(7.0)));
+    assert_eq!(
+        (one.compute, one.latency, one.uplink_mbps),
+        (0.125, 0.0, Some(7.0))
+    );
     assert_eq!(profiles.of(2).unwrap().compute, 0.25);
     assert_eq!(profiles.of(2).unwrap().latency, 0.5);
 }
@@ -244,7 +247,8 @@ fn on_off_spells_are_seeded_and_online_for_their_share() {
     assert!((share - 0.25).abs() < 0.04, "{share}");
     let reseeded = AvailabilityConfig { seed: 9, ..config };
     let mut c = Availability::new(&reseeded, 50, None).unwrap();
-    let differs = (1..=50).any(|client| c.online_until(client, 5000.0) != a.online_until(client, 5000.0));
+    let differs =
+        (1..=50).any(|client| c.online_until(client, 5000.0) != a.online_until(client, 5000.0));
     assert!(differs);
 }
 

@@ -28,8 +28,8 @@ use anyhow::{Context, bail};
 use cohort_core::checkpoint::{AsyncHistory, AsyncTask};
 use cohort_core::clock::{InFlight, Next};
 use cohort_core::results::SimulatedTask;
-use cohort_core::strategy::stale::StaleUpdate;
 use cohort_core::strategy::ClientUpdate;
+use cohort_core::strategy::stale::StaleUpdate;
 use cohort_core::tree::ParamTree;
 use cohort_train::trainer::ClientTask;
 
@@ -91,7 +91,10 @@ impl RoundLoop<'_> {
     /// was reached.
     pub(super) fn run_async(&mut self, settings: AsyncSettings) -> anyhow::Result<bool> {
         if self.first_round > self.settings.last_round {
-            tracing::info!(rounds = self.settings.last_round, "all rounds are done already");
+            tracing::info!(
+                rounds = self.settings.last_round,
+                "all rounds are done already"
+            );
             return Ok(false);
         }
         let mut run = self.async_start()?;
@@ -193,7 +196,10 @@ impl RoundLoop<'_> {
             return Ok(());
         }
         let busy: Vec<u32> = run.flights.iter().map(|(_, f)| f.item.client).collect();
-        let devices = self.devices.as_mut().context("an asynchronous run needs devices")?;
+        let devices = self
+            .devices
+            .as_mut()
+            .context("an asynchronous run needs devices")?;
         let online = devices.online(selection.total_clients, run.now, &busy);
         for client in self.selector.select_from(&online, free) {
             self.dispatch_one(run, client)?;
@@ -215,7 +221,10 @@ impl RoundLoop<'_> {
             Next::Empty => f64::INFINITY,
         };
         let busy: Vec<u32> = run.flights.iter().map(|(_, f)| f.item.client).collect();
-        let devices = self.devices.as_mut().context("an asynchronous run needs devices")?;
+        let devices = self
+            .devices
+            .as_mut()
+            .context("an asynchronous run needs devices")?;
         match devices.next_online(selection.total_clients, run.now, &busy) {
             Some(at) if at > run.now && at < next_event => {
                 run.now = at;
@@ -230,7 +239,8 @@ impl RoundLoop<'_> {
         let version = run.version;
         if !run.bases.contains_key(&version) {
             let wire = self.pack()?.wire;
-            run.bases.insert(version, (Arc::new(self.global.clone()), wire));
+            run.bases
+                .insert(version, (Arc::new(self.global.clone()), wire));
         }
         let task = run.next_task;
         run.next_task += 1;
@@ -276,7 +286,10 @@ impl RoundLoop<'_> {
             .with_context(|| format!("task {task}: no model of version {version}"))?;
         let wire = Arc::clone(wire);
         let download = wire.len() as u64 + spec.instructions.extra_bytes();
-        let devices = self.devices.as_mut().context("an asynchronous run needs devices")?;
+        let devices = self
+            .devices
+            .as_mut()
+            .context("an asynchronous run needs devices")?;
         let timing = devices
             .task(client, start, download, samples, 0)
             .with_context(|| format!("client {client} has no device profile"))?;
@@ -309,7 +322,10 @@ impl RoundLoop<'_> {
     fn settle(&mut self, run: &mut AsyncRun, outcome: ClientOutcome) -> anyhow::Result<()> {
         let task = outcome.slot as u64;
         let unpacked = unpack(outcome, &self.settings.inbound, &self.settings.limits);
-        let devices = self.devices.as_ref().context("an asynchronous run needs devices")?;
+        let devices = self
+            .devices
+            .as_ref()
+            .context("an asynchronous run needs devices")?;
         let flight = &mut run
             .flights
             .get_mut(task)
@@ -318,7 +334,10 @@ impl RoundLoop<'_> {
         let mut timing = flight.timing;
         let at = match unpacked {
             Ok(mut arrived) => {
-                let profile = devices.profiles.of(flight.client).context("no device profile")?;
+                let profile = devices
+                    .profiles
+                    .of(flight.client)
+                    .context("no device profile")?;
                 timing.upload = profile.upload_seconds(arrived.arrival.payload_bytes);
                 arrived.arrival.simulated = Some(timing);
                 if flight.online_until < timing.end() {
@@ -345,7 +364,12 @@ impl RoundLoop<'_> {
         let arrived = match flight.outcome {
             Some(Ok(arrived)) => arrived,
             Some(Err(dropped)) => {
-                tracing::warn!(round, client = dropped.client_id, "client dropped: {}", dropped.reason);
+                tracing::warn!(
+                    round,
+                    client = dropped.client_id,
+                    "client dropped: {}",
+                    dropped.reason
+                );
                 self.observer.on_event(&RunEvent::ClientDropped {
                     round,
                     client_id: dropped.client_id,
@@ -360,20 +384,27 @@ impl RoundLoop<'_> {
         let verdict = self
             .expected_report(&arrived)
             .and_then(|expected| {
-                check_update(&arrived, &expected, &self.global, self.settings.max_report_seconds)
+                check_update(
+                    &arrived,
+                    &expected,
+                    &self.global,
+                    self.settings.max_report_seconds,
+                )
             })
             .map_err(|reason| ("update refused", reason))
-            .and_then(|()| match self.settings.asynchronous.and_then(|a| a.staleness_bound) {
-                Some(bound) if staleness > bound => Err((
-                    "update too stale",
-                    format!(
-                        "it trained from version {}, {staleness} aggregations old, more than \
+            .and_then(
+                |()| match self.settings.asynchronous.and_then(|a| a.staleness_bound) {
+                    Some(bound) if staleness > bound => Err((
+                        "update too stale",
+                        format!(
+                            "it trained from version {}, {staleness} aggregations old, more than \
                          server.staleness_bound = {bound}",
-                        flight.version
-                    ),
-                )),
-                _ => Ok(()),
-            });
+                            flight.version
+                        ),
+                    )),
+                    _ => Ok(()),
+                },
+            );
         match verdict {
             Ok(()) => {
                 self.observer.on_event(&RunEvent::ClientFinished {
@@ -400,7 +431,10 @@ impl RoundLoop<'_> {
         let buffered = std::mem::take(&mut run.buffer);
         let versions: Vec<u32> = buffered.iter().map(|b| b.version).collect();
         let collected = Collected {
-            bytes_to_server: buffered.iter().map(|b| b.arrived.arrival.payload_bytes).sum(),
+            bytes_to_server: buffered
+                .iter()
+                .map(|b| b.arrived.arrival.payload_bytes)
+                .sum(),
             updates: buffered.into_iter().map(|b| b.arrived).collect(),
             failures: Vec::new(),
             simulated_end: Some(run.now),

@@ -97,9 +97,7 @@ impl RoundLoop<'_> {
             );
         };
         let online = devices.online(selection.total_clients, start, &[]);
-        let clients = self
-            .selector
-            .select_from(&online, selection.draws as usize);
+        let clients = self.selector.select_from(&online, selection.draws as usize);
         if clients.len() < selection.draws as usize {
             tracing::info!(
                 round,
@@ -153,9 +151,7 @@ impl RoundLoop<'_> {
                 }
                 (Verdict::Lost, TaskEnd::Lost(at)) => (
                     "client lost",
-                    format!(
-                        "went offline at simulated time {at:.3} s, before its update arrived"
-                    ),
+                    format!("went offline at simulated time {at:.3} s, before its update arrived"),
                 ),
                 _ => (
                     "client late",
@@ -177,7 +173,9 @@ impl RoundLoop<'_> {
 fn closed_by(deadline: Option<f64>, quota: Option<usize>) -> String {
     let mut reasons = Vec::new();
     if let Some(quota) = quota {
-        reasons.push(format!("the first clients.per_round = {quota} updates of an over-selection"));
+        reasons.push(format!(
+            "the first clients.per_round = {quota} updates of an over-selection"
+        ));
     }
     if let Some(deadline) = deadline {
         reasons.push(format!("server.round_deadline = {deadline} s"));

@@ -51,12 +51,12 @@ use crate::events::{RunEvent, RunObserver};
 use crate::record::{CheckpointState, Recorder, SimulatedWallTime};
 use crate::start::StartPoint;
 use crate::transport::Transport;
-pub(crate) use asynchronous::AsyncSettings;
-pub(crate) use devices::SimDevices;
 use crate::updates::{
     Arrival, Arrived, Collected, Dropped, ExpectedReport, OwnDataRules, check_update,
     collect_updates, hooked_payloads, own_data_expectation, plan_tasks,
 };
+pub(crate) use asynchronous::AsyncSettings;
+pub(crate) use devices::SimDevices;
 
 /// Everything the loop needs to know that a config would say, as plain
 /// values: built once by the assembly, never changed by the loop.

@@ -413,5 +413,10 @@ learning_rate = 0.01
     let off = text.replace("speed_simulation = true", "speed_simulation = false");
     let loaded = from_str(&off, Path::new("plato.toml")).unwrap();
     assert!(!loaded.config().clients.profile.enabled());
-    assert!(loaded.notes().join("\n").contains("no effect without speed_simulation"));
+    assert!(
+        loaded
+            .notes()
+            .join("\n")
+            .contains("no effect without speed_simulation")
+    );
 }
