@@ -81,8 +81,8 @@ fn clients_without_times(run_dir: &Path) -> Vec<String> {
         .map(|line| {
             let f: Vec<&str> = line.split(',').collect();
             let mut kept = vec![f[0], f[1], f[3], f[4], f[8]];
-            // sim_start … staleness (the dropped reason may hold commas: count from the end).
-            kept.extend_from_slice(&f[f.len() - 6..]);
+            // sim_start … staleness, and the dropped reason (which may hold commas).
+            kept.extend_from_slice(&f[11..]);
             kept.join(",")
         })
         .collect()
@@ -120,7 +120,7 @@ fn fedbuff_is_the_same_with_one_or_two_workers() {
     let staleness: Vec<u32> = clients
         .lines()
         .skip(1)
-        .filter_map(|line| line.rsplit(',').next()?.parse().ok())
+        .filter_map(|line| line.split(',').nth(16)?.parse().ok())
         .collect();
     assert!(staleness.iter().any(|&s| s > 0), "{clients}");
     assert!(staleness.iter().all(|&s| s <= 3), "{clients}");
@@ -138,7 +138,7 @@ fn fedbuff_is_the_same_with_one_or_two_workers() {
             .skip(1)
             .filter(|line| {
                 let f: Vec<&str> = line.split(',').collect();
-                f[0] == round.to_string() && f[11].is_empty()
+                f[0] == round.to_string() && line.ends_with(',')
             })
             .count();
         assert_eq!(aggregated, 2, "round {round}: {clients}");
@@ -344,7 +344,7 @@ fn rows_of(clients: &str, round: u32, reason: &str) -> (Vec<u32>, Vec<u32>) {
             continue;
         }
         let client = f[1].parse().unwrap();
-        if f[11].is_empty() {
+        if line.ends_with(',') {
             aggregated.push(client);
         } else if line.contains(reason) {
             dropped.push(client);

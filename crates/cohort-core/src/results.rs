@@ -139,7 +139,9 @@ const RESULTS_HEADER_V3: &str = "round,accuracy,elapsed_time,round_time,training
 const RESULTS_HEADER_V2: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon";
 /// The header before the strategy columns; such files still parse.
 const RESULTS_HEADER_V1: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
-pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy,dropped,sim_start,sim_download,sim_compute,sim_upload,sim_end,staleness";
+/// `dropped` stays the last column: a reason may hold commas, and an
+/// aggregated row ends with its empty field.
+pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy,sim_start,sim_download,sim_compute,sim_upload,sim_end,staleness,dropped";
 
 /// Every row a run has recorded, its resumed rounds' included: what
 /// `results.csv` and `clients.csv` hold and what a checkpoint keeps.
@@ -308,7 +310,7 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
         if let Some(reason) = &r.dropped {
             let _ = writeln!(
                 out,
-                "{},{},{},,,,,,,{histogram},,{},{timing}",
+                "{},{},{},,,,,,,{histogram},,{timing},{}",
                 r.round,
                 r.client_id,
                 r.worker,
@@ -318,7 +320,7 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
         }
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.6},{:.3},{:.4},{:.4},{},{histogram},{},,{timing}",
+            "{},{},{},{},{:.6},{:.3},{:.4},{:.4},{},{histogram},{},{timing},",
             r.round,
             r.client_id,
             r.worker,
@@ -466,12 +468,12 @@ mod tests {
         let clients = std::fs::read_to_string(dir.path().join("clients.csv")).unwrap();
         assert_eq!(
             clients.lines().nth(1).unwrap(),
-            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000,4 2,,,1.000,0.500,2.000,0.250,3.750,2"
+            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000,4 2,,1.000,0.500,2.000,0.250,3.750,2,"
         );
         // A dropped client's row: no numbers, the reason as one quoted field.
         assert_eq!(
             clients.lines().nth(2).unwrap(),
-            "1,4,1,,,,,,,1 0,,\"update refused: reports \"\"5\"\" samples, not 6\",,,,,,"
+            "1,4,1,,,,,,,1 0,,,,,,,,\"update refused: reports \"\"5\"\" samples, not 6\""
         );
         let columns = CLIENTS_HEADER.split(',').count();
         assert_eq!(clients.lines().nth(1).unwrap().split(',').count(), columns);
