@@ -237,10 +237,8 @@ impl RoundLoop<'_> {
     /// Sends `client` the global model as it is now.
     fn dispatch_one(&mut self, run: &mut AsyncRun, client: u32) -> anyhow::Result<()> {
         let version = run.version;
-        if !run.bases.contains_key(&version) {
-            let wire = self.pack()?.wire;
-            run.bases
-                .insert(version, (Arc::new(self.global.clone()), wire));
+        if let std::collections::btree_map::Entry::Vacant(slot) = run.bases.entry(version) {
+            slot.insert((Arc::new(self.global.clone()), self.pack()?.wire));
         }
         let task = run.next_task;
         run.next_task += 1;
@@ -505,7 +503,7 @@ impl RoundLoop<'_> {
     ) -> anyhow::Result<()> {
         let interval = self.settings.checkpoint_interval.max(1);
         let last = round >= self.settings.last_round;
-        if !(self.leader() && (round % interval == 0 || last || target_reached)) {
+        if !(self.leader() && (round.is_multiple_of(interval) || last || target_reached)) {
             return Ok(());
         }
         let asynchronous = in_flight(run);
