@@ -136,6 +136,7 @@ impl Metric {
             "federated_accuracy" => row.federated_accuracy?,
             "epsilon" => row.epsilon?,
             "test_loss" => row.test_loss?,
+            "simulated_start" => row.simulated_start?,
             other => unreachable!("results.csv column `{other}` has no reader"),
         })
     }
@@ -434,6 +435,7 @@ mod tests {
             epsilon: None,
             test_loss: None,
             secagg: None,
+            simulated_start: None,
         }
     }
 
@@ -458,8 +460,8 @@ mod tests {
         // simulated time (a report of 1.7e308 s), a NaN accuracy, and the
         // largest finite wall time.
         let csv = format!(
-            "{}\n1,0.5,1,1,1,0.1,10,10,0.5,2,0,,,\n2,0.6,2,1,1,0.1,10,10,0.5,inf,0,,,\n\
-             3,NaN,3,1,1,0.1,10,10,0.5,3,0,,,\n4,0.7,1.7e308,1,1,0.1,10,10,0.5,4,0,,,\n",
+            "{}\n1,0.5,1,1,1,0.1,10,10,0.5,2,0,,,,\n2,0.6,2,1,1,0.1,10,10,0.5,inf,0,,,,\n\
+             3,NaN,3,1,1,0.1,10,10,0.5,3,0,,,,\n4,0.7,1.7e308,1,1,0.1,10,10,0.5,4,0,,,,\n",
             cohort_core::results::RESULTS_HEADER
         );
         let rows = parse_results(&csv, "results.csv").unwrap();
@@ -546,7 +548,7 @@ mod tests {
         std::fs::create_dir(&run).unwrap();
         std::fs::write(
             run.join("results.csv"),
-            format!("{}\n1,0.5,1,1,1,0.1,10,10,0.5,2,0,,,\n", RESULTS_HEADER),
+            format!("{}\n1,0.5,1,1,1,0.1,10,10,0.5,2,0,,,,\n", RESULTS_HEADER),
         )
         .unwrap();
         assert_eq!(load_run(&run).unwrap().label, "noniid-1767225600");

@@ -16,6 +16,7 @@
 //! variates) go to `checkpoints/round-NNNN.state.safetensors`, written before
 //! the sidecar and named in it with their SHA-256.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,41 @@ pub struct History {
     /// File name of the model, beside this sidecar.
     pub model_file: String,
     pub model_sha256: String,
+    /// An asynchronous run's tasks in flight; absent for synchronous runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asynchronous: Option<AsyncHistory>,
+}
+
+/// What an asynchronous run (`server.synchronous = false`) has in flight at
+/// a checkpoint, beside the model: the simulated clock, and each task with
+/// what it was sent. Its buffer is empty, since a checkpoint follows an
+/// aggregation. The models the tasks trained from are in
+/// `round-NNNN.bases.safetensors` (`bases_file`), one tree per version
+/// (`v7`); a task's timing and its client's availability follow from the
+/// profile and are computed again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AsyncHistory {
+    /// Simulated seconds at the checkpoint.
+    pub now: f64,
+    /// The number the next task gets.
+    pub next_task: u64,
+    pub tasks: Vec<AsyncTask>,
+    pub bases_file: Option<String>,
+    pub bases_sha256: Option<String>,
+}
+
+/// One task in flight at a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AsyncTask {
+    pub task: u64,
+    pub client_id: u32,
+    /// The model version (aggregations before it) it trained from.
+    pub version: u32,
+    /// Simulated seconds when it started.
+    pub start: f64,
+    pub learning_rate: f64,
+    pub proximal_mu: f64,
+    pub update_clip_norm: Option<f64>,
 }
 
 /// Where a checkpoint keeps a strategy's state.
@@ -110,8 +146,20 @@ fn stem(round: u32) -> String {
 pub fn write(
     run_dir: &Path,
     model: &[u8],
+    history: History,
+    strategy: (&str, &StrategyState),
+) -> Result<PathBuf, CheckpointError> {
+    write_with_bases(run_dir, model, history, strategy, &BTreeMap::new())
+}
+
+/// [`write`], with an asynchronous run's base models (named `v<version>`)
+/// in their own file before the sidecar, when `history.asynchronous` is set.
+pub fn write_with_bases(
+    run_dir: &Path,
+    model: &[u8],
     mut history: History,
     strategy: (&str, &StrategyState),
+    bases: &BTreeMap<String, ParamTree>,
 ) -> Result<PathBuf, CheckpointError> {
     let folder = run_dir.join(FOLDER);
     let sidecar = folder.join(format!("{}.json", stem(history.round)));
@@ -128,6 +176,12 @@ pub fn write(
         source,
     })?;
     history.algorithm_state = write_strategy_state(&folder, history.round, strategy)?;
+    if let Some(asynchronous) = history.asynchronous.as_mut() {
+        let file = format!("{}.bases.safetensors", stem(history.round));
+        let digest = write_trees(&folder.join(&file), bases)?;
+        asynchronous.bases_file = digest.as_ref().map(|_| file);
+        asynchronous.bases_sha256 = digest;
+    }
     let model_file = format!("{}.safetensors", stem(history.round));
     let model_path = folder.join(&model_file);
     atomic_write(&model_path, model).map_err(|source| CheckpointError::Write {
@@ -192,6 +246,34 @@ fn non_finite(history: &History) -> Option<(u32, String, f64)> {
         }
     }
     None
+}
+
+/// Named trees as one safetensors file; its SHA-256, `None` when there are
+/// none (no file is written).
+fn write_trees(
+    path: &Path,
+    trees: &BTreeMap<String, ParamTree>,
+) -> Result<Option<String>, CheckpointError> {
+    if trees.is_empty() {
+        return Ok(None);
+    }
+    let write_error = |message: String| CheckpointError::Write {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(message),
+    };
+    let bytes =
+        codec::encode(&ParamTree::Map(trees.clone())).map_err(|e| write_error(e.to_string()))?;
+    if bytes.len() > DecodeLimits::default().max_bytes {
+        return Err(write_error(format!(
+            "{} bytes of models in flight, above what a checkpoint holds",
+            bytes.len()
+        )));
+    }
+    atomic_write(path, &bytes).map_err(|source| CheckpointError::Write {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(Some(format!("{:x}", Sha256::digest(&bytes))))
 }
 
 fn write_strategy_state(
@@ -274,6 +356,8 @@ pub struct Restored {
     pub model: ParamTree,
     /// The strategy's state (empty for strategies that keep none).
     pub strategy_state: StrategyState,
+    /// An asynchronous run's base models by name (`v7`); empty otherwise.
+    pub bases: BTreeMap<String, ParamTree>,
     /// Newer checkpoints that were skipped, with the reason.
     pub skipped: Vec<String>,
 }
@@ -305,10 +389,12 @@ pub fn latest_accepted(
     let mut skipped = Vec::new();
     for (_, sidecar) in sidecars.iter().rev() {
         let restored = read_one(sidecar).and_then(|(history, model, strategy_state)| {
+            let bases = read_bases(sidecar, history.asynchronous.as_ref())?;
             let restored = Restored {
                 history,
                 model,
                 strategy_state,
+                bases,
                 skipped: Vec::new(),
             };
             accept(&restored).map(|()| restored)
@@ -392,12 +478,19 @@ fn check_history(sidecar: &Path, history: &History) -> Result<(), String> {
             history.round, row.round
         ));
     }
-    let files = std::iter::once(history.model_file.as_str()).chain(
-        history
-            .algorithm_state
-            .iter()
-            .filter_map(|state| state.tensors_file.as_deref()),
-    );
+    let files = std::iter::once(history.model_file.as_str())
+        .chain(
+            history
+                .algorithm_state
+                .iter()
+                .filter_map(|state| state.tensors_file.as_deref()),
+        )
+        .chain(
+            history
+                .asynchronous
+                .iter()
+                .filter_map(|a| a.bases_file.as_deref()),
+        );
     for file in files {
         if !is_plain_file_name(file) {
             return Err(format!(
@@ -434,6 +527,39 @@ fn read_one(sidecar: &Path) -> Result<(History, ParamTree, StrategyState), Strin
         .map_err(|e| format!("model does not decode ({e})"))?;
     let state = read_strategy_state(sidecar, history.algorithm_state.as_ref())?;
     Ok((history, model, state))
+}
+
+/// An asynchronous checkpoint's base models, their file's digest checked.
+fn read_bases(
+    sidecar: &Path,
+    saved: Option<&AsyncHistory>,
+) -> Result<BTreeMap<String, ParamTree>, String> {
+    let Some(saved) = saved else {
+        return Ok(BTreeMap::new());
+    };
+    if !(saved.now.is_finite() && saved.now >= 0.0) {
+        return Err(format!("its simulated clock, {}, is not a time", saved.now));
+    }
+    let (file, expected) = match (&saved.bases_file, &saved.bases_sha256) {
+        (None, _) => return Ok(BTreeMap::new()),
+        (Some(file), Some(expected)) => (file, expected),
+        (Some(_), None) => return Err("base models file without its SHA-256".to_owned()),
+    };
+    let path = sidecar.with_file_name(file);
+    let bytes =
+        read_part(&path).map_err(|e| format!("base models {} unreadable ({e})", path.display()))?;
+    let digest = format!("{:x}", Sha256::digest(&bytes));
+    if &digest != expected {
+        return Err(format!(
+            "base models {} have SHA-256 {digest}, the sidecar expects {expected}",
+            path.display()
+        ));
+    }
+    match codec::decode(&bytes, &DecodeLimits::default()) {
+        Ok(ParamTree::Map(trees)) => Ok(trees),
+        Ok(other) => Err(format!("base models hold a {}, not a map", other.kind())),
+        Err(e) => Err(format!("base models do not decode ({e})")),
+    }
 }
 
 fn read_strategy_state(
@@ -513,6 +639,7 @@ mod tests {
             clients: Vec::new(),
             model_file: String::new(),
             model_sha256: String::new(),
+            asynchronous: None,
         }
     }
 
@@ -533,6 +660,7 @@ mod tests {
             epsilon: None,
             test_loss: Some(0.25),
             secagg: None,
+            simulated_start: None,
         }
     }
 

@@ -18,11 +18,13 @@
 pub mod aggregate;
 pub mod attack;
 pub mod checkpoint;
+pub mod clock;
 pub mod cluster;
 pub mod codec;
 pub mod compare;
 pub mod config;
 pub mod data;
+pub mod devices;
 pub mod fsutil;
 pub mod hooks;
 pub mod layout;

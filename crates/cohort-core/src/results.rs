@@ -46,6 +46,11 @@ pub struct RoundRow {
     /// its output rows (blank in files written before it was recorded).
     #[serde(default)]
     pub test_loss: Option<f64>,
+    /// Simulated seconds at the round's start, with a `[clients.profile]`:
+    /// the previous round's end (synchronous), or the previous aggregation
+    /// (asynchronous). `simulated_time` is its end.
+    #[serde(default)]
+    pub simulated_start: Option<f64>,
     /// The round's secure-aggregation costs (`[secure_aggregation]`), for
     /// `secagg.csv`; `None` in rounds aggregated in the clear.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,6 +137,30 @@ pub struct ClientRow {
     /// aggregated. The numbers of a dropped row are left blank in the file.
     #[serde(default)]
     pub dropped: Option<String>,
+    /// The task on the simulated clock (a `[clients.profile]`).
+    #[serde(default)]
+    pub simulated: Option<SimulatedTask>,
+    /// Asynchronous runs: aggregations between the model the client trained
+    /// from and the aggregation its update joined.
+    #[serde(default)]
+    pub staleness: Option<u32>,
+}
+
+/// A client's task on the simulated clock: when it started and how long
+/// each part took, from its device profile. It ended at `end()`, or was
+/// lost at its row's drop.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SimulatedTask {
+    pub start: f64,
+    pub download: f64,
+    pub compute: f64,
+    pub upload: f64,
+}
+
+impl SimulatedTask {
+    pub fn end(&self) -> f64 {
+        self.start + self.download + self.compute + self.upload
+    }
 }
 
 impl ClientRow {
@@ -150,16 +179,22 @@ impl ClientRow {
             label_histogram: Vec::new(),
             test_accuracy: None,
             dropped: None,
+            simulated: None,
+            staleness: None,
         }
     }
 }
 
-pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon,test_loss";
+pub const RESULTS_HEADER: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon,test_loss,simulated_start";
+/// The header before the simulated start; such files still parse.
+const RESULTS_HEADER_V3: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon,test_loss";
 /// The header before the test loss; such files still parse.
 const RESULTS_HEADER_V2: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,federated_accuracy,epsilon";
 /// The header before the strategy columns; such files still parse.
 const RESULTS_HEADER_V1: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
-pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy,dropped";
+/// `dropped` stays the last column: a reason may hold commas, and an
+/// aggregated row ends with its empty field.
+pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy,sim_start,sim_download,sim_compute,sim_upload,sim_end,staleness,dropped";
 
 /// Every row a run has recorded, its resumed rounds' included: what
 /// `results.csv` and `clients.csv` hold and what a checkpoint keeps.
@@ -213,7 +248,7 @@ pub fn render_results(rows: &[RoundRow]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{:.4},{:.3},{:.3},{:.3},{:.3},{},{},{:.6},{:.3},{},{},{},{}",
+            "{},{:.4},{:.3},{:.3},{:.3},{:.3},{},{},{:.6},{:.3},{},{},{},{},{}",
             r.round,
             r.accuracy,
             r.elapsed_time,
@@ -228,6 +263,7 @@ pub fn render_results(rows: &[RoundRow]) -> String {
             optional(r.federated_accuracy, 4),
             optional(r.epsilon, 6),
             optional(r.test_loss, 6),
+            optional(r.simulated_start, 3),
         );
     }
     out
@@ -256,7 +292,8 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
     };
     let mut lines = text.lines().enumerate();
     let columns = match lines.next() {
-        Some((_, header)) if header == RESULTS_HEADER => 14,
+        Some((_, header)) if header == RESULTS_HEADER => 15,
+        Some((_, header)) if header == RESULTS_HEADER_V3 => 14,
         Some((_, header)) if header == RESULTS_HEADER_V2 => 13,
         Some((_, header)) if header == RESULTS_HEADER_V1 => 10,
         Some((_, header)) => {
@@ -315,6 +352,7 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
                 epsilon: optional_number(12)?,
                 test_loss: optional_number(13)?,
                 secagg: None,
+                simulated_start: optional_number(14)?,
             })
         })
         .collect()
@@ -329,10 +367,11 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(" ");
+        let timing = simulated_fields(r);
         if let Some(reason) = &r.dropped {
             let _ = writeln!(
                 out,
-                "{},{},{},,,,,,,{histogram},,{}",
+                "{},{},{},,,,,,,{histogram},,{timing},{}",
                 r.round,
                 r.client_id,
                 r.worker,
@@ -342,7 +381,7 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
         }
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.6},{:.3},{:.4},{:.4},{},{histogram},{},",
+            "{},{},{},{},{:.6},{:.3},{:.4},{:.4},{},{histogram},{},{timing},",
             r.round,
             r.client_id,
             r.worker,
@@ -356,6 +395,23 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
         );
     }
     out
+}
+
+/// `sim_start,sim_download,sim_compute,sim_upload,sim_end,staleness`, blank
+/// where the run has no such numbers.
+fn simulated_fields(row: &ClientRow) -> String {
+    let staleness = row.staleness.map_or(String::new(), |s| s.to_string());
+    match &row.simulated {
+        Some(t) => format!(
+            "{:.3},{:.3},{:.3},{:.3},{:.3},{staleness}",
+            t.start,
+            t.download,
+            t.compute,
+            t.upload,
+            t.end()
+        ),
+        None => format!(",,,,,{staleness}"),
+    }
 }
 
 /// `text` as one CSV field (RFC 4180): quoted when it holds a comma, a
@@ -390,6 +446,7 @@ mod tests {
             epsilon: None,
             test_loss: Some(0.75),
             secagg: None,
+            simulated_start: Some(0.5),
         };
         assert_eq!(
             parse_results(&render_results(std::slice::from_ref(&row)), "r.csv").unwrap(),
@@ -402,7 +459,10 @@ mod tests {
         let before_test_loss = format!("{RESULTS_HEADER_V2}\n1,0.5,1,1,1,1,1,1,1,1,0,,0.5\n");
         let row = &parse_results(&before_test_loss, "r.csv").unwrap()[0];
         assert_eq!((row.epsilon, row.test_loss), (Some(0.5), None));
-        let bad = format!("{RESULTS_HEADER}\n1,x,1,1,1,1,1,1,1,1,0,,,\n");
+        let before_start = format!("{RESULTS_HEADER_V3}\n1,0.5,1,1,1,1,1,1,1,1,0,,,0.5\n");
+        let row = &parse_results(&before_start, "r.csv").unwrap()[0];
+        assert_eq!((row.test_loss, row.simulated_start), (Some(0.5), None));
+        let bad = format!("{RESULTS_HEADER}\n1,x,1,1,1,1,1,1,1,1,0,,,,\n");
         let error = parse_results(&bad, "r.csv").unwrap_err();
         assert_eq!(
             error.to_string(),
@@ -431,6 +491,7 @@ mod tests {
                 epsilon: None,
                 test_loss: None,
                 secagg: None,
+                simulated_start: Some(1.0),
             };
             let client = ClientRow {
                 round,
@@ -445,6 +506,13 @@ mod tests {
                 label_histogram: vec![4, 2],
                 test_accuracy: None,
                 dropped: None,
+                simulated: Some(SimulatedTask {
+                    start: 1.0,
+                    download: 0.5,
+                    compute: 2.0,
+                    upload: 0.25,
+                }),
+                staleness: Some(2),
             };
             let dropped = ClientRow {
                 worker: 1,
@@ -463,12 +531,12 @@ mod tests {
         let clients = std::fs::read_to_string(dir.path().join("clients.csv")).unwrap();
         assert_eq!(
             clients.lines().nth(1).unwrap(),
-            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000,4 2,,"
+            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000,4 2,,1.000,0.500,2.000,0.250,3.750,2,"
         );
         // A dropped client's row: no numbers, the reason as one quoted field.
         assert_eq!(
             clients.lines().nth(2).unwrap(),
-            "1,4,1,,,,,,,1 0,,\"update refused: reports \"\"5\"\" samples, not 6\""
+            "1,4,1,,,,,,,1 0,,,,,,,,\"update refused: reports \"\"5\"\" samples, not 6\""
         );
         let columns = CLIENTS_HEADER.split(',').count();
         assert_eq!(clients.lines().nth(1).unwrap().split(',').count(), columns);

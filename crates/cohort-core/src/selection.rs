@@ -35,6 +35,17 @@ impl ClientSelector {
             .collect()
     }
 
+    /// `count` distinct ids of `candidates` (at most all of them), in the
+    /// order drawn: a round among the clients online, or one client to
+    /// replace one that finished.
+    pub fn select_from(&mut self, candidates: &[u32], count: usize) -> Vec<u32> {
+        let count = count.min(candidates.len());
+        rand::seq::index::sample(&mut self.rng, candidates.len(), count)
+            .into_iter()
+            .map(|index| candidates[index])
+            .collect()
+    }
+
     pub fn state(&self, seed: u64) -> SelectorState {
         SelectorState {
             seed,
@@ -71,6 +82,25 @@ mod tests {
             (0..5).map(|_| s.select(100, 3)).collect::<Vec<_>>()
         };
         assert_ne!(rounds(1), rounds(2));
+    }
+
+    #[test]
+    fn selection_among_candidates_draws_only_them() {
+        let mut a = ClientSelector::new(3);
+        let mut b = ClientSelector::new(3);
+        let candidates = [4, 9, 11, 30];
+        for _ in 0..20 {
+            let picked = a.select_from(&candidates, 2);
+            assert_eq!(picked, b.select_from(&candidates, 2));
+            assert_eq!(picked.len(), 2);
+            assert_ne!(picked[0], picked[1]);
+            assert!(picked.iter().all(|id| candidates.contains(id)));
+        }
+        // More asked than there are: all of them.
+        let mut all = a.select_from(&candidates, 10);
+        all.sort_unstable();
+        assert_eq!(all, candidates);
+        assert!(a.select_from(&[], 3).is_empty());
     }
 
     #[test]

@@ -28,8 +28,8 @@ use crate::events::{RunEvent, RunFacts, RunObserver};
 use crate::ranks::{DistributedRun, RankLink, join_ranks, partial_reduce};
 use crate::record::{MODEL_FILE, RunFolder, SimulatedWallTime};
 use crate::round_loop::{
-    ClientFacts, LoopParts, LoopSettings, RankRole, RoundLoop, SecureSettings, Selection,
-    SimulatedAttack,
+    AsyncSettings, ClientFacts, LoopParts, LoopSettings, RankRole, RoundLoop, SecureSettings,
+    Selection, SimDevices, SimulatedAttack,
 };
 use crate::run::{Parts, RunOptions, RunSummary, toml_text};
 use crate::start::{ResumeChecks, StartPoint, fresh_start, resume_point};
@@ -136,6 +136,7 @@ pub(crate) fn build_and_run(
         test: splits.test,
         clients,
         ranks,
+        devices: sim_devices(loaded)?,
     };
     let (rounds, reached_target) = run_loop(parts, start, child_clients)?;
     if leader && rounds.is_empty() {
@@ -220,6 +221,23 @@ fn resolved_config(loaded: &LoadedConfig, options: &RunOptions) -> anyhow::Resul
     let mut table: toml::Table = text
         .parse()
         .context("the run's config does not read back as TOML")?;
+    // The device files, relative to the config that named them, are read
+    // from where they are: config.toml sits in another folder.
+    for (section, key, path) in [
+        ("profile", "file", loaded.profile_file()),
+        ("availability", "trace_file", loaded.trace_file()),
+    ] {
+        let Some(path) = path else { continue };
+        let path = std::fs::canonicalize(&path).unwrap_or(path);
+        if let Some(toml::Value::Table(clients)) = table.get_mut("clients")
+            && let Some(toml::Value::Table(part)) = clients.get_mut(section)
+        {
+            part.insert(
+                key.to_owned(),
+                toml::Value::String(path.display().to_string()),
+            );
+        }
+    }
     if let Some(root) = &options.data_root {
         let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.clone());
         if let Some(toml::Value::Table(data)) = table.get_mut("data") {
@@ -425,7 +443,50 @@ fn selection(config: &cohort_core::config::Config) -> Selection {
         seed: config.server.random_seed,
         total_clients: config.clients.total_clients,
         per_round: config.clients.per_round,
+        draws: config.clients.drawn_per_round(),
+        replayable: config.server.synchronous
+            && config.clients.availability.model == cohort_core::devices::AvailabilityModel::Always,
     }
+}
+
+/// The simulated devices of `[clients.profile]` and `[clients.availability]`,
+/// their files read; `None` without a profile.
+fn sim_devices(loaded: &LoadedConfig) -> anyhow::Result<Option<SimDevices>> {
+    use cohort_core::devices::{Availability, AvailabilityModel, Profiles, read_file};
+    let config = loaded.config();
+    let clients = &config.clients;
+    if !clients.profile.enabled() {
+        return Ok(None);
+    }
+    let profiles = match loaded.profile_file() {
+        Some(path) => {
+            let text = read_file(&path).context("clients.profile.file")?;
+            Profiles::from_csv(&text, &path, &clients.profile, clients.total_clients)
+                .context("clients.profile.file")?
+        }
+        None => Profiles::draw(&clients.profile, clients.total_clients),
+    };
+    let trace = match loaded.trace_file() {
+        Some(path) => Some((
+            read_file(&path).context("clients.availability.trace_file")?,
+            path,
+        )),
+        None => None,
+    };
+    let availability = Availability::new(
+        &clients.availability,
+        clients.total_clients,
+        trace
+            .as_ref()
+            .map(|(text, path)| (text.as_str(), path.as_path())),
+    )
+    .context("clients.availability.trace_file")?;
+    Ok(Some(SimDevices {
+        profiles,
+        availability,
+        intermittent: clients.availability.model != AvailabilityModel::Always,
+        epochs: config.trainer.epochs,
+    }))
 }
 
 /// The loop's settings, read from the config once.
@@ -479,6 +540,11 @@ fn loop_settings(
         config_hash: loaded.result_hash(),
         evaluation_threads: trainer.threads_per_worker as usize,
         secure: None,
+        round_deadline: server.round_deadline,
+        asynchronous: (!server.synchronous).then_some(AsyncSettings {
+            buffer: server.minimum_clients_aggregated as usize,
+            staleness_bound: server.staleness_bound,
+        }),
     }
 }
 

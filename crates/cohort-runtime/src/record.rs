@@ -42,6 +42,16 @@ pub struct CheckpointState<'a> {
     /// The config's result hash: `--resume` refuses a config that would
     /// compute another run.
     pub config_hash: &'a str,
+    /// An asynchronous run's tasks in flight and the models they trained from.
+    pub asynchronous: Option<&'a AsyncCheckpoint>,
+}
+
+/// What an asynchronous run has in flight at a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AsyncCheckpoint {
+    pub history: checkpoint::AsyncHistory,
+    /// The models the tasks trained from, by `v<version>`.
+    pub bases: std::collections::BTreeMap<String, cohort_core::tree::ParamTree>,
 }
 
 /// Where a run's results go. The loop calls it on the process that writes
@@ -143,7 +153,9 @@ impl Recorder for RunFolder {
 
     fn checkpoint(&mut self, state: &CheckpointState<'_>) -> anyhow::Result<Option<PathBuf>> {
         let strategy_state = state.strategy.state();
-        let sidecar = checkpoint::write(
+        let no_bases = std::collections::BTreeMap::new();
+        let bases = state.asynchronous.map_or(&no_bases, |a| &a.bases);
+        let sidecar = checkpoint::write_with_bases(
             &self.run_dir,
             state.model_bytes,
             History {
@@ -156,8 +168,10 @@ impl Recorder for RunFolder {
                 clients: state.rows.clients.clone(),
                 model_file: String::new(),
                 model_sha256: String::new(),
+                asynchronous: state.asynchronous.map(|a| a.history.clone()),
             },
             (state.strategy.name(), &strategy_state),
+            bases,
         )?;
         Ok(Some(sidecar))
     }

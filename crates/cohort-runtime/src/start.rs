@@ -25,6 +25,16 @@ pub(crate) struct StartPoint {
     pub(crate) first_round: u32,
     /// Wall seconds the run had used before this process.
     pub(crate) elapsed_before: f64,
+    /// An asynchronous run's tasks in flight at the checkpoint.
+    pub(crate) asynchronous: Option<AsyncResume>,
+}
+
+/// An asynchronous checkpoint's clock, tasks and the models they trained from.
+#[derive(Debug, Clone)]
+pub(crate) struct AsyncResume {
+    pub(crate) history: checkpoint::AsyncHistory,
+    /// By version.
+    pub(crate) bases: std::collections::BTreeMap<u32, ParamTree>,
 }
 
 /// What a checkpoint must fit beyond its own integrity: the hash of the
@@ -90,6 +100,13 @@ pub(crate) fn resume_point(
         selector: ClientSelector::from_state(history.selector),
         elapsed_before: history.rounds.last().map_or(0.0, |r| r.elapsed_time),
         first_round: history.round + 1,
+        asynchronous: match history.asynchronous {
+            Some(async_history) => Some(AsyncResume {
+                history: async_history,
+                bases: versions_of(restored.bases).map_err(anyhow::Error::msg)?,
+            }),
+            None => None,
+        },
         rows: RunRows {
             rounds: history.rounds,
             clients: history.clients,
@@ -107,6 +124,27 @@ fn fits(checks: &ResumeChecks<'_>, restored: &checkpoint::Restored) -> Result<()
     if let Some((path, index)) = model.first_non_finite() {
         return Err(format!("its model's `{path}`[{index}] is not finite"));
     }
+    for (name, tree) in &restored.bases {
+        let base = layout::from_model_file(tree.clone());
+        check_schema(checks.reference, &base, DTypeRule::Exact)
+            .map_err(|mismatch| format!("its base model `{name}` does not fit: {mismatch}"))?;
+        if let Some((path, index)) = base.first_non_finite() {
+            return Err(format!(
+                "its base model `{name}`'s `{path}`[{index}] is not finite"
+            ));
+        }
+    }
+    if let Some(asynchronous) = &restored.history.asynchronous {
+        let versions = versions_of(restored.bases.clone())?;
+        for task in &asynchronous.tasks {
+            if !versions.contains_key(&task.version) || task.version > restored.history.round {
+                return Err(format!(
+                    "its task {} trained from version {}, which it does not hold",
+                    task.task, task.version
+                ));
+            }
+        }
+    }
     for (name, tree) in &restored.strategy_state.tensors {
         if let Some((path, index)) = tree.first_non_finite() {
             return Err(format!(
@@ -116,9 +154,14 @@ fn fits(checks: &ResumeChecks<'_>, restored: &checkpoint::Restored) -> Result<()
     }
     let history = &restored.history;
     let selection = checks.selection;
+    if !selection.replayable {
+        // Who could be drawn depended on the simulated clock; the sidecar's
+        // digest of the model is what vouches for it.
+        return Ok(());
+    }
     let mut replay = ClientSelector::new(selection.seed);
     for _ in 0..history.round {
-        replay.select(selection.total_clients, selection.per_round);
+        replay.select(selection.total_clients, selection.draws);
     }
     if replay.state(selection.seed) != history.selector {
         return Err(format!(
@@ -141,5 +184,22 @@ pub(crate) fn fresh_start(initial: ParamTree, selector_seed: u64) -> StartPoint 
         rows: RunRows::default(),
         first_round: 1,
         elapsed_before: 0.0,
+        asynchronous: None,
     }
+}
+
+/// `v<version>`-named base models by version.
+fn versions_of(
+    bases: std::collections::BTreeMap<String, ParamTree>,
+) -> Result<std::collections::BTreeMap<u32, ParamTree>, String> {
+    bases
+        .into_iter()
+        .map(|(name, tree)| {
+            let version = name
+                .strip_prefix('v')
+                .and_then(|v| v.parse::<u32>().ok())
+                .ok_or_else(|| format!("base model `{name}` is not named v<version>"))?;
+            Ok((version, layout::from_model_file(tree)))
+        })
+        .collect()
 }

@@ -48,6 +48,10 @@ pub(crate) struct Arrival {
     /// many it got right (`clients.do_test`).
     pub(crate) test_samples: u64,
     pub(crate) test_correct: u64,
+    /// The task on the simulated clock, with a `[clients.profile]`.
+    pub(crate) simulated: Option<cohort_core::results::SimulatedTask>,
+    /// Asynchronous runs: aggregations since the model it trained from.
+    pub(crate) staleness: Option<u32>,
 }
 
 /// An update that arrived and unpacked, with its slot in the selection.
@@ -68,6 +72,9 @@ pub(crate) struct Dropped {
     /// The worker that ran the task, when it got that far.
     pub(crate) worker: Option<usize>,
     pub(crate) reason: String,
+    /// The task on the simulated clock as far as it got (a client lost when
+    /// it went offline, or late).
+    pub(crate) simulated: Option<cohort_core::results::SimulatedTask>,
 }
 
 impl std::fmt::Display for Dropped {
@@ -82,6 +89,8 @@ pub(crate) struct Collected {
     pub(crate) updates: Vec<Arrived>,
     pub(crate) failures: Vec<Dropped>,
     pub(crate) bytes_to_server: u64,
+    /// When the round ended on the simulated clock, with a `[clients.profile]`.
+    pub(crate) simulated_end: Option<f64>,
 }
 
 pub(crate) fn shared_row(arrived: &Arrived) -> crate::distributed::SharedRow {
@@ -118,6 +127,8 @@ pub(crate) fn unshared_row(row: &crate::distributed::SharedRow) -> (ClientReport
             payload_bytes: row.payload_bytes,
             test_samples: row.test_samples,
             test_correct: row.test_correct,
+            simulated: None,
+            staleness: None,
         },
     )
 }
@@ -203,7 +214,7 @@ pub(crate) fn collect_updates(
 
 /// One outcome's update, unpacked through the inbound pipeline, with its
 /// report; or why the client is out of the round.
-fn unpack(
+pub(crate) fn unpack(
     outcome: ClientOutcome,
     inbound: &cohort_core::processors::Pipeline,
     limits: &DecodeLimits,
@@ -213,6 +224,7 @@ fn unpack(
         client_id,
         worker: Some(outcome.worker),
         reason,
+        simulated: None,
     };
     let delivered = outcome.result.map_err(dropped)?;
     let reply = delivered.reply;
@@ -242,6 +254,8 @@ fn unpack(
             payload_bytes: reply.payload.len() as u64,
             test_samples: reply.test_samples,
             test_correct: reply.test_correct,
+            simulated: None,
+            staleness: None,
         },
         tree,
         declared: delivered.declared,
@@ -738,6 +752,8 @@ pub(crate) mod tests {
             payload_bytes,
             test_samples: test.0,
             test_correct: test.1,
+            simulated: None,
+            staleness: None,
         }
     }
 }

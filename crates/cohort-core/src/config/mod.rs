@@ -290,6 +290,31 @@ impl LoadedConfig {
         Some(folder.unwrap_or(Path::new("")).join(file))
     }
 
+    /// `clients.profile.file`, relative to the config file that sets it.
+    pub fn profile_file(&self) -> Option<PathBuf> {
+        self.relative_file(
+            "clients.profile.file",
+            self.config.clients.profile.file.as_ref(),
+        )
+    }
+
+    /// `clients.availability.trace_file`, relative to the config file that sets it.
+    pub fn trace_file(&self) -> Option<PathBuf> {
+        self.relative_file(
+            "clients.availability.trace_file",
+            self.config.clients.availability.trace_file.as_ref(),
+        )
+    }
+
+    fn relative_file(&self, key: &str, file: Option<&PathBuf>) -> Option<PathBuf> {
+        // Origins are kept per key of a section: `clients.profile` for the
+        // keys of `[clients.profile]`.
+        let section = key.rsplit_once('.').map_or(key, |(section, _)| section);
+        let origin = self.origins.get(key).or_else(|| self.origins.get(section));
+        let folder = origin.unwrap_or(&self.path).parent();
+        Some(folder.unwrap_or(Path::new("")).join(file?))
+    }
+
     /// Fails unless this build, whose backends are `available` (the runtime's
     /// list: core has no cargo features), has `cluster.backend`. The error
     /// names the file and the key, and what would enable the backend.
@@ -417,6 +442,10 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "cluster.file",
     "cluster.ranks",
     "cluster.min_nodes",
+    // Paths of files that config.toml writes out in full (a relative path
+    // means another file beside the run folder); what they hold counts.
+    "clients.profile.file",
+    "clients.availability.trace_file",
 ];
 
 impl LoadedConfig {
@@ -1118,6 +1147,8 @@ fn validate(loaded: &LoadedConfig, optimizer_known: bool) -> Vec<ConfigError> {
     validate_trainer(loaded, optimizer_known, &fail);
     validate_cluster(loaded, &fail);
     secure::validate(config, &fail);
+    validate_devices(config, &fail);
+    validate_asynchronous(loaded, &fail);
     found.into_inner()
 }
 
@@ -1287,6 +1318,192 @@ fn validate_server(config: &Config, fail: Fail) {
 }
 
 /// A run name is one folder under the base folder, never a path out of it.
+/// `[clients.profile]` and `[clients.availability]`: ranges, and the
+/// older bandwidth keys, which a profile replaces.
+fn validate_devices(config: &Config, fail: Fail) {
+    let clients = &config.clients;
+    for (key, message) in clients.profile.problems() {
+        fail(&format!("clients.profile.{key}"), message);
+    }
+    for (key, message) in clients.availability.problems() {
+        fail(&format!("clients.availability.{key}"), message);
+    }
+    if clients.profile.enabled() {
+        for (key, set) in [
+            ("uplink_mbps", clients.uplink_mbps.is_some()),
+            ("downlink_mbps", clients.downlink_mbps.is_some()),
+        ] {
+            if set {
+                fail(
+                    &format!("clients.{key}"),
+                    format!(
+                        "a [clients.profile] gives each client its links: write \
+                         clients.profile.{key} instead"
+                    ),
+                );
+            }
+        }
+    }
+    let availability = clients.availability.model != crate::devices::AvailabilityModel::Always;
+    if availability && !clients.profile.enabled() {
+        fail(
+            "clients.availability.model",
+            "needs a [clients.profile] (clients.profile.compute or clients.profile.file): \
+             whether a client is online when it finishes depends on how long it takes"
+                .to_owned(),
+        );
+    }
+    if clients.profile.enabled() && config.cluster.backend.is_some() {
+        fail(
+            "clients.profile",
+            "device profiles run in one process for now: the ranks of a distributed \
+             simulation would each time only their own clients; leave cluster.backend out"
+                .to_owned(),
+        );
+    }
+    let over = clients.over_selection;
+    if !(over.is_finite() && (1.0..=10.0).contains(&over)) {
+        fail(
+            "clients.over_selection",
+            format!("must be a factor in [1, 10] of clients.per_round, got {over}"),
+        );
+    }
+    let timed = [
+        ("clients.over_selection", over > 1.0),
+        (
+            "server.round_deadline",
+            config.server.round_deadline.is_some(),
+        ),
+    ];
+    for (key, _) in timed.into_iter().filter(|(_, set)| *set) {
+        if !clients.profile.enabled() {
+            fail(
+                key,
+                "needs a [clients.profile]: which updates arrive first, or in time, is \
+                 decided on the simulated clock"
+                    .to_owned(),
+            );
+        }
+        if !config.server.synchronous {
+            fail(
+                key,
+                "is for synchronous rounds (server.synchronous = true)".to_owned(),
+            );
+        }
+    }
+    if over > 1.0 && config.algorithm.name() == "dp_fedavg" {
+        fail(
+            "clients.over_selection",
+            "dp_fedavg's accountant assumes the aggregated clients are a uniform sample of \
+             clients.per_round; the first to arrive are the fastest, not that sample"
+                .to_owned(),
+        );
+    }
+    if let Some(deadline) = config.server.round_deadline
+        && !(deadline.is_finite() && deadline > 0.0 && deadline <= 1e9)
+    {
+        fail(
+            "server.round_deadline",
+            format!("must be a number of simulated seconds in (0, 1e9], got {deadline}"),
+        );
+    }
+    if (availability || clients.profile.enabled()) && !clients.comm_simulation {
+        fail(
+            "clients.comm_simulation",
+            "device profiles and availability are simulated: they need comm_simulation = true \
+             (network clients take the time they take)"
+                .to_owned(),
+        );
+    }
+}
+
+/// `server.synchronous = false`: what the asynchronous server supports.
+fn validate_asynchronous(loaded: &LoadedConfig, fail: Fail) {
+    let config = &loaded.config;
+    let server = &config.server;
+    let per_round = config.clients.per_round;
+    if server.synchronous {
+        for (key, set) in [
+            ("server.staleness_bound", server.staleness_bound.is_some()),
+            (
+                "server.minimum_clients_aggregated",
+                server.minimum_clients_aggregated != 1,
+            ),
+        ] {
+            if set {
+                fail(
+                    key,
+                    "is read only by the asynchronous server (server.synchronous = false)"
+                        .to_owned(),
+                );
+            }
+        }
+        return;
+    }
+    let min = server.minimum_clients_aggregated;
+    if min == 0 || min > per_round {
+        fail(
+            "server.minimum_clients_aggregated",
+            format!(
+                "must be between 1 and clients.per_round = {per_round} (the clients in flight), \
+                 got {min}"
+            ),
+        );
+    }
+    let refusals = [
+        (
+            "clients.profile.compute",
+            !config.clients.profile.enabled(),
+            "server.synchronous = false needs a [clients.profile] (clients.profile.compute or \
+             clients.profile.file): the simulated clock decides the order updates arrive in",
+        ),
+        (
+            "clients.comm_simulation",
+            !config.clients.comm_simulation,
+            "the asynchronous server runs in simulation only (comm_simulation = true) for now",
+        ),
+        (
+            "cluster.backend",
+            config.cluster.backend.is_some(),
+            "the asynchronous server runs in one process for now: leave cluster.backend out",
+        ),
+        (
+            "clients.attack",
+            config.clients.attackers_per_round > 0,
+            "simulated attackers take the first slots of a synchronous round; an asynchronous \
+             run has no rounds of slots",
+        ),
+        (
+            "server.max_update_norm_ratio",
+            server.max_update_norm_ratio.is_some(),
+            "compares an update with the median of its round; the asynchronous server takes \
+             updates one by one",
+        ),
+        (
+            "clients.min_per_round",
+            config.clients.min_per_round.is_some(),
+            "is for synchronous rounds; the asynchronous server aggregates every \
+             server.minimum_clients_aggregated updates",
+        ),
+    ];
+    for (key, refused, why) in refusals {
+        if refused {
+            fail(key, why.to_owned());
+        }
+    }
+    if let Some(strategy) = config.algorithm.build()
+        && let Err(reason) = strategy.asynchronous()
+    {
+        fail(
+            "algorithm.type",
+            format!(
+                "`{}` cannot run with server.synchronous = false: {reason}",
+                config.algorithm.name()
+            ),
+        );
+    }
+}
+
 fn validate_run_name(config: &Config, fail: Fail) {
     if let Some(name) = &config.general.run_name {
         let plain = !name.is_empty()

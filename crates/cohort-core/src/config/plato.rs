@@ -56,6 +56,7 @@ pub(super) fn translate(
     if !mlx {
         plato.pytorch_optimizer(merged);
     }
+    plato.speed_simulation(merged);
     plato.notes
 }
 
@@ -348,6 +349,170 @@ impl Plato<'_> {
                     .to_owned(),
             ),
             _ => {}
+        }
+    }
+}
+
+/// Plato's client speed and sleep simulation, read as a `[clients.profile]`.
+impl Plato<'_> {
+    fn speed_simulation(&mut self, merged: &mut toml::Table) {
+        if let Some(value) = remove(merged, "server.periodic_interval") {
+            self.notes.push(format!(
+                "plato: server.periodic_interval = {value} accepted, no effect: cohort's \
+                 asynchronous server aggregates on the simulated clock, every \
+                 server.minimum_clients_aggregated updates"
+            ));
+        }
+        let speed = remove(merged, "clients.speed_simulation");
+        let distribution = remove(merged, "clients.simulation_distribution");
+        let max_sleep = remove(merged, "clients.max_sleep_time");
+        let seed = remove(merged, "clients.random_seed");
+        let sleep = remove(merged, "clients.sleep_simulation");
+        let average = remove(merged, "clients.avg_training_time");
+        match speed {
+            Some(toml::Value::Boolean(true)) => {}
+            Some(toml::Value::Boolean(false)) | None => {
+                let ignored: Vec<&str> = [
+                    ("speed_simulation", speed.is_some()),
+                    ("simulation_distribution", distribution.is_some()),
+                    ("max_sleep_time", max_sleep.is_some()),
+                    ("random_seed", seed.is_some()),
+                    ("sleep_simulation", sleep.is_some()),
+                    ("avg_training_time", average.is_some()),
+                ]
+                .into_iter()
+                .filter_map(|(key, set)| set.then_some(key))
+                .collect();
+                if !ignored.is_empty() {
+                    self.notes.push(format!(
+                        "plato: clients.{} accepted, no effect without speed_simulation = true",
+                        ignored.join(", clients.")
+                    ));
+                }
+                return;
+            }
+            Some(other) => {
+                let found = other.type_str();
+                self.fail(
+                    "clients.speed_simulation",
+                    format!("expected true or false, found a {found}"),
+                );
+                return;
+            }
+        }
+        let Some(compute) = self.sleep_distribution(distribution) else {
+            return;
+        };
+        set(merged, "clients.profile.compute", compute.clone());
+        set(
+            merged,
+            "clients.profile.compute_unit",
+            toml::Value::String("epoch".to_owned()),
+        );
+        // Plato's default cap.
+        let cap = max_sleep.unwrap_or(toml::Value::Integer(60));
+        set(merged, "clients.profile.compute_max", cap.clone());
+        self.notes.push(format!(
+            "plato: clients.speed_simulation = true with simulation_distribution = {compute} read \
+             as clients.profile.compute = {compute} seconds per epoch (compute_unit = \
+             \"epoch\"), cut at clients.profile.compute_max = {cap} (Plato's max_sleep_time); \
+             cohort draws from ChaCha8, not NumPy, so each client's figure differs from Plato's, \
+             the distribution does not"
+        ));
+        if let Some(seed) = seed {
+            set(merged, "clients.profile.seed", seed.clone());
+            self.notes.push(format!(
+                "plato: clients.random_seed = {seed} read as clients.profile.seed = {seed}"
+            ));
+        }
+        self.sleep_simulation(merged, sleep, average);
+    }
+
+    /// Plato's `simulation_distribution` as cohort's distribution table.
+    fn sleep_distribution(&mut self, distribution: Option<toml::Value>) -> Option<toml::Value> {
+        let key = "clients.simulation_distribution";
+        let Some(toml::Value::Table(mut table)) = distribution else {
+            self.fail(
+                key,
+                "speed_simulation = true needs simulation_distribution = { distribution = \
+                 \"normal\" | \"pareto\", ... } (Plato's sleep time per epoch)"
+                    .to_owned(),
+            );
+            return None;
+        };
+        let name = table
+            .get("distribution")
+            .and_then(toml::Value::as_str)
+            .map(str::to_ascii_lowercase);
+        match name.as_deref() {
+            Some("normal") | Some("pareto") => {
+                table.insert(
+                    "distribution".to_owned(),
+                    toml::Value::String(name.expect("matched")),
+                );
+                Some(toml::Value::Table(table))
+            }
+            Some("zipf") => {
+                self.fail(
+                    key,
+                    "Plato's `zipf` draws whole seconds from a discrete law cohort does not \
+                     have; use `pareto` (continuous, heavy-tailed) or a \
+                     [clients.profile] of cohort's"
+                        .to_owned(),
+                );
+                None
+            }
+            other => {
+                self.fail(
+                    key,
+                    format!(
+                        "distribution `{}` is none of Plato's that cohort reads: normal, pareto",
+                        other.unwrap_or("(missing)")
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// `sleep_simulation`: cohort never sleeps, so both of Plato's values
+    /// give simulated times; `avg_training_time` is each task's fixed cost.
+    fn sleep_simulation(
+        &mut self,
+        merged: &mut toml::Table,
+        sleep: Option<toml::Value>,
+        average: Option<toml::Value>,
+    ) {
+        match (sleep.as_ref().and_then(toml::Value::as_bool), average) {
+            (Some(true), Some(average)) => {
+                set(merged, "clients.profile.task_overhead", average.clone());
+                self.notes.push(format!(
+                    "plato: clients.sleep_simulation = true with avg_training_time = {average} \
+                     read as clients.profile.task_overhead = {average} (each task's training \
+                     time beside its simulated sleep)"
+                ));
+            }
+            (Some(true), None) => self.fail(
+                "clients.sleep_simulation",
+                "Plato's sleep_simulation = true needs clients.avg_training_time (the training \
+                 time that stands in for the measured one)"
+                    .to_owned(),
+            ),
+            (Some(false) | None, average) => {
+                self.notes.push(
+                    "plato: clients.sleep_simulation = false: cohort never sleeps, the sleep \
+                     times are simulated (as Plato's sleep_simulation = true, without \
+                     avg_training_time)"
+                        .to_owned(),
+                );
+                if average.is_some() {
+                    self.notes.push(
+                        "plato: clients.avg_training_time accepted, no effect without \
+                         sleep_simulation = true"
+                            .to_owned(),
+                    );
+                }
+            }
         }
     }
 }

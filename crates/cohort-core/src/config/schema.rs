@@ -9,6 +9,25 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+// The keys of simulated devices and asynchronous rounds are written (to
+// config.toml, and so to the config hash) only when set: a run started
+// before they existed keeps its hash and can be resumed.
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+fn is_one(value: &f64) -> bool {
+    *value == 1.0
+}
+
+fn is_one_u32(value: &u32) -> bool {
+    *value == 1
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
+}
+
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -90,6 +109,18 @@ pub struct Clients {
     /// claim an id only with its token. Default: none (the run's
     /// `server.auth_token` admits a claim of any free id).
     pub own_data_token_file: Option<PathBuf>,
+    /// `[clients.profile]`: simulated devices (compute speed, links); see
+    /// [`crate::devices`]. Default: none, simulated time from measured times.
+    #[serde(skip_serializing_if = "is_default")]
+    pub profile: crate::devices::ProfileConfig,
+    /// `[clients.availability]`: when each client is online. Default: always.
+    #[serde(skip_serializing_if = "is_default")]
+    pub availability: crate::devices::AvailabilityConfig,
+    /// Draw this many times `per_round` clients (rounded up) and aggregate
+    /// the first `per_round` updates to arrive on the simulated clock
+    /// (Bonawitz et al. 2019). Default 1: no over-selection.
+    #[serde(skip_serializing_if = "is_one")]
+    pub over_selection: f64,
 }
 
 impl Default for Clients {
@@ -112,6 +143,9 @@ impl Default for Clients {
             own_data_clients: 0,
             max_samples: 100_000,
             own_data_token_file: None,
+            profile: crate::devices::ProfileConfig::default(),
+            availability: crate::devices::AvailabilityConfig::default(),
+            over_selection: 1.0,
         }
     }
 }
@@ -122,6 +156,17 @@ impl Clients {
     /// no partition of its training set is ever computed.
     pub fn all_own_data(&self) -> bool {
         self.own_data_clients > 0 && self.own_data_clients == self.total_clients
+    }
+
+    /// Clients drawn each round: `per_round × over_selection` rounded up, at
+    /// most every client.
+    pub fn drawn_per_round(&self) -> u32 {
+        let drawn = (f64::from(self.per_round) * self.over_selection.max(1.0)).ceil();
+        if drawn.is_finite() && drawn < f64::from(self.total_clients) {
+            (drawn as u32).max(self.per_round)
+        } else {
+            self.total_clients
+        }
     }
 }
 
@@ -168,6 +213,24 @@ pub struct Server {
     /// many times the global model's norm (at least 1): the round keeps the
     /// model it started from. `inf` is off.
     pub max_model_step_ratio: f64,
+    /// `false`: Plato's asynchronous server. Up to `clients.per_round`
+    /// clients train at once, a new one is selected whenever one finishes,
+    /// and the strategy aggregates every `minimum_clients_aggregated`
+    /// updates; simulation mode with a `[clients.profile]` only.
+    #[serde(skip_serializing_if = "is_true")]
+    pub synchronous: bool,
+    /// Asynchronous runs: updates aggregated at once (FedBuff's K). Default 1.
+    #[serde(skip_serializing_if = "is_one_u32")]
+    pub minimum_clients_aggregated: u32,
+    /// Asynchronous runs: an update trained from a model more than this many
+    /// versions old is dropped. Default: none, every update is used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub staleness_bound: Option<u32>,
+    /// Synchronous rounds on the simulated clock: updates that would arrive
+    /// more than this many seconds after the round started are dropped as
+    /// late. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round_deadline: Option<f64>,
 }
 
 impl Default for Server {
@@ -191,6 +254,10 @@ impl Default for Server {
             tls_key: None,
             max_update_norm_ratio: None,
             max_model_step_ratio: 1e6,
+            synchronous: true,
+            minimum_clients_aggregated: 1,
+            staleness_bound: None,
+            round_deadline: None,
         }
     }
 }

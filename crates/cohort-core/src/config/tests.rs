@@ -1371,3 +1371,141 @@ fn secure_aggregation_refuses_what_needs_each_update() {
         );
     }
 }
+
+#[test]
+fn a_device_profile_and_availability_load() {
+    let text = format!(
+        "{MINIMAL}\n[clients.profile]\ncompute = {{ distribution = \"lognormal\", median = 0.01, \
+         sigma = 1 }}\nuplink_mbps = 5\nseed = 3\n\n[clients.availability]\nmodel = \
+         \"on_off\"\nmean_online = 600\nmean_offline = 300\n"
+    );
+    let loaded = load_text(&text).unwrap();
+    let profile = &loaded.config.clients.profile;
+    assert!(profile.enabled());
+    assert_eq!(
+        profile.compute,
+        Some(crate::devices::Distribution::Lognormal {
+            median: 0.01,
+            sigma: 1.0
+        })
+    );
+    assert_eq!(
+        profile.uplink_mbps,
+        Some(crate::devices::Distribution::Constant { value: 5.0 })
+    );
+    // The profile changes results: it is in the hash, and config.toml
+    // writes it back as it was read.
+    assert!(loaded.result_fields().contains_key("clients.profile.seed"));
+    let written = to_toml(&loaded.config).unwrap();
+    let again = load_text(&written).unwrap();
+    assert_eq!(again.config.clients, loaded.config.clients);
+    // Unset, the new keys stay out of the hash: older runs still resume.
+    let plain = load_text(MINIMAL).unwrap().result_fields();
+    let new_keys = [
+        "clients.profile",
+        "clients.availability",
+        "clients.over_selection",
+        "server.synchronous",
+        "server.minimum_clients_aggregated",
+        "server.staleness_bound",
+        "server.round_deadline",
+    ];
+    assert!(
+        !plain
+            .keys()
+            .any(|k| new_keys.iter().any(|n| k.starts_with(n))),
+        "{plain:?}"
+    );
+}
+
+#[test]
+fn device_problems_name_their_key() {
+    let profile = |body: &str| format!("{MINIMAL}\n[clients.profile]\n{body}\n");
+    let cases = [
+        (
+            profile("compute = -1"),
+            "clients.profile.compute",
+            "`value` must be",
+        ),
+        (
+            profile("compute = { distribution = \"lognorml\", median = 1, sigma = 1 }"),
+            "clients.profile.compute",
+            "unknown value `lognorml` (did you mean `lognormal`?)",
+        ),
+        (
+            profile("uplink_mbps = 5"),
+            "clients.profile.uplink_mbps",
+            "needs clients.profile.compute",
+        ),
+        (
+            format!("{MINIMAL}\n[clients.availability]\nmodel = \"on_off\"\n"),
+            "clients.availability.model",
+            "needs a [clients.profile]",
+        ),
+        (
+            format!(
+                "{}\n[clients.profile]\ncompute = 0.01\n",
+                MINIMAL.replace("per_round = 2", "per_round = 2\nuplink_mbps = 3")
+            ),
+            "clients.uplink_mbps",
+            "write clients.profile.uplink_mbps instead",
+        ),
+        (
+            format!(
+                "{}\n[clients.profile]\ncompute = 0.01\n[clients.availability]\nmodel = \"trace\"\n",
+                MINIMAL
+            ),
+            "clients.availability.trace_file",
+            "needs a trace_file",
+        ),
+    ];
+    for (text, key, message) in cases {
+        let error = error_of(&text);
+        assert_eq!(error.key.as_deref(), Some(key), "{error}");
+        assert!(error.message.contains(message), "{error}");
+    }
+}
+
+#[test]
+fn the_asynchronous_server_loads_and_refuses_what_it_cannot_run() {
+    let text = format!(
+        "{MINIMAL}\n[server]\nsynchronous = false\nminimum_clients_aggregated = 2\n\
+         staleness_bound = 3\n\n[clients.profile]\ncompute = 0.01\n"
+    );
+    let loaded = load_text(&text).unwrap();
+    assert!(!loaded.config.server.synchronous);
+    assert_eq!(loaded.config.server.staleness_bound, Some(3));
+    // Without a profile there is no clock to order the updates by.
+    let unprofiled = text.replace("[clients.profile]\ncompute = 0.01\n", "");
+    let error = error_of(&unprofiled);
+    assert_eq!(error.key.as_deref(), Some("clients.profile.compute"));
+    assert!(error.message.contains("simulated clock"), "{error}");
+    // K above the clients in flight could never aggregate.
+    let error = error_of(&text.replace(
+        "minimum_clients_aggregated = 2",
+        "minimum_clients_aggregated = 3",
+    ));
+    assert_eq!(
+        error.key.as_deref(),
+        Some("server.minimum_clients_aggregated")
+    );
+    // A strategy that cannot take stale updates says why.
+    let scaffold = format!("{text}\n[algorithm]\ntype = \"scaffold\"\n");
+    let errors = load_text(&scaffold).unwrap_err();
+    let refusal = errors
+        .errors()
+        .iter()
+        .find(|e| e.key.as_deref() == Some("algorithm.type"))
+        .expect("scaffold is refused");
+    assert!(refusal.message.contains("control variates"), "{refusal}");
+    let median = format!("{text}\n[algorithm]\ntype = \"median\"\n");
+    assert_eq!(error_of(&median).key.as_deref(), Some("algorithm.type"));
+    // Keys of the asynchronous server in a synchronous run do nothing.
+    let stray = format!("{MINIMAL}\n[server]\nstaleness_bound = 3\n");
+    assert_eq!(
+        error_of(&stray).key.as_deref(),
+        Some("server.staleness_bound")
+    );
+    let fedbuff = format!("{text}\n[algorithm]\ntype = \"fedbuff\"\nserver_learning_rate = 2\n");
+    assert!(load_text(&fedbuff).is_ok());
+}

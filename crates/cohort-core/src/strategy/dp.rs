@@ -228,6 +228,16 @@ impl Strategy for DpFedAvg {
         NAME
     }
 
+    fn asynchronous(&self) -> Result<(), String> {
+        Err(
+            "its accountant assumes each round is a uniform sample of clients.per_round \
+             clients from all of them (privacy amplification by sampling); asynchronous \
+             selection from the clients online replacing those that finished is not that \
+             sample, so the ε it would report would not hold"
+                .to_owned(),
+        )
+    }
+
     fn configure(
         &self,
         ctx: &RoundContext,

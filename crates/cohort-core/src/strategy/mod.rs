@@ -22,10 +22,18 @@
 //! | `scaffold` | [`scaffold`] | Karimireddy et al. 2020 |
 //! | `median`, `trimmed_mean`, `krum`, `multi_krum` | [`robust`] | Yin et al. 2018, Blanchard et al. 2017 |
 //! | `dp_fedavg` | [`dp`] | McMahan et al. 2018 |
+//! | `fedasync` | [`fedasync`] | Xie et al. 2019 |
+//! | `fedbuff` | [`fedbuff`] | Nguyen et al. 2022 |
+//!
+//! Asynchronous runs hand [`Strategy::aggregate_stale`] updates trained from
+//! older models ([`stale`]); the strategies that refuse them say why in
+//! [`Strategy::asynchronous`].
 
 pub mod dp;
+pub mod fedasync;
 pub mod fedavg;
 pub mod fedavgm;
+pub mod fedbuff;
 pub mod fedopt;
 pub mod fedprox;
 mod flat;
@@ -34,6 +42,7 @@ pub mod privacy;
 mod registry;
 pub mod robust;
 pub mod scaffold;
+pub mod stale;
 
 use std::collections::BTreeMap;
 
@@ -223,6 +232,11 @@ pub enum StrategyError {
     },
     #[error("client {client_id}: {problem}")]
     BadUpdate { client_id: u32, problem: String },
+    #[error("{strategy} cannot aggregate asynchronously: {reason}")]
+    NotAsynchronous {
+        strategy: &'static str,
+        reason: String,
+    },
     #[error("cannot restore the {strategy} state from the checkpoint: {problem}")]
     State {
         strategy: &'static str,
@@ -277,6 +291,52 @@ pub trait Strategy: Send {
             strategy: self.name(),
             problem: "this strategy needs every update, not their mean".to_owned(),
         })
+    }
+
+    /// Whether this strategy can aggregate updates trained from older global
+    /// models (`server.synchronous = false`), and if not, why. By default
+    /// those that [`aggregates_by_mean`] can, after [`stale::rebase`].
+    ///
+    /// [`aggregates_by_mean`]: Strategy::aggregates_by_mean
+    fn asynchronous(&self) -> Result<(), String> {
+        if self.aggregates_by_mean() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`{}` needs every update of a round trained from the same global model",
+                self.name()
+            ))
+        }
+    }
+
+    /// The next global model from updates that trained from older models
+    /// (in arrival order, at least one). By default, for strategies that
+    /// [`aggregates_by_mean`]: [`Strategy::aggregate`] of the updates
+    /// rebased onto `global` ([`stale::rebase`]), staleness not discounted.
+    ///
+    /// [`aggregates_by_mean`]: Strategy::aggregates_by_mean
+    fn aggregate_stale(
+        &mut self,
+        ctx: &RoundContext,
+        global: &ParamTree,
+        updates: &[stale::StaleUpdate<'_>],
+    ) -> Result<Aggregated, StrategyError> {
+        if let Err(reason) = self.asynchronous() {
+            return Err(StrategyError::NotAsynchronous {
+                strategy: self.name(),
+                reason,
+            });
+        }
+        let rebased = stale::rebase(self.name(), global, updates)?;
+        let updates: Vec<ClientUpdate<'_>> = updates
+            .iter()
+            .zip(&rebased)
+            .map(|(stale, tree)| ClientUpdate {
+                tree,
+                ..stale.update
+            })
+            .collect();
+        self.aggregate(ctx, global, &updates)
     }
 
     /// The state to checkpoint after a round. Stateless strategies keep none.

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Strategy, dp, fedavg, fedavgm, fedopt, fedprox, robust, scaffold};
+use super::{Strategy, dp, fedasync, fedavg, fedavgm, fedbuff, fedopt, fedprox, robust, scaffold};
 
 /// The `[algorithm]` section: `type` picks the strategy, the other keys are its
 /// options (each documented on its options struct and in docs/CONFIG.md).
@@ -23,6 +23,8 @@ pub enum AlgorithmConfig {
     Krum(robust::KrumConfig),
     MultiKrum(robust::MultiKrumConfig),
     DpFedavg(dp::DpFedAvgConfig),
+    Fedasync(fedasync::FedAsyncConfig),
+    Fedbuff(fedbuff::FedBuffConfig),
     /// A strategy a program registered by name (`cohort_train::registry`):
     /// never read from a config by serde (the loader sets it for a `type`
     /// that is not one of the above), and built by that registry.
@@ -95,6 +97,8 @@ impl AlgorithmConfig {
             AlgorithmConfig::Krum(_) => "krum",
             AlgorithmConfig::MultiKrum(_) => "multi_krum",
             AlgorithmConfig::DpFedavg(_) => "dp_fedavg",
+            AlgorithmConfig::Fedasync(_) => "fedasync",
+            AlgorithmConfig::Fedbuff(_) => "fedbuff",
         }
     }
 
@@ -130,6 +134,8 @@ impl AlgorithmConfig {
             AlgorithmConfig::Krum(c) => c.check(run),
             AlgorithmConfig::MultiKrum(c) => c.check(run),
             AlgorithmConfig::DpFedavg(c) => c.check(run),
+            AlgorithmConfig::Fedasync(c) => c.check(),
+            AlgorithmConfig::Fedbuff(c) => c.check(),
         }
     }
 
@@ -159,6 +165,8 @@ impl AlgorithmConfig {
             AlgorithmConfig::Krum(c) => Box::new(robust::Krum::new(c.clone())),
             AlgorithmConfig::MultiKrum(c) => Box::new(robust::MultiKrum::new(c.clone())),
             AlgorithmConfig::DpFedavg(c) => Box::new(dp::DpFedAvg::new(c.clone())),
+            AlgorithmConfig::Fedasync(c) => Box::new(fedasync::FedAsync::new(c.clone())),
+            AlgorithmConfig::Fedbuff(c) => Box::new(fedbuff::FedBuff::new(c.clone())),
         })
     }
 }

@@ -393,9 +393,18 @@ pub fn multi_krum(updates: &[&[f32]], byzantine: usize, selected: usize) -> Vec<
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Median;
 
+/// Why the robust rules refuse asynchronous runs.
+const ROBUST_ASYNC: &str = "its guarantee counts Byzantine updates among honest ones trained from \
+     one global model; a buffer of updates from different versions differs by staleness, which \
+     a rule by distances or ranks reads as attack";
+
 impl Strategy for Median {
     fn name(&self) -> &'static str {
         "median"
+    }
+
+    fn asynchronous(&self) -> Result<(), String> {
+        Err(ROBUST_ASYNC.to_owned())
     }
 
     fn aggregate(
@@ -430,6 +439,10 @@ impl Strategy for TrimmedMean {
         "trimmed_mean"
     }
 
+    fn asynchronous(&self) -> Result<(), String> {
+        Err(ROBUST_ASYNC.to_owned())
+    }
+
     fn aggregate(
         &mut self,
         ctx: &RoundContext,
@@ -462,6 +475,10 @@ impl Krum {
 impl Strategy for Krum {
     fn name(&self) -> &'static str {
         "krum"
+    }
+
+    fn asynchronous(&self) -> Result<(), String> {
+        Err(ROBUST_ASYNC.to_owned())
     }
 
     fn aggregate(
@@ -505,6 +522,10 @@ impl MultiKrum {
 impl Strategy for MultiKrum {
     fn name(&self) -> &'static str {
         "multi_krum"
+    }
+
+    fn asynchronous(&self) -> Result<(), String> {
+        Err(ROBUST_ASYNC.to_owned())
     }
 
     fn aggregate(

@@ -130,6 +130,15 @@ impl Strategy for Scaffold {
         "scaffold"
     }
 
+    fn asynchronous(&self) -> Result<(), String> {
+        Err(
+            "its control variates are updated as if every client trained from the current \
+             global model with the current server variate; a stale client's correction is \
+             older than the model it is applied to, which breaks the variance reduction"
+                .to_owned(),
+        )
+    }
+
     fn configure(
         &self,
         ctx: &RoundContext,

@@ -47,6 +47,7 @@ impl RoundLoop<'_> {
         client_rows.extend(dropped.into_iter().map(|d| ClientRow {
             worker: d.worker.unwrap_or_default(),
             label_histogram: self.clients.histogram(d.client_id),
+            simulated: d.simulated,
             dropped: Some(d.reason),
             ..ClientRow::empty(round, d.client_id)
         }));
@@ -118,16 +119,17 @@ impl RoundLoop<'_> {
                 + dispatched.extra_bytes,
             bytes_to_server: arrivals.iter().map(|a| a.payload_bytes).sum(),
             train_loss: weighted_loss(reports),
-            simulated_time: if wall_time.simulate {
-                clock.simulated_before + slowest
-            } else {
-                elapsed_time
+            simulated_time: match aggregated.simulated_end {
+                Some(end) => end,
+                None if wall_time.simulate => clock.simulated_before + slowest,
+                None => elapsed_time,
             },
             extra_bytes_to_clients: dispatched.extra_bytes,
             federated_accuracy: federated_accuracy(arrivals),
             epsilon: privacy.as_ref().map(|p| p.epsilon),
             test_loss: Some(evaluation.loss).filter(|loss| loss.is_finite()),
             secagg: aggregated.secagg,
+            simulated_start: aggregated.simulated_end.map(|_| dispatched.sim_start),
         }
     }
 }
@@ -156,6 +158,8 @@ fn client_rows(
             test_accuracy: (arrival.test_samples > 0)
                 .then(|| arrival.test_correct as f64 / arrival.test_samples as f64),
             dropped: None,
+            simulated: arrival.simulated,
+            staleness: arrival.staleness,
         })
         .collect()
 }

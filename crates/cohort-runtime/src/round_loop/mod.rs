@@ -58,6 +58,8 @@ use crate::updates::{
     collect_updates, hooked_payloads, own_data_expectation, plan_tasks,
 };
 pub(crate) use secure::SecureSettings;
+pub(crate) use asynchronous::AsyncSettings;
+pub(crate) use devices::SimDevices;
 
 /// Everything the loop needs to know that a config would say, as plain
 /// values: built once by the assembly, never changed by the loop.
@@ -95,6 +97,10 @@ pub(crate) struct LoopSettings {
     /// `[secure_aggregation]`: the round's mean through the protocol
     /// instead of every update to the strategy.
     pub(crate) secure: Option<SecureSettings>,
+    /// `server.synchronous = false`: the asynchronous server's settings.
+    pub(crate) asynchronous: Option<AsyncSettings>,
+    /// `server.round_deadline`: simulated seconds a synchronous round waits.
+    pub(crate) round_deadline: Option<f64>,
 }
 
 /// Who is drawn each round.
@@ -104,6 +110,13 @@ pub(crate) struct Selection {
     pub(crate) seed: u64,
     pub(crate) total_clients: u32,
     pub(crate) per_round: u32,
+    /// Clients drawn each round: `per_round`, or more with
+    /// `clients.over_selection`.
+    pub(crate) draws: u32,
+    /// Whether each round draws `per_round` of all clients, so `--resume`
+    /// can replay the draws to check a checkpoint's selector; not with an
+    /// availability, where who can be drawn depends on the simulated clock.
+    pub(crate) replayable: bool,
 }
 
 /// `clients.attack`: the first `attackers_per_round` slots of each round
@@ -130,6 +143,8 @@ pub(crate) struct LoopParts<'a> {
     pub(crate) clients: ClientFacts,
     /// This process is one rank of a distributed simulation.
     pub(crate) ranks: Option<RankRole>,
+    /// Simulated devices (`[clients.profile]`); `None`: measured times.
+    pub(crate) devices: Option<SimDevices>,
 }
 
 /// A rank's place among the others.
@@ -168,6 +183,8 @@ pub(crate) struct Dispatched {
     pub(crate) payload_bytes: u64,
     /// Bytes sent beside the model, all clients together (SCAFFOLD).
     pub(crate) extra_bytes: u64,
+    /// When the round started on the simulated clock.
+    pub(crate) sim_start: f64,
 }
 
 /// The global model of a round, packed once.
@@ -188,6 +205,8 @@ pub(crate) struct Aggregated {
     pub(crate) privacy: Option<PrivacySpent>,
     /// The protocol's costs, under secure aggregation.
     pub(crate) secagg: Option<cohort_core::results::SecAggRow>,
+    /// When the round ended on the simulated clock (device profiles).
+    pub(crate) simulated_end: Option<f64>,
 }
 
 /// Wall and simulated time of a run across rounds.
@@ -219,6 +238,9 @@ pub(crate) struct RoundLoop<'a> {
     first_round: u32,
     clock: Clock,
     ranks: Option<RankRole>,
+    devices: Option<SimDevices>,
+    /// An asynchronous checkpoint's tasks, until the loop sends them again.
+    resumed_async: Option<crate::start::AsyncResume>,
 }
 
 impl<'a> RoundLoop<'a> {
@@ -254,6 +276,8 @@ impl<'a> RoundLoop<'a> {
                 previous_round_end: Instant::now(),
             },
             ranks: parts.ranks,
+            devices: parts.devices,
+            resumed_async: start.asynchronous,
         })
     }
 
@@ -271,7 +295,10 @@ impl<'a> RoundLoop<'a> {
 
     /// Runs every remaining round; `true` when the target accuracy was reached.
     pub(crate) fn run(&mut self) -> anyhow::Result<bool> {
-        let reached = self.run_rounds()?;
+        let reached = match self.settings.asynchronous {
+            Some(asynchronous) => self.run_async(asynchronous)?,
+            None => self.run_rounds()?,
+        };
         self.observer.on_event(&RunEvent::RunFinished {
             rounds: self.rows.rounds.len(),
             reached_target: reached,
@@ -298,12 +325,12 @@ impl<'a> RoundLoop<'a> {
                         .copied()
                         .filter(|&c| block.contains(c))
                         .collect();
-                    let collected = self.collect(round, &mine, false)?;
+                    let collected = self.collect(round, &mine, None)?;
                     steps.collecting = started.elapsed();
                     self.reduce_partials(round, dispatched.clients.len(), collected)?
                 }
                 None => {
-                    let collected = self.collect(round, &dispatched.clients, true)?;
+                    let collected = self.collect(round, &dispatched.clients, Some(&dispatched))?;
                     steps.collecting = started.elapsed();
                     match self.settings.secure.clone() {
                         Some(secure) => {
@@ -314,6 +341,10 @@ impl<'a> RoundLoop<'a> {
                 }
             };
             steps.aggregating = started.elapsed() - steps.collecting;
+            // The next round starts on the simulated clock when this one ended.
+            if let Some(end) = aggregated.simulated_end {
+                self.clock.simulated_before = end;
+            }
             // The checkpoint must hold the selector as it was before the next
             // round's draw, so a resumed run draws the same clients.
             let selector_state = self.selector.state(self.settings.selection.seed);
@@ -343,6 +374,7 @@ impl<'a> RoundLoop<'a> {
                     strategy: self.strategy.as_ref(),
                     rows: &self.rows,
                     config_hash: &self.settings.config_hash,
+                    asynchronous: None,
                 })?;
                 if let Some(sidecar) = written {
                     self.observer
@@ -383,19 +415,25 @@ impl<'a> RoundLoop<'a> {
     /// with the default pipeline and no BatchNorm the two are the same bytes,
     /// packed once.
     fn pack(&self) -> anyhow::Result<Packed> {
-        let file_tree = layout::to_model_file(&self.global);
-        let model_bytes = Arc::new(codec::encode(file_tree.as_ref().unwrap_or(&self.global))?);
+        self.pack_tree(&self.global)
+    }
+
+    /// [`RoundLoop::pack`] of any model of the run (an asynchronous run's
+    /// older versions).
+    fn pack_tree(&self, tree: &ParamTree) -> anyhow::Result<Packed> {
+        let file_tree = layout::to_model_file(tree);
+        let model_bytes = Arc::new(codec::encode(file_tree.as_ref().unwrap_or(tree))?);
         let outbound = &self.settings.outbound;
         let wire = if outbound.steps() == [Processor::SafetensorEncode] {
             match file_tree {
                 // The file's BatchNorm counters are not part of the tree that travels.
-                Some(_) => Arc::new(codec::encode(&self.global)?),
+                Some(_) => Arc::new(codec::encode(tree)?),
                 None => Arc::clone(&model_bytes),
             }
         } else {
             Arc::new(
                 outbound
-                    .send(&self.global)
+                    .send(tree)
                     .context("server.outbound_processors failed on the global model")?,
             )
         };
@@ -404,10 +442,7 @@ impl<'a> RoundLoop<'a> {
 
     /// Selects the round's clients and hands their tasks to the transport.
     fn dispatch(&mut self, round: u32, global_payload: Arc<Vec<u8>>) -> anyhow::Result<Dispatched> {
-        let selection = &self.settings.selection;
-        let clients = self
-            .selector
-            .select(selection.total_clients, selection.per_round);
+        let (clients, sim_start) = self.select_clients(round)?;
         tracing::info!(round, clients = ?clients, "round dispatched");
         let tasks = plan_tasks(
             self.strategy.as_ref(),
@@ -422,15 +457,18 @@ impl<'a> RoundLoop<'a> {
             clients,
             payload_bytes,
             extra_bytes,
+            sim_start,
         })
     }
 
-    /// Waits for every dispatched task; keeps the updates that unpack.
+    /// Waits for every dispatched task; keeps the updates that unpack. The
+    /// whole round (`dispatched`, not a rank's part of it) is timed on the
+    /// simulated clock and must have `min_per_round` updates.
     fn collect(
         &mut self,
         round: u32,
         clients: &[u32],
-        whole_round: bool,
+        dispatched: Option<&Dispatched>,
     ) -> anyhow::Result<Collected> {
         self.observer.on_event(&RunEvent::RoundStarted {
             round,
@@ -467,11 +505,14 @@ impl<'a> RoundLoop<'a> {
             }
         }
         collected.updates = kept;
+        if let Some(dispatched) = dispatched {
+            collected.simulated_end = self.time_round(round, dispatched, &mut collected);
+        }
         self.simulate_attacks(round, &mut collected);
         if let Some(ratio) = self.settings.max_update_norm_ratio {
             self.drop_outliers(round, ratio, &mut collected);
         }
-        if whole_round {
+        if dispatched.is_some() {
             self.require_min(
                 round,
                 collected.updates.len(),
@@ -507,6 +548,7 @@ impl<'a> RoundLoop<'a> {
             client_id,
             worker: Some(arrived.report.worker),
             reason,
+            simulated: arrived.arrival.simulated,
         });
     }
 
@@ -690,6 +732,7 @@ impl<'a> RoundLoop<'a> {
     /// Server hooks under their contract, then the strategy's aggregation.
     fn aggregate(&mut self, round: u32, mut collected: Collected) -> anyhow::Result<Aggregated> {
         let dropped = std::mem::take(&mut collected.failures);
+        let simulated_end = collected.simulated_end;
         let (payloads, arrivals) =
             hooked_payloads(round, collected, &mut *self.hooks, &self.global)?;
         if self.leader() {
@@ -718,6 +761,7 @@ impl<'a> RoundLoop<'a> {
             dropped,
             privacy: outcome.privacy,
             secagg: None,
+            simulated_end,
         })
     }
 }
@@ -753,6 +797,8 @@ impl StepTimes {
     }
 }
 
+mod asynchronous;
+mod devices;
 mod evaluate;
 mod partial;
 mod secure;

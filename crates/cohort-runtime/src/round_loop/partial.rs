@@ -63,6 +63,7 @@ impl RoundLoop<'_> {
                 client_id: d.client_id,
                 worker: Some(d.worker as usize),
                 reason: d.reason,
+                simulated: None,
             }));
         }
         rows.sort_by_key(|r| r.slot);
@@ -80,6 +81,7 @@ impl RoundLoop<'_> {
             dropped: all_dropped,
             privacy: outcome.privacy,
             secagg: None,
+            simulated_end: None,
         })
     }
 }

@@ -43,6 +43,7 @@ impl RoundLoop<'_> {
     ) -> anyhow::Result<Aggregated> {
         let mut dropped = std::mem::take(&mut collected.failures);
         let arrived = std::mem::take(&mut collected.updates);
+        let simulated_end = collected.simulated_end;
         let ids: Vec<u32> = arrived.iter().map(|a| a.report.client_id).collect();
         let vanish = secagg::draw_dropouts(
             &ids,
@@ -63,7 +64,12 @@ impl RoundLoop<'_> {
             Ok(secure_round) => secure_round,
             Err(error) => {
                 let left = arrived.len().saturating_sub(vanish.len());
-                return self.secure_round_failed(round, selected, left, arrived, dropped, &error);
+                return self
+                    .secure_round_failed(round, selected, left, arrived, dropped, &error)
+                    .map(|failed| Aggregated {
+                        simulated_end,
+                        ..failed
+                    });
             }
         };
         let row = secagg_row(selected.len(), &secure_round);
@@ -96,6 +102,7 @@ impl RoundLoop<'_> {
             dropped,
             privacy: outcome.privacy,
             secagg: Some(row),
+            simulated_end,
         })
     }
 
@@ -138,6 +145,7 @@ impl RoundLoop<'_> {
                 selected: selected.len() as u32,
                 ..SecAggRow::default()
             }),
+            simulated_end: None,
         })
     }
 }

@@ -117,6 +117,8 @@ fn settings(last_round: u32, min_per_round: usize) -> LoopSettings {
             seed: 7,
             total_clients: TOTAL,
             per_round: PER_ROUND,
+            draws: PER_ROUND,
+            replayable: true,
         },
         min_per_round,
         target_accuracy: None,
@@ -147,6 +149,8 @@ fn settings(last_round: u32, min_per_round: usize) -> LoopSettings {
         config_hash: "test".to_owned(),
         evaluation_threads: 1,
         secure: None,
+        asynchronous: None,
+        round_deadline: None,
     }
 }
 
@@ -220,6 +224,7 @@ fn run_boosted(
             test: test_set(),
             clients: facts(),
             ranks: None,
+            devices: None,
         },
         start,
     )?;
@@ -375,6 +380,8 @@ fn a_resumed_loop_ends_where_an_uninterrupted_one_does_bit_for_bit() {
             seed: 7,
             total_clients: TOTAL,
             per_round: PER_ROUND,
+            draws: PER_ROUND,
+            replayable: true,
         },
     };
     let start = resume_point(&checks("test"), split.path(), strategy.as_mut()).unwrap();
@@ -414,6 +421,8 @@ fn a_forged_checkpoint_falls_back_to_the_one_before_with_the_reason() {
             seed: 7,
             total_clients: TOTAL,
             per_round: PER_ROUND,
+            draws: PER_ROUND,
+            replayable: true,
         },
     };
     let sidecar = dir.path().join("checkpoints").join("round-0002.json");
@@ -464,6 +473,8 @@ fn a_round_whose_model_is_refused_keeps_the_model_and_the_strategy_state_it_star
             seed: 7,
             total_clients: TOTAL,
             per_round: PER_ROUND,
+            draws: PER_ROUND,
+            replayable: true,
         },
     };
     // Round 2's updates are huge: its model is refused.

@@ -352,3 +352,71 @@ fn the_reference_config_is_the_seeds_mlx_job_in_cohorts_names() {
         "{differences:#?}"
     );
 }
+
+#[test]
+fn platos_speed_and_sleep_simulation_read_as_a_device_profile() {
+    use crate::devices::{ComputeUnit, Distribution};
+    let text = r#"
+[clients]
+total_clients = 10
+per_round = 2
+speed_simulation = true
+random_seed = 7
+sleep_simulation = true
+avg_training_time = 12
+
+[clients.simulation_distribution]
+distribution = "pareto"
+alpha = 1
+
+[server]
+periodic_interval = 5
+
+[trainer]
+optimizer = "sgd"
+
+[parameters.optimizer]
+learning_rate = 0.01
+"#;
+    let loaded = from_str(text, Path::new("plato.toml")).unwrap();
+    let profile = &loaded.config().clients.profile;
+    assert_eq!(
+        profile.compute,
+        Some(Distribution::Pareto {
+            alpha: 1.0,
+            scale: 1.0
+        })
+    );
+    assert_eq!(profile.compute_unit, ComputeUnit::Epoch);
+    // Plato's default max_sleep_time.
+    assert_eq!(profile.compute_max, Some(60.0));
+    assert_eq!(profile.seed, 7);
+    assert_eq!(profile.task_overhead, 12.0);
+    let notes = loaded.notes().join("\n");
+    for said in [
+        "clients.speed_simulation = true",
+        "clients.random_seed = 7 read as clients.profile.seed = 7",
+        "avg_training_time = 12 read as clients.profile.task_overhead = 12",
+        "server.periodic_interval = 5 accepted, no effect",
+    ] {
+        assert!(notes.contains(said), "{said}: {notes}");
+    }
+    let zipf = text.replace("\"pareto\"\nalpha = 1", "\"zipf\"\ns = 1.5");
+    let errors = from_str(&zipf, Path::new("plato.toml")).unwrap_err();
+    let error = errors.first();
+    assert_eq!(
+        error.key.as_deref(),
+        Some("clients.simulation_distribution")
+    );
+    assert!(error.message.contains("zipf"), "{error}");
+    // Without speed_simulation the keys change nothing, and say so.
+    let off = text.replace("speed_simulation = true", "speed_simulation = false");
+    let loaded = from_str(&off, Path::new("plato.toml")).unwrap();
+    assert!(!loaded.config().clients.profile.enabled());
+    assert!(
+        loaded
+            .notes()
+            .join("\n")
+            .contains("no effect without speed_simulation")
+    );
+}

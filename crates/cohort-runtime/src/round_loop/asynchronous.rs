@@ -1,0 +1,591 @@
+//! The asynchronous round loop (`server.synchronous = false`, Plato's
+//! meaning), on the simulated clock of the device profiles.
+//!
+//! Up to `clients.per_round` tasks are in flight; whenever one finishes (on
+//! the simulated clock) a client online and not in flight is drawn to take
+//! its place, with the global model as it is then. An update that arrives
+//! is checked as a synchronous round's are, and dropped when it trained from
+//! a model more than `server.staleness_bound` aggregations old; every
+//! `server.minimum_clients_aggregated` updates the strategy aggregates them
+//! ([`Strategy::aggregate_stale`](cohort_core::strategy::Strategy::aggregate_stale)),
+//! and that aggregation is a round of the results files, evaluated,
+//! recorded and checkpointed as a synchronous round is.
+//!
+//! The order of events is the simulated clock's ([`InFlight`]): a task's
+//! timing comes from its client's profile and the bytes and samples it
+//! moved, and each task's training stream from its task number, so the
+//! model is the same bit for bit with any number of workers, whatever order
+//! they finish in. A checkpoint follows an aggregation: it holds the clock,
+//! the tasks in flight with what they were sent, and the models they
+//! trained from; the buffer is empty then. `--resume` sends those tasks
+//! again, which trains them to the same updates.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+
+use cohort_core::checkpoint::{AsyncHistory, AsyncTask};
+use cohort_core::clock::{InFlight, Next};
+use cohort_core::results::SimulatedTask;
+use cohort_core::strategy::ClientUpdate;
+use cohort_core::strategy::stale::StaleUpdate;
+use cohort_core::tree::ParamTree;
+use cohort_train::trainer::ClientTask;
+
+use super::{Aggregated, Dispatched, RoundLoop};
+use crate::events::RunEvent;
+use crate::record::{AsyncCheckpoint, CheckpointState};
+use crate::transport::{ClientOutcome, TaskInstructions, TaskSpec};
+use crate::updates::{Arrived, Collected, Dropped, check_update, hooked_payloads, unpack};
+
+/// What the asynchronous server is told by the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AsyncSettings {
+    /// `server.minimum_clients_aggregated`: updates per aggregation.
+    pub(crate) buffer: usize,
+    /// `server.staleness_bound`.
+    pub(crate) staleness_bound: Option<u32>,
+}
+
+/// One task on the clock.
+struct Flight {
+    client: u32,
+    /// The model version (aggregations before it) it trained from.
+    version: u32,
+    start: f64,
+    /// Download and compute; the upload's latency until its bytes are known.
+    timing: SimulatedTask,
+    /// When its client goes offline (infinity: never).
+    online_until: f64,
+    spec: TaskSpec,
+    /// Its update (or why there is none), once trained; set at once for a
+    /// client that goes offline before it could finish.
+    outcome: Option<Result<Arrived, Dropped>>,
+}
+
+/// An update waiting in the buffer.
+struct Buffered {
+    arrived: Arrived,
+    version: u32,
+}
+
+/// The asynchronous server between events.
+struct AsyncRun {
+    now: f64,
+    next_task: u64,
+    /// Aggregations so far: the version of the global model.
+    version: u32,
+    flights: InFlight<Flight>,
+    /// The models tasks in flight trained from, by version, and their wire
+    /// payloads.
+    bases: BTreeMap<u32, (Arc<ParamTree>, Arc<Vec<u8>>)>,
+    buffer: Vec<Buffered>,
+    dropped: Vec<Dropped>,
+    /// What was sent since the last aggregation.
+    sent: Dispatched,
+}
+
+impl RoundLoop<'_> {
+    /// Runs every remaining aggregation; `true` when the target accuracy
+    /// was reached.
+    pub(super) fn run_async(&mut self, settings: AsyncSettings) -> anyhow::Result<bool> {
+        if self.first_round > self.settings.last_round {
+            tracing::info!(
+                rounds = self.settings.last_round,
+                "all rounds are done already"
+            );
+            return Ok(false);
+        }
+        let mut run = self.async_start()?;
+        loop {
+            self.refill(&mut run)?;
+            if self.wake(&mut run)? {
+                continue;
+            }
+            match run.flights.next() {
+                Next::Empty => bail!(
+                    "round {}: no client is online at simulated time {} s or ever after \
+                     (clients.availability), and none is in flight",
+                    run.version + 1,
+                    run.now
+                ),
+                Next::Unsettled(_) => {
+                    let outcome = self.transport.next_outcome()?;
+                    self.settle(&mut run, outcome)?;
+                }
+                Next::Ready(task) => {
+                    let flight = run.flights.take(task).expect("the clock named it");
+                    run.now = flight.at;
+                    self.arrive(&mut run, flight.item);
+                    if run.buffer.len() >= settings.buffer {
+                        let round = run.version + 1;
+                        let target_reached = self.aggregate_buffer(&mut run)?;
+                        if target_reached {
+                            self.transport.cancel();
+                            return Ok(true);
+                        }
+                        if round >= self.settings.last_round {
+                            self.transport.cancel();
+                            return Ok(false);
+                        }
+                        self.observer.on_event(&RunEvent::RoundStarted {
+                            round: round + 1,
+                            clients: settings.buffer,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// The clock at the start: fresh, or the checkpoint's with its tasks
+    /// sent again.
+    fn async_start(&mut self) -> anyhow::Result<AsyncRun> {
+        let version = self.first_round - 1;
+        let mut run = AsyncRun {
+            now: self.clock.simulated_before,
+            next_task: 0,
+            version,
+            flights: InFlight::default(),
+            bases: BTreeMap::new(),
+            buffer: Vec::new(),
+            dropped: Vec::new(),
+            sent: Dispatched::default(),
+        };
+        if let Some(resumed) = self.resumed_async.take() {
+            let history = resumed.history;
+            run.now = history.now;
+            run.next_task = history.next_task;
+            for (version, base) in resumed.bases {
+                let wire = self.pack_tree(&base)?.wire;
+                run.bases.insert(version, (Arc::new(base), wire));
+            }
+            for task in history.tasks {
+                let spec = TaskSpec {
+                    slot: task.task as usize,
+                    task: ClientTask {
+                        client_id: task.client_id,
+                        round: seed_round(task.task)?,
+                    },
+                    instructions: TaskInstructions {
+                        learning_rate: task.learning_rate,
+                        proximal_mu: task.proximal_mu,
+                        update_clip_norm: task.update_clip_norm,
+                        correction: None,
+                    },
+                };
+                self.launch(&mut run, task.task, task.version, task.start, spec)?;
+            }
+            // Sent before the checkpoint: counted in the rounds before it.
+            run.sent = Dispatched::default();
+        }
+        run.sent.sim_start = run.now;
+        self.observer.on_event(&RunEvent::RoundStarted {
+            round: run.version + 1,
+            clients: self.settings.selection.per_round as usize,
+        });
+        Ok(run)
+    }
+
+    /// Fills the free places in flight with clients online now.
+    fn refill(&mut self, run: &mut AsyncRun) -> anyhow::Result<()> {
+        let selection = self.settings.selection;
+        let free = (selection.per_round as usize).saturating_sub(run.flights.len());
+        if free == 0 {
+            return Ok(());
+        }
+        let busy: Vec<u32> = run.flights.iter().map(|(_, f)| f.item.client).collect();
+        let devices = self
+            .devices
+            .as_mut()
+            .context("an asynchronous run needs devices")?;
+        let online = devices.online(selection.total_clients, run.now, &busy);
+        for client in self.selector.select_from(&online, free) {
+            self.dispatch_one(run, client)?;
+        }
+        Ok(())
+    }
+
+    /// With places free and a client coming online before the next event,
+    /// the clock moves to it; `true` when it did.
+    fn wake(&mut self, run: &mut AsyncRun) -> anyhow::Result<bool> {
+        let selection = self.settings.selection;
+        if run.flights.len() >= selection.per_round as usize {
+            return Ok(false);
+        }
+        let next_event = match run.flights.next() {
+            Next::Ready(task) | Next::Unsettled(task) => {
+                run.flights.get(task).map_or(f64::INFINITY, |f| f.at)
+            }
+            Next::Empty => f64::INFINITY,
+        };
+        let busy: Vec<u32> = run.flights.iter().map(|(_, f)| f.item.client).collect();
+        let devices = self
+            .devices
+            .as_mut()
+            .context("an asynchronous run needs devices")?;
+        match devices.next_online(selection.total_clients, run.now, &busy) {
+            Some(at) if at > run.now && at < next_event => {
+                run.now = at;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Sends `client` the global model as it is now.
+    fn dispatch_one(&mut self, run: &mut AsyncRun, client: u32) -> anyhow::Result<()> {
+        let version = run.version;
+        if let std::collections::btree_map::Entry::Vacant(slot) = run.bases.entry(version) {
+            slot.insert((Arc::new(self.global.clone()), self.pack()?.wire));
+        }
+        let task = run.next_task;
+        run.next_task += 1;
+        let base = Arc::clone(&run.bases[&version].0);
+        let instructions = self
+            .strategy
+            .configure(&self.context(version + 1), client, &base)
+            .with_context(|| format!("round {}: client {client}", version + 1))?;
+        let spec = TaskSpec {
+            slot: task as usize,
+            task: ClientTask {
+                client_id: client,
+                round: seed_round(task)?,
+            },
+            instructions: TaskInstructions::encode(instructions)?,
+        };
+        let (download, extra) = (
+            run.bases[&version].1.len() as u64,
+            spec.instructions.extra_bytes(),
+        );
+        run.sent.clients.push(client);
+        run.sent.payload_bytes = download;
+        run.sent.extra_bytes += extra;
+        tracing::debug!(task, client, version, "task dispatched");
+        self.launch(run, task, version, run.now, spec)
+    }
+
+    /// Puts a task on the clock and, unless its client goes offline before
+    /// it could finish, hands it to the transport.
+    fn launch(
+        &mut self,
+        run: &mut AsyncRun,
+        task: u64,
+        version: u32,
+        start: f64,
+        spec: TaskSpec,
+    ) -> anyhow::Result<()> {
+        let client = spec.task.client_id;
+        let samples = self.expected_samples(client);
+        let (_, wire) = run
+            .bases
+            .get(&version)
+            .with_context(|| format!("task {task}: no model of version {version}"))?;
+        let wire = Arc::clone(wire);
+        let download = wire.len() as u64 + spec.instructions.extra_bytes();
+        let devices = self
+            .devices
+            .as_mut()
+            .context("an asynchronous run needs devices")?;
+        let timing = devices
+            .task(client, start, download, samples, 0)
+            .with_context(|| format!("client {client} has no device profile"))?;
+        let online_until = devices
+            .availability
+            .online_until(client, start)
+            .unwrap_or(start);
+        let earliest = timing.end();
+        let mut flight = Flight {
+            client,
+            version,
+            start,
+            timing,
+            online_until,
+            spec,
+            outcome: None,
+        };
+        if online_until < earliest {
+            // Lost before it could finish whatever it sends: not trained.
+            flight.outcome = Some(Err(lost(client, online_until, &timing)));
+            run.flights.insert(task, online_until, true, flight)?;
+            return Ok(());
+        }
+        self.transport.dispatch(wire, vec![flight.spec.clone()])?;
+        run.flights.insert(task, earliest, false, flight)?;
+        Ok(())
+    }
+
+    /// A trained task's finish: its upload timed by its bytes, or its loss.
+    fn settle(&mut self, run: &mut AsyncRun, outcome: ClientOutcome) -> anyhow::Result<()> {
+        let task = outcome.slot as u64;
+        let unpacked = unpack(outcome, &self.settings.inbound, &self.settings.limits);
+        let devices = self
+            .devices
+            .as_ref()
+            .context("an asynchronous run needs devices")?;
+        let flight = &mut run
+            .flights
+            .get_mut(task)
+            .with_context(|| format!("an outcome of task {task}, which is not in flight"))?
+            .item;
+        let mut timing = flight.timing;
+        let at = match unpacked {
+            Ok(mut arrived) => {
+                let profile = devices
+                    .profiles
+                    .of(flight.client)
+                    .context("no device profile")?;
+                timing.upload = profile.upload_seconds(arrived.arrival.payload_bytes);
+                arrived.arrival.simulated = Some(timing);
+                if flight.online_until < timing.end() {
+                    flight.outcome = Some(Err(lost(flight.client, flight.online_until, &timing)));
+                    flight.online_until
+                } else {
+                    flight.outcome = Some(Ok(arrived));
+                    timing.end()
+                }
+            }
+            Err(mut dropped) => {
+                dropped.simulated = Some(timing);
+                flight.outcome = Some(Err(dropped));
+                timing.end()
+            }
+        };
+        run.flights.settle(task, at)?;
+        Ok(())
+    }
+
+    /// A task's event: its update joins the buffer, or it is dropped.
+    fn arrive(&mut self, run: &mut AsyncRun, flight: Flight) {
+        let round = run.version + 1;
+        let arrived = match flight.outcome {
+            Some(Ok(arrived)) => arrived,
+            Some(Err(dropped)) => {
+                tracing::warn!(
+                    round,
+                    client = dropped.client_id,
+                    "client dropped: {}",
+                    dropped.reason
+                );
+                self.observer.on_event(&RunEvent::ClientDropped {
+                    round,
+                    client_id: dropped.client_id,
+                    reason: dropped.reason.clone(),
+                });
+                run.dropped.push(dropped);
+                return;
+            }
+            None => unreachable!("a ready task is settled"),
+        };
+        let staleness = run.version - flight.version;
+        let verdict = self
+            .expected_report(&arrived)
+            .and_then(|expected| {
+                check_update(
+                    &arrived,
+                    &expected,
+                    &self.global,
+                    self.settings.max_report_seconds,
+                )
+            })
+            .map_err(|reason| ("update refused", reason))
+            .and_then(
+                |()| match self.settings.asynchronous.and_then(|a| a.staleness_bound) {
+                    Some(bound) if staleness > bound => Err((
+                        "update too stale",
+                        format!(
+                            "it trained from version {}, {staleness} aggregations old, more than \
+                         server.staleness_bound = {bound}",
+                            flight.version
+                        ),
+                    )),
+                    _ => Ok(()),
+                },
+            );
+        match verdict {
+            Ok(()) => {
+                self.observer.on_event(&RunEvent::ClientFinished {
+                    round,
+                    client_id: flight.client,
+                });
+                let mut arrived = arrived;
+                arrived.arrival.staleness = Some(staleness);
+                run.buffer.push(Buffered {
+                    arrived,
+                    version: flight.version,
+                });
+            }
+            Err((what, reason)) => {
+                self.drop_update(round, &arrived, what, reason, &mut run.dropped);
+            }
+        }
+    }
+
+    /// The buffer's aggregation: a round of the results files. `true` when
+    /// it reached the target accuracy.
+    fn aggregate_buffer(&mut self, run: &mut AsyncRun) -> anyhow::Result<bool> {
+        let round = run.version + 1;
+        let buffered = std::mem::take(&mut run.buffer);
+        let versions: Vec<u32> = buffered.iter().map(|b| b.version).collect();
+        let collected = Collected {
+            bytes_to_server: buffered
+                .iter()
+                .map(|b| b.arrived.arrival.payload_bytes)
+                .sum(),
+            updates: buffered.into_iter().map(|b| b.arrived).collect(),
+            failures: Vec::new(),
+            simulated_end: Some(run.now),
+        };
+        let (payloads, arrivals) =
+            hooked_payloads(round, collected, &mut *self.hooks, &self.global)?;
+        if self.leader() {
+            self.recorder.updates(round, &payloads)?;
+        }
+        let stale: Vec<StaleUpdate<'_>> = payloads
+            .iter()
+            .zip(&versions)
+            .map(|(payload, version)| StaleUpdate {
+                update: ClientUpdate {
+                    client_id: payload.report.client_id,
+                    num_samples: payload.report.num_samples,
+                    local_steps: payload.report.local_steps,
+                    tree: payload.tree(),
+                },
+                base: &run.bases[version].0,
+                staleness: run.version - version,
+            })
+            .collect();
+        let before = self.strategy.state();
+        let result = self
+            .strategy
+            .aggregate_stale(&self.context(round), &self.global, &stale);
+        drop(stale);
+        let outcome = self.adopt(round, result, before)?;
+        let aggregated = Aggregated {
+            reports: payloads.into_iter().map(|p| p.into_parts().0).collect(),
+            arrivals,
+            dropped: std::mem::take(&mut run.dropped),
+            privacy: outcome.privacy,
+            simulated_end: Some(run.now),
+            secagg: None,
+        };
+        run.version = round;
+        let busy: Vec<u32> = run.flights.iter().map(|(_, f)| f.item.version).collect();
+        run.bases.retain(|version, _| busy.contains(version));
+        let packed = self.pack()?;
+        let sent = std::mem::replace(
+            &mut run.sent,
+            Dispatched {
+                sim_start: run.now,
+                ..Dispatched::default()
+            },
+        );
+        let accuracy = self.evaluate_and_record(round, &sent, aggregated, &packed)?;
+        let target_reached = self
+            .settings
+            .target_accuracy
+            .is_some_and(|target| accuracy >= target);
+        self.checkpoint_async(round, run, &packed, target_reached)?;
+        if target_reached {
+            tracing::info!(round, accuracy, "target accuracy reached");
+        }
+        Ok(target_reached)
+    }
+
+    /// A checkpoint after `round`, when one is due: the model, the selector,
+    /// the strategy, and the tasks in flight with their models.
+    fn checkpoint_async(
+        &mut self,
+        round: u32,
+        run: &AsyncRun,
+        packed: &super::Packed,
+        target_reached: bool,
+    ) -> anyhow::Result<()> {
+        let interval = self.settings.checkpoint_interval.max(1);
+        let last = round >= self.settings.last_round;
+        if !(self.leader() && (round.is_multiple_of(interval) || last || target_reached)) {
+            return Ok(());
+        }
+        let asynchronous = in_flight(run);
+        let written = self.recorder.checkpoint(&CheckpointState {
+            round,
+            model_bytes: &packed.model_bytes,
+            selector: self.selector.state(self.settings.selection.seed),
+            strategy: self.strategy.as_ref(),
+            rows: &self.rows,
+            config_hash: &self.settings.config_hash,
+            asynchronous: Some(&asynchronous),
+        })?;
+        if let Some(sidecar) = written {
+            self.observer
+                .on_event(&RunEvent::CheckpointWritten { round, sidecar });
+        }
+        Ok(())
+    }
+
+    /// Training samples of `client`'s partition, which its compute time
+    /// is of.
+    fn expected_samples(&self, client: u32) -> u64 {
+        (client as usize)
+            .checked_sub(1)
+            .and_then(|index| self.clients.expected.get(index))
+            .map_or(0, |e| e.train_samples)
+    }
+}
+
+/// A task number as the training stream's round coordinate: every task of
+/// a client has its own stream, as every round of a synchronous run has.
+fn seed_round(task: u64) -> anyhow::Result<u32> {
+    u32::try_from(task + 1).context("more than 4294967295 tasks in one run")
+}
+
+/// `client`, lost at `at` during `task`.
+fn lost(client: u32, at: f64, task: &SimulatedTask) -> Dropped {
+    Dropped {
+        client_id: client,
+        worker: None,
+        reason: format!(
+            "client lost: went offline at simulated time {at:.3} s, before its update could \
+             arrive (at {:.3} s at the earliest)",
+            task.end()
+        ),
+        simulated: Some(*task),
+    }
+}
+
+/// The checkpoint's part of the clock: the tasks in flight and their models.
+fn in_flight(run: &AsyncRun) -> AsyncCheckpoint {
+    let tasks = run
+        .flights
+        .iter()
+        .map(|(task, flight)| {
+            let item = &flight.item;
+            let instructions = &item.spec.instructions;
+            AsyncTask {
+                task,
+                client_id: item.client,
+                version: item.version,
+                start: item.start,
+                learning_rate: instructions.learning_rate,
+                proximal_mu: instructions.proximal_mu,
+                update_clip_norm: instructions.update_clip_norm,
+            }
+        })
+        .collect();
+    let bases = run
+        .bases
+        .iter()
+        .map(|(version, (tree, _))| (format!("v{version}"), ParamTree::clone(tree)))
+        .collect();
+    AsyncCheckpoint {
+        history: AsyncHistory {
+            now: run.now,
+            next_task: run.next_task,
+            tasks,
+            bases_file: None,
+            bases_sha256: None,
+        },
+        bases,
+    }
+}
