@@ -209,7 +209,13 @@ fn whole_and_resumed(case: &Case, algorithm: &str) -> Result<(), String> {
         return Err(format!("first round: {}", stderr(&output)));
     }
     let split = only_run_dir(&split);
-    let args = ["run", "--resume", split.to_str().unwrap(), "--cpu", "--quiet"];
+    let args = [
+        "run",
+        "--resume",
+        split.to_str().unwrap(),
+        "--cpu",
+        "--quiet",
+    ];
     let resumed = cohort(&[&args[..], &["--rounds", "2"]].concat(), &fixture_data());
     if !resumed.status.success() {
         return Err(format!("resumed run: {}", stderr(&resumed)));
@@ -254,10 +260,7 @@ fn network_job(case: &Case, port: u16, comm_simulation: bool) -> String {
 
 fn model_of(case: &Case, comm_simulation: bool) -> Result<Vec<u8>, String> {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(
-        dir.path(),
-        &network_job(case, free_port(), comm_simulation),
-    );
+    let config = write_config(dir.path(), &network_job(case, free_port(), comm_simulation));
     let base = dir.path().join("runs");
     let mode = if comm_simulation {
         "simulation"
@@ -265,7 +268,13 @@ fn model_of(case: &Case, comm_simulation: bool) -> Result<Vec<u8>, String> {
         "network"
     };
     let output = Command::new(env!("CARGO_BIN_EXE_cohort"))
-        .args(["run", "--config", config.to_str().unwrap(), "--cpu", "--quiet"])
+        .args([
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+        ])
         .args(["--base", base.to_str().unwrap()])
         .env("COHORT_DATA_DIR", fixture_data())
         .env_remove("RUST_LOG")
@@ -318,7 +327,12 @@ fn write_ring_plan(dir: &Path, instance: &str, span: u16) {
 fn start_rank(config: &Path, plan: &Path, base: &Path, rank: u32) -> Child {
     Command::new(env!("CARGO_BIN_EXE_cohort"))
         .args(["worker", "--config", config.to_str().unwrap()])
-        .args(["--plan", plan.to_str().unwrap(), "--rank", &rank.to_string()])
+        .args([
+            "--plan",
+            plan.to_str().unwrap(),
+            "--rank",
+            &rank.to_string(),
+        ])
         .args(["--base", base.to_str().unwrap(), "--cpu", "--quiet"])
         .env("COHORT_DATA_DIR", fixture_data())
         .env_remove("RUST_LOG")

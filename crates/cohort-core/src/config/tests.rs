@@ -1085,7 +1085,15 @@ fn an_own_data_token_file_needs_own_data_clients_and_changes_no_result() {
 #[test]
 fn classes_are_the_data_sets_and_leaf_sizes_are_not_known_before_loading() {
     let cifar = format!("{MINIMAL}[data]\ndatasource = \"CIFAR100\"\n");
-    assert_eq!(load_text(&cifar).unwrap().config.parameters.model.num_classes, 100);
+    assert_eq!(
+        load_text(&cifar)
+            .unwrap()
+            .config
+            .parameters
+            .model
+            .num_classes,
+        100
+    );
     let error = error_of(&format!("{cifar}[parameters.model]\nnum_classes = 10\n"));
     assert_eq!(error.key.as_deref(), Some("parameters.model.num_classes"));
     assert!(

@@ -57,9 +57,9 @@ use crate::updates::{
     Arrival, Arrived, Collected, Dropped, ExpectedReport, OwnDataRules, check_update,
     collect_updates, hooked_payloads, own_data_expectation, plan_tasks,
 };
-pub(crate) use secure::SecureSettings;
 pub(crate) use asynchronous::AsyncSettings;
 pub(crate) use devices::SimDevices;
+pub(crate) use secure::SecureSettings;
 
 /// Everything the loop needs to know that a config would say, as plain
 /// values: built once by the assembly, never changed by the loop.
