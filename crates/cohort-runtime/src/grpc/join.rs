@@ -177,6 +177,16 @@ fn leave(shared: &Shared, joined: &Joined, registration: Option<&Registration>) 
             shared.alive.fetch_sub(1, Ordering::SeqCst);
         }
     }
+    // At the end of the run the connection stays registered: the server's
+    // graceful shutdown closes it once the stream has ended with status OK.
+    // Released, a connection past its registration deadline (every one, in a
+    // run longer than `register_within`) fails its next read at once, and h2
+    // then drops the frames it has not written yet, the stream's OK status
+    // among them: the client would see a broken connection
+    // (crate::admission::Admitted::poll_read).
+    if shared.shutting_down.load(Ordering::SeqCst) {
+        return;
+    }
     if let Some(registration) = registration {
         registration.release();
     }
