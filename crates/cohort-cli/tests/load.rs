@@ -314,12 +314,14 @@ type Rounds = BTreeMap<u32, (Vec<u32>, Vec<(u32, String)>)>;
 fn read_clients_csv(path: &Path) -> Rounds {
     let text = std::fs::read_to_string(path).unwrap();
     let mut rounds = Rounds::new();
+    // `dropped` is the last column and its reason may hold commas.
+    let columns = text.lines().next().unwrap().split(',').count();
     for line in text.lines().skip(1) {
-        let fields: Vec<&str> = line.splitn(12, ',').collect();
+        let fields: Vec<&str> = line.splitn(columns, ',').collect();
         let round: u32 = fields[0].parse().unwrap();
         let client: u32 = fields[1].parse().unwrap();
         let entry = rounds.entry(round).or_default();
-        match fields.get(11) {
+        match fields.get(columns - 1) {
             Some(reason) if !reason.is_empty() => {
                 entry.1.push((client, reason.trim_matches('"').to_owned()))
             }

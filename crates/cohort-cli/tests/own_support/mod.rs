@@ -204,17 +204,20 @@ pub struct Row {
 
 pub fn clients_csv(run_dir: &Path) -> Vec<Row> {
     let text = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    // `dropped` is the last column and its reason may hold commas: split
+    // into as many fields as the header names, the last one whole.
+    let columns = text.lines().next().unwrap().split(',').count();
     text.lines()
         .skip(1)
         .map(|line| {
-            let f: Vec<&str> = line.splitn(12, ',').collect();
+            let f: Vec<&str> = line.splitn(columns, ',').collect();
             Row {
                 round: f[0].parse().unwrap(),
                 client: f[1].parse().unwrap(),
                 samples: f[3].to_owned(),
                 histogram: f[9].to_owned(),
                 test_accuracy: f[10].to_owned(),
-                dropped: f[11].trim_matches('"').to_owned(),
+                dropped: f[columns - 1].trim_matches('"').to_owned(),
             }
         })
         .collect()

@@ -134,6 +134,11 @@ pub fn strategy_refusal(strategy: &str) -> Option<&'static str> {
             "clips each client's update on the server, which needs the individual updates; \
              secure aggregation leaves the server only their sum"
         }
+        "fedasync" | "fedbuff" => {
+            "weighs each update by its own staleness, so the server needs every update with \
+             the model version it was trained from; secure aggregation gives it one sum of the \
+             round's updates"
+        }
         _ => return None,
     })
 }
@@ -297,6 +302,8 @@ mod tests {
             "multi_krum",
             "scaffold",
             "dp_fedavg",
+            "fedasync",
+            "fedbuff",
         ] {
             assert!(strategy_refusal(name).is_some(), "{name}");
         }
