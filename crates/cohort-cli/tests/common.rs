@@ -183,3 +183,30 @@ pub fn algorithm_section(name: &str) -> String {
         other => format!("type = \"{other}\""),
     }
 }
+
+/// `cohort worker` for `rank` of the plan in `plan`, on the fixture, its
+/// stderr piped for the test to read.
+pub fn start_rank(
+    config: &Path,
+    plan: &Path,
+    base: &Path,
+    rank: u32,
+    extra: &[&str],
+) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(["worker", "--config", config.to_str().unwrap()])
+        .args([
+            "--plan",
+            plan.to_str().unwrap(),
+            "--rank",
+            &rank.to_string(),
+        ])
+        .args(["--base", base.to_str().unwrap(), "--cpu", "--quiet"])
+        .args(extra)
+        .env("COHORT_DATA_DIR", fixture_data())
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}

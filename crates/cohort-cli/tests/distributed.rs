@@ -12,7 +12,8 @@ use std::process::{Child, Command, Output, Stdio};
 
 use cohort_core::cluster::{Backend, MemoryNeed, RankCount, Request, place};
 use common::{
-    cohort, fixture_data, only_run_dir, run_dir_after_rounds, single_process_model, write_config,
+    cohort, fixture_data, only_run_dir, run_dir_after_rounds, single_process_model, start_rank,
+    write_config,
 };
 
 fn job(algorithm: &str, rounds: u32) -> String {
@@ -79,25 +80,6 @@ fn write_ring_plan(
         std::fs::write(dir.join(file.name), file.contents).unwrap();
     }
     plan
-}
-
-fn start_rank(config: &Path, plan: &Path, base: &Path, rank: u32, extra: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_cohort"))
-        .args(["worker", "--config", config.to_str().unwrap()])
-        .args([
-            "--plan",
-            plan.to_str().unwrap(),
-            "--rank",
-            &rank.to_string(),
-        ])
-        .args(["--base", base.to_str().unwrap(), "--cpu", "--quiet"])
-        .args(extra)
-        .env("COHORT_DATA_DIR", fixture_data())
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
 }
 
 fn stderr(output: &Output) -> String {

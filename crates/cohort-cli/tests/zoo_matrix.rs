@@ -14,12 +14,13 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 
 use cohort_core::cluster::{Backend, MemoryNeed, RankCount, Request, place};
 use cohort_core::strategy::AlgorithmConfig;
 use common::{
-    algorithm_section, cohort, fixture_data, free_port, only_run_dir, run_config, write_config,
+    algorithm_section, cohort, fixture_data, free_port, only_run_dir, run_config, start_rank,
+    write_config,
 };
 
 /// A zoo model on the data set it is made for.
@@ -324,24 +325,6 @@ fn write_ring_plan(dir: &Path, instance: &str, span: u16) {
     }
 }
 
-fn start_rank(config: &Path, plan: &Path, base: &Path, rank: u32) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_cohort"))
-        .args(["worker", "--config", config.to_str().unwrap()])
-        .args([
-            "--plan",
-            plan.to_str().unwrap(),
-            "--rank",
-            &rank.to_string(),
-        ])
-        .args(["--base", base.to_str().unwrap(), "--cpu", "--quiet"])
-        .env("COHORT_DATA_DIR", fixture_data())
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
 fn ranks_against_one_process(case: &Case, span: u16) -> Result<(), String> {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &job(case, "type = \"fedavg\"", 2));
@@ -355,7 +338,7 @@ fn ranks_against_one_process(case: &Case, span: u16) -> Result<(), String> {
     write_ring_plan(&plan, &format!("zoo-{span}"), span);
     let base = dir.path().join("ranks");
     let ranks: Vec<Child> = (0..3)
-        .map(|rank| start_rank(&config, &plan, &base, rank))
+        .map(|rank| start_rank(&config, &plan, &base, rank, &[]))
         .collect();
     for (rank, child) in ranks.into_iter().enumerate() {
         let output = child.wait_with_output().unwrap();

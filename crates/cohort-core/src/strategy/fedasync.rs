@@ -137,15 +137,7 @@ impl Strategy for FedAsync {
         global: &ParamTree,
         updates: &[ClientUpdate<'_>],
     ) -> Result<Aggregated, StrategyError> {
-        let fresh: Vec<StaleUpdate<'_>> = updates
-            .iter()
-            .map(|&update| StaleUpdate {
-                update,
-                base: global,
-                staleness: 0,
-            })
-            .collect();
-        self.aggregate_stale(ctx, global, &fresh)
+        self.aggregate_stale(ctx, global, &super::stale::fresh(global, updates))
     }
 
     fn asynchronous(&self) -> Result<(), String> {

@@ -27,6 +27,19 @@ pub struct StaleUpdate<'a> {
     pub staleness: u32,
 }
 
+/// A synchronous round's updates as asynchronous ones: each trained from
+/// `global`, none stale; how a staleness-aware strategy runs a plain round.
+pub fn fresh<'a>(global: &'a ParamTree, updates: &[ClientUpdate<'a>]) -> Vec<StaleUpdate<'a>> {
+    updates
+        .iter()
+        .map(|&update| StaleUpdate {
+            update,
+            base: global,
+            staleness: 0,
+        })
+        .collect()
+}
+
 /// The updates' models and their bases as flat vectors, each checked as a
 /// round's update is (schema, dtypes, finite values).
 pub(crate) struct FlatStale {
