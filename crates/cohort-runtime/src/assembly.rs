@@ -97,7 +97,10 @@ pub(crate) fn build_and_run(
         leader,
         ..facts
     }));
-    let rows_per_sample = model.task.rows_per_sample(&model.spec.sample_shape) as u64;
+    let rows_per_sample = model
+        .rows_per_sample()
+        .map_err(|error| anyhow::anyhow!("`{}` {error}", model.name()))?
+        as u64;
     let clients = client_facts(
         loaded,
         &splits,

@@ -2,7 +2,9 @@
 //! and the metrics evaluation reports.
 //!
 //! A [`Task`] turns a batch into one target class per output row of the
-//! model ([`Task::targets`]) and scores the outputs against them
+//! model ([`Task::targets`], told how many rows the model gives a sample:
+//! [`crate::model::FederatedModel::rows_per_sample`]) and scores the outputs
+//! against them
 //! ([`Task::loss`]). Evaluation reports, for any task, the loss and the
 //! accuracy (the share of output rows whose top class is the target), both
 //! averaged over output rows. cohort ships two tasks:
@@ -11,9 +13,11 @@
 //!   its target (images, tabular rows, LEAF's Shakespeare, whose label is the
 //!   character after the sequence).
 //! * [`NextToken`]: samples are token sequences and the model predicts the
-//!   next token at every position (`[batch × length, vocabulary]` outputs):
-//!   position `t`'s target is token `t + 1`, and the last position's is the
-//!   sample's label.
+//!   next token. From a model with a row per position
+//!   (`[batch × length, vocabulary]` outputs) position `t`'s target is token
+//!   `t + 1`, and the last position's is the sample's label; from a model
+//!   with a row per sample (LEAF's Shakespeare LSTM) the target is the
+//!   label, the token after the sequence.
 //!
 //! A data set names its task ([`crate::registry::DatasetEntry::with_task`]);
 //! classification is the default.
@@ -34,8 +38,16 @@ pub trait Task: Send + Sync + fmt::Debug + 'static {
 
     /// One target class per row of the model's outputs for the batch of
     /// `labels.len()` samples whose values are `inputs` (each of
-    /// `sample_shape`), in the order of the rows.
-    fn targets(&self, inputs: &[f32], labels: &[i64], sample_shape: &[usize]) -> Vec<i64>;
+    /// `sample_shape`), in the order of the rows; the model gives
+    /// `rows_per_sample` rows a sample, a count [`Task::check_rows`] has
+    /// accepted.
+    fn targets(
+        &self,
+        inputs: &[f32],
+        labels: &[i64],
+        sample_shape: &[usize],
+        rows_per_sample: usize,
+    ) -> Vec<i64>;
 
     /// The mean loss of `outputs` (`[rows, classes]`) against `targets`
     /// (`[rows]`), a one-element tensor that backpropagates. Softmax
@@ -46,11 +58,18 @@ pub trait Task: Send + Sync + fmt::Debug + 'static {
             .forward(outputs, targets)
     }
 
-    /// Output rows per sample, as [`Task::targets`] gives them: 1 for a
-    /// task of one target per sample. Held-out evaluation on clients is
-    /// counted in rows, so the server knows how many a report must have.
-    fn rows_per_sample(&self, _sample_shape: &[usize]) -> usize {
-        1
+    /// Why this task cannot take its targets from a model that gives
+    /// `rows_per_sample` rows of outputs per sample of `sample_shape`, if it
+    /// cannot: one row per sample unless a task says otherwise.
+    fn check_rows(&self, rows_per_sample: usize, _sample_shape: &[usize]) -> Result<(), String> {
+        if rows_per_sample == 1 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} needs a row of outputs per sample, but the model gives {rows_per_sample}",
+                self.name()
+            ))
+        }
     }
 
     /// Why `data` cannot be learned as this task by a model with `classes`
@@ -82,7 +101,13 @@ impl Task for Classification {
         "classification"
     }
 
-    fn targets(&self, _inputs: &[f32], labels: &[i64], _sample_shape: &[usize]) -> Vec<i64> {
+    fn targets(
+        &self,
+        _inputs: &[f32],
+        labels: &[i64],
+        _sample_shape: &[usize],
+        _rows_per_sample: usize,
+    ) -> Vec<i64> {
         labels.to_vec()
     }
 
@@ -91,10 +116,11 @@ impl Task for Classification {
     }
 }
 
-/// Next-token prediction over `[length]` token sequences: the model gives
-/// `length` rows of logits per sample (row `s × length + t` predicts the
-/// token after position `t` of sample `s`). Loss: softmax cross-entropy
-/// averaged over every position.
+/// Next-token prediction over `[length]` token sequences. A model of
+/// `length` rows of logits per sample predicts the token after every
+/// position (row `s × length + t` the token after position `t` of sample
+/// `s`); a model of one row per sample predicts the token after the
+/// sequence, its label. Loss: softmax cross-entropy averaged over the rows.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NextToken;
 
@@ -103,7 +129,16 @@ impl Task for NextToken {
         "next-token prediction"
     }
 
-    fn targets(&self, inputs: &[f32], labels: &[i64], sample_shape: &[usize]) -> Vec<i64> {
+    fn targets(
+        &self,
+        inputs: &[f32],
+        labels: &[i64],
+        sample_shape: &[usize],
+        rows_per_sample: usize,
+    ) -> Vec<i64> {
+        if rows_per_sample == 1 {
+            return labels.to_vec();
+        }
         let length: usize = sample_shape.iter().product();
         let mut targets = Vec::with_capacity(inputs.len());
         for (sample, &label) in inputs.chunks_exact(length).zip(labels) {
@@ -114,8 +149,17 @@ impl Task for NextToken {
         targets
     }
 
-    fn rows_per_sample(&self, sample_shape: &[usize]) -> usize {
-        sample_shape.iter().product()
+    fn check_rows(&self, rows_per_sample: usize, sample_shape: &[usize]) -> Result<(), String> {
+        let length: usize = sample_shape.iter().product();
+        if rows_per_sample == 1 || rows_per_sample == length {
+            Ok(())
+        } else {
+            Err(format!(
+                "next-token prediction over sequences of {length} tokens needs a row of \
+                 outputs per position ({length}) or per sample (1), but the model gives \
+                 {rows_per_sample}"
+            ))
+        }
     }
 
     fn check(&self, data: &Dataset, classes: usize) -> Result<(), String> {
@@ -194,8 +238,32 @@ mod tests {
     #[test]
     fn next_token_targets_are_the_sequence_shifted_by_one_then_the_label() {
         let inputs = [1.0, 2.0, 3.0, 7.0, 8.0, 9.0];
-        let targets = NextToken.targets(&inputs, &[4, 0], &[3]);
+        let targets = NextToken.targets(&inputs, &[4, 0], &[3], 3);
         assert_eq!(targets, vec![2, 3, 4, 8, 9, 0]);
+    }
+
+    #[test]
+    fn next_token_from_a_row_per_sample_is_the_token_after_the_sequence() {
+        let inputs = [1.0, 2.0, 3.0, 7.0, 8.0, 9.0];
+        assert_eq!(NextToken.targets(&inputs, &[4, 0], &[3], 1), vec![4, 0]);
+        assert_eq!(NextToken.check_rows(1, &[3]), Ok(()));
+        assert_eq!(NextToken.check_rows(3, &[3]), Ok(()));
+        let error = NextToken.check_rows(2, &[3]).unwrap_err();
+        assert!(
+            error.contains("per position (3) or per sample (1)"),
+            "{error}"
+        );
+        assert!(error.contains("gives 2"), "{error}");
+    }
+
+    #[test]
+    fn classification_needs_a_row_per_sample() {
+        assert_eq!(Classification.check_rows(1, &[1, 28, 28]), Ok(()));
+        let error = Classification.check_rows(80, &[80]).unwrap_err();
+        assert!(
+            error.contains("classification needs a row of outputs per sample"),
+            "{error}"
+        );
     }
 
     #[test]

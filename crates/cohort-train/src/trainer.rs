@@ -391,7 +391,12 @@ impl<M: FederatedModel> LocalTrainer<M> {
             loss_sum.host += loss * rows as f32;
             return Ok((grads, rows));
         }
-        let targets = self.task.targets(&self.images, &self.labels, sample_shape);
+        let targets = self.task.targets(
+            &self.images,
+            &self.labels,
+            sample_shape,
+            model.rows_per_sample(sample_shape),
+        );
         let rows = targets.len();
         let inputs = Inputs::from_host(self.images.clone(), sample_shape, &self.device);
         let outputs = model.forward(inputs, &mut Randomness::from_stream(rng));
@@ -578,7 +583,12 @@ impl<M: FederatedModel> Evaluator<M> {
         let mut classes = 0;
         for batch in indices.chunks(self.batch_size.max(1)) {
             data.gather(batch, &mut images, &mut labels);
-            let batch_targets = self.task.targets(&images, &labels, &data.sample_shape);
+            let batch_targets = self.task.targets(
+                &images,
+                &labels,
+                &data.sample_shape,
+                model.rows_per_sample(&data.sample_shape),
+            );
             targets.extend(batch_targets.iter().map(|&t| t as u32));
             let input = Inputs::from_host(images.clone(), &data.sample_shape, &device);
             let output = model.forward(input, &mut Randomness::none());
@@ -672,7 +682,12 @@ pub fn score<M: FederatedModel>(
     let (mut images, mut labels) = (Vec::new(), Vec::new());
     for (batch_index, batch) in indices.chunks(batch_size.max(1)).enumerate() {
         data.gather(batch, &mut images, &mut labels);
-        let targets = task.targets(&images, &labels, &data.sample_shape);
+        let targets = task.targets(
+            &images,
+            &labels,
+            &data.sample_shape,
+            model.rows_per_sample(&data.sample_shape),
+        );
         let input = Inputs::from_host(images.clone(), &data.sample_shape, &device);
         let logits = model.forward(input, &mut Randomness::none());
         let [batch_rows, classes] = logits.dims();

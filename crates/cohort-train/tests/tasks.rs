@@ -43,6 +43,10 @@ impl FederatedModel for Bigram {
         let logits = self.output.forward(self.embedding.forward(inputs.tokens()));
         logits.reshape([batch * LENGTH, VOCABULARY])
     }
+
+    fn rows_per_sample(&self, sample_shape: &[usize]) -> usize {
+        sample_shape.iter().product()
+    }
 }
 
 /// Sequences counting up modulo the vocabulary from every start, each

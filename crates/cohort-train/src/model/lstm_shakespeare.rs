@@ -89,6 +89,14 @@ impl FederatedModel for LstmShakespeare {
         };
         self.fc.forward(x)
     }
+
+    fn rows_per_sample(&self, sample_shape: &[usize]) -> usize {
+        if self.every_position {
+            sample_shape.iter().product()
+        } else {
+            1
+        }
+    }
 }
 
 #[cfg(test)]

@@ -63,6 +63,16 @@ pub trait FederatedModel: Module + 'static {
     fn accelerated(&self) -> Option<Accelerated> {
         None
     }
+
+    /// Rows of outputs per sample of `sample_shape`: 1 (a row of logits per
+    /// sample) unless the model scores every position of a sequence, as a
+    /// language model does. The task takes its targets from this
+    /// ([`crate::task::Task::targets`]): next-token prediction learns the
+    /// token after each position from a model of one row per position, and
+    /// the token after the sequence from a model of one row per sample.
+    fn rows_per_sample(&self, _sample_shape: &[usize]) -> usize {
+        1
+    }
 }
 
 /// What a model is built for: one sample's shape, the task's outputs and the

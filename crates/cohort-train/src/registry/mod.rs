@@ -111,7 +111,13 @@ impl ModelEntry {
 
     /// Which of cohort's own implementations computes the model, if any.
     pub fn accelerated(&self, spec: &ModelSpec) -> Result<Option<Accelerated>, ModelError> {
-        self.build.accelerated(spec)
+        Ok(self.build.facts(spec)?.accelerated)
+    }
+
+    /// Rows of outputs the model gives a sample
+    /// ([`FederatedModel::rows_per_sample`]).
+    pub fn rows_per_sample(&self, spec: &ModelSpec) -> Result<usize, ModelError> {
+        Ok(self.build.facts(spec)?.rows_per_sample)
     }
 
     /// Whether the model can be built for `spec`: `Err` names the option
@@ -146,8 +152,14 @@ trait BuildModel: Send + Sync {
         batch_size: usize,
     ) -> Result<Box<dyn ModelEvaluator>, ModelError>;
     fn template(&self, spec: &ModelSpec) -> Result<ParamTree, ModelError>;
-    fn accelerated(&self, spec: &ModelSpec) -> Result<Option<Accelerated>, ModelError>;
+    fn facts(&self, spec: &ModelSpec) -> Result<ModelFacts, ModelError>;
     fn check_spec(&self, spec: &ModelSpec) -> Result<(), SpecRefusal>;
+}
+
+/// What a built instance says of itself, asked once per question.
+struct ModelFacts {
+    accelerated: Option<Accelerated>,
+    rows_per_sample: usize,
 }
 
 struct Typed<M, F> {
@@ -217,9 +229,12 @@ where
         Ok(params::extract(&self.build(spec, &crate::device::cpu())?))
     }
 
-    fn accelerated(&self, spec: &ModelSpec) -> Result<Option<Accelerated>, ModelError> {
+    fn facts(&self, spec: &ModelSpec) -> Result<ModelFacts, ModelError> {
         let model = self.build(spec, &crate::device::cpu())?;
-        Ok(model.accelerated())
+        Ok(ModelFacts {
+            accelerated: model.accelerated(),
+            rows_per_sample: model.rows_per_sample(&spec.sample_shape),
+        })
     }
 
     fn check_spec(&self, spec: &ModelSpec) -> Result<(), SpecRefusal> {
@@ -277,6 +292,11 @@ impl RunModel {
     pub fn accelerated(&self) -> Result<Option<Accelerated>, ModelError> {
         let accelerated = self.entry.accelerated(&self.spec)?;
         Ok(accelerated.filter(|_| self.task.is_builtin_classification()))
+    }
+
+    /// See [`ModelEntry::rows_per_sample`].
+    pub fn rows_per_sample(&self) -> Result<usize, ModelError> {
+        self.entry.rows_per_sample(&self.spec)
     }
 }
 
@@ -680,6 +700,17 @@ impl Registry {
         let build = |error: ModelError| {
             loaded.error_at("trainer.model_name", format!("`{}` {error}", entry.name()))
         };
+        let rows_per_sample = model.rows_per_sample().map_err(build)?;
+        if let Err(problem) = model.task.check_rows(rows_per_sample, &spec.sample_shape) {
+            return Err(loaded.error_at(
+                "trainer.model_name",
+                format!(
+                    "`{}` cannot learn data.datasource = \"{}\": {problem}",
+                    entry.name(),
+                    loaded.config().data.datasource
+                ),
+            ));
+        }
         let accelerated = model.accelerated().map_err(build)?;
         let vectorized = loaded.config().trainer.vectorized_clients != VectorizedClients::Off;
         if vectorized && model.augmentation.is_some() {
@@ -809,6 +840,40 @@ mod tests {
         );
         let lenet = loaded("model_name = \"lenet5_compact\"\nvectorized_clients = 8\n");
         assert!(registry.run_model(&lenet, mnist()).is_ok());
+    }
+
+    #[test]
+    fn the_task_takes_its_targets_from_the_models_rows_or_refuses_them_before_a_run() {
+        let run = |datasource: &str, outputs: &str| {
+            let text = format!(
+                "{MINIMAL}[trainer]\noptimizer = \"sgd\"\nmodel_name = \"lstm_shakespeare\"\n\
+                 [data]\ndatasource = \"{datasource}\"\n[parameters.model]\noutputs = \"{outputs}\"\n"
+            );
+            let loaded = cohort_core::config::from_str(&text, Path::new("job.toml")).unwrap();
+            Registry::builtin().run_model(&loaded, vec![80])
+        };
+        // LEAF's model (the token after the sequence) and a row per position
+        // both learn Shakespeare's next-token task.
+        let last = run("Shakespeare", "last").unwrap();
+        assert_eq!(last.rows_per_sample().unwrap(), 1);
+        assert_eq!(
+            run("Shakespeare", "every")
+                .unwrap()
+                .rows_per_sample()
+                .unwrap(),
+            80
+        );
+        // Classification has one target per sample: 80 rows are refused.
+        let error = run("FashionMNIST", "every").unwrap_err();
+        let error = error.first();
+        assert_eq!(error.key.as_deref(), Some("trainer.model_name"));
+        assert!(
+            error.message.contains(
+                "cannot learn data.datasource = \"FashionMNIST\": classification needs a row \
+                 of outputs per sample, but the model gives 80"
+            ),
+            "{error}"
+        );
     }
 
     #[test]
