@@ -425,15 +425,66 @@ struct ClientArgs {
 /// exit code. Call it first in `main`: it sets the process's SIGPIPE
 /// disposition and logging.
 pub fn main_with(registry: Registry) -> ExitCode {
+    main_with_args(registry, std::env::args_os())
+}
+
+/// [`main_with`] on `args` (the program first, as `std::env::args_os`
+/// gives them) rather than the process's own: the command line of a host
+/// that is not the `cohort` binary, such as the Python package's `cohort`
+/// command. When `args`' first item is a file, it is the program that
+/// network mode starts for its local client processes (this process's own
+/// executable is then the host's, such as `python3`).
+pub fn main_with_args<I, T>(registry: Registry, args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    ExitCode::from(command_line(registry, args))
+}
+
+/// [`main_with_args`]'s exit code as a number: 0 done, 1 an error (printed
+/// as `error: …`), 2 a usage error (clap's).
+pub fn command_line<I, T>(registry: Registry, args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     quiet_on_closed_pipe();
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    if let Some(program) = args.first().map(PathBuf::from)
+        && program.is_file()
+        && let Ok(program) = std::fs::canonicalize(program)
+    {
+        // Only the first caller's program counts: one process, one command.
+        let _ = SELF_PROGRAM.set(program);
+    }
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        // As clap's own exit: usage errors 2, --help and --version 0.
+        Err(error) => {
+            let _ = error.print();
+            return u8::try_from(error.exit_code()).unwrap_or(2);
+        }
+    };
     cohort_train::switches::set(train_switches());
     match execute(cli, &Arc::new(registry)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => 0,
         Err(error) => {
             eprintln!("error: {}", error_chain(&error));
-            ExitCode::FAILURE
+            1
         }
+    }
+}
+
+/// The program [`main_with_args`] was started as, where it was a file.
+static SELF_PROGRAM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// What starts this command line again as a new process: the program it was
+/// started as ([`main_with_args`]), else this process's executable.
+fn self_program() -> PathBuf {
+    match SELF_PROGRAM.get() {
+        Some(program) => program.clone(),
+        None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cohort")),
     }
 }
 
@@ -820,7 +871,7 @@ fn local_clients_of(
             DeviceRequest::Auto => None,
         };
         (count > 0).then(|| cohort_runtime::LocalClients {
-            program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cohort")),
+            program: self_program(),
             count,
             // Their output goes to log files in the run folder, at info level
             // whatever the server's terminal shows.

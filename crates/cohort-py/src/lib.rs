@@ -17,6 +17,7 @@
 
 use pyo3::prelude::*;
 
+mod command;
 mod config;
 mod run;
 mod tensors;
@@ -29,6 +30,7 @@ fn _cohort(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(config::check, module)?)?;
     module.add_function(wrap_pyfunction!(tools::partition, module)?)?;
     module.add_function(wrap_pyfunction!(tools::aggregate, module)?)?;
+    module.add_function(wrap_pyfunction!(command::command_line, module)?)?;
     Ok(())
 }
 
