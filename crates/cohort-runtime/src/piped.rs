@@ -39,7 +39,9 @@ use cohort_core::processors::{Pipeline, Processor};
 use serde_json::{Value, json};
 
 use crate::client::ClientReply;
-use crate::transport::{ClientOutcome, Delivered, MAX_REASON_BYTES, TaskSpec, Transport, truncated};
+use crate::transport::{
+    ClientOutcome, Delivered, MAX_REASON_BYTES, TaskSpec, Transport, truncated,
+};
 
 /// The largest header a worker may send: metrics and an error message, not
 /// data.
@@ -208,7 +210,10 @@ impl Transport for PipedClients {
             bail!("every worker process has exited");
         }
         let tensors = self.plain_global(global_payload)?;
-        let jobs = self.jobs.as_ref().expect("the jobs sender lives until drop");
+        let jobs = self
+            .jobs
+            .as_ref()
+            .expect("the jobs sender lives until drop");
         for spec in tasks {
             let header = request_header(&self.settings, &spec)?;
             let job = Job {
@@ -308,15 +313,17 @@ impl Serving {
         let link_error =
             |e: std::io::Error| Failure::Link(format!("worker process {worker} is gone ({e})"));
         write_message(&mut self.link.to_worker, &job.header, &job.tensors).map_err(link_error)?;
-        let (header, tensors) =
-            read_message(&mut self.link.from_worker, self.settings.limits.max_bytes as u64)
-                .map_err(|e| match e {
-                    ReadError::Io(e) => link_error(e),
-                    ReadError::Refused(reason) => Failure::Link(format!(
-                        "worker process {worker} sent a malformed answer ({reason}); \
+        let (header, tensors) = read_message(
+            &mut self.link.from_worker,
+            self.settings.limits.max_bytes as u64,
+        )
+        .map_err(|e| match e {
+            ReadError::Io(e) => link_error(e),
+            ReadError::Refused(reason) => Failure::Link(format!(
+                "worker process {worker} sent a malformed answer ({reason}); \
                          it takes no more clients"
-                    )),
-                })?;
+            )),
+        })?;
         reply_of(&self.settings, &header, &tensors).map_err(Failure::Client)
     }
 }
@@ -497,7 +504,10 @@ mod tests {
         let settings = settings();
         let refused = |header: Value, tensors: &[u8]| reply_of(&settings, &header, tensors);
         assert_eq!(
-            refused(json!({"ok": false, "error": "fit raised ValueError: boom"}), &[]),
+            refused(
+                json!({"ok": false, "error": "fit raised ValueError: boom"}),
+                &[]
+            ),
             Err("fit raised ValueError: boom".to_owned())
         );
         assert_eq!(
@@ -505,7 +515,11 @@ mod tests {
             Err("fit returned num_examples = -3; expected an integer >= 0".to_owned())
         );
         let garbage = refused(json!({"ok": true, "num_examples": 3}), b"not safetensors");
-        assert!(garbage.unwrap_err().starts_with("the parameters fit returned do not unpack"));
+        assert!(
+            garbage
+                .unwrap_err()
+                .starts_with("the parameters fit returned do not unpack")
+        );
         let accuracy = json!({"ok": true, "num_examples": 3,
             "evaluation": {"num_examples": 4, "metrics": {"accuracy": 1.5}}});
         assert_eq!(
@@ -548,16 +562,20 @@ mod tests {
             let (header, _) = read_message(&mut requests, 1 << 20).ok().unwrap();
             assert_eq!(header["config"]["server_round"], json!(1));
             let answer = json!({"ok": true, "num_examples": 5, "metrics": {}});
-            write_message(&mut answers, &serde_json::to_vec(&answer).unwrap(), &tensors())
-                .unwrap();
+            write_message(
+                &mut answers,
+                &serde_json::to_vec(&answer).unwrap(),
+                &tensors(),
+            )
+            .unwrap();
             let _ = read_message(&mut requests, 1 << 20);
         });
         let link = WorkerLink {
             from_worker: Box::new(from_worker),
             to_worker: Box::new(to_worker),
         };
-        let mut clients = PipedClients::start(&loaded, vec!["0".into(), "1".into()], vec![link])
-            .unwrap();
+        let mut clients =
+            PipedClients::start(&loaded, vec!["0".into(), "1".into()], vec![link]).unwrap();
         let spec = |slot: usize, client_id: u32| TaskSpec {
             slot,
             task: cohort_train::trainer::ClientTask {
@@ -575,6 +593,10 @@ mod tests {
         let reason = second.result.unwrap_err();
         assert!(reason.starts_with("worker process 0 is gone"), "{reason}");
         worker.join().unwrap();
-        assert!(clients.dispatch(Arc::new(tensors()), vec![spec(0, 3)]).is_err());
+        assert!(
+            clients
+                .dispatch(Arc::new(tensors()), vec![spec(0, 3)])
+                .is_err()
+        );
     }
 }
