@@ -164,7 +164,8 @@ def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=N
     ``parameters`` a list of NumPy arrays. flwr is not needed.
 
     ``config``: a cohort config (a path or a dict; no ``trainer.model_name``
-    or ``[data]`` is read), over which ``num_clients``
+    or ``[data]`` is read; ``None``: the defaults with a learning rate of
+    0.01), over which ``num_clients``
     (``clients.total_clients``), ``clients_per_round`` (``clients.per_round``),
     ``num_rounds`` (``trainer.rounds``), ``max_concurrency``
     (``trainer.max_concurrency``: worker processes) and ``overrides`` (dotted
@@ -193,7 +194,9 @@ def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=N
     """
     if not callable(client_fn):
         raise TypeError(f"client_fn must be callable, not {type(client_fn).__name__}")
-    path, table = _source({} if config is None else config)
+    # A config needs a learning rate; with none given, fit is told 0.01.
+    default = {"parameters": {"optimizer": {"learning_rate": 0.01}}}
+    path, table = _source(default if config is None else config)
     keys = dict(overrides or {})
     keys["clients.total_clients"] = num_clients
     for key, value in (("clients.per_round", clients_per_round), ("trainer.rounds", num_rounds),

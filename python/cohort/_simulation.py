@@ -172,7 +172,9 @@ def _metrics(what, value):
         return {}
     if not isinstance(value, dict):
         raise ClientFailure(f"{what} returned metrics of type {type(value).__name__}; expected a dict")
-    return {str(k): v for k, v in value.items() if not (isinstance(v, float) and not math.isfinite(v))}
+    plain = {str(k): v.item() if isinstance(v, np.generic) else v for k, v in value.items()}
+    # JSON has no NaN: a metric that is not finite is left out.
+    return {k: v for k, v in plain.items() if not (isinstance(v, float) and not math.isfinite(v))}
 
 
 def _triple(what, result, shape):
@@ -260,6 +262,10 @@ def _serve(client_fn, requests_fd, answers_fd, inherited):
             if message is None:
                 return
             answer, tensors = _answer(client_fn, *message)
+            try:
+                json.dumps(answer, default=_scalar, allow_nan=False)
+            except (TypeError, ValueError) as error:
+                answer, tensors = {"ok": False, "error": f"the answer is not JSON: {error}"}, b""
             try:
                 write_message(answers, answer, tensors)
             except OSError:

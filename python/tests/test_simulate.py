@@ -197,4 +197,5 @@ def test_what_cannot_start_is_refused_clearly(tmp_path):
     with pytest.raises(cohort.ConfigError, match="clients.per_round"):
         cohort.simulate(Shifted, 2, config(rounds=1, per_round=3), run_dir=tmp_path / "b")
     with pytest.raises(cohort.CohortError, match="SCAFFOLD"):
-        cohort.simulate(Shifted, 2, config(rounds=1), strategy="scaffold", run_dir=tmp_path / "c")
+        cohort.simulate(Shifted, 2, config(rounds=1), strategy="scaffold",
+                        overrides={"trainer.optimizer": "sgd"}, run_dir=tmp_path / "c")
