@@ -6,7 +6,7 @@
 # process tree (RSS summed over every process of the run, sampled every 0.2 s) and final
 # test-set accuracy.
 # Usage: bench/flower_sim.sh [DATA_DIR] [WORKERS]   (defaults ../shared/data, 2)
-# Installs into a fresh venv (downloads: torch's CPU wheel, flwr[simulation] with Ray);
+# Installs into a fresh venv (downloads: torch, flwr[simulation] with Ray);
 # builds the cohort wheel with maturin (CARGO_TARGET_DIR is used).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cohort-target}"
 python3 -m venv "$OUT/venv"
 PY="$OUT/venv/bin/python"
 "$PY" -m pip install --quiet --disable-pip-version-check maturin==1.16.0 numpy
-"$PY" -m pip install --quiet --disable-pip-version-check torch --index-url https://download.pytorch.org/whl/cpu
+# torch from PyPI (its Linux wheel brings CUDA's libraries: gigabytes; TORCH_INDEX names an
+# index of CPU wheels where one is reachable).
+"$PY" -m pip install --quiet --disable-pip-version-check torch ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 "$PY" -m pip install --quiet --disable-pip-version-check "flwr[simulation]"
 (cd python && "$OUT/venv/bin/maturin" build --locked --release --out "$OUT/wheels" >/dev/null)
 "$PY" -m pip install --quiet --disable-pip-version-check "$OUT"/wheels/cohort-*.whl

@@ -12,8 +12,7 @@ import time
 try:
     import torch  # noqa: F401
 except ImportError:
-    sys.exit("this example needs PyTorch: pip install torch (CPU wheels: "
-             "--index-url https://download.pytorch.org/whl/cpu)")
+    sys.exit("this example needs PyTorch: pip install torch")
 
 import cohort
 from client import NUM_CLIENTS, client_fn, evaluate_fn
