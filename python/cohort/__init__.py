@@ -1,7 +1,9 @@
 """cohort: federated learning with a Rust engine, from Python.
 
 ``cohort.run`` runs a config (a file or a dict of the same structure) as
-``cohort run`` does; ``cohort.partition`` splits labels among clients as a
+``cohort run`` does; ``cohort.simulate`` runs Flower-style ``NumPyClient``s
+(duck-typed: no flwr needed) in worker processes on cohort's round loop;
+``cohort.partition`` splits labels among clients as a
 run's ``[data]`` sampler does; ``cohort.aggregate`` applies one built-in
 strategy to NumPy arrays. Configs are validated by cohort itself: every
 problem is raised at once as a ``cohort.ConfigError``.
@@ -15,7 +17,8 @@ import numpy as np
 from . import _cohort
 from ._errors import CohortError, ConfigError
 from ._results import Rows, RunResult
-from ._tensors import dict_from_wire, params_to_wire
+from ._simulation import Workers, wire_array
+from ._tensors import dict_from_wire, params_to_wire, to_wire
 
 __version__ = _cohort.__version__
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "check",
     "partition",
     "run",
+    "simulate",
 ]
 
 
@@ -95,15 +99,134 @@ def run(config, overrides=None, run_dir=None, on_round=None, *, data_dir=None, r
         bool(resume),
         callback,
     )
+    return _result(report, tensors)
+
+
+def _result(report, tensors, names=None):
     report = json.loads(report)
+    model = dict_from_wire(tensors)
     return RunResult(
         run_dir=report["run_dir"],
         model_path=report["model_path"],
         reached_target=report["reached_target"],
         rounds=Rows(report["rounds"]),
         clients=Rows(report["clients"]),
-        model=dict_from_wire(tensors),
+        model=model,
+        parameters=[] if names is None else [model[n] for n in names],
     )
+
+
+def _strategy_overrides(strategy):
+    """``"fedavgm"`` or ``{"type": "fedavgm", "server_momentum": 0.9}`` as
+    ``[algorithm]`` overrides."""
+    if strategy is None:
+        return {}
+    if isinstance(strategy, str):
+        return {"algorithm.type": strategy}
+    if isinstance(strategy, dict) and "type" in strategy:
+        return {f"algorithm.{key}": value for key, value in strategy.items()}
+    raise TypeError(
+        "strategy must be a name (\"fedavg\") or a dict with a \"type\" and the [algorithm] "
+        f"options, not {type(strategy).__name__}"
+    )
+
+
+def _evaluate_callback(evaluate_fn, names):
+    """``evaluate_fn(server_round, parameters, config) -> (loss, metrics)``
+    as the engine calls it: the round and tensors in, ``(loss, accuracy or
+    None)`` out."""
+    if evaluate_fn is None:
+        return None
+
+    def callback(server_round, tensors):
+        named = dict_from_wire(tensors)
+        result = evaluate_fn(server_round, [named[n] for n in names], {})
+        if result is None:
+            return float("nan"), None
+        loss, metrics = result
+        accuracy = (metrics or {}).get("accuracy")
+        return float(loss), None if accuracy is None else float(accuracy)
+
+    return callback
+
+
+def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=None,
+             clients_per_round=None, max_concurrency=None, initial_parameters=None,
+             parameter_names=None, evaluate_fn=None, run_dir=None, resume=False,
+             on_round=None, overrides=None):
+    """Runs Flower-style clients on cohort's engine, as Flower's
+    ``start_simulation`` does.
+
+    ``client_fn(cid)`` (``cid`` is ``"0"`` to ``str(num_clients - 1)``)
+    returns an object with ``NumPyClient``'s methods: ``get_parameters(config)``,
+    ``fit(parameters, config) -> (parameters, num_examples, metrics)`` and
+    ``evaluate(parameters, config) -> (loss, num_examples, metrics)``, with
+    ``parameters`` a list of NumPy arrays. flwr is not needed.
+
+    ``config``: a cohort config (a path or a dict; no ``trainer.model_name``
+    or ``[data]`` is read; ``None``: the defaults with a learning rate of
+    0.01), over which ``num_clients``
+    (``clients.total_clients``), ``clients_per_round`` (``clients.per_round``),
+    ``num_rounds`` (``trainer.rounds``), ``max_concurrency``
+    (``trainer.max_concurrency``: worker processes) and ``overrides`` (dotted
+    keys) are written. ``strategy``: an ``[algorithm]`` type, or a dict with
+    ``type`` and its options. ``fit`` gets ``config`` with ``server_round``,
+    ``cid``, ``seed`` (one per client and round, from cohort's seed streams),
+    ``local_epochs``, ``batch_size``, ``learning_rate`` (the round's, after
+    the schedule) and ``proximal_mu`` under FedProx.
+
+    The model is ``initial_parameters`` (a list of arrays), else what
+    ``client_fn("0").get_parameters({})`` returns; its arrays are named
+    ``"0"``, ``"1"``, ... in the run's files, or by ``parameter_names``.
+    ``evaluate_fn(server_round, parameters, config) -> (loss, metrics)`` is
+    called in this process after each round (``metrics["accuracy"]`` is
+    ``results.csv``'s accuracy). With ``clients.do_test = true`` each
+    selected client first evaluates the model it receives
+    (``client.evaluate``); their accuracies make ``federated_accuracy``.
+
+    A client that raises or returns something else (wrong number, shape or
+    dtype of arrays) is dropped from its round with the reason in
+    ``clients.csv``; the run goes on as ``clients.min_per_round`` says.
+    Ctrl-C stops after the round in progress, resumably
+    (``resume=True`` with the same ``run_dir``), as for ``cohort.run``.
+    Returns a ``RunResult`` whose ``parameters`` are the final model as a
+    list, in ``get_parameters``' order.
+    """
+    if not callable(client_fn):
+        raise TypeError(f"client_fn must be callable, not {type(client_fn).__name__}")
+    # A config needs a learning rate; with none given, fit is told 0.01.
+    default = {"parameters": {"optimizer": {"learning_rate": 0.01}}}
+    path, table = _source(default if config is None else config)
+    keys = dict(overrides or {})
+    keys["clients.total_clients"] = num_clients
+    for key, value in (("clients.per_round", clients_per_round), ("trainer.rounds", num_rounds),
+                       ("trainer.max_concurrency", max_concurrency)):
+        if value is not None:
+            keys[key] = value
+    keys.update(_strategy_overrides(strategy))
+    keys_json = _json(keys)
+    resolved = json.loads(_cohort.resolved(path, table, keys_json))
+    workers = Workers(client_fn, int(resolved["trainer"]["max_concurrency"]))
+    try:
+        if initial_parameters is None:
+            params = workers.initial_parameters()
+        else:
+            params = [wire_array("initial_parameters", i, a) for i, a in enumerate(initial_parameters)]
+        names = [str(i) for i in range(len(params))] if parameter_names is None else list(parameter_names)
+        if len(names) != len(params):
+            raise ValueError(f"{len(names)} parameter_names for {len(params)} arrays")
+        callback = None
+        if on_round is not None:
+            def callback(row_json):
+                on_round(json.loads(row_json))
+        initial = [to_wire(name, array) for name, array in zip(names, params)]
+        report, tensors = _cohort.simulate(
+            path, table, keys_json, None if run_dir is None else os.fspath(run_dir), bool(resume),
+            workers.hand_over(), initial, _evaluate_callback(evaluate_fn, names), callback,
+        )
+    finally:
+        workers.close()
+    return _result(report, tensors, names)
 
 
 def _indices(name, values):

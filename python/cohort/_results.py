@@ -20,7 +20,9 @@ class Rows(list):
 class RunResult:
     """A finished run: its folder, every round's row, every client's row
     (dropped clients' included, with ``dropped`` saying why) and the final
-    model as a dict of NumPy arrays in PyTorch's ``state_dict`` layout."""
+    model as a dict of NumPy arrays in PyTorch's ``state_dict`` layout
+    (named ``"0"``, ``"1"``, ... for ``cohort.simulate``, and in a list as
+    ``parameters``)."""
 
     run_dir: str
     model_path: str
@@ -28,6 +30,9 @@ class RunResult:
     rounds: Rows = field(default_factory=Rows)
     clients: Rows = field(default_factory=Rows)
     model: dict = field(default_factory=dict)
+    #: ``cohort.simulate``: the final model as a list of arrays, in the
+    #: order of the clients' parameters (empty for ``cohort.run``).
+    parameters: list = field(default_factory=list)
 
     def to_pandas(self):
         """The rounds as a ``pandas.DataFrame`` (``clients.to_pandas()`` for

@@ -18,11 +18,17 @@ def test_the_readmes_python_block_runs_as_written(monkeypatch, capsys):
     try:
         exec(compile(blocks[0], "README.md", "exec"), scope)
     finally:
-        if "result" in scope:
-            shutil.rmtree(scope["result"].run_dir)
+        for name in ("result", "sim"):
+            if name in scope:
+                shutil.rmtree(scope[name].run_dir)
     printed = capsys.readouterr().out
     assert "round 2: accuracy" in printed, printed
     assert len(scope["rounds"]) == 2
     assert len(scope["parts"]) == 10
     merged, model = scope["merged"], scope["result"].model
     np.testing.assert_allclose(merged["conv1.weight"], 0.75 * model["conv1.weight"], rtol=1e-6)
+    # Two rounds of two clients, each adding cid + 1 (1 to 4) with equal weights.
+    sim = scope["sim"]
+    assert len(sim.clients) == 4 and all(c["dropped"] is None for c in sim.clients)
+    added = sum(c["client_id"] for c in sim.clients) / 2
+    np.testing.assert_allclose(sim.parameters[0], np.full(3, added), rtol=1e-6)

@@ -131,3 +131,23 @@ pub(crate) fn check(
     let loaded = load_or_raise(py, &source, overrides_json)?;
     Ok(loaded.merged().to_string())
 }
+
+/// Validates a config; returns it as a run would use it, every default
+/// filled in, as JSON text (what `cohort.simulate` reads the number of
+/// workers from before it starts them).
+#[pyfunction]
+#[pyo3(signature = (path, table_json, overrides_json))]
+pub(crate) fn resolved(
+    py: Python<'_>,
+    path: Option<PathBuf>,
+    table_json: Option<String>,
+    overrides_json: &str,
+) -> PyResult<String> {
+    let source = Source::new(path, table_json)?;
+    let loaded = load_or_raise(py, &source, overrides_json)?;
+    let resolved = || -> anyhow::Result<String> {
+        let table: toml::Table = config::to_toml(loaded.config())?.parse()?;
+        Ok(serde_json::to_string(&table)?)
+    };
+    resolved().map_err(|e| crate::cohort_error(py, &e))
+}

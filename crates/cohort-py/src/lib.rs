@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 mod command;
 mod config;
 mod run;
+mod simulate;
 mod tensors;
 mod tools;
 
@@ -27,7 +28,9 @@ mod tools;
 fn _cohort(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     module.add_function(wrap_pyfunction!(run::run, module)?)?;
+    module.add_function(wrap_pyfunction!(simulate::simulate, module)?)?;
     module.add_function(wrap_pyfunction!(config::check, module)?)?;
+    module.add_function(wrap_pyfunction!(config::resolved, module)?)?;
     module.add_function(wrap_pyfunction!(tools::partition, module)?)?;
     module.add_function(wrap_pyfunction!(tools::aggregate, module)?)?;
     module.add_function(wrap_pyfunction!(command::command_line, module)?)?;

@@ -27,7 +27,7 @@ use crate::tensors::{TensorOut, read_model_file, tensors_of};
 
 /// Sees the run's events on the loop's thread; remembers the first Python
 /// exception (a signal's, the callback's), which stops the run.
-struct PythonObserver {
+pub(crate) struct PythonObserver {
     /// Called with each round's row as JSON text (the Python side turns it
     /// into a dict for the user's callback).
     on_round: Option<Py<PyAny>>,
@@ -35,6 +35,13 @@ struct PythonObserver {
 }
 
 impl PythonObserver {
+    pub(crate) fn new(on_round: Option<Py<PyAny>>) -> Self {
+        Self {
+            on_round,
+            failure: None,
+        }
+    }
+
     fn react(&self, py: Python<'_>, event: &RunEvent) -> PyResult<()> {
         py.check_signals()?;
         if let (RunEvent::RoundFinished { row, .. }, Some(callback)) = (event, &self.on_round) {
@@ -98,7 +105,7 @@ impl Recorder for Capture {
 /// A fresh run folder where `cohort run` would make one: under
 /// `results.result_path` or `general.base_path`, named `general.run_name`
 /// or the config's stem with the time.
-fn fresh_run_dir(loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
+pub(crate) fn fresh_run_dir(loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
     let config = loaded.config();
     let base = config
         .results
@@ -121,28 +128,75 @@ fn fresh_run_dir(loaded: &LoadedConfig) -> anyhow::Result<PathBuf> {
 }
 
 /// What the engine hands back once the GIL is held again.
-struct Finished {
+pub(crate) struct Finished {
     outcome: anyhow::Result<RunSummary>,
     observer: PythonObserver,
     clients: Vec<ClientRow>,
 }
 
-fn run_engine(loaded: &LoadedConfig, options: RunOptions, observer: PythonObserver) -> Finished {
+/// Runs `loaded` with the run folder's files kept and `observer` lent;
+/// `parts` adds what the caller replaces.
+pub(crate) fn run_engine(
+    loaded: &LoadedConfig,
+    options: RunOptions,
+    observer: PythonObserver,
+    parts: impl for<'b> FnOnce(RunBuilder<'b>) -> RunBuilder<'b>,
+) -> Finished {
     let keep = loaded.config().results.keep_client_updates;
     let mut capture = Capture {
         folder: RunFolder::new(options.run_dir.clone()).keep_client_updates(keep),
         clients: Vec::new(),
     };
     let mut observer = observer;
-    let outcome = RunBuilder::new(loaded, options)
+    let builder = RunBuilder::new(loaded, options)
         .recorder(&mut capture)
-        .observer(Lent(&mut observer))
-        .run();
+        .observer(Lent(&mut observer));
+    let outcome = parts(builder).run();
     Finished {
         outcome,
         observer,
         clients: capture.clients,
     }
+}
+
+/// The run folder of a run: the one given, or a fresh one (not when
+/// resuming, which needs the folder of the run to continue).
+pub(crate) fn run_dir_of(
+    py: Python<'_>,
+    loaded: &LoadedConfig,
+    run_dir: Option<PathBuf>,
+    resume: bool,
+) -> PyResult<PathBuf> {
+    match run_dir {
+        Some(dir) => Ok(dir),
+        None if resume => Err(pyo3::exceptions::PyValueError::new_err(
+            "resume=True needs the run_dir of the run to continue",
+        )),
+        None => fresh_run_dir(loaded).map_err(|e| crate::cohort_error(py, &e)),
+    }
+}
+
+/// What a run returns to Python: its rows, facts and folder as JSON text,
+/// and the final model's tensors; or the exception that stopped it.
+pub(crate) fn report<'py>(
+    py: Python<'py>,
+    finished: Finished,
+) -> PyResult<(String, Vec<TensorOut<'py>>)> {
+    // A Ctrl-C or the callback's exception wins over whatever the run
+    // returned: the run stopped because of it.
+    if let Some(failure) = finished.observer.failure {
+        return Err(failure);
+    }
+    let summary = finished.outcome.map_err(|e| crate::cohort_error(py, &e))?;
+    let model = read_model_file(&summary.model_path).map_err(|e| crate::cohort_error(py, &e))?;
+    let report = serde_json::json!({
+        "run_dir": summary.run_dir,
+        "model_path": summary.model_path,
+        "reached_target": summary.reached_target,
+        "rounds": summary.rounds,
+        "clients": finished.clients,
+    });
+    Ok((report.to_string(), tensors_of(py, &model)))
 }
 
 /// An observer lent to a run, so that it can be read once the run is over.
@@ -175,38 +229,13 @@ pub(crate) fn run<'py>(
 ) -> PyResult<(String, Vec<TensorOut<'py>>)> {
     let source = Source::new(path, table_json)?;
     let loaded = load_or_raise(py, &source, overrides_json)?;
-    let run_dir = match run_dir {
-        Some(dir) => dir,
-        None if resume => {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "resume=True needs the run_dir of the run to continue",
-            ));
-        }
-        None => fresh_run_dir(&loaded).map_err(|e| crate::cohort_error(py, &e))?,
-    };
+    let run_dir = run_dir_of(py, &loaded, run_dir, resume)?;
     let options = RunOptions {
         data_root: data_dir,
         resume,
         ..RunOptions::new(run_dir)
     };
-    let observer = PythonObserver {
-        on_round,
-        failure: None,
-    };
-    let finished = py.detach(|| run_engine(&loaded, options, observer));
-    // A Ctrl-C or the callback's exception wins over whatever the run
-    // returned: the run stopped because of it.
-    if let Some(failure) = finished.observer.failure {
-        return Err(failure);
-    }
-    let summary = finished.outcome.map_err(|e| crate::cohort_error(py, &e))?;
-    let model = read_model_file(&summary.model_path).map_err(|e| crate::cohort_error(py, &e))?;
-    let report = serde_json::json!({
-        "run_dir": summary.run_dir,
-        "model_path": summary.model_path,
-        "reached_target": summary.reached_target,
-        "rounds": summary.rounds,
-        "clients": finished.clients,
-    });
-    Ok((report.to_string(), tensors_of(py, &model)))
+    let observer = PythonObserver::new(on_round);
+    let finished = py.detach(|| run_engine(&loaded, options, observer, |builder| builder));
+    report(py, finished)
 }

@@ -64,13 +64,21 @@ pub(crate) fn build_and_run(
     }
     let selected = device::select(options.device)?;
     tracing::info!(device = selected.name, "compute device");
-    let (splits, partitions, model) = data_and_model(loaded, options, parts.data)?;
+    let external = parts.external_clients;
+    let (splits, partitions, model) = match external {
+        true => external_data(loaded),
+        false => {
+            let (splits, partitions, model) = data_and_model(loaded, options, parts.data)?;
+            (splits, partitions, Some(model))
+        }
+    };
     let config = loaded.config();
-    let evaluator = match parts.evaluator {
-        Some(evaluator) => evaluator,
-        None => model
+    let evaluator = match (parts.evaluator, &model) {
+        (Some(evaluator), _) => evaluator,
+        (None, Some(model)) => model
             .evaluator(&selected.device, config.trainer.eval_batch_size)
             .with_context(|| format!("model `{}`", model.name()))?,
+        (None, None) => bail!("a run of external clients needs the caller's evaluator"),
     };
     tracing::info!(strategy = strategy.name(), "strategy");
     if let Some(warning) = loaded.attack_warning() {
@@ -95,30 +103,37 @@ pub(crate) fn build_and_run(
         resumed_at: options.resume.then_some(start.first_round),
         first_round: start.first_round,
         leader,
+        data: match external {
+            true => "the clients' own, in the caller's code".to_owned(),
+            false => facts.data.clone(),
+        },
         ..facts
     }));
     let rows_per_sample = model
-        .rows_per_sample()
-        .map_err(|error| anyhow::anyhow!("`{}` {error}", model.name()))?
-        as u64;
-    let clients = client_facts(
-        loaded,
-        &splits,
-        &partitions,
-        rows_per_sample,
-        model.spec.classes,
-    );
-    let (transport, child_clients) = match parts.transport {
-        Some(transport) => (transport, None),
-        None => crate::transports::start_transport(
+        .as_ref()
+        .map(|m| {
+            m.rows_per_sample()
+                .map_err(|error| anyhow::anyhow!("`{}` {error}", m.name()))
+        })
+        .transpose()?
+        .map_or(1, |rows| rows as u64);
+    let classes = model.as_ref().map_or(0, |m| m.spec.classes);
+    let clients = ClientFacts {
+        self_reported: external.then_some(config.clients.max_samples),
+        ..client_facts(loaded, &splits, &partitions, rows_per_sample, classes)
+    };
+    let (transport, child_clients) = match (parts.transport, &model) {
+        (Some(transport), _) => (transport, None),
+        (None, Some(model)) => crate::transports::start_transport(
             loaded,
-            &model,
+            model,
             options,
             &selected,
             splits.train,
             partitions,
             &mut observer,
         )?,
+        (None, None) => bail!("a run of external clients needs the caller's transport"),
     };
     let (transport, ranks) = rank_role(loaded, options, strategy.as_ref(), hooks, transport)?;
     let settings = LoopSettings {
@@ -176,6 +191,34 @@ fn data_and_model(
             .context("the data given to RunBuilder::data")?;
     }
     Ok((splits, partitions, model))
+}
+
+/// No data and no model for clients that bring their own
+/// (`RunBuilder::external_clients`): empty splits, and an empty partition
+/// for each client, so the server's facts about them are none.
+fn external_data(
+    loaded: &LoadedConfig,
+) -> (
+    Splits,
+    ClientPartitions,
+    Option<cohort_train::registry::RunModel>,
+) {
+    let none = cohort_core::data::Dataset {
+        inputs: Vec::new(),
+        labels: Vec::new(),
+        sample_shape: Vec::new(),
+    };
+    let splits = Splits {
+        train: none.clone(),
+        test: none,
+        train_users: None,
+    };
+    let clients = loaded.config().clients.total_clients as usize;
+    let partitions = ClientPartitions {
+        train: vec![Vec::new(); clients],
+        test: vec![Vec::new(); clients],
+    };
+    (splits, partitions, None)
 }
 
 /// Runs the loop over its parts; its rows and whether it reached the
@@ -406,6 +449,7 @@ fn client_facts(
         })
         .collect();
     ClientFacts {
+        self_reported: None,
         histograms,
         expected: expected_reports(
             partitions,

@@ -2,7 +2,8 @@
 //! ([`RunBuilder`], built in `assembly.rs`), the round loop over them
 //! (`round_loop.rs`), the events it reports ([`events`]), the transports that
 //! reach clients ([`transport`]: worker threads in [`pool`], client processes
-//! over gRPC in [`grpc`]), the client side of a task ([`client`]) and the
+//! over gRPC in [`grpc`], the caller's worker processes over pipes in
+//! [`piped`]), the client side of a task ([`client`]) and the
 //! `cohort client` process ([`worker_process`]).
 //!
 //! Payloads go through the configured processors in simulation as on a
@@ -17,6 +18,7 @@ pub mod collective;
 pub mod distributed;
 pub mod events;
 pub mod grpc;
+pub mod piped;
 pub mod pool;
 mod ranks;
 mod record;

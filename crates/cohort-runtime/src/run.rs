@@ -95,6 +95,7 @@ pub(crate) struct Parts<'a> {
     pub(crate) evaluator: Option<Box<dyn ModelEvaluator>>,
     pub(crate) recorder: Option<Box<dyn Recorder + 'a>>,
     pub(crate) initial_model: Option<ParamTree>,
+    pub(crate) external_clients: bool,
 }
 
 /// Every observer a caller added, in the order added.
@@ -203,6 +204,18 @@ impl<'a> RunBuilder<'a> {
     /// model's layout (names, shapes, dtypes) before anything runs.
     pub fn initial_model(mut self, model: ParamTree) -> Self {
         self.parts.initial_model = Some(model);
+        self
+    }
+
+    /// The clients are the caller's own code behind the given transport
+    /// (`cohort.simulate`'s Python clients): the run loads no data set and
+    /// builds no model from the registry (`trainer.model_name` and `[data]`
+    /// are not read), so the caller gives the transport, the evaluator
+    /// (whose `parameters` are the model's layout) and the initial model.
+    /// Each client's sample counts are its own word, bounded by
+    /// `clients.max_samples`.
+    pub fn external_clients(mut self) -> Self {
+        self.parts.external_clients = true;
         self
     }
 

@@ -363,6 +363,35 @@ pub(crate) fn own_data_expectation(
     })
 }
 
+/// What a report of a client that is the caller's own code must say
+/// (`cohort.simulate`'s Python clients): the server knows nothing of its
+/// data, so its counts are its own word, bounded: at most `max_samples`
+/// (`clients.max_samples`) training and held-out samples each, so one
+/// client cannot claim the whole weight of an average by a huge count.
+/// Zero samples is allowed (a Flower client may report it; it weighs
+/// nothing).
+pub(crate) fn self_reported_expectation(
+    report: &ClientReport,
+    arrival: &Arrival,
+    max_samples: u64,
+) -> Result<ExpectedReport, String> {
+    for (what, claimed) in [
+        ("training", report.num_samples),
+        ("held-out", arrival.test_samples),
+    ] {
+        if claimed > max_samples {
+            return Err(format!(
+                "reports {claimed} {what} samples, more than clients.max_samples = {max_samples}"
+            ));
+        }
+    }
+    Ok(ExpectedReport {
+        train_samples: report.num_samples,
+        local_steps: report.local_steps,
+        test_samples: arrival.test_samples,
+    })
+}
+
 /// Why an update that unpacked cannot join the round: a layout other than
 /// the global model's, a value that is not finite, numbers in its report
 /// other than the server knows them to be, or a training or processing time

@@ -628,6 +628,10 @@ pub enum EvalError {
         rows: usize,
         targets: usize,
     },
+    /// An evaluator of the caller's failed (`cohort.simulate`'s
+    /// `evaluate_fn` raised); the text is its own.
+    #[error("{0}")]
+    Failed(String),
 }
 
 impl From<LoadError> for EvalError {

@@ -55,7 +55,7 @@ use crate::start::StartPoint;
 use crate::transport::Transport;
 use crate::updates::{
     Arrival, Arrived, Collected, Dropped, ExpectedReport, OwnDataRules, check_update,
-    collect_updates, hooked_payloads, own_data_expectation, plan_tasks,
+    collect_updates, hooked_payloads, own_data_expectation, plan_tasks, self_reported_expectation,
 };
 pub(crate) use asynchronous::AsyncSettings;
 pub(crate) use devices::SimDevices;
@@ -163,6 +163,10 @@ pub(crate) struct ClientFacts {
     pub(crate) histograms: Vec<Vec<u64>>,
     /// What each client's report must say.
     pub(crate) expected: Vec<ExpectedReport>,
+    /// The clients are the caller's own code (`RunBuilder::external_clients`):
+    /// the server computed no partition, so each report is the client's own
+    /// word, bounded by this many samples (`clients.max_samples`).
+    pub(crate) self_reported: Option<u64>,
 }
 
 impl ClientFacts {
@@ -610,6 +614,9 @@ impl<'a> RoundLoop<'a> {
     /// server computed, or for an own-data client what its declaration allows.
     fn expected_report(&self, arrived: &Arrived) -> Result<ExpectedReport, String> {
         let client_id = arrived.report.client_id;
+        if let Some(max_samples) = self.clients.self_reported {
+            return self_reported_expectation(&arrived.report, &arrived.arrival, max_samples);
+        }
         let rules = &self.settings.own_data;
         if (1..=rules.clients).contains(&client_id) {
             return own_data_expectation(arrived.report.num_samples, arrived.declared, rules);

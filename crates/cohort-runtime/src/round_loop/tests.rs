@@ -177,6 +177,7 @@ fn facts() -> ClientFacts {
                 test_samples: 0,
             })
             .collect(),
+        self_reported: None,
     }
 }
 

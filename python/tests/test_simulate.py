@@ -1,0 +1,201 @@
+"""cohort.simulate: Flower-style NumPy clients on cohort's round loop."""
+
+import csv
+
+import numpy as np
+import pytest
+
+import cohort
+
+# Features and targets of each client's linear regression: client `cid`
+# holds 10 * (cid + 1) samples of y = x·[1, -2, 0.5] + 0.3 with noise.
+TRUE_W = np.array([1.0, -2.0, 0.5], np.float32)
+
+
+def data_of(cid):
+    rng = np.random.default_rng(100 + int(cid))
+    x = rng.normal(size=(10 * (int(cid) + 1), 3)).astype(np.float32)
+    y = x @ TRUE_W + 0.3 + rng.normal(scale=0.1, size=len(x)).astype(np.float32)
+    return x, y
+
+
+class Regression:
+    """A NumPyClient by duck typing: linear regression by SGD, shuffled by
+    the seed cohort passes, so that a run can be repeated exactly."""
+
+    def __init__(self, cid):
+        self.cid = cid
+        self.x, self.y = data_of(cid)
+
+    def get_parameters(self, config):
+        return [np.zeros(3, np.float32), np.zeros(1, np.float32)]
+
+    def fit(self, parameters, config):
+        assert config["cid"] == self.cid, config
+        w, b = (p.astype(np.float64) for p in parameters)
+        rng = np.random.default_rng(config["seed"])
+        for _ in range(config["local_epochs"]):
+            for i in rng.permutation(len(self.x)):
+                error = self.x[i] @ w + b[0] - self.y[i]
+                w = w - config["learning_rate"] * error * self.x[i]
+                b = b - config["learning_rate"] * error
+        # float64 comes back: cohort narrows it to the model's float32.
+        return [w, b], len(self.x), {"loss": self.mse([w, b])}
+
+    def mse(self, parameters):
+        w, b = parameters
+        return float(np.mean((self.x @ w + b[0] - self.y) ** 2))
+
+    def evaluate(self, parameters, config):
+        return self.mse(parameters), len(self.x), {"accuracy": (int(self.cid) + 1) / 10}
+
+
+class Shifted(Regression):
+    """fit returns its input plus cid + 1 in every element: a FedAvg round
+    of these is computed by hand below."""
+
+    def fit(self, parameters, config):
+        shift = int(self.cid) + 1
+        return [p + shift for p in parameters], len(self.x), {}
+
+
+class RaisesForOne(Shifted):
+    def fit(self, parameters, config):
+        if self.cid == "1":
+            raise ValueError("broken client")
+        if self.cid == "2":
+            w, b = parameters
+            return [np.zeros(4, np.float32), b], len(self.x), {}
+        return super().fit(parameters, config)
+
+
+def config(rounds=2, per_round=2, **clients):
+    return {
+        "clients": {"per_round": per_round, "min_per_round": 1, **clients},
+        "trainer": {"rounds": rounds, "epochs": 1, "training_seed": 5},
+        "parameters": {"optimizer": {"learning_rate": 0.05}},
+    }
+
+
+def selected(result, round_):
+    """The cids the engine gave a round, from its clients' rows."""
+    return sorted(str(c["client_id"] - 1) for c in result.clients if c["round"] == round_)
+
+
+def test_fedavg_over_python_clients_is_the_sample_weighted_average(tmp_path):
+    result = cohort.simulate(Shifted, 4, config(rounds=3), strategy="fedavg",
+                             max_concurrency=2, run_dir=tmp_path / "run")
+    assert [r["round"] for r in result.rounds] == [1, 2, 3]
+    assert all(c["dropped"] is None for c in result.clients)
+    w, b = np.zeros(3), np.zeros(1)
+    for round_ in (1, 2, 3):
+        cids = selected(result, round_)
+        assert len(cids) == 2
+        counts = np.array([10 * (int(c) + 1) for c in cids], float)
+        shift = counts @ np.array([int(c) + 1 for c in cids], float) / counts.sum()
+        w, b = w + shift, b + shift
+    assert [len(p) for p in result.parameters] == [3, 1]
+    np.testing.assert_allclose(result.parameters[0], w, rtol=1e-6)
+    np.testing.assert_allclose(result.parameters[1], b, rtol=1e-6)
+    # The same model is in the run folder's file, named by position.
+    np.testing.assert_array_equal(result.model["0"], result.parameters[0])
+
+
+def test_a_client_that_raises_and_one_of_the_wrong_shape_are_dropped(tmp_path):
+    result = cohort.simulate(RaisesForOne, 4, config(rounds=2, per_round=4),
+                             max_concurrency=2, run_dir=tmp_path / "run")
+    assert [r["round"] for r in result.rounds] == [1, 2]
+    reasons = {(c["round"], c["client_id"] - 1): c["dropped"] for c in result.clients}
+    for round_ in (1, 2):
+        assert reasons[(round_, 0)] is None and reasons[(round_, 3)] is None
+        assert "fit raised ValueError: broken client (test_simulate.py:" in reasons[(round_, 1)]
+        assert "does not match the global model" in reasons[(round_, 2)]
+    # Only clients 0 and 3 are in the average: 10 samples shifted by 1, 40 by 4.
+    np.testing.assert_allclose(result.parameters[0], np.full(3, 2 * (10 + 160) / 50), rtol=1e-6)
+    with open(tmp_path / "run" / "clients.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sum("broken client" in row["dropped"] for row in rows) == 2
+
+
+def test_the_same_run_gives_the_same_model_whatever_the_workers(tmp_path):
+    runs = [
+        cohort.simulate(Regression, 5, config(rounds=3), max_concurrency=workers,
+                        run_dir=tmp_path / f"run{index}")
+        for index, workers in enumerate([1, 2, 2])
+    ]
+    first = runs[0].parameters
+    assert not np.allclose(first[0], 0.0)
+    for other in runs[1:]:
+        for a, b in zip(first, other.parameters):
+            np.testing.assert_array_equal(a, b)
+    # The model learns: closer to the true weights than the start.
+    assert np.linalg.norm(first[0] - TRUE_W) < np.linalg.norm(TRUE_W)
+
+
+def test_evaluate_fn_and_the_clients_evaluate_are_in_the_results(tmp_path):
+    seen = []
+
+    def evaluate_fn(server_round, parameters, config):
+        seen.append(server_round)
+        w, b = parameters
+        return float(np.abs(w).sum()), {"accuracy": float(b[0]) / 100}
+
+    result = cohort.simulate(Shifted, 4, config(rounds=3, do_test=True),
+                             evaluate_fn=evaluate_fn, run_dir=tmp_path / "run")
+    assert seen == [1, 2, 3]
+    for row in result.rounds:
+        b = 0.0
+        for round_ in range(1, row["round"] + 1):
+            cids = selected(result, round_)
+            counts = np.array([10 * (int(c) + 1) for c in cids], float)
+            b += counts @ np.array([int(c) + 1 for c in cids], float) / counts.sum()
+        assert row["accuracy"] == pytest.approx(b / 100, rel=1e-6)
+        assert row["test_loss"] == pytest.approx(3 * b, rel=1e-6)
+        # Each selected client evaluates first: accuracy (cid + 1) / 10 on
+        # 10 * (cid + 1) samples.
+        cids = selected(result, row["round"])
+        counts = np.array([10 * (int(c) + 1) for c in cids], float)
+        expected = counts @ np.array([(int(c) + 1) / 10 for c in cids]) / counts.sum()
+        assert row["federated_accuracy"] == pytest.approx(expected, rel=1e-9)
+    assert all(c["test_accuracy"] == pytest.approx(c["client_id"] / 10) for c in result.clients)
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_runs_model(tmp_path):
+    whole = cohort.simulate(Regression, 5, config(rounds=3), run_dir=tmp_path / "whole")
+
+    def stop_after_one(row):
+        if row["round"] == 1:
+            raise KeyboardInterrupt
+
+    stopped = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        cohort.simulate(Regression, 5, config(rounds=3), run_dir=stopped, on_round=stop_after_one)
+    assert (stopped / "checkpoints").is_dir()
+    resumed = cohort.simulate(Regression, 5, config(rounds=3), run_dir=stopped, resume=True)
+    assert [r["round"] for r in resumed.rounds] == [1, 2, 3]
+    for a, b in zip(whole.parameters, resumed.parameters):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_lambda_and_given_parameters_work_and_names_are_kept(tmp_path):
+    result = cohort.simulate(lambda cid: Shifted(cid), 2, config(rounds=1),
+                             initial_parameters=[np.ones(3), np.ones(1)],
+                             parameter_names=["linear.weight", "linear.bias"],
+                             run_dir=tmp_path / "run")
+    assert sorted(result.model) == ["linear.bias", "linear.weight"]
+    # Both clients: (10·1 + 20·2) / 30 added to ones.
+    np.testing.assert_allclose(result.parameters[0], np.full(3, 1 + 50 / 30), rtol=1e-6)
+
+
+def test_what_cannot_start_is_refused_clearly(tmp_path):
+    class NoParameters(Shifted):
+        def get_parameters(self, config):
+            raise RuntimeError("no model here")
+
+    with pytest.raises(RuntimeError, match=r"get_parameters raised RuntimeError: no model here"):
+        cohort.simulate(NoParameters, 2, config(rounds=1), run_dir=tmp_path / "a")
+    with pytest.raises(cohort.ConfigError, match="clients.per_round"):
+        cohort.simulate(Shifted, 2, config(rounds=1, per_round=3), run_dir=tmp_path / "b")
+    with pytest.raises(cohort.CohortError, match="SCAFFOLD"):
+        cohort.simulate(Shifted, 2, config(rounds=1), strategy="scaffold",
+                        overrides={"trainer.optimizer": "sgd"}, run_dir=tmp_path / "c")
