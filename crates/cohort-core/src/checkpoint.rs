@@ -56,6 +56,10 @@ pub struct History {
     /// An asynchronous run's tasks in flight; absent for synchronous runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asynchronous: Option<AsyncHistory>,
+    /// A utility selection's state (`power_of_choice`, `oort`): what each
+    /// client reported; absent for `random`, whose stream is all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<crate::selection::PolicyState>,
 }
 
 /// What an asynchronous run (`server.synchronous = false`) has in flight at
@@ -640,6 +644,7 @@ mod tests {
             model_file: String::new(),
             model_sha256: String::new(),
             asynchronous: None,
+            selection: None,
         }
     }
 
