@@ -10,9 +10,9 @@
 //!
 //! What the sidecar holds is all the state a round leaves behind: local
 //! optimizers are created fresh for every client run and training streams are
-//! derived from seeds, so the model, the selector's RNG position, the
-//! strategy's state and the result rows are enough to continue as if nothing
-//! happened. A strategy's tensors (server momentum, Adam moments, control
+//! derived from seeds, so the model, the selector's RNG position (with a
+//! utility selection, also what it learnt of the clients), the strategy's
+//! state and the result rows are enough to continue as if nothing happened. A strategy's tensors (server momentum, Adam moments, control
 //! variates) go to `checkpoints/round-NNNN.state.safetensors`, written before
 //! the sidecar and named in it with their SHA-256.
 
