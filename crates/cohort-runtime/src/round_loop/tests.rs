@@ -8,6 +8,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use cohort_core::hooks::NoHooks;
+use cohort_core::selection::ClientSelector;
 use cohort_core::strategy::AlgorithmConfig;
 use cohort_core::tree::ArrayData;
 use cohort_train::trainer::ClientTask;
