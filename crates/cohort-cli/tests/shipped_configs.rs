@@ -13,7 +13,13 @@ use common::{cohort, only_run_dir, real_data_dir, repo_root};
 /// files, which describe machines, not runs.
 fn shipped() -> Vec<PathBuf> {
     let mut configs = Vec::new();
-    for folder in ["fashion_mnist", "mnist", "selection", "strategies", "tabular"] {
+    for folder in [
+        "fashion_mnist",
+        "mnist",
+        "selection",
+        "strategies",
+        "tabular",
+    ] {
         let dir = repo_root().join("configs").join(folder);
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
