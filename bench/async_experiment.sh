@@ -7,7 +7,7 @@
 # and draws accuracy against simulated time for all six (cohort plot).
 # Usage: bench/async_experiment.sh [DATA_DIR] [OUT_DIR]
 #   DATA_DIR: default ../shared/data (needs fashion-mnist/); OUT_DIR: default a
-#   new folder under /tmp, kept (the run folders and async_experiment.png).
+#   new temporary folder, kept (the run folders and async_experiment.png).
 # Env: COHORT_BIN (a release `cohort` instead of building one), CARGO_FLAGS,
 #      ROUNDS_SCALE (a factor on every config's trainer.rounds; 0.1 for a short
 #      look), ONLY ("sync_fedavg fedbuff" to run some configs), THREADS (workers,
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="$(cd "${1:-../shared/data}" && pwd)"
-OUT="${2:-$(mktemp -d /tmp/async_experiment.XXXXXX)}"
+OUT="${2:-$(mktemp -d -t async_experiment.XXXXXX)}"
 mkdir -p "$OUT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cohort-target}"
 if [ -z "${COHORT_BIN:-}" ]; then
