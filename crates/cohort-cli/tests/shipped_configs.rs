@@ -13,7 +13,13 @@ use common::{cohort, only_run_dir, real_data_dir, repo_root};
 /// files, which describe machines, not runs.
 fn shipped() -> Vec<PathBuf> {
     let mut configs = Vec::new();
-    for folder in ["fashion_mnist", "mnist", "strategies", "tabular"] {
+    for folder in [
+        "fashion_mnist",
+        "mnist",
+        "selection",
+        "strategies",
+        "tabular",
+    ] {
         let dir = repo_root().join("configs").join(folder);
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -27,7 +33,7 @@ fn shipped() -> Vec<PathBuf> {
         .unwrap()
         .filter(|e| e.as_ref().unwrap().path().is_dir())
         .count();
-    assert_eq!(expected_folders, 5, "a new configs/ folder: list it above");
+    assert_eq!(expected_folders, 6, "a new configs/ folder: list it above");
     configs
 }
 
@@ -102,11 +108,13 @@ fn every_shipped_config_runs_to_its_end() {
     let real = real_data_dir(&["fashion-mnist/train-images-idx3-ubyte.gz"]);
     let stand_in = tempfile::tempdir().unwrap();
     let configs = shipped();
-    assert!(configs.len() >= 17, "{configs:?}");
+    assert!(configs.len() >= 19, "{configs:?}");
     for config in configs {
         let data = data_for(&config, &real, stand_in.path());
         let name = config.file_stem().unwrap().to_string_lossy().into_owned();
-        let strategy = config.parent().unwrap().ends_with("strategies");
+        // A selection policy's config is held to a strategy's standard.
+        let parent = config.parent().unwrap();
+        let strategy = parent.ends_with("strategies") || parent.ends_with("selection");
         // 100 clients of 6,000 samples a round are minutes on two cores;
         // 60 samples each keep the job's shape.
         let extra: &[&str] = if name == "vectorized_100" {

@@ -10,9 +10,9 @@
 //!
 //! What the sidecar holds is all the state a round leaves behind: local
 //! optimizers are created fresh for every client run and training streams are
-//! derived from seeds, so the model, the selector's RNG position, the
-//! strategy's state and the result rows are enough to continue as if nothing
-//! happened. A strategy's tensors (server momentum, Adam moments, control
+//! derived from seeds, so the model, the selector's RNG position (with a
+//! utility selection, also what it learnt of the clients), the strategy's
+//! state and the result rows are enough to continue as if nothing happened. A strategy's tensors (server momentum, Adam moments, control
 //! variates) go to `checkpoints/round-NNNN.state.safetensors`, written before
 //! the sidecar and named in it with their SHA-256.
 
@@ -56,6 +56,10 @@ pub struct History {
     /// An asynchronous run's tasks in flight; absent for synchronous runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asynchronous: Option<AsyncHistory>,
+    /// A utility selection's state (`power_of_choice`, `oort`): what each
+    /// client reported; absent for `random`, whose stream is all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<crate::selection::PolicyState>,
 }
 
 /// What an asynchronous run (`server.synchronous = false`) has in flight at
@@ -640,6 +644,7 @@ mod tests {
             model_file: String::new(),
             model_sha256: String::new(),
             asynchronous: None,
+            selection: None,
         }
     }
 

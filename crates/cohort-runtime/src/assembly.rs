@@ -492,7 +492,14 @@ fn selection(config: &cohort_core::config::Config) -> Selection {
         per_round: config.clients.per_round,
         draws: config.clients.drawn_per_round(),
         replayable: config.server.synchronous
-            && config.clients.availability.model == cohort_core::devices::AvailabilityModel::Always,
+            && config.clients.availability.model == cohort_core::devices::AvailabilityModel::Always
+            && config.clients.selection == cohort_core::selection::SelectionKind::Random,
+        policy: cohort_core::selection::PolicyConfig {
+            kind: config.clients.selection,
+            power_of_choice: config.clients.power_of_choice,
+            oort: config.clients.oort,
+            per_round: config.clients.per_round,
+        },
     }
 }
 

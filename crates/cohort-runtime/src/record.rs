@@ -12,7 +12,7 @@ use cohort_core::fsutil::atomic_write;
 use cohort_core::hooks::{ClientReport, ReceivedPayload};
 use cohort_core::layout;
 use cohort_core::results::{ClientRow, RoundRow, RunRows};
-use cohort_core::selection::SelectorState;
+use cohort_core::selection::{PolicyState, SelectorState};
 use cohort_core::strategy::Strategy;
 
 use crate::updates::Arrival;
@@ -36,6 +36,8 @@ pub struct CheckpointState<'a> {
     pub model_bytes: &'a [u8],
     /// The selector before the next round's draw.
     pub selector: SelectorState,
+    /// A utility selection's state then (`None` for `random`).
+    pub selection: Option<PolicyState>,
     /// The strategy, whose [`Strategy::state`] the checkpoint keeps.
     pub strategy: &'a dyn Strategy,
     pub rows: &'a RunRows,
@@ -169,6 +171,7 @@ impl Recorder for RunFolder {
                 model_file: String::new(),
                 model_sha256: String::new(),
                 asynchronous: state.asynchronous.map(|a| a.history.clone()),
+                selection: state.selection.clone(),
             },
             (state.strategy.name(), &strategy_state),
             bases,

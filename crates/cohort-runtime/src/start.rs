@@ -20,6 +20,8 @@ use crate::round_loop::Selection;
 pub(crate) struct StartPoint {
     pub(crate) global: ParamTree,
     pub(crate) selector: ClientSelector,
+    /// Where the selection policy starts.
+    pub(crate) selection: SelectionStart,
     /// The rows of the rounds already run.
     pub(crate) rows: RunRows,
     pub(crate) first_round: u32,
@@ -27,6 +29,14 @@ pub(crate) struct StartPoint {
     pub(crate) elapsed_before: f64,
     /// An asynchronous run's tasks in flight at the checkpoint.
     pub(crate) asynchronous: Option<AsyncResume>,
+}
+
+/// A selection policy's start: knowing nothing of the clients, or as a
+/// checkpoint left it (`None`: `random`, which keeps nothing but its stream).
+#[derive(Debug, Clone)]
+pub(crate) enum SelectionStart {
+    Fresh,
+    Resumed(Option<cohort_core::selection::PolicyState>),
 }
 
 /// An asynchronous checkpoint's clock, tasks and the models they trained from.
@@ -98,6 +108,7 @@ pub(crate) fn resume_point(
     Ok(StartPoint {
         global: layout::from_model_file(restored.model),
         selector: ClientSelector::from_state(history.selector),
+        selection: SelectionStart::Resumed(history.selection),
         elapsed_before: history.rounds.last().map_or(0.0, |r| r.elapsed_time),
         first_round: history.round + 1,
         asynchronous: match history.asynchronous {
@@ -154,6 +165,14 @@ fn fits(checks: &ResumeChecks<'_>, restored: &checkpoint::Restored) -> Result<()
     }
     let history = &restored.history;
     let selection = checks.selection;
+    // The state's shape is checked against the run's clients here, so a
+    // checkpoint of another selection is skipped with the reason.
+    let total = selection.total_clients as usize;
+    let prior = cohort_core::selection::ClientPrior {
+        samples: vec![0; total],
+        durations: vec![0.0; total],
+    };
+    cohort_core::selection::Policy::restore(&selection.policy, &prior, history.selection.clone())?;
     if !selection.replayable {
         // Who could be drawn depended on the simulated clock; the sidecar's
         // digest of the model is what vouches for it.
@@ -181,6 +200,7 @@ pub(crate) fn fresh_start(initial: ParamTree, selector_seed: u64) -> StartPoint 
     StartPoint {
         global: initial,
         selector: ClientSelector::new(selector_seed),
+        selection: SelectionStart::Fresh,
         rows: RunRows::default(),
         first_round: 1,
         elapsed_before: 0.0,

@@ -1149,7 +1149,71 @@ fn validate(loaded: &LoadedConfig, optimizer_known: bool) -> Vec<ConfigError> {
     secure::validate(config, &fail);
     validate_devices(config, &fail);
     validate_asynchronous(loaded, &fail);
+    validate_selection(config, &fail);
     found.into_inner()
+}
+
+/// `clients.selection` and its options: each policy's own ranges, options
+/// of a policy not chosen, and what a utility policy cannot know.
+fn validate_selection(config: &Config, fail: Fail) {
+    use crate::selection::SelectionKind;
+    let clients = &config.clients;
+    let kind = clients.selection;
+    for (section, unused, of) in [
+        (
+            "clients.power_of_choice",
+            kind != SelectionKind::PowerOfChoice && clients.power_of_choice != Default::default(),
+            "power_of_choice",
+        ),
+        (
+            "clients.oort",
+            kind != SelectionKind::Oort && clients.oort != Default::default(),
+            "oort",
+        ),
+    ] {
+        if unused {
+            fail(
+                section,
+                format!(
+                    "is for clients.selection = \"{of}\", and this run selects by \"{}\"",
+                    kind.name()
+                ),
+            );
+        }
+    }
+    if let Err(message) = clients
+        .power_of_choice
+        .check(clients.per_round, clients.total_clients)
+    {
+        fail("clients.power_of_choice.candidates", message);
+    }
+    for (key, message) in clients.oort.problems() {
+        fail(&format!("clients.oort.{key}"), message);
+    }
+    if kind == SelectionKind::Random {
+        return;
+    }
+    if clients.own_data_clients > 0 {
+        fail(
+            "clients.selection",
+            format!(
+                "`{}` weighs clients by their data sizes before they train, and the server \
+                 learns an own-data client's only from its first report; use \"random\" with \
+                 clients.own_data_clients",
+                kind.name()
+            ),
+        );
+    }
+    if config.cluster.backend.is_some() {
+        fail(
+            "clients.selection",
+            format!(
+                "`{}` decides from every client's report, and the ranks of a distributed \
+                 simulation each see only their own clients'; leave cluster.backend out",
+                kind.name()
+            ),
+        );
+    }
 }
 
 /// An error unless `value` is one of `allowed`, with a did-you-mean.

@@ -121,6 +121,17 @@ pub struct Clients {
     /// (Bonawitz et al. 2019). Default 1: no over-selection.
     #[serde(skip_serializing_if = "is_one")]
     pub over_selection: f64,
+    /// Who trains each round: `random` (uniform), `power_of_choice` (Cho et
+    /// al. 2020) or `oort` (Lai et al. 2021); see [`crate::selection`].
+    /// Default `random`.
+    #[serde(skip_serializing_if = "is_default")]
+    pub selection: crate::selection::SelectionKind,
+    /// `[clients.power_of_choice]`: its candidate set's size.
+    #[serde(skip_serializing_if = "is_default")]
+    pub power_of_choice: crate::selection::PowerOfChoiceOptions,
+    /// `[clients.oort]`: Oort's parameters, under its names.
+    #[serde(skip_serializing_if = "is_default")]
+    pub oort: crate::selection::OortOptions,
 }
 
 impl Default for Clients {
@@ -146,6 +157,9 @@ impl Default for Clients {
             profile: crate::devices::ProfileConfig::default(),
             availability: crate::devices::AvailabilityConfig::default(),
             over_selection: 1.0,
+            selection: crate::selection::SelectionKind::Random,
+            power_of_choice: crate::selection::PowerOfChoiceOptions::default(),
+            oort: crate::selection::OortOptions::default(),
         }
     }
 }

@@ -1517,3 +1517,86 @@ fn the_asynchronous_server_loads_and_refuses_what_it_cannot_run() {
     let fedbuff = format!("{text}\n[algorithm]\ntype = \"fedbuff\"\nserver_learning_rate = 2\n");
     assert!(load_text(&fedbuff).is_ok());
 }
+
+#[test]
+fn client_selection_loads_and_refuses_what_it_cannot_do() {
+    let with = |clients: &str, rest: &str| {
+        format!(
+            "{}\n{rest}\n",
+            MINIMAL.replace("per_round = 2", &format!("per_round = 2\n{clients}"))
+        )
+    };
+    let oort = with(
+        "selection = \"oort\"",
+        "[clients.oort]\nround_penalty = 1.5\nblacklist_rounds = 10",
+    );
+    let loaded = load_text(&oort).unwrap();
+    let clients = &loaded.config.clients;
+    assert_eq!(clients.selection, crate::selection::SelectionKind::Oort);
+    assert_eq!(clients.oort.round_penalty, 1.5);
+    assert_eq!(clients.oort.blacklist_rounds, Some(10));
+    assert_eq!(clients.oort.exploration_factor, 0.9);
+    // Set, it changes results; config.toml gives it back as it was read.
+    let fields = loaded.result_fields();
+    assert_eq!(fields["clients.selection"], "\"oort\"");
+    assert!(fields.contains_key("clients.oort.round_penalty"));
+    let again = load_text(&to_toml(&loaded.config).unwrap()).unwrap();
+    assert_eq!(again.config.clients, loaded.config.clients);
+    // Unset, none of its keys is in the hash: older runs still resume.
+    let plain = load_text(MINIMAL).unwrap().result_fields();
+    assert!(
+        !plain.keys().any(|k| k.starts_with("clients.selection")
+            || k.starts_with("clients.oort")
+            || k.starts_with("clients.power_of_choice")),
+        "{plain:?}"
+    );
+    let power = with(
+        "selection = \"power_of_choice\"",
+        "[clients.power_of_choice]\ncandidates = 4",
+    );
+    assert_eq!(
+        load_text(&power)
+            .unwrap()
+            .config
+            .clients
+            .power_of_choice
+            .candidates,
+        Some(4)
+    );
+
+    let cases = [
+        (
+            with("selection = \"random\"", "[clients.oort]\npacer_step = 5"),
+            "clients.oort",
+            "is for clients.selection = \"oort\"",
+        ),
+        (
+            with(
+                "selection = \"power_of_choice\"",
+                "[clients.power_of_choice]\ncandidates = 11",
+            ),
+            "clients.power_of_choice.candidates",
+            "between clients.per_round = 2 and clients.total_clients = 10, got 11",
+        ),
+        (
+            with("selection = \"oort\"", "[clients.oort]\ncut_off_util = 0"),
+            "clients.oort.cut_off_util",
+            "must be in (0, 1], got 0",
+        ),
+        (
+            with(
+                "selection = \"oort\"\nown_data_clients = 1\ncomm_simulation = false",
+                "",
+            ),
+            "clients.selection",
+            "own-data client",
+        ),
+    ];
+    for (text, key, message) in cases {
+        let error = error_of(&text);
+        assert_eq!(error.key.as_deref(), Some(key), "{error}");
+        assert!(error.message.contains(message), "{error}");
+    }
+    let unknown = load_text(&with("selection = \"ort\"", "")).unwrap_err();
+    assert!(unknown.to_string().contains("oort"), "{unknown}");
+}

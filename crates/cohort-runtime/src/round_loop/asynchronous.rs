@@ -201,7 +201,8 @@ impl RoundLoop<'_> {
             .as_mut()
             .context("an asynchronous run needs devices")?;
         let online = devices.online(selection.total_clients, run.now, &busy);
-        for client in self.selector.select_from(&online, free) {
+        // The places refilled now count towards the next aggregation.
+        for client in self.selector.select(run.version + 1, &online, free) {
             self.dispatch_one(run, client)?;
         }
         Ok(())
@@ -362,6 +363,10 @@ impl RoundLoop<'_> {
         let arrived = match flight.outcome {
             Some(Ok(arrived)) => arrived,
             Some(Err(dropped)) => {
+                if let Some(task) = dropped.simulated {
+                    self.selector
+                        .observe_duration(dropped.client_id, super::task_seconds(&task));
+                }
                 tracing::warn!(
                     round,
                     client = dropped.client_id,
@@ -409,6 +414,8 @@ impl RoundLoop<'_> {
                     round,
                     client_id: flight.client,
                 });
+                let feedback = super::feedback_of(&arrived.report, arrived.arrival.simulated);
+                self.selector.observe(round, &[feedback]);
                 let mut arrived = arrived;
                 arrived.arrival.staleness = Some(staleness);
                 run.buffer.push(Buffered {
@@ -511,7 +518,8 @@ impl RoundLoop<'_> {
         let written = self.recorder.checkpoint(&CheckpointState {
             round,
             model_bytes: &packed.model_bytes,
-            selector: self.selector.state(self.settings.selection.seed),
+            selector: self.selector.draws_state(self.settings.selection.seed),
+            selection: self.selector.policy().state(),
             strategy: self.strategy.as_ref(),
             rows: &self.rows,
             config_hash: &self.settings.config_hash,

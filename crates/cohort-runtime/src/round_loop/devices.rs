@@ -87,7 +87,7 @@ impl RoundLoop<'_> {
         let Some(devices) = self.devices.as_mut().filter(|d| d.intermittent) else {
             let clients = self
                 .selector
-                .select(selection.total_clients, selection.draws);
+                .select_all(round, selection.total_clients, selection.draws);
             return Ok((clients, start));
         };
         let Some(start) = devices.next_online(selection.total_clients, start, &[]) else {
@@ -97,7 +97,9 @@ impl RoundLoop<'_> {
             );
         };
         let online = devices.online(selection.total_clients, start, &[]);
-        let clients = self.selector.select_from(&online, selection.draws as usize);
+        let clients = self
+            .selector
+            .select(round, &online, selection.draws as usize);
         if clients.len() < selection.draws as usize {
             tracing::info!(
                 round,

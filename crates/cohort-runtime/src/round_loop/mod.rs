@@ -1,7 +1,8 @@
 //! The federated round loop.
 //!
 //! One round, in order, each step a function of [`RoundLoop`]:
-//! 1. **select** `per_round` logical clients ([`ClientSelector`]) and
+//! 1. **select** `per_round` logical clients ([`Selector`]: uniform, or by
+//!    the utility of what they reported, `clients.selection`) and
 //!    **dispatch** their tasks: the global model, packed once through the
 //!    outbound pipeline, and per client the strategy's instructions
 //!    ([`Strategy::configure`]), to the [`Transport`];
@@ -16,7 +17,8 @@
 //!    strategy steps from their mean alone (`secure.rs`);
 //! 4. **evaluate and record**: test-set accuracy, the round's rows and the
 //!    model, to the [`Recorder`];
-//! 5. **checkpoint** the model, the selector and the strategy's state; stop at
+//! 5. **checkpoint** the model, the selector (its stream and what its policy
+//!    learnt of the clients) and the strategy's state; stop at
 //!    the last round or at the target accuracy.
 //!
 //! The next round is dispatched as soon as the model is aggregated, so it
@@ -41,7 +43,7 @@ use cohort_core::layout;
 use cohort_core::processors::{Pipeline, Processor};
 use cohort_core::results::{RoundRow, RunRows};
 use cohort_core::schedule::LrSchedule;
-use cohort_core::selection::ClientSelector;
+use cohort_core::selection::{ClientPrior, Feedback, Policy, PolicyConfig, Selector};
 use cohort_core::strategy::{
     self as strategies, ClientUpdate, PrivacySpent, RoundContext, Strategy, StrategyError,
 };
@@ -104,7 +106,7 @@ pub(crate) struct LoopSettings {
 }
 
 /// Who is drawn each round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Selection {
     /// `server.random_seed`: the selector's stream, kept in checkpoints.
     pub(crate) seed: u64,
@@ -115,8 +117,11 @@ pub(crate) struct Selection {
     pub(crate) draws: u32,
     /// Whether each round draws `per_round` of all clients, so `--resume`
     /// can replay the draws to check a checkpoint's selector; not with an
-    /// availability, where who can be drawn depends on the simulated clock.
+    /// availability, where who can be drawn depends on the simulated clock,
+    /// nor with a policy that decides from the clients' reports.
     pub(crate) replayable: bool,
+    /// `clients.selection` and its options.
+    pub(crate) policy: PolicyConfig,
 }
 
 /// `clients.attack`: the first `attackers_per_round` slots of each round
@@ -235,7 +240,7 @@ pub(crate) struct RoundLoop<'a> {
     test: Dataset,
     clients: ClientFacts,
     global: ParamTree,
-    selector: ClientSelector,
+    selector: Selector,
     recorder: Box<dyn Recorder + 'a>,
     /// Every round's rows so far, resumed ones included.
     rows: RunRows,
@@ -258,6 +263,7 @@ impl<'a> RoundLoop<'a> {
                 "cannot start the evaluation's compute threads (trainer.threads_per_worker)",
             )?;
         let simulated_before = start.rows.rounds.last().map_or(0.0, |r| r.simulated_time);
+        let selector = selector(&parts, &start)?;
         Ok(Self {
             settings: parts.settings,
             hooks: parts.hooks,
@@ -269,7 +275,7 @@ impl<'a> RoundLoop<'a> {
             test: parts.test,
             clients: parts.clients,
             global: start.global,
-            selector: start.selector,
+            selector,
             recorder: parts.recorder,
             rows: start.rows,
             first_round: start.first_round,
@@ -349,9 +355,11 @@ impl<'a> RoundLoop<'a> {
             if let Some(end) = aggregated.simulated_end {
                 self.clock.simulated_before = end;
             }
+            self.observe_round(round, &aggregated);
             // The checkpoint must hold the selector as it was before the next
             // round's draw, so a resumed run draws the same clients.
-            let selector_state = self.selector.state(self.settings.selection.seed);
+            let selector_state = self.selector.draws_state(self.settings.selection.seed);
+            let selection_state = self.selector.policy().state();
             let step = Instant::now();
             let packed = self.pack()?;
             steps.packing = step.elapsed();
@@ -375,6 +383,7 @@ impl<'a> RoundLoop<'a> {
                     round,
                     model_bytes: &packed.model_bytes,
                     selector: selector_state,
+                    selection: selection_state.clone(),
                     strategy: self.strategy.as_ref(),
                     rows: &self.rows,
                     config_hash: &self.settings.config_hash,
@@ -400,6 +409,28 @@ impl<'a> RoundLoop<'a> {
             }
         }
         Ok(false)
+    }
+
+    /// What `round`'s clients reported, for a utility selection: the
+    /// aggregated ones' losses and durations, the dropped ones' durations
+    /// where the simulated clock timed them.
+    fn observe_round(&mut self, round: u32, aggregated: &Aggregated) {
+        if !self.selector.policy().uses_feedback() {
+            return;
+        }
+        let feedback: Vec<Feedback> = aggregated
+            .reports
+            .iter()
+            .zip(&aggregated.arrivals)
+            .map(|(report, arrival)| feedback_of(report, arrival.simulated))
+            .collect();
+        self.selector.observe(round, &feedback);
+        for dropped in &aggregated.dropped {
+            if let Some(task) = dropped.simulated {
+                self.selector
+                    .observe_duration(dropped.client_id, task_seconds(&task));
+            }
+        }
     }
 
     fn context(&self, round: u32) -> RoundContext {
@@ -770,6 +801,67 @@ impl<'a> RoundLoop<'a> {
             secagg: None,
             simulated_end,
         })
+    }
+}
+
+/// The run's selector: the start point's stream, and its policy fresh or as
+/// the checkpoint left it.
+fn selector(parts: &LoopParts<'_>, start: &StartPoint) -> anyhow::Result<Selector> {
+    let config = &parts.settings.selection.policy;
+    let prior = client_prior(parts, &start.global)?;
+    let policy = match &start.selection {
+        crate::start::SelectionStart::Fresh => Policy::fresh(config, &prior),
+        crate::start::SelectionStart::Resumed(state) => {
+            Policy::restore(config, &prior, state.clone())
+                .map_err(anyhow::Error::msg)
+                .context("the checkpoint's client selection cannot continue")?
+        }
+    };
+    Ok(Selector::new(start.selector.clone(), policy))
+}
+
+/// What the server knows of each client before it trains: its partition's
+/// samples, and its task's simulated duration (the model down and up and
+/// its samples trained) or, without device profiles, its samples.
+fn client_prior(parts: &LoopParts<'_>, global: &ParamTree) -> anyhow::Result<ClientPrior> {
+    let total = parts.settings.selection.total_clients;
+    if parts.settings.selection.policy.kind == cohort_core::selection::SelectionKind::Random {
+        return Ok(ClientPrior::default());
+    }
+    let model_bytes = codec::encode(global)?.len() as u64;
+    let samples: Vec<u64> = (0..total as usize)
+        .map(|i| parts.clients.expected.get(i).map_or(0, |e| e.train_samples))
+        .collect();
+    let durations = samples
+        .iter()
+        .zip(1..=total)
+        .map(|(&n, client)| match &parts.devices {
+            Some(devices) => devices
+                .task(client, 0.0, model_bytes, n, model_bytes)
+                .map_or(n as f64, |task| task_seconds(&task)),
+            None => n as f64,
+        })
+        .collect();
+    Ok(ClientPrior { samples, durations })
+}
+
+/// A task's simulated seconds: download, training and upload.
+fn task_seconds(task: &cohort_core::results::SimulatedTask) -> f64 {
+    task.download + task.compute + task.upload
+}
+
+/// What a policy learns from `report`: its loss and samples, and its
+/// simulated duration, or without device profiles its samples (never the
+/// measured time, which would make the choice depend on the machine).
+fn feedback_of(
+    report: &ClientReport,
+    simulated: Option<cohort_core::results::SimulatedTask>,
+) -> Feedback {
+    Feedback {
+        client_id: report.client_id,
+        samples: report.num_samples,
+        loss: report.loss,
+        duration: simulated.map_or(report.num_samples as f64, |t| task_seconds(&t)),
     }
 }
 

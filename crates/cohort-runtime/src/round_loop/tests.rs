@@ -8,6 +8,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use cohort_core::hooks::NoHooks;
+use cohort_core::selection::ClientSelector;
 use cohort_core::strategy::AlgorithmConfig;
 use cohort_core::tree::ArrayData;
 use cohort_train::trainer::ClientTask;
@@ -119,6 +120,7 @@ fn settings(last_round: u32, min_per_round: usize) -> LoopSettings {
             per_round: PER_ROUND,
             draws: PER_ROUND,
             replayable: true,
+            policy: Default::default(),
         },
         min_per_round,
         target_accuracy: None,
@@ -383,6 +385,7 @@ fn a_resumed_loop_ends_where_an_uninterrupted_one_does_bit_for_bit() {
             per_round: PER_ROUND,
             draws: PER_ROUND,
             replayable: true,
+            policy: Default::default(),
         },
     };
     let start = resume_point(&checks("test"), split.path(), strategy.as_mut()).unwrap();
@@ -424,6 +427,7 @@ fn a_forged_checkpoint_falls_back_to_the_one_before_with_the_reason() {
             per_round: PER_ROUND,
             draws: PER_ROUND,
             replayable: true,
+            policy: Default::default(),
         },
     };
     let sidecar = dir.path().join("checkpoints").join("round-0002.json");
@@ -476,6 +480,7 @@ fn a_round_whose_model_is_refused_keeps_the_model_and_the_strategy_state_it_star
             per_round: PER_ROUND,
             draws: PER_ROUND,
             replayable: true,
+            policy: Default::default(),
         },
     };
     // Round 2's updates are huge: its model is refused.
