@@ -22,9 +22,13 @@
 //! `cohort` command) turns them off, for comparing against burn.
 
 mod conv;
+mod conv2d;
 mod gemm;
+mod im2col;
 mod lenet;
 mod simd;
+
+pub use conv2d::conv2d;
 
 use crate::model::{Accelerated, FederatedModel};
 use burn::module::{Module, ModuleVisitor, Param};
@@ -179,5 +183,7 @@ impl ModuleVisitor for Register<'_> {
     }
 }
 
+#[cfg(test)]
+mod conv2d_tests;
 #[cfg(test)]
 mod tests;
