@@ -24,11 +24,13 @@
 mod conv;
 mod conv2d;
 mod gemm;
+mod group_norm;
 mod im2col;
 mod lenet;
 mod simd;
 
 pub use conv2d::conv2d;
+pub use group_norm::group_norm;
 
 use crate::model::{Accelerated, FederatedModel};
 use burn::module::{Module, ModuleVisitor, Param};

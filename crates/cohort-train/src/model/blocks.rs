@@ -16,7 +16,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, GroupNorm, GroupNormConfig, PaddingCo
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::{ModelError, ModelSpec, conv2d};
+use super::{ModelError, ModelSpec, conv2d, group_norm};
 
 /// Which normalization a model's layers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl Norm {
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
         match self {
             Self::Batch(norm) => norm.forward(x),
-            Self::Group(norm) => norm.forward(x),
+            Self::Group(norm) => group_norm(norm, x),
         }
     }
 }
