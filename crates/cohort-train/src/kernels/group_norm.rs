@@ -156,7 +156,7 @@ pub fn group_norm(norm: &GroupNorm, x: Tensor<4>) -> Tensor<4> {
         || x.dtype() != DType::F32
         || channels != norm.num_channels
         || norm.num_groups == 0
-        || channels % norm.num_groups != 0
+        || !channels.is_multiple_of(norm.num_groups)
     {
         return norm.forward(x);
     }
