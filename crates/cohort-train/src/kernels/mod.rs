@@ -17,6 +17,10 @@
 //! * **No allocation in the kernels.** Buffers live in a [`lenet::Workspace`]
 //!   reused from step to step; only the gradient tensors handed to burn are new.
 //!
+//! Beside the LeNets' whole-network path, two layers for any model, each a
+//! burn operation with its own backward pass ([`conv2d()`] and
+//! [`group_norm()`]): the zoo models call them in place of burn's layers.
+//!
 //! The kernels run on burn's CPU device only (a GPU keeps burn's path), and
 //! `TrainSwitches::native_kernels` (`COHORT_NATIVE_KERNELS=0` for the
 //! `cohort` command) turns them off, for comparing against burn.
