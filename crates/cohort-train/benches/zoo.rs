@@ -4,7 +4,9 @@
 //! registry's trainer, the path a run takes.
 //!
 //! `cargo bench -p cohort-train --bench zoo -- [--gpu] [--samples N]
-//! [--models a,b] [--reps R]`; one compute thread unless `--threads N`.
+//! [--models a,b] [--reps R] [--burn]`; one compute thread unless
+//! `--threads N`; `--burn` turns cohort's native CPU kernels off
+//! (`TrainSwitches::native_kernels`), to compare against burn's own path.
 //! `bench/zoo.sh` runs PyTorch's counterpart (`bench/torch_zoo.py`, the twins
 //! of `examples/pytorch/models.py`) right after, for ratios from the same
 //! run. Each line is `model shape samples/s` (best of the repetitions after
@@ -68,6 +70,7 @@ struct Args {
     samples: usize,
     reps: usize,
     threads: usize,
+    burn: bool,
     models: Option<Vec<String>>,
 }
 
@@ -77,6 +80,7 @@ fn args() -> Args {
         samples: 320,
         reps: 3,
         threads: 1,
+        burn: false,
         models: None,
     };
     let mut words = std::env::args().skip(1);
@@ -88,6 +92,7 @@ fn args() -> Args {
         };
         match word.as_str() {
             "--gpu" => args.gpu = true,
+            "--burn" => args.burn = true,
             "--samples" => args.samples = value("--samples").parse().expect("--samples N"),
             "--reps" => args.reps = value("--reps").parse().expect("--reps N"),
             "--threads" => args.threads = value("--threads").parse().expect("--threads N"),
@@ -177,6 +182,10 @@ fn measure(
 
 fn main() {
     let args = args();
+    cohort_train::switches::set(cohort_train::switches::TrainSwitches {
+        native_kernels: !args.burn,
+        ..Default::default()
+    });
     let selected = cohort_train::device::select(if args.gpu {
         DeviceRequest::Gpu
     } else {
@@ -189,8 +198,16 @@ fn main() {
         .expect("compute threads");
     let registry = Registry::builtin();
     println!(
-        "# cohort zoo training, batch 32, {} samples an epoch, best of {}, on {} ({} thread(s))",
-        args.samples, args.reps, selected.name, args.threads
+        "# cohort zoo training, batch 32, {} samples an epoch, best of {}, on {} ({} thread(s)){}",
+        args.samples,
+        args.reps,
+        selected.name,
+        args.threads,
+        if args.burn {
+            ", native kernels off"
+        } else {
+            ""
+        }
     );
     for case in CASES {
         if let Some(models) = &args.models

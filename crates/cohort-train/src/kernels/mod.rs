@@ -17,14 +17,24 @@
 //! * **No allocation in the kernels.** Buffers live in a [`lenet::Workspace`]
 //!   reused from step to step; only the gradient tensors handed to burn are new.
 //!
+//! Beside the LeNets' whole-network path, two layers for any model, each a
+//! burn operation with its own backward pass ([`conv2d()`] and
+//! [`group_norm()`]): the zoo models call them in place of burn's layers.
+//!
 //! The kernels run on burn's CPU device only (a GPU keeps burn's path), and
 //! `TrainSwitches::native_kernels` (`COHORT_NATIVE_KERNELS=0` for the
 //! `cohort` command) turns them off, for comparing against burn.
 
 mod conv;
+mod conv2d;
 mod gemm;
+mod group_norm;
+mod im2col;
 mod lenet;
 mod simd;
+
+pub use conv2d::conv2d;
+pub use group_norm::group_norm;
 
 use crate::model::{Accelerated, FederatedModel};
 use burn::module::{Module, ModuleVisitor, Param};
@@ -179,5 +189,7 @@ impl ModuleVisitor for Register<'_> {
     }
 }
 
+#[cfg(test)]
+mod conv2d_tests;
 #[cfg(test)]
 mod tests;

@@ -16,7 +16,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, GroupNorm, GroupNormConfig, PaddingCo
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::{ModelError, ModelSpec};
+use super::{ModelError, ModelSpec, conv2d, group_norm};
 
 /// Which normalization a model's layers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl Norm {
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
         match self {
             Self::Batch(norm) => norm.forward(x),
-            Self::Group(norm) => norm.forward(x),
+            Self::Group(norm) => group_norm(norm, x),
         }
     }
 }
@@ -161,15 +161,15 @@ impl BasicBlock {
     }
 
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(self.bn1.forward(self.conv1.forward(x.clone())));
-        let out = self.bn2.forward(self.conv2.forward(out));
+        let out = relu(self.bn1.forward(conv2d(&self.conv1, x.clone())));
+        let out = self.bn2.forward(conv2d(&self.conv2, out));
         relu(out + self.shortcut(x))
     }
 
     fn shortcut(&self, x: Tensor<4>) -> Tensor<4> {
         if !self.shortcut.is_empty() {
             return self.shortcut.iter().fold(x, |x, layer| match layer {
-                ShortcutLayer::Conv(conv) => conv.forward(x),
+                ShortcutLayer::Conv(conv) => conv2d(conv, x),
                 ShortcutLayer::Norm(norm) => norm.forward(x),
             });
         }

@@ -7,7 +7,9 @@ use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
-use super::{Accelerated, FederatedModel, Inputs, LeNetVariant, ModelError, ModelSpec, Randomness};
+use super::{
+    Accelerated, FederatedModel, Inputs, LeNetVariant, ModelError, ModelSpec, Randomness, conv2d,
+};
 
 /// The sample shape all three take: MNIST's.
 const MNIST_SAMPLE: [usize; 3] = [1, 28, 28];
@@ -172,10 +174,10 @@ impl FederatedModel for CnnBn {
     fn forward(&self, inputs: Inputs, randomness: &mut Randomness<'_>) -> Tensor<2> {
         let x = self
             .pool
-            .forward(relu(self.bn1.forward(self.conv1.forward(inputs.images()))));
+            .forward(relu(self.bn1.forward(conv2d(&self.conv1, inputs.images()))));
         let x = self
             .pool
-            .forward(relu(self.bn2.forward(self.conv2.forward(x))))
+            .forward(relu(self.bn2.forward(conv2d(&self.conv2, x))))
             .flatten::<2>(1, 3);
         let x = relu(self.fc3.forward(x));
         let x = randomness.dropout(x, self.dropout);

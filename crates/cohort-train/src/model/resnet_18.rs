@@ -23,7 +23,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
 use super::blocks::{BasicBlock, Norm, NormKind, Shortcut, conv3x3, global_average};
-use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness};
+use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness, conv2d};
 
 /// Channels of the four stages.
 const WIDTHS: [usize; 4] = [64, 128, 256, 512];
@@ -75,7 +75,7 @@ impl ResNet18 {
 
 impl FederatedModel for ResNet18 {
     fn forward(&self, inputs: Inputs, _randomness: &mut Randomness<'_>) -> Tensor<2> {
-        let x = relu(self.bn1.forward(self.conv1.forward(inputs.images())));
+        let x = relu(self.bn1.forward(conv2d(&self.conv1, inputs.images())));
         let x = [&self.layer1, &self.layer2, &self.layer3, &self.layer4]
             .into_iter()
             .flatten()

@@ -1,0 +1,371 @@
+//! A general 2-D convolution on host buffers (any kernel size, stride and
+//! zero padding, per side; dilation 1, one group), NCHW as burn and PyTorch:
+//! forward, input gradient and weight and bias gradients, each an im2col or
+//! col2im of one image and one matrix product ([`super::gemm`]).
+//!
+//! Per image, the column matrix is `[C_in·kh·kw, P]` (`P = out_h · out_w`),
+//! so the forward product `W · col` (`[C_out, P]`) is already the image's
+//! NCHW output and `Wᵀ · d_out` is the column gradient col2im folds back.
+//! The weight gradient `Σ_b d_out_b · col_bᵀ` is accumulated image after
+//! image in batch order, and the bias gradient likewise: one thread, an
+//! order fixed by the shapes, the same bits on every run.
+//!
+//! The column matrix of one image lives in a buffer reused from call to call
+//! (per thread), so a training step allocates only the tensors it returns.
+
+use std::cell::RefCell;
+
+use super::gemm::{MatRef, Strides, matmul};
+
+/// The shapes of one convolution. `pad` is `[(top, bottom), (left, right)]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub batch: usize,
+    pub c_in: usize,
+    pub height: usize,
+    pub width: usize,
+    pub c_out: usize,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub pad: [(usize, usize); 2],
+}
+
+impl Geometry {
+    /// Output height and width; `None` when the kernel does not fit the
+    /// padded input or a stride is zero.
+    pub(crate) fn output(&self) -> Option<[usize; 2]> {
+        let side = |size: usize, (begin, end): (usize, usize), kernel: usize, stride: usize| {
+            let padded = size + begin + end;
+            (stride > 0 && kernel > 0 && padded >= kernel).then(|| (padded - kernel) / stride + 1)
+        };
+        Some([
+            side(self.height, self.pad[0], self.kernel[0], self.stride[0])?,
+            side(self.width, self.pad[1], self.kernel[1], self.stride[1])?,
+        ])
+    }
+
+    fn positions(&self) -> usize {
+        let [h, w] = self.output().expect("a valid geometry");
+        h * w
+    }
+
+    /// Rows of the column matrix: the products' inner dimension.
+    fn patch(&self) -> usize {
+        self.c_in * self.kernel[0] * self.kernel[1]
+    }
+
+    pub(crate) fn input_len(&self) -> usize {
+        self.c_in * self.height * self.width
+    }
+
+    pub(crate) fn output_len(&self) -> usize {
+        self.c_out * self.positions()
+    }
+
+    pub(crate) fn weight_len(&self) -> usize {
+        self.c_out * self.patch()
+    }
+
+    /// A 1×1 kernel with stride 1 and no padding reads each image as its
+    /// own column matrix (`[C_in, H·W]`), so im2col is skipped.
+    fn pointwise(&self) -> bool {
+        self.kernel == [1, 1] && self.stride == [1, 1] && self.pad == [(0, 0), (0, 0)]
+    }
+}
+
+thread_local! {
+    /// The column matrix (or its gradient) of one image.
+    static COLUMNS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `f` with a column buffer of `len` values (contents unspecified).
+fn with_columns<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    COLUMNS.with(|cell| {
+        let mut columns = cell.take();
+        columns.resize(len, 0.0);
+        let result = f(&mut columns[..len]);
+        cell.replace(columns);
+        result
+    })
+}
+
+/// The output positions `o` of one axis whose input `o·stride + k − pad`
+/// falls inside `0..size`: a range `lo..hi` of `0..out`.
+fn valid(out: usize, size: usize, k: usize, pad: usize, stride: usize) -> (usize, usize) {
+    let lo = pad.saturating_sub(k).div_ceil(stride);
+    let hi = (size + pad).saturating_sub(k).div_ceil(stride).min(out);
+    (lo.min(hi), hi)
+}
+
+/// Calls `run(row, oy, source, (lo, hi))` for every line of the column
+/// matrix: `row` is its row (`(ci·kh + ky)·kw + kx`), `oy` the output line,
+/// `lo..hi` the output columns that read the input (the others read
+/// padding), and `source` the offset in the image (`[C_in, H, W]`) of the
+/// element output column `lo` reads, `None` when the whole line is padding.
+#[inline(always)]
+fn for_each_line(g: &Geometry, mut run: impl FnMut(usize, usize, Option<usize>, (usize, usize))) {
+    let [out_h, out_w] = g.output().expect("a valid geometry");
+    let [kh, kw] = g.kernel;
+    let [sh, sw] = g.stride;
+    let (top, left) = (g.pad[0].0, g.pad[1].0);
+    for ci in 0..g.c_in {
+        for ky in 0..kh {
+            let rows = valid(out_h, g.height, ky, top, sh);
+            for kx in 0..kw {
+                let row = (ci * kh + ky) * kw + kx;
+                let cols = valid(out_w, g.width, kx, left, sw);
+                // Input column of output column `lo`; an empty range reads
+                // nothing, so its (clamped) value is never used.
+                let first = (cols.0 * sw + kx).saturating_sub(left);
+                for oy in 0..out_h {
+                    let source = (oy >= rows.0 && oy < rows.1).then(|| {
+                        let iy = oy * sh + ky - top;
+                        (ci * g.height + iy) * g.width + first
+                    });
+                    run(row, oy, source, cols);
+                }
+            }
+        }
+    }
+}
+
+/// One image (`[C_in, H, W]`) as its column matrix `[C_in·kh·kw, P]`.
+#[inline(always)]
+fn im2col(g: &Geometry, image: &[f32], col: &mut [f32]) {
+    let [_, out_w] = g.output().expect("a valid geometry");
+    let p = g.positions();
+    let sw = g.stride[1];
+    for_each_line(g, |row, oy, source, (lo, hi)| {
+        let line = &mut col[row * p + oy * out_w..][..out_w];
+        let Some(start) = source else {
+            line.fill(0.0);
+            return;
+        };
+        line[..lo].fill(0.0);
+        line[hi..].fill(0.0);
+        let dst = &mut line[lo..hi];
+        if sw == 1 {
+            dst.copy_from_slice(&image[start..][..hi - lo]);
+        } else {
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = image[start + i * sw];
+            }
+        }
+    });
+}
+
+/// The adjoint of [`im2col`]: every column entry added to the input element
+/// it read. Overwrites `d_image` (`[C_in, H, W]`).
+#[inline(always)]
+fn col2im(g: &Geometry, d_col: &[f32], d_image: &mut [f32]) {
+    let [_, out_w] = g.output().expect("a valid geometry");
+    let p = g.positions();
+    let sw = g.stride[1];
+    d_image.fill(0.0);
+    for_each_line(g, |row, oy, source, (lo, hi)| {
+        let Some(start) = source else { return };
+        let line = &d_col[row * p + oy * out_w..][lo..hi];
+        if sw == 1 {
+            for (d, s) in d_image[start..][..hi - lo].iter_mut().zip(line) {
+                *d += s;
+            }
+        } else {
+            for (i, s) in line.iter().enumerate() {
+                d_image[start + i * sw] += s;
+            }
+        }
+    });
+}
+
+/// `out = conv(input, weight) + bias`: `input` `[B, C_in, H, W]`, `weight`
+/// `[C_out, C_in, kh, kw]`, `bias` `[C_out]`, `out` `[B, C_out, out_h, out_w]`.
+pub(crate) fn forward(
+    g: &Geometry,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let (k, p, m) = (g.patch(), g.positions(), g.c_out);
+    check(g, input.len(), weight.len(), out.len());
+    let w = MatRef {
+        data: weight,
+        strides: Strides::row_major(k),
+    };
+    let images = input.chunks_exact(g.input_len().max(1));
+    let outputs = out.chunks_exact_mut(g.output_len().max(1));
+    with_columns(if g.pointwise() { 0 } else { k * p }, |col| {
+        for (image, dst) in images.zip(outputs) {
+            let columns = if g.pointwise() {
+                image
+            } else {
+                im2col(g, image, col);
+                &*col
+            };
+            let rhs = MatRef {
+                data: columns,
+                strides: Strides::row_major(p),
+            };
+            matmul((m, p, k), dst, Strides::row_major(p), false, w, rhs);
+            if let Some(bias) = bias {
+                for (plane, b) in dst.chunks_exact_mut(p).zip(bias) {
+                    plane.iter_mut().for_each(|v| *v += b);
+                }
+            }
+        }
+    });
+}
+
+/// Which gradients [`backward`] computes, each overwritten when present:
+/// the input's (`[B, C_in, H, W]`), the weight's (`[C_out, C_in, kh, kw]`)
+/// and the bias's (`[C_out]`).
+pub(crate) struct Grads<'a> {
+    pub input: Option<&'a mut [f32]>,
+    pub weight: Option<&'a mut [f32]>,
+    pub bias: Option<&'a mut [f32]>,
+}
+
+/// The gradients of [`forward`] given the output's gradient `d_out`.
+pub(crate) fn backward(
+    g: &Geometry,
+    input: &[f32],
+    weight: &[f32],
+    d_out: &[f32],
+    grads: Grads<'_>,
+) {
+    let (k, p, m) = (g.patch(), g.positions(), g.c_out);
+    check(g, input.len(), weight.len(), d_out.len());
+    let Grads {
+        input: mut d_input,
+        weight: mut d_weight,
+        bias: d_bias,
+    } = grads;
+    if let Some(d_bias) = d_bias {
+        bias_backward(g, d_out, d_bias);
+    }
+    let row_major = |data, cols| MatRef {
+        data,
+        strides: Strides::row_major(cols),
+    };
+    let w_t = MatRef {
+        data: weight,
+        strides: Strides::row_major(k).t(),
+    };
+    with_columns(if g.pointwise() { 0 } else { k * p }, |col| {
+        for b in 0..g.batch {
+            let image = &input[b * g.input_len()..][..g.input_len()];
+            let grad = row_major(&d_out[b * g.output_len()..][..g.output_len()], p);
+            if let Some(d_weight) = d_weight.as_deref_mut() {
+                let columns = if g.pointwise() {
+                    image
+                } else {
+                    im2col(g, image, col);
+                    &*col
+                };
+                let cols_t = MatRef {
+                    data: columns,
+                    strides: Strides::row_major(p).t(),
+                };
+                let dst = &mut d_weight[..g.weight_len()];
+                matmul((m, k, p), dst, Strides::row_major(k), b > 0, grad, cols_t);
+            }
+            if let Some(d_input) = d_input.as_deref_mut() {
+                let d_image = &mut d_input[b * g.input_len()..][..g.input_len()];
+                if g.pointwise() {
+                    matmul((k, p, m), d_image, Strides::row_major(p), false, w_t, grad);
+                } else {
+                    matmul((k, p, m), col, Strides::row_major(p), false, w_t, grad);
+                    col2im(g, col, d_image);
+                }
+            }
+        }
+    });
+    if g.batch == 0 {
+        d_weight.iter_mut().for_each(|d| d.fill(0.0));
+        d_input.iter_mut().for_each(|d| d.fill(0.0));
+    }
+}
+
+/// `d_bias[co] = Σ_b Σ_p d_out[b, co, p]`, in batch then position order.
+fn bias_backward(g: &Geometry, d_out: &[f32], d_bias: &mut [f32]) {
+    let p = g.positions();
+    d_bias[..g.c_out].fill(0.0);
+    for image in d_out.chunks_exact(g.output_len().max(1)).take(g.batch) {
+        for (plane, d) in image.chunks_exact(p.max(1)).zip(d_bias.iter_mut()) {
+            *d += plane.iter().sum::<f32>();
+        }
+    }
+}
+
+/// # Panics
+/// When a buffer's length is not the geometry's (the callers size them).
+fn check(g: &Geometry, input: usize, weight: usize, out: usize) {
+    assert!(g.output().is_some(), "invalid convolution geometry {g:?}");
+    assert_eq!(input, g.batch * g.input_len(), "input length");
+    assert_eq!(weight, g.weight_len(), "weight length");
+    assert_eq!(out, g.batch * g.output_len(), "output length");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn col2im_is_the_adjoint_of_im2col_for_strides_and_uneven_padding() {
+        // <im2col(x), c> = <x, col2im(c)> for every x and c.
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for (kernel, stride, pad) in [
+            ([3, 3], [1, 1], [(1, 1), (1, 1)]),
+            ([5, 2], [2, 3], [(2, 0), (0, 1)]),
+            ([1, 1], [2, 2], [(0, 0), (0, 0)]),
+            ([4, 4], [1, 2], [(3, 3), (2, 0)]),
+        ] {
+            let g = Geometry {
+                batch: 1,
+                c_in: 3,
+                height: 7,
+                width: 6,
+                c_out: 1,
+                kernel,
+                stride,
+                pad,
+            };
+            let mut random =
+                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
+            let x = random(g.input_len());
+            let c = random(g.patch() * g.positions());
+            let mut col = vec![f32::NAN; c.len()];
+            im2col(&g, &x, &mut col);
+            let mut back = vec![f32::NAN; x.len()];
+            col2im(&g, &c, &mut back);
+            let lhs: f64 = col.iter().zip(&c).map(|(a, b)| (a * b) as f64).sum();
+            let rhs: f64 = x.iter().zip(&back).map(|(a, b)| (a * b) as f64).sum();
+            assert!(
+                (lhs - rhs).abs() <= 1e-4 * lhs.abs().max(1.0),
+                "{g:?}: {lhs} vs {rhs}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_output_size_is_pytorchs_and_a_kernel_larger_than_the_input_is_refused() {
+        let g = |size: usize, k: usize, s: usize, p: usize| Geometry {
+            batch: 1,
+            c_in: 1,
+            height: size,
+            width: size,
+            c_out: 1,
+            kernel: [k, k],
+            stride: [s, s],
+            pad: [(p, p), (p, p)],
+        };
+        // ⌊(size + 2p − k) / s⌋ + 1
+        assert_eq!(g(32, 3, 2, 1).output(), Some([16, 16]));
+        assert_eq!(g(28, 5, 1, 2).output(), Some([28, 28]));
+        assert_eq!(g(7, 3, 3, 0).output(), Some([2, 2]));
+        assert_eq!(g(2, 3, 1, 0).output(), None);
+        assert_eq!(g(5, 3, 0, 0).output(), None);
+    }
+}
