@@ -111,17 +111,7 @@ fn succeeded(output: &std::process::Output) {
 
 /// Runs `config` under `base` (`extra` arguments after it); its run folder.
 fn run(config: &Path, base: &Path, extra: &[&str]) -> PathBuf {
-    let mut args = vec![
-        "run",
-        "--config",
-        config.to_str().unwrap(),
-        "--cpu",
-        "--quiet",
-        "--base",
-        base.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    succeeded(&cohort(&args, &fixture_data()));
+    succeeded(&common::run_config(config, base, extra));
     common::only_run_dir(base)
 }
 
