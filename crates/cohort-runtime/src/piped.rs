@@ -393,13 +393,18 @@ fn reply_of(settings: &Settings, header: &Value, tensors: &[u8]) -> Result<Clien
         .send(&tree)
         .map_err(|e| format!("cannot pack the parameters fit returned: {e}"))?;
     let (test_samples, test_correct) = evaluation_counts(&header["evaluation"])?;
+    // The count is the client's word: checked here, bounded by
+    // clients.max_samples when the round admits the update.
+    let local_steps = num_samples
+        .div_ceil(settings.batch_size.max(1) as u64)
+        .checked_mul(u64::from(settings.epochs))
+        .ok_or_else(|| format!("fit returned num_examples = {num_samples}, too many to train"))?;
     Ok(ClientReply {
         num_samples,
         loss: reported_loss(&header["metrics"]),
         training_time: non_negative(&header["fit_seconds"]).unwrap_or(0.0),
         processing_time: unpacking.elapsed().as_secs_f64(),
-        local_steps: u64::from(settings.epochs)
-            * num_samples.div_ceil(settings.batch_size.max(1) as u64),
+        local_steps,
         test_samples,
         test_correct,
         payload,
@@ -519,6 +524,17 @@ mod tests {
             garbage
                 .unwrap_err()
                 .starts_with("the parameters fit returned do not unpack")
+        );
+        // A count whose steps overflow is refused, not wrapped or a panic.
+        let one_a_batch = Settings {
+            batch_size: 1,
+            ..self::tests::settings()
+        };
+        let huge = json!({"ok": true, "num_examples": u64::MAX});
+        assert!(
+            reply_of(&one_a_batch, &huge, &tensors())
+                .unwrap_err()
+                .contains("too many to train")
         );
         let accuracy = json!({"ok": true, "num_examples": 3,
             "evaluation": {"num_examples": 4, "metrics": {"accuracy": 1.5}}});
