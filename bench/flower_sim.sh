@@ -3,11 +3,13 @@
 # Fashion-MNIST, FedAvg, 100 clients, 10 per round, 5 rounds) through cohort.simulate and
 # through Flower's own simulation (flwr[simulation], Ray), one after the other, with the
 # same number of client processes: wall time to the last round, peak memory of the whole
-# process tree (RSS summed over every process of the run, sampled every 0.2 s) and final
-# test-set accuracy.
+# process tree (PSS, and RSS, summed over every process of the run, sampled every 0.2 s)
+# and final test-set accuracy.
 # Usage: bench/flower_sim.sh [DATA_DIR] [WORKERS]   (defaults ../shared/data, 2)
 # Installs into a fresh venv (downloads: torch, flwr[simulation] with Ray);
 # builds the cohort wheel with maturin (CARGO_TARGET_DIR is used).
+# Env: COHORT_WHEEL (a wheel built already, instead of a release build),
+#      SYSTEM_TORCH=1 (the venv sees the system's packages and uses its torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="$(cd "${1:-../shared/data}" && pwd)"
@@ -16,18 +18,23 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cohort-target}"
 
-python3 -m venv "$OUT/venv"
+python3 -m venv ${SYSTEM_TORCH:+--system-site-packages} "$OUT/venv"
 PY="$OUT/venv/bin/python"
 "$PY" -m pip install --quiet --disable-pip-version-check maturin==1.16.0 numpy
-# torch from PyPI (its Linux wheel brings CUDA's libraries: gigabytes; TORCH_INDEX names an
-# index of CPU wheels where one is reachable).
-"$PY" -m pip install --quiet --disable-pip-version-check torch ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+if [ -z "${SYSTEM_TORCH:-}" ]; then
+  # torch from PyPI (its Linux wheel brings CUDA's libraries: gigabytes; TORCH_INDEX names
+  # an index of CPU wheels where one is reachable).
+  "$PY" -m pip install --quiet --disable-pip-version-check torch ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+fi
 "$PY" -m pip install --quiet --disable-pip-version-check "flwr[simulation]"
-(cd python && "$OUT/venv/bin/maturin" build --locked --release --out "$OUT/wheels" >/dev/null)
-"$PY" -m pip install --quiet --disable-pip-version-check "$OUT"/wheels/cohort-*.whl
+if [ -z "${COHORT_WHEEL:-}" ]; then
+  (cd python && "$OUT/venv/bin/maturin" build --locked --release --out "$OUT/wheels" >/dev/null)
+  COHORT_WHEEL="$(ls "$OUT"/wheels/cohort-*.whl)"
+fi
+"$PY" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$COHORT_WHEEL"
 
-# Runs a command and samples the summed RSS of it and all its descendants; prints the
-# peak in MiB to $1.
+# Runs a command and samples the summed PSS and RSS of it and all its descendants;
+# writes the peaks in MiB to $1.
 measure() {
   local peak_file="$1"; shift
   "$@" &
@@ -47,20 +54,27 @@ def tree(pid):
         except OSError:
             pass
     return seen
-def rss(pid):
+def memory(pid):
+    # (PSS, RSS) in KiB. PSS splits each shared page among the processes
+    # that map it, so its sum over the tree is the tree's memory; RSS counts
+    # a page shared by forked workers once per worker.
+    found = {"Pss:": 0, "Rss:": 0}
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
+                key = line.split()[0]
+                if key in found:
+                    found[key] = int(line.split()[1])
     except OSError:
         pass
-    return 0
-peak = 0
+    return found["Pss:"], found["Rss:"]
+peak_pss = peak_rss = 0
 while os.path.exists(f"/proc/{root}") and open(f"/proc/{root}/stat").read().split()[2] != "Z":
-    peak = max(peak, sum(rss(p) for p in tree(root)))
+    figures = [memory(p) for p in tree(root)]
+    peak_pss = max(peak_pss, sum(f[0] for f in figures))
+    peak_rss = max(peak_rss, sum(f[1] for f in figures))
     time.sleep(0.2)
-open(out, "w").write(f"{peak / 1024:.0f}")
+open(out, "w").write(f"{peak_pss / 1024:.0f} {peak_rss / 1024:.0f}")
 PYEOF
   wait "$root"
 }
@@ -74,9 +88,9 @@ measure "$OUT/flower.peak" "$PY" run_flower.py --workers "$WORKERS" --json "$OUT
 import json, sys
 out, workers = sys.argv[1], sys.argv[2]
 print(f"\n{workers} client processes, 5 rounds of 10 of 100 clients")
-print(f"{'':18} {'wall s':>8} {'peak MiB':>9} {'accuracy':>9}")
+print(f"{'':18} {'wall s':>8} {'peak PSS MiB':>13} {'peak RSS MiB':>13} {'accuracy':>9}")
 for name, label in (("cohort", "cohort.simulate"), ("flower", "flwr simulation")):
     figures = json.load(open(f"{out}/{name}.json"))
-    peak = open(f"{out}/{name}.peak").read()
-    print(f"{label:18} {figures['seconds']:8.1f} {peak:>9} {figures['accuracy']:9.4f}")
+    pss, rss = open(f"{out}/{name}.peak").read().split()
+    print(f"{label:18} {figures['seconds']:8.1f} {pss:>13} {rss:>13} {figures['accuracy']:9.4f}")
 PYEOF

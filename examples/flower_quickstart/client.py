@@ -123,6 +123,9 @@ class FlowerClient:
 
     def __init__(self, partition_id):
         self.partition_id = partition_id
+        # Every client builds the same initial model, so whichever one a
+        # framework asks for the starting parameters, runs start alike.
+        torch.manual_seed(0)
         self.net = Net()
         self.train_data, self.val_data = load_partition(partition_id)
 

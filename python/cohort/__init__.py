@@ -18,19 +18,23 @@ from . import _cohort
 from ._errors import CohortError, ConfigError
 from ._results import Rows, RunResult
 from ._simulation import Workers, wire_array
+from ._strategy import Bridge, FitResult, Strategy
 from ._tensors import dict_from_wire, params_to_wire, to_wire
 
 __version__ = _cohort.__version__
 __all__ = [
     "CohortError",
     "ConfigError",
+    "FitResult",
     "Rows",
     "RunResult",
     "aggregate",
     "check",
+    "connect",
     "partition",
     "run",
     "simulate",
+    "Strategy",
 ]
 
 
@@ -66,7 +70,8 @@ def check(config, overrides=None):
     return _cohort.check(path, table, _json(overrides or {}))
 
 
-def run(config, overrides=None, run_dir=None, on_round=None, *, data_dir=None, resume=False):
+def run(config, overrides=None, run_dir=None, on_round=None, *, data_dir=None, resume=False,
+        strategy=None):
     """Runs a federation as ``cohort run`` does, in this process.
 
     ``config``: a config file's path, or a dict with the file's structure
@@ -77,6 +82,10 @@ def run(config, overrides=None, run_dir=None, on_round=None, *, data_dir=None, r
     ``on_round(row)`` is called with each round's row (a dict) once it is
     recorded. ``data_dir``: where data sets live (default:
     ``$COHORT_DATA_DIR``, else the config's ``data.data_path``).
+    ``strategy``: a built-in's ``[algorithm]`` type (``"fedavgm"``), a dict
+    with ``type`` and its options (``{"type": "fedavgm", "momentum":
+    0.5}``), or a ``cohort.Strategy`` instance, which replaces the config's
+    ``[algorithm]`` (its state is checkpointed, and a run resumes with it).
 
     The engine runs with the GIL released. Ctrl-C (or an exception from
     ``on_round``) stops the run once the round in progress is recorded and
@@ -86,6 +95,7 @@ def run(config, overrides=None, run_dir=None, on_round=None, *, data_dir=None, r
     path, table = _source(config)
     if data_dir is None:
         data_dir = os.environ.get("COHORT_DATA_DIR") or None
+    keys, bridge = _strategy_parts(strategy, overrides)
     callback = None
     if on_round is not None:
         def callback(row_json):
@@ -93,11 +103,12 @@ def run(config, overrides=None, run_dir=None, on_round=None, *, data_dir=None, r
     report, tensors = _cohort.run(
         path,
         table,
-        _json(overrides or {}),
+        _json(keys),
         None if run_dir is None else os.fspath(run_dir),
         None if data_dir is None else os.fspath(data_dir),
         bool(resume),
         callback,
+        bridge,
     )
     return _result(report, tensors)
 
@@ -117,18 +128,27 @@ def _result(report, tensors, names=None):
 
 
 def _strategy_overrides(strategy):
-    """``"fedavgm"`` or ``{"type": "fedavgm", "server_momentum": 0.9}`` as
-    ``[algorithm]`` overrides."""
-    if strategy is None:
+    """``"fedavgm"`` or ``{"type": "fedavgm", "momentum": 0.9}`` as
+    ``[algorithm]`` overrides; a ``cohort.Strategy`` sets none."""
+    if strategy is None or isinstance(strategy, Strategy):
         return {}
     if isinstance(strategy, str):
         return {"algorithm.type": strategy}
     if isinstance(strategy, dict) and "type" in strategy:
         return {f"algorithm.{key}": value for key, value in strategy.items()}
     raise TypeError(
-        "strategy must be a name (\"fedavg\") or a dict with a \"type\" and the [algorithm] "
-        f"options, not {type(strategy).__name__}"
+        "strategy must be a name (\"fedavg\"), a dict with a \"type\" and the [algorithm] "
+        f"options, or a cohort.Strategy instance, not {type(strategy).__name__}"
     )
+
+
+def _strategy_parts(strategy, overrides, names=None):
+    """The overrides with a built-in strategy's ``[algorithm]`` keys, and
+    the bridge to a ``cohort.Strategy`` (or ``None``)."""
+    keys = dict(overrides or {})
+    keys.update(_strategy_overrides(strategy))
+    bridge = Bridge(strategy, names) if isinstance(strategy, Strategy) else None
+    return keys, bridge
 
 
 def _evaluate_callback(evaluate_fn, names):
@@ -169,8 +189,10 @@ def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=N
     (``clients.total_clients``), ``clients_per_round`` (``clients.per_round``),
     ``num_rounds`` (``trainer.rounds``), ``max_concurrency``
     (``trainer.max_concurrency``: worker processes) and ``overrides`` (dotted
-    keys) are written. ``strategy``: an ``[algorithm]`` type, or a dict with
-    ``type`` and its options. ``fit`` gets ``config`` with ``server_round``,
+    keys) are written. ``strategy``: an ``[algorithm]`` type, a dict with
+    ``type`` and its options, or a ``cohort.Strategy`` instance (whose
+    ``evaluate`` is called after each round when no ``evaluate_fn`` is
+    given). ``fit`` gets ``config`` with ``server_round``,
     ``cid``, ``seed`` (one per client and round, from cohort's seed streams),
     ``local_epochs``, ``batch_size``, ``learning_rate`` (the round's, after
     the schedule) and ``proximal_mu`` under FedProx.
@@ -185,7 +207,9 @@ def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=N
     (``client.evaluate``); their accuracies make ``federated_accuracy``.
 
     A client that raises or returns something else (wrong number, shape or
-    dtype of arrays) is dropped from its round with the reason in
+    dtype of arrays), or whose ``fit`` does not return within
+    ``server.payload_timeout`` seconds (its worker process is then killed
+    and replaced), is dropped from its round with the reason in
     ``clients.csv``; the run goes on as ``clients.min_per_round`` says.
     Ctrl-C stops after the round in progress, resumably
     (``resume=True`` with the same ``run_dir``), as for ``cohort.run``.
@@ -204,6 +228,8 @@ def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=N
         if value is not None:
             keys[key] = value
     keys.update(_strategy_overrides(strategy))
+    # Checked before any worker is forked.
+    bridge = Bridge(strategy) if isinstance(strategy, Strategy) else None
     keys_json = _json(keys)
     resolved = json.loads(_cohort.resolved(path, table, keys_json))
     workers = Workers(client_fn, int(resolved["trainer"]["max_concurrency"]))
@@ -220,13 +246,64 @@ def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=N
             def callback(row_json):
                 on_round(json.loads(row_json))
         initial = [to_wire(name, array) for name, array in zip(names, params)]
+        if bridge is not None:
+            bridge.names = names
+        if evaluate_fn is None and bridge is not None and bridge.evaluates:
+            def evaluate_fn(server_round, parameters, config):
+                return strategy.evaluate(server_round, parameters)
         report, tensors = _cohort.simulate(
             path, table, keys_json, None if run_dir is None else os.fspath(run_dir), bool(resume),
             workers.hand_over(), initial, _evaluate_callback(evaluate_fn, names), callback,
+            bridge, workers,
         )
     finally:
         workers.close()
     return _result(report, tensors, names)
+
+
+def connect(server_address, client_fn, *, num_examples, num_test_examples=0, client_id=None,
+            parameter_names=None, token=None, root_certificates=None, tls_domain=None,
+            connect_timeout=60.0, max_payload_bytes=1 << 30, require_secure_aggregation=False):
+    """Joins a network-mode run (``cohort run`` with
+    ``clients.comm_simulation = false``) at ``server_address``
+    (``"HOST:PORT"``) as one of its ``clients.own_data_clients``, and
+    answers its tasks until the run ends, as ``cohort client --data`` does.
+
+    The client is ``client_fn(cid)`` with ``cid = str(client_id - 1)``, the
+    client id the server grants (``client_id``: the one to claim; ``None``:
+    the lowest free one): a ``NumPyClient`` as ``cohort.simulate`` takes it,
+    its ``fit`` run in a worker process forked now, with the same
+    ``config`` keys. It declares ``num_examples`` training and
+    ``num_test_examples`` held-out samples at registration; the server
+    drops an update that reports more (or other held-out counts when
+    ``clients.do_test``). ``parameters`` are the server's model in the
+    order of its tensor names, or in ``parameter_names``' order.
+
+    ``token``: ``server.auth_token``; ``root_certificates``: the path of
+    the PEM certificate that signed the server's (TLS), ``tls_domain`` the
+    name it must carry. The protocol is cohort's Rust client's, so nothing
+    of it is Python: under ``[secure_aggregation]`` the update is masked
+    there and never leaves unmasked. ``require_secure_aggregation=True``
+    (``cohort client --require-secure-aggregation``) refuses a run whose
+    config has no ``[secure_aggregation]`` before anything is trained. Returns ``{"tasks": ..., "failed": ...}``; raises
+    ``cohort.CohortError`` when the server cannot be reached or refuses
+    the client. Ctrl-C stops it while it waits for the server (not in the
+    middle of a ``fit``) and is raised here.
+    """
+    if not callable(client_fn):
+        raise TypeError(f"client_fn must be callable, not {type(client_fn).__name__}")
+    names = None if parameter_names is None else [str(n) for n in parameter_names]
+    workers = Workers(client_fn, 1)
+    try:
+        tasks, failed = _cohort.connect(
+            str(server_address), workers.hand_over()[0], names, int(num_examples),
+            int(num_test_examples), None if client_id is None else int(client_id), token,
+            None if root_certificates is None else os.fspath(root_certificates), tls_domain,
+            float(connect_timeout), int(max_payload_bytes), bool(require_secure_aggregation),
+        )
+    finally:
+        workers.close()
+    return {"tasks": tasks, "failed": failed}
 
 
 def _indices(name, values):

@@ -25,6 +25,7 @@ import math
 import multiprocessing
 import os
 import signal
+import socket
 import time
 import traceback
 
@@ -272,6 +273,36 @@ def _serve(client_fn, requests_fd, answers_fd, inherited):
                 return
 
 
+def _spawner(client_fn, control_fd, inherited):
+    """Forks a fresh worker whenever the engine asks (one whose client
+    overran ``server.payload_timeout`` was killed), and sends its pipe ends
+    and process id back over the control socket. It is forked with the
+    workers, before the engine starts a thread, so that a replacement is
+    as clean a fork as the first workers are: the engine's process never
+    forks once its threads run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The kernel reaps the workers this process forks.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    for fd in inherited:
+        os.close(fd)
+    control = socket.socket(fileno=control_fd)
+    while control.recv(1):
+        requests_r, requests_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                control.close()
+                _serve(client_fn, requests_r, answers_w, [requests_w, answers_r])
+            finally:
+                os._exit(0)
+        os.close(requests_r)
+        os.close(answers_w)
+        socket.send_fds(control, [pid.to_bytes(8, "little")], [answers_r, requests_w])
+        os.close(answers_r)
+        os.close(requests_w)
+
+
 # ------------------------------------------------------------- the engine
 
 
@@ -288,11 +319,22 @@ class Workers:
         self.ends = []
         self.processes = []
         self.handed_over = False
+        self.control = None
+        self.spawner = None
+        self.pids = []
         try:
+            self.control, spawner_end = socket.socketpair()
+            self.spawner = context.Process(
+                target=_spawner, args=(client_fn, spawner_end.fileno(), [self.control.fileno()]),
+                name="cohort-client-spawner", daemon=True,
+            )
+            self.spawner.start()
+            spawner_end.close()
             for index in range(count):
                 requests_r, requests_w = os.pipe()
                 answers_r, answers_w = os.pipe()
-                inherited = [fd for pair in self.ends for fd in pair] + [requests_w, answers_r]
+                inherited = [fd for pair in self.ends for fd in pair] + [
+                    requests_w, answers_r, self.control.fileno()]
                 process = context.Process(
                     target=_serve,
                     args=(client_fn, requests_r, answers_w, inherited),
@@ -302,6 +344,7 @@ class Workers:
                 self.ends.append((answers_r, requests_w))
                 process.start()
                 self.processes.append(process)
+                self.pids.append(process.pid)
                 os.close(requests_r)
                 os.close(answers_w)
         except BaseException:
@@ -327,6 +370,26 @@ class Workers:
         named = decode_tensors(tensors)
         return [named[str(i)] for i in range(header["count"])]
 
+    def stop(self, index):
+        """Kills worker ``index`` (its client overran its time)."""
+        try:
+            os.kill(self.pids[index], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def spawn(self, index):
+        """A fresh worker in place of worker ``index``, from the spawner:
+        its pipe ends ``(from the worker, to the worker)``, the engine's to
+        close."""
+        self.control.sendall(b"w")
+        message, fds, _, _ = socket.recv_fds(self.control, 8, 2)
+        if len(message) != 8 or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError("the worker spawner has exited")
+        self.pids[index] = int.from_bytes(message, "little")
+        return fds[0], fds[1]
+
     def hand_over(self):
         """The pipe ends, now the engine's to close."""
         self.handed_over = True
@@ -338,12 +401,18 @@ class Workers:
                 for fd in pair:
                     os.close(fd)
             self.handed_over = True
+        if self.control is not None:
+            # The spawner exits when its socket closes; so do its workers
+            # once the engine has closed their pipes.
+            self.control.close()
+            self.control = None
         # Each worker exits once the engine has closed its pipes; one still
         # training a client the engine no longer waits for is stopped.
         deadline = time.monotonic() + 5.0
-        for process in self.processes:
+        processes = self.processes + ([self.spawner] if self.spawner is not None else [])
+        for process in processes:
             process.join(timeout=max(0.0, deadline - time.monotonic()))
-        for process in self.processes:
+        for process in processes:
             if process.is_alive():
                 process.terminate()
                 process.join(timeout=1.0)

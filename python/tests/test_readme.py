@@ -18,7 +18,7 @@ def test_the_readmes_python_block_runs_as_written(monkeypatch, capsys):
     try:
         exec(compile(blocks[0], "README.md", "exec"), scope)
     finally:
-        for name in ("result", "sim"):
+        for name in ("result", "sim", "moved"):
             if name in scope:
                 shutil.rmtree(scope[name].run_dir)
     printed = capsys.readouterr().out
@@ -32,3 +32,7 @@ def test_the_readmes_python_block_runs_as_written(monkeypatch, capsys):
     assert len(sim.clients) == 4 and all(c["dropped"] is None for c in sim.clients)
     added = sum(c["client_id"] for c in sim.clients) / 2
     np.testing.assert_allclose(sim.parameters[0], np.full(3, added), rtol=1e-6)
+    # Server momentum moved the model past plain FedAvg's, and kept its state.
+    moved = scope["moved"]
+    assert len(moved.rounds) == 2 and all(c["dropped"] is None for c in moved.clients)
+    assert not np.array_equal(moved.parameters[0], sim.parameters[0])

@@ -1,6 +1,7 @@
 """cohort.simulate: Flower-style NumPy clients on cohort's round loop."""
 
 import csv
+import time
 
 import numpy as np
 import pytest
@@ -199,3 +200,30 @@ def test_what_cannot_start_is_refused_clearly(tmp_path):
     with pytest.raises(cohort.CohortError, match="SCAFFOLD"):
         cohort.simulate(Shifted, 2, config(rounds=1), strategy="scaffold",
                         overrides={"trainer.optimizer": "sgd"}, run_dir=tmp_path / "c")
+
+
+class Hangs(Regression):
+    """Client 1's fit never returns in round 1; every other fit does."""
+
+    def fit(self, parameters, config):
+        if self.cid == "1" and config["server_round"] == 1:
+            time.sleep(3600)
+        return super().fit(parameters, config)
+
+
+def test_a_client_that_hangs_is_dropped_after_the_timeout_and_its_worker_replaced(tmp_path):
+    # One worker: without a replacement, nothing after the hung fit could run.
+    result = cohort.simulate(
+        Hangs, num_clients=3, num_rounds=2, clients_per_round=3, max_concurrency=1,
+        run_dir=tmp_path / "run",
+        overrides={"server.payload_timeout": 1.0, "clients.min_per_round": 2},
+    )
+    reasons = {(c["round"], c["client_id"] - 1): c["dropped"] for c in result.clients}
+    assert reasons[(1, 1)] == (
+        "fit did not return within 1 s (server.payload_timeout); its worker process was replaced"
+    )
+    others = {key: reason for key, reason in reasons.items() if key != (1, 1)}
+    assert len(others) == 5 and all(reason is None for reason in others.values()), reasons
+    with open(tmp_path / "run" / "clients.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sum("did not return within 1 s" in row["dropped"] for row in rows) == 1

@@ -419,6 +419,20 @@ struct ClientArgs {
     /// clients.max_samples refuses more at registration anyway).
     #[arg(long, value_name = "N", default_value_t = 100_000, requires = "data", value_parser = clap::value_parser!(u64).range(1..))]
     max_samples: u64,
+    /// Refuse to take part in a run whose config has no
+    /// [secure_aggregation]: the server would receive this client's updates
+    /// unmasked. Checked when the server's config arrives, before any
+    /// training.
+    #[arg(long)]
+    require_secure_aggregation: bool,
+    /// Tests only: misbehave in secure aggregation, for tests of how the
+    /// server copes. `leave-at-share-keys`, `leave-at-masked-input`,
+    /// `leave-at-unmask`: the process exits when that stage's message
+    /// arrives; `stall-at-masked-input`, `stall-at-unmask`: it stays
+    /// connected and never answers that stage; `malformed-shares`, `stranger-share`, `short-input`: it sends
+    /// that rogue message. Hidden from --help: no deployment wants it.
+    #[arg(long, hide = true, value_name = "FAULT")]
+    secagg_fault: Option<cohort_runtime::secure_client::SecAggFault>,
 }
 
 /// The `cohort` command line over the models of `registry`; the process's
@@ -1057,6 +1071,8 @@ fn client(args: ClientArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
             max_samples: args.max_samples,
         }),
         registry: Arc::clone(registry),
+        require_secure_aggregation: args.require_secure_aggregation,
+        secagg_fault: args.secagg_fault,
     };
     let summary = cohort_runtime::run_worker(&options)?;
     tracing::info!(

@@ -5,8 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::{cohort, fixture_data, write_config};
 
@@ -117,9 +115,12 @@ fn fedbuff_is_the_same_with_one_or_two_workers() {
     // It was asynchronous: stale updates were aggregated, the clock moved
     // forward, and each round aggregated K = 2 updates.
     let clients = std::fs::read_to_string(with_two.join("clients.csv")).unwrap();
+    // Aggregated rows end with an empty `dropped`; a dropped stale update
+    // records its staleness too.
     let staleness: Vec<u32> = clients
         .lines()
         .skip(1)
+        .filter(|line| line.ends_with(','))
         .filter_map(|line| line.split(',').nth(16)?.parse().ok())
         .collect();
     assert!(staleness.iter().any(|&s| s > 0), "{clients}");
@@ -151,44 +152,7 @@ fn fedbuff_after_a_sigkill_and_resume_equals_an_uninterrupted_run() {
     let config = write_config(dir.path(), FEDBUFF);
     let reference = run(&config, &dir.path().join("reference"));
 
-    let base = dir.path().join("killed-base");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
-        .args([
-            "run",
-            "--config",
-            config.to_str().unwrap(),
-            "--cpu",
-            "--quiet",
-        ])
-        .env("COHORT_DATA_DIR", fixture_data())
-        .args(["--base", base.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let killed = loop {
-        assert!(
-            Instant::now() < deadline,
-            "no checkpoint of round 3 appeared"
-        );
-        let found = std::fs::read_dir(&base)
-            .ok()
-            .and_then(|mut entries| entries.next())
-            .and_then(|entry| entry.ok())
-            .map(|entry| entry.path())
-            .filter(|run| run.join("checkpoints/round-0003.json").is_file());
-        if let Some(run) = found {
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "the run finished before it could be killed"
-            );
-            child.kill().unwrap(); // SIGKILL
-            break run;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    assert!(!child.wait().unwrap().success(), "the run was killed");
+    let killed = common::run_killed_after_checkpoint(&config, &dir.path().join("killed-base"), 3);
     assert!(
         !killed.join("checkpoints/round-0010.json").exists(),
         "killed before the last round"
@@ -202,21 +166,7 @@ fn fedbuff_after_a_sigkill_and_resume_equals_an_uninterrupted_run() {
             .is_file()
     );
 
-    let output = cohort(
-        &[
-            "run",
-            "--resume",
-            killed.to_str().unwrap(),
-            "--cpu",
-            "--quiet",
-        ],
-        &fixture_data(),
-    );
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    common::resume_to_success(&killed, &[]);
     let log = std::fs::read_to_string(killed.join("run.log")).unwrap();
     assert!(log.contains("resuming after round"), "{log}");
     assert_eq!(

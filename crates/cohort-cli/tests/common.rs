@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -209,4 +209,103 @@ pub fn start_rank(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
+}
+
+/// Starts `cohort run --config CONFIG --cpu --quiet --base BASE` on the
+/// fixture and SIGKILLs it as soon as its run folder holds the checkpoint
+/// of `round` (it may be writing later rounds by then: a kill lands
+/// anywhere); returns the run folder. Fails if no such checkpoint appears
+/// within 120 s or the run finished before it could be killed.
+pub fn run_killed_after_checkpoint(config: &Path, base: &Path, round: u32) -> PathBuf {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args([
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+        ])
+        .args(["--base", base.to_str().unwrap()])
+        .env("COHORT_DATA_DIR", fixture_data())
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let checkpoint = format!("checkpoints/round-{round:04}.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let killed = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint of round {round} appeared"
+        );
+        let found = std::fs::read_dir(base)
+            .ok()
+            .and_then(|mut entries| entries.next())
+            .and_then(|entry| entry.ok())
+            .map(|entry| entry.path())
+            .filter(|run| run.join(&checkpoint).is_file());
+        if let Some(run) = found {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the run finished before it could be killed"
+            );
+            child.kill().unwrap(); // SIGKILL
+            break run;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    assert!(!child.wait().unwrap().success(), "the run was killed");
+    killed
+}
+
+/// `cohort run --resume RUN_DIR --cpu --quiet EXTRA...` on the fixture, to
+/// success; fails showing its stderr otherwise.
+pub fn resume_to_success(run_dir: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "run",
+        "--resume",
+        run_dir.to_str().unwrap(),
+        "--cpu",
+        "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    let output = cohort(&args, &fixture_data());
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The `cohort` binary with the fixtures' data and no ambient log level or
+/// token from the environment.
+pub fn cohort_command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cohort"));
+    command
+        .args(args)
+        .env("COHORT_DATA_DIR", fixture_data())
+        .env_remove("RUST_LOG")
+        .env_remove("COHORT_TOKEN");
+    command
+}
+
+/// `cohort run` in network mode that starts no client processes of its own;
+/// the test starts them by hand, as on other machines. Its stderr is piped.
+pub fn spawn_server_alone(config: &Path, base: &Path, stdout: Stdio) -> Child {
+    cohort_command(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--cpu",
+        "--quiet",
+        "--local-clients",
+        "0",
+        "--base",
+        base.to_str().unwrap(),
+    ])
+    .stdout(stdout)
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap()
 }

@@ -5,19 +5,9 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
-use common::{fixture_data, free_port, only_run_dir, write_config};
-
-fn cohort_command(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cohort"));
-    command
-        .args(args)
-        .env("COHORT_DATA_DIR", fixture_data())
-        .env_remove("RUST_LOG")
-        .env_remove("COHORT_TOKEN");
-    command
-}
+use common::{cohort_command, free_port, only_run_dir, spawn_server_alone, write_config};
 
 /// Two logical clients with 300 and 100 samples (3:1), one round.
 fn unequal_job(port: u16, comm_simulation: bool) -> String {
@@ -256,26 +246,6 @@ learning_rate = 0.05
     )
 }
 
-/// `cohort run` in network mode that starts no client processes of its own;
-/// the test starts them by hand, as on other machines.
-fn spawn_server_alone(config: &Path, base: &Path) -> Child {
-    cohort_command(&[
-        "run",
-        "--config",
-        config.to_str().unwrap(),
-        "--cpu",
-        "--quiet",
-        "--local-clients",
-        "0",
-        "--base",
-        base.to_str().unwrap(),
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap()
-}
-
 struct Killed {
     server: std::process::Output,
     base: PathBuf,
@@ -289,7 +259,7 @@ fn run_and_kill_one(min_per_round: u32) -> Killed {
     let port = free_port();
     let config = write_config(dir.path(), &three_client_job(port, min_per_round));
     let base = dir.path().join("runs");
-    let server = spawn_server_alone(&config, &base);
+    let server = spawn_server_alone(&config, &base, Stdio::piped());
     let address = format!("127.0.0.1:{port}");
     let mut clients: Vec<Child> = (0..3)
         .map(|_| {
@@ -397,7 +367,7 @@ fn a_wrong_token_is_refused_and_the_right_one_works() {
     );
     let config = write_config(dir.path(), &job);
     let base = dir.path().join("runs");
-    let server = spawn_server_alone(&config, &base);
+    let server = spawn_server_alone(&config, &base, Stdio::piped());
     let address = format!("127.0.0.1:{port}");
     let intruder = cohort_command(&["client", "--server", &address, "--token", "guess"])
         .output()

@@ -4,7 +4,8 @@
 //! FedAvg of their updates, recomputed here; claims that are out of range,
 //! taken or too large are refused; a mixed run has own-data clients and
 //! simulated ones, and an own-data client that over-reports its samples or
-//! leaves is dropped from its round while the run goes on.
+//! leaves is dropped from its round while the run goes on, also when the
+//! server is asynchronous.
 
 mod common;
 mod own_support;
@@ -187,7 +188,10 @@ fn check_on(dir: &Path, config_text: &str, data_root: &Path) -> std::process::Ou
 /// A hostile own-data client speaking the real protocol: it declares 10
 /// samples, reports 1000 in round 1 (with an honest-looking update: the global
 /// model back), then leaves when its round-2 task arrives.
-async fn over_reporting_client(address: String) {
+/// Own-data client 2 over the real protocol: it declares 10 samples and
+/// reports 1000 for its task of round 1, then leaves at its next task, or
+/// with `every_task` answers every task so.
+async fn over_reporting_client(address: String, every_task: bool) {
     let started = Instant::now();
     let mut client = loop {
         match FederationClient::connect(format!("http://{address}")).await {
@@ -222,7 +226,7 @@ async fn over_reporting_client(address: String) {
     let mut task: Option<proto::Task> = None;
     while let Ok(Some(message)) = inbound.message().await {
         match message.kind {
-            Some(ServerKind::Task(t)) if t.round == 1 => task = Some(t),
+            Some(ServerKind::Task(t)) if every_task || t.round == 1 => task = Some(t),
             Some(ServerKind::Task(_)) => return,
             Some(ServerKind::Chunk(chunk)) => payload.extend_from_slice(&chunk.data),
             _ => {}
@@ -284,7 +288,7 @@ fn a_mixed_run_has_own_data_and_simulated_clients_and_drops_a_lying_one() {
     );
     let (base, server) = server(dir.path(), &config, &["--local-clients", "1"]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let liar = runtime.spawn(over_reporting_client(format!("127.0.0.1:{port}")));
+    let liar = runtime.spawn(over_reporting_client(format!("127.0.0.1:{port}"), false));
     let own_client = start(own_data_client(port, &own, Some(1)));
     finish(server, "cohort run");
     finish(own_client, "own-data client 1");
@@ -322,4 +326,53 @@ fn a_mixed_run_has_own_data_and_simulated_clients_and_drops_a_lying_one() {
         }
     }
     assert_fedavg(&run_dir, 2, &rows, 4);
+}
+
+#[test]
+fn an_asynchronous_server_admits_own_data_updates_and_refuses_a_lying_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train, test) = (fixture_split("train"), fixture_split("t10k"));
+    let own = dir.path().join("own");
+    write_idx_folder(
+        &own,
+        &pick(&train, 90, |l| l % 2 == 0),
+        &pick(&test, 20, |l| l % 2 == 0),
+    );
+    // Both clients bring their own data and both places are always theirs:
+    // client 1 honest, client 2 over-reporting every task.
+    let port = free_port();
+    let config = job(port, (2, 2, 2), "100, 100", 1000)
+        .replace("min_per_round = 2\n", "")
+        .replace(
+            "random_seed = 4",
+            "random_seed = 4\nsynchronous = false\nstaleness_bound = 10",
+        )
+        .replace("rounds = 2", "rounds = 3");
+    let (base, server) = server_on(dir.path(), &config, &[], &test_files_only(dir.path()));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let liar = runtime.spawn(over_reporting_client(format!("127.0.0.1:{port}"), true));
+    let own_client = start(own_data_client(port, &own, Some(1)));
+    finish(server, "cohort run");
+    finish(own_client, "own-data client 1");
+    runtime.block_on(liar).unwrap();
+
+    let rows = clients_csv(&common::only_run_dir(&base));
+    let aggregated: Vec<&Row> = rows.iter().filter(|r| r.dropped.is_empty()).collect();
+    assert_eq!(
+        aggregated
+            .iter()
+            .map(|r| (r.round, r.client))
+            .collect::<Vec<_>>(),
+        [(1, 1), (2, 1), (3, 1)],
+        "{rows:?}"
+    );
+    assert!(aggregated.iter().all(|r| r.samples == "90"), "{rows:?}");
+    let refused: Vec<&Row> = rows.iter().filter(|r| r.client == 2).collect();
+    assert!(!refused.is_empty(), "{rows:?}");
+    assert!(
+        refused.iter().all(|r| r
+            .dropped
+            .contains("update refused: reports 1000 training samples; it declared 10")),
+        "{rows:?}"
+    );
 }

@@ -1,4 +1,4 @@
-//! A client in another language: `examples/python_client/` (grpcio stubs
+//! A client in another language: `examples/python_client/grpc_client.py` (grpcio stubs
 //! generated from cohort.proto at run time, numpy LeNet-5) joins a
 //! network-mode run as own-data client 1 beside a `cohort client` worker
 //! that trains clients 2 and 3 on the fixture. Its updates must be
@@ -97,7 +97,7 @@ fn the_python_client_joins_a_network_round_and_its_update_is_aggregated() {
     let (base, server) = server(dir.path(), &job(port), &["--local-clients", "1"]);
     let mut python = Command::new("python3");
     python
-        .arg(example.join("client.py"))
+        .arg(example.join("grpc_client.py"))
         .args(["--server", &format!("127.0.0.1:{port}"), "--data"])
         .arg(&data);
     let python = start(python);

@@ -1,7 +1,8 @@
 //! Client selection by utility through the real binary: Oort leaves a slow
 //! client for last and power-of-choice follows the reported losses; an Oort
 //! run, synchronous or under FedBuff, is the same bit for bit with one
-//! worker or two and after a stop and `--resume`.
+//! worker or two, after a stop and `--resume`, and after a SIGKILL and
+//! `--resume`.
 
 mod common;
 
@@ -164,8 +165,9 @@ fn chosen(run_dir: &Path) -> BTreeMap<u32, Vec<(u32, f64)>> {
 }
 
 /// Checks that a run of `config` is the same with one worker and with two,
-/// and when stopped after round `stop` and resumed; returns the two-worker
-/// run (in the folder returned with it).
+/// when stopped after round `stop` and resumed, and when killed with
+/// SIGKILL after its checkpoint of round `stop` and resumed; returns the
+/// two-worker run (in the folder returned with it).
 fn same_with_workers_and_resume(
     config: &str,
     stop: u32,
@@ -207,6 +209,28 @@ fn same_with_workers_and_resume(
         outcome(&stopped),
         outcome(&two),
         "a stopped and resumed run differs from the uninterrupted one"
+    );
+
+    // SIGKILL once the checkpoint of round `stop` is written: wherever the
+    // kill lands, `--resume` takes the newest complete checkpoint.
+    let killed = common::run_killed_after_checkpoint(
+        &job(&dir.join("killed"), config),
+        &dir.join("killed-runs"),
+        stop.parse().unwrap(),
+    );
+    assert!(
+        !killed
+            .join(format!("checkpoints/round-{rounds:0>4}.json"))
+            .exists(),
+        "killed before the last round"
+    );
+    common::resume_to_success(&killed, &[]);
+    let log = std::fs::read_to_string(killed.join("run.log")).unwrap();
+    assert!(log.contains("resuming after round"), "{log}");
+    assert_eq!(
+        outcome(&killed),
+        outcome(&two),
+        "a killed and resumed run differs from the uninterrupted one"
     );
     (temp, two)
 }

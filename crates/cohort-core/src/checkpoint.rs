@@ -353,6 +353,63 @@ pub fn any_written(run_dir: &Path) -> Result<bool, CheckpointError> {
         .any(|e| sidecar_round(&e.path()).is_some()))
 }
 
+/// Deletes every checkpoint of `run_dir` but the newest `keep` (by round
+/// number), each with all its files (`round-NNNN.*`); the rounds removed.
+///
+/// Called after a checkpoint was written whole, so the newest is usable;
+/// keeping two or more leaves one to fall back on should the newest be
+/// damaged later. Files that are not a checkpoint's are left alone.
+pub fn prune(run_dir: &Path, keep: usize) -> Result<Vec<u32>, CheckpointError> {
+    let folder = run_dir.join(FOLDER);
+    let entries = std::fs::read_dir(&folder).map_err(|source| CheckpointError::Read {
+        path: folder.clone(),
+        source,
+    })?;
+    let mut files: Vec<(u32, PathBuf)> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| file_round(&p).map(|round| (round, p)))
+        .collect();
+    let mut rounds: Vec<u32> = files.iter().map(|(round, _)| *round).collect();
+    rounds.sort_unstable();
+    rounds.dedup();
+    let Some(&oldest_kept) = rounds
+        .len()
+        .checked_sub(keep.max(1))
+        .and_then(|i| rounds.get(i))
+    else {
+        return Ok(Vec::new());
+    };
+    // The sidecar goes first: a checkpoint without it is no longer one, so
+    // a removal cut short never leaves a sidecar naming a deleted model.
+    files.sort_by_key(|(round, path)| (*round, sidecar_round(path).is_none()));
+    for (round, path) in &files {
+        if *round < oldest_kept {
+            std::fs::remove_file(path).map_err(|source| CheckpointError::Write {
+                path: path.clone(),
+                source,
+            })?;
+        }
+    }
+    Ok(rounds.into_iter().filter(|&r| r < oldest_kept).collect())
+}
+
+/// The round of a checkpoint's file (`round-NNNN.json`, `.safetensors`,
+/// `.state.safetensors`, `.bases.safetensors`), from its name.
+fn file_round(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    let rest = name.strip_prefix("round-")?;
+    let (digits, extension) = rest.split_once('.')?;
+    let known = [
+        "json",
+        "safetensors",
+        "state.safetensors",
+        "bases.safetensors",
+    ];
+    (known.contains(&extension) && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
 /// A checkpoint that passed every check.
 #[derive(Debug, Clone)]
 pub struct Restored {
@@ -917,5 +974,39 @@ mod tests {
         let error = latest(dir.path()).unwrap_err().to_string();
         assert!(error.contains("no complete checkpoint"), "{error}");
         assert!(error.contains("round-0001.json"), "{error}");
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_checkpoints_whole_and_nothing_else_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        for round in [1, 2, 3, 9, 10] {
+            write(dir.path(), &model(round as f32), history(round), NONE).unwrap();
+        }
+        let folder = dir.path().join(FOLDER);
+        std::fs::write(folder.join("notes.txt"), b"mine").unwrap();
+        std::fs::write(folder.join("round-0001.json.tmp"), b"a torn write").unwrap();
+        assert_eq!(prune(dir.path(), 2).unwrap(), [1, 2, 3]);
+        let mut left: Vec<String> = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "notes.txt",
+                "round-0001.json.tmp",
+                "round-0009.json",
+                "round-0009.safetensors",
+                "round-0010.json",
+                "round-0010.safetensors"
+            ]
+        );
+        assert_eq!(latest(dir.path()).unwrap().history.round, 10);
+        // Round 10000 comes after round 9999, not before round 2.
+        write(dir.path(), &model(4.0), history(10_000), NONE).unwrap();
+        assert_eq!(prune(dir.path(), 1).unwrap(), [9, 10]);
+        assert_eq!(latest(dir.path()).unwrap().history.round, 10_000);
+        assert!(prune(dir.path(), 5).unwrap().is_empty());
     }
 }

@@ -144,6 +144,10 @@ pub struct ClientRow {
     /// from and the aggregation its update joined.
     #[serde(default)]
     pub staleness: Option<u32>,
+    /// The task on the server's real clock, where that clock orders the run
+    /// (an asynchronous run in network mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<WallTask>,
 }
 
 /// A client's task on the simulated clock: when it started and how long
@@ -155,6 +159,15 @@ pub struct SimulatedTask {
     pub download: f64,
     pub compute: f64,
     pub upload: f64,
+}
+
+/// A task on the server's real clock: seconds since the run started (its
+/// `results.csv` `elapsed_time` scale) when the server sent it and when its
+/// answer arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct WallTask {
+    pub start: f64,
+    pub end: f64,
 }
 
 impl SimulatedTask {
@@ -181,6 +194,7 @@ impl ClientRow {
             dropped: None,
             simulated: None,
             staleness: None,
+            wall: None,
         }
     }
 }
@@ -194,7 +208,7 @@ const RESULTS_HEADER_V2: &str = "round,accuracy,elapsed_time,round_time,training
 const RESULTS_HEADER_V1: &str = "round,accuracy,elapsed_time,round_time,training_time,evaluation_time,bytes_to_clients,bytes_to_server,train_loss,simulated_time";
 /// `dropped` stays the last column: a reason may hold commas, and an
 /// aggregated row ends with its empty field.
-pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy,sim_start,sim_download,sim_compute,sim_upload,sim_end,staleness,dropped";
+pub const CLIENTS_HEADER: &str = "round,client_id,worker,samples,loss,training_time,processing_time,comm_time,payload_bytes,label_histogram,test_accuracy,sim_start,sim_download,sim_compute,sim_upload,sim_end,staleness,wall_start,wall_end,dropped";
 
 /// Every row a run has recorded, its resumed rounds' included: what
 /// `results.csv` and `clients.csv` hold and what a checkpoint keeps.
@@ -397,11 +411,14 @@ pub fn render_clients(rows: &[ClientRow]) -> String {
     out
 }
 
-/// `sim_start,sim_download,sim_compute,sim_upload,sim_end,staleness`, blank
-/// where the run has no such numbers.
+/// `sim_start,sim_download,sim_compute,sim_upload,sim_end,staleness,
+/// wall_start,wall_end`, blank where the run has no such numbers.
 fn simulated_fields(row: &ClientRow) -> String {
     let staleness = row.staleness.map_or(String::new(), |s| s.to_string());
-    match &row.simulated {
+    let wall = row
+        .wall
+        .map_or(",".to_owned(), |w| format!("{:.3},{:.3}", w.start, w.end));
+    let simulated = match &row.simulated {
         Some(t) => format!(
             "{:.3},{:.3},{:.3},{:.3},{:.3},{staleness}",
             t.start,
@@ -411,7 +428,8 @@ fn simulated_fields(row: &ClientRow) -> String {
             t.end()
         ),
         None => format!(",,,,,{staleness}"),
-    }
+    };
+    format!("{simulated},{wall}")
 }
 
 /// `text` as one CSV field (RFC 4180): quoted when it holds a comma, a
@@ -513,6 +531,10 @@ mod tests {
                     upload: 0.25,
                 }),
                 staleness: Some(2),
+                wall: Some(WallTask {
+                    start: 4.0,
+                    end: 6.5,
+                }),
             };
             let dropped = ClientRow {
                 worker: 1,
@@ -531,12 +553,13 @@ mod tests {
         let clients = std::fs::read_to_string(dir.path().join("clients.csv")).unwrap();
         assert_eq!(
             clients.lines().nth(1).unwrap(),
-            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000,4 2,,1.000,0.500,2.000,0.250,3.750,2,"
+            "1,3,0,6,0.250000,0.400,0.0100,0.0000,1000,4 2,,1.000,0.500,2.000,0.250,3.750,2,4.000,\
+             6.500,"
         );
         // A dropped client's row: no numbers, the reason as one quoted field.
         assert_eq!(
             clients.lines().nth(2).unwrap(),
-            "1,4,1,,,,,,,1 0,,,,,,,,\"update refused: reports \"\"5\"\" samples, not 6\""
+            "1,4,1,,,,,,,1 0,,,,,,,,,,\"update refused: reports \"\"5\"\" samples, not 6\""
         );
         let columns = CLIENTS_HEADER.split(',').count();
         assert_eq!(clients.lines().nth(1).unwrap().split(',').count(), columns);

@@ -19,8 +19,10 @@ use pyo3::prelude::*;
 
 mod command;
 mod config;
+mod connect;
 mod run;
 mod simulate;
+mod strategy;
 mod tensors;
 mod tools;
 
@@ -29,6 +31,7 @@ fn _cohort(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     module.add_function(wrap_pyfunction!(run::run, module)?)?;
     module.add_function(wrap_pyfunction!(simulate::simulate, module)?)?;
+    module.add_function(wrap_pyfunction!(connect::connect, module)?)?;
     module.add_function(wrap_pyfunction!(config::check, module)?)?;
     module.add_function(wrap_pyfunction!(config::resolved, module)?)?;
     module.add_function(wrap_pyfunction!(tools::partition, module)?)?;

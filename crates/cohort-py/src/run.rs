@@ -12,6 +12,7 @@
 //! starting), not in the middle of a client's training.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use cohort_core::config::LoadedConfig;
@@ -23,6 +24,7 @@ use cohort_runtime::{
 use pyo3::prelude::*;
 
 use crate::config::{Source, load_or_raise};
+use crate::strategy::{PythonStrategy, StrategyFailure};
 use crate::tensors::{TensorOut, read_model_file, tensors_of};
 
 /// Sees the run's events on the loop's thread; remembers the first Python
@@ -142,9 +144,8 @@ pub(crate) fn run_engine(
     observer: PythonObserver,
     parts: impl for<'b> FnOnce(RunBuilder<'b>) -> RunBuilder<'b>,
 ) -> Finished {
-    let keep = loaded.config().results.keep_client_updates;
     let mut capture = Capture {
-        folder: RunFolder::new(options.run_dir.clone()).keep_client_updates(keep),
+        folder: RunFolder::for_config(options.run_dir.clone(), loaded.config()),
         clients: Vec::new(),
     };
     let mut observer = observer;
@@ -215,7 +216,7 @@ impl RunObserver for Lent<'_> {
 /// Runs a config: returns the run's rows, facts and folder as JSON text,
 /// and the final model's tensors (PyTorch layout).
 #[pyfunction]
-#[pyo3(signature = (path, table_json, overrides_json, run_dir, data_dir, resume, on_round))]
+#[pyo3(signature = (path, table_json, overrides_json, run_dir, data_dir, resume, on_round, strategy))]
 #[allow(clippy::too_many_arguments)] // the Python wrapper's keywords, one to one
 pub(crate) fn run<'py>(
     py: Python<'py>,
@@ -226,6 +227,7 @@ pub(crate) fn run<'py>(
     data_dir: Option<PathBuf>,
     resume: bool,
     on_round: Option<Py<PyAny>>,
+    strategy: Option<Py<PyAny>>,
 ) -> PyResult<(String, Vec<TensorOut<'py>>)> {
     let source = Source::new(path, table_json)?;
     let loaded = load_or_raise(py, &source, overrides_json)?;
@@ -235,7 +237,46 @@ pub(crate) fn run<'py>(
         resume,
         ..RunOptions::new(run_dir)
     };
+    let failure = StrategyFailure::default();
+    let strategy = python_strategy(py, strategy, &failure)?;
     let observer = PythonObserver::new(on_round);
-    let finished = py.detach(|| run_engine(&loaded, options, observer, |builder| builder));
+    let finished = py.detach(|| {
+        run_engine(&loaded, options, observer, |builder| {
+            with_strategy(builder, strategy)
+        })
+    });
+    raise_strategy_failure(&failure)?;
     report(py, finished)
+}
+
+/// The user's `cohort.Strategy` (its bridge), checked and ready for the
+/// round loop.
+pub(crate) fn python_strategy(
+    py: Python<'_>,
+    bridge: Option<Py<PyAny>>,
+    failure: &StrategyFailure,
+) -> PyResult<Option<PythonStrategy>> {
+    bridge
+        .map(|bridge| PythonStrategy::new(py, bridge, Arc::clone(failure)))
+        .transpose()
+}
+
+/// `builder` with the user's strategy in place of `[algorithm]`'s, if given.
+pub(crate) fn with_strategy(
+    builder: RunBuilder<'_>,
+    strategy: Option<PythonStrategy>,
+) -> RunBuilder<'_> {
+    match strategy {
+        Some(strategy) => builder.strategy(Box::new(strategy)),
+        None => builder,
+    }
+}
+
+/// The exception the strategy's code raised, raised again now: it is what
+/// stopped the run.
+pub(crate) fn raise_strategy_failure(failure: &StrategyFailure) -> PyResult<()> {
+    match failure.lock().ok().and_then(|mut slot| slot.take()) {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
 }

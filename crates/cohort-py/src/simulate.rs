@@ -19,13 +19,17 @@ use std::sync::{Arc, Mutex};
 use cohort_core::data::Dataset;
 use cohort_core::tree::ParamTree;
 use cohort_runtime::RunEvent;
-use cohort_runtime::piped::{PipedClients, WorkerLink};
+use cohort_runtime::piped::{PipedClients, Respawn, WorkerLink};
 use cohort_train::task::Evaluation;
 use cohort_train::trainer::{EvalError, ModelEvaluator, Predictions};
 use pyo3::prelude::*;
 
 use crate::config::{Source, load_or_raise};
-use crate::run::{PythonObserver, report, run_dir_of, run_engine};
+use crate::run::{
+    PythonObserver, python_strategy, raise_strategy_failure, report, run_dir_of, run_engine,
+    with_strategy,
+};
+use crate::strategy::StrategyFailure;
 use crate::tensors::{TensorIn, TensorOut, tensors_of, tree_of};
 
 /// The global model on the server: the user's `evaluate_fn` (wrapped by
@@ -123,10 +127,44 @@ fn links_of(fds: Vec<(i32, i32)>) -> PyResult<Vec<WorkerLink>> {
         .collect())
 }
 
+/// The Python side's `Workers`: a worker whose client overran
+/// `server.payload_timeout` is killed, and a fresh one forked by the
+/// spawner process (forked with the workers, before the engine's threads)
+/// takes its place.
+struct PythonRespawn {
+    workers: Py<PyAny>,
+}
+
+impl Respawn for PythonRespawn {
+    /// A failure here is Python's own (the kill was refused): printed as
+    /// Python prints an exception it cannot raise, since the watchdog has
+    /// no caller to raise it to.
+    fn stop(&mut self, worker: usize) {
+        Python::attach(|py| {
+            if let Err(error) = self.workers.call_method1(py, "stop", (worker,)) {
+                error.print(py);
+            }
+        });
+    }
+
+    fn spawn(&mut self, worker: usize) -> anyhow::Result<WorkerLink> {
+        let fds: (i32, i32) = Python::attach(|py| {
+            self.workers
+                .call_method1(py, "spawn", (worker,))
+                .and_then(|fds| fds.extract(py))
+        })
+        .map_err(|error| anyhow::anyhow!("{error}"))?;
+        let mut links = links_of(vec![fds]).map_err(|error| anyhow::anyhow!("{error}"))?;
+        links
+            .pop()
+            .ok_or_else(|| anyhow::anyhow!("the spawner gave no pipes"))
+    }
+}
+
 /// Runs Python clients behind `workers` on the round loop; returns what
 /// `cohort.run` returns.
 #[pyfunction]
-#[pyo3(signature = (path, table_json, overrides_json, run_dir, resume, workers, initial, evaluate_fn, on_round))]
+#[pyo3(signature = (path, table_json, overrides_json, run_dir, resume, workers, initial, evaluate_fn, on_round, strategy, respawn))]
 #[allow(clippy::too_many_arguments)] // the Python wrapper's arguments, one to one
 pub(crate) fn simulate<'py>(
     py: Python<'py>,
@@ -139,6 +177,8 @@ pub(crate) fn simulate<'py>(
     initial: Vec<TensorIn<'py>>,
     evaluate_fn: Option<Py<PyAny>>,
     on_round: Option<Py<PyAny>>,
+    strategy: Option<Py<PyAny>>,
+    respawn: Py<PyAny>,
 ) -> PyResult<(String, Vec<TensorOut<'py>>)> {
     // First, so that the pipes are closed whatever fails next.
     let links = links_of(workers)?;
@@ -147,8 +187,9 @@ pub(crate) fn simulate<'py>(
     let source = Source::new(path, table_json)?;
     let loaded = load_or_raise(py, &source, overrides_json)?;
     let run_dir = run_dir_of(py, &loaded, run_dir, resume)?;
-    let transport =
-        PipedClients::start(&loaded, names, links).map_err(|e| crate::cohort_error(py, &e))?;
+    let respawn = Box::new(PythonRespawn { workers: respawn });
+    let transport = PipedClients::start_with(&loaded, names, links, Some(respawn))
+        .map_err(|e| crate::cohort_error(py, &e))?;
     let round = Arc::new(AtomicU32::new(0));
     let failure = Arc::new(Mutex::new(None));
     let evaluator = PythonEvaluator {
@@ -161,10 +202,12 @@ pub(crate) fn simulate<'py>(
         resume,
         ..cohort_runtime::RunOptions::new(run_dir)
     };
+    let strategy_failure = StrategyFailure::default();
+    let strategy = python_strategy(py, strategy, &strategy_failure)?;
     let observer = PythonObserver::new(on_round);
     let finished = py.detach(|| {
         run_engine(&loaded, options, observer, |builder| {
-            builder
+            with_strategy(builder, strategy)
                 .external_clients()
                 .transport(Box::new(transport))
                 .evaluator(Box::new(evaluator))
@@ -176,6 +219,7 @@ pub(crate) fn simulate<'py>(
                 })
         })
     });
+    raise_strategy_failure(&strategy_failure)?;
     let raised = failure.lock().ok().and_then(|mut slot| slot.take());
     match raised {
         Some(error) => Err(error),

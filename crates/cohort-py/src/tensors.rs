@@ -29,11 +29,11 @@ const DTYPES: [(DType, &str); 7] = [
     (DType::Bool, "bool"),
 ];
 
-fn dtype_of(name: &str) -> Option<DType> {
+pub(crate) fn dtype_of(name: &str) -> Option<DType> {
     DTYPES.iter().find(|(_, n)| *n == name).map(|(d, _)| *d)
 }
 
-fn name_of(dtype: DType) -> &'static str {
+pub(crate) fn name_of(dtype: DType) -> &'static str {
     DTYPES
         .iter()
         .find(|(d, _)| *d == dtype)

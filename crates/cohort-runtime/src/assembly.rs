@@ -147,10 +147,9 @@ pub(crate) fn build_and_run(
         hooks,
         observer: &mut observer,
         evaluator,
-        recorder: parts.recorder.unwrap_or_else(|| {
-            let keep = config.results.keep_client_updates;
-            Box::new(RunFolder::new(options.run_dir.clone()).keep_client_updates(keep))
-        }),
+        recorder: parts
+            .recorder
+            .unwrap_or_else(|| Box::new(RunFolder::for_config(options.run_dir.clone(), config))),
         test: splits.test,
         clients,
         ranks,
@@ -540,6 +539,7 @@ fn sim_devices(loaded: &LoadedConfig) -> anyhow::Result<Option<SimDevices>> {
         availability,
         intermittent: clients.availability.model != AvailabilityModel::Always,
         epochs: config.trainer.epochs,
+        online: Default::default(),
     }))
 }
 
@@ -598,6 +598,7 @@ fn loop_settings(
         asynchronous: (!server.synchronous).then_some(AsyncSettings {
             buffer: server.minimum_clients_aggregated as usize,
             staleness_bound: server.staleness_bound,
+            real_time: !clients.comm_simulation,
         }),
     }
 }
@@ -634,8 +635,8 @@ fn secure_settings(
     }
     if options.distributed.is_some() {
         anyhow::bail!(
-            "[secure_aggregation] runs in one process so far; the ranks of a distributed \
-             simulation exchange updates in the clear"
+            "[secure_aggregation] has no stages between the ranks of a distributed \
+             simulation, which exchange updates in the clear"
         );
     }
     let params = secure
@@ -662,6 +663,11 @@ fn secure_settings(
         params,
         seed: config.server.random_seed,
         simulated_dropout: secure.simulated_dropout,
+        network: (!config.clients.comm_simulation).then(|| {
+            std::time::Duration::from_secs_f64(
+                secure.timeout.unwrap_or(config.server.payload_timeout),
+            )
+        }),
     }))
 }
 
@@ -753,13 +759,22 @@ fn network_facts(loaded: &LoadedConfig, options: &RunOptions) -> String {
         0 => String::new(),
         n => format!(" and {n} own-data client(s)"),
     };
+    let rounds = if config.server.synchronous {
+        format!(
+            "each round gives {} clients to them and aggregates once {} updates are in",
+            clients.per_round,
+            loaded.min_per_round()
+        )
+    } else {
+        format!(
+            "keeps {} clients training on them and aggregates every {} updates as they arrive",
+            clients.per_round, config.server.minimum_clients_aggregated
+        )
+    };
     format!(
         "gRPC on {}:{}; waits for {processes} client process(es) ({started_here}){own_data}; \
-         each round gives {} clients to them and aggregates once {} updates are in",
-        config.server.address,
-        config.server.port,
-        clients.per_round,
-        loaded.min_per_round(),
+         {rounds}",
+        config.server.address, config.server.port,
     )
 }
 

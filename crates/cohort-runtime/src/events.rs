@@ -88,7 +88,9 @@ pub trait RunObserver {
     /// (a Ctrl-C seen by an embedding program, a callback that failed). The
     /// loop asks after each round's row is recorded; it then checkpoints
     /// that round whatever `server.checkpoint_interval` says, drops the
-    /// next round's work, and ends with [`Stopped`], so `--resume`
+    /// next round's work (an asynchronous run's tasks in flight, which the
+    /// checkpoint holds and `--resume` sends again), and ends with
+    /// [`Stopped`], so `--resume`
     /// continues at the next round. Never by default.
     fn stop_requested(&self) -> bool {
         false

@@ -24,6 +24,7 @@ mod ranks;
 mod record;
 mod round_loop;
 mod run;
+pub mod secure_client;
 mod start;
 pub mod transport;
 mod transports;
@@ -39,4 +40,7 @@ pub use run::{
     RunBuilder, RunOptions, RunSummary, new_run_dir, new_timestamped_run_dir, run, run_with_hooks,
     run_with_strategy,
 };
-pub use worker_process::{OwnDataOptions, WorkerOptions, WorkerSummary, run_worker};
+pub use worker_process::{
+    Declaration, MakeTrainer, OwnDataOptions, StopCheck, TaskTrainer, WorkerOptions, WorkerSummary,
+    run_worker, run_worker_with,
+};

@@ -55,6 +55,65 @@ pub struct WorkerLink {
     pub to_worker: Box<dyn Write + Send>,
 }
 
+/// Stops and replaces a worker process whose client overran
+/// `server.payload_timeout`: the caller's part, since the caller started
+/// the workers (and knows how to start another without forking the
+/// engine's process).
+pub trait Respawn: Send {
+    /// Ends worker `worker`'s process now, so that the thread waiting on
+    /// its answer reads the end of its pipe.
+    fn stop(&mut self, worker: usize);
+    /// A fresh worker process in place of `worker`, and its pipe ends.
+    fn spawn(&mut self, worker: usize) -> anyhow::Result<WorkerLink>;
+}
+
+type SharedRespawn = Arc<Mutex<Box<dyn Respawn>>>;
+
+fn locked<T: ?Sized>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// When a worker's task started, for the watchdog.
+#[derive(Default)]
+struct Clock {
+    started: Mutex<Option<Instant>>,
+    /// The watchdog stopped the worker: its task overran.
+    overran: AtomicBool,
+}
+
+/// A worker's deadline: its clock, the caller's respawn and the timeout.
+#[derive(Clone)]
+struct Deadline {
+    clock: Arc<Clock>,
+    respawn: SharedRespawn,
+    timeout: Duration,
+}
+
+/// Stops every worker whose task has run longer than `timeout`, until the
+/// transport is dropped or no worker is left.
+fn watchdog(
+    clocks: Vec<Arc<Clock>>,
+    respawn: SharedRespawn,
+    timeout: Duration,
+    live: Arc<AtomicUsize>,
+    closed: Arc<AtomicBool>,
+) {
+    while !closed.load(Ordering::SeqCst) && live.load(Ordering::SeqCst) > 0 {
+        for (worker, clock) in clocks.iter().enumerate() {
+            // Held while stopping, so the worker's thread sees `overran`
+            // as soon as it has its answer or the end of its pipe.
+            let started = locked(&clock.started);
+            let late = started.is_some_and(|t| t.elapsed() > timeout);
+            if late && !clock.overran.swap(true, Ordering::SeqCst) {
+                locked(&respawn).stop(worker);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// What every task's request is built from, read from the config once.
 #[derive(Debug, Clone)]
 struct Settings {
@@ -72,6 +131,26 @@ struct Settings {
     evaluate: bool,
 }
 
+impl Settings {
+    fn of(loaded: &LoadedConfig, names: Vec<String>) -> Self {
+        let config = loaded.config();
+        let pipelines = loaded.pipelines();
+        Self {
+            names,
+            inbound: pipelines.client_inbound,
+            outbound: pipelines.client_outbound,
+            limits: loaded.decode_limits(),
+            epochs: config.trainer.epochs,
+            batch_size: config.trainer.batch_size,
+            seed: config
+                .trainer
+                .training_seed
+                .unwrap_or(config.server.random_seed),
+            evaluate: config.clients.do_test,
+        }
+    }
+}
+
 struct Job {
     spec: TaskSpec,
     header: Vec<u8>,
@@ -86,6 +165,8 @@ pub struct PipedClients {
     results: Receiver<ClientOutcome>,
     cancelled: Arc<AtomicBool>,
     live: Arc<AtomicUsize>,
+    /// Ends the watchdog.
+    closed: Arc<AtomicBool>,
 }
 
 impl PipedClients {
@@ -96,29 +177,39 @@ impl PipedClients {
         names: Vec<String>,
         links: Vec<WorkerLink>,
     ) -> anyhow::Result<Self> {
+        Self::start_with(loaded, names, links, None)
+    }
+
+    /// [`PipedClients::start`], and with `respawn` a client whose answer
+    /// does not come within `server.payload_timeout` is dropped from its
+    /// round with that reason, its worker stopped and replaced.
+    pub fn start_with(
+        loaded: &LoadedConfig,
+        names: Vec<String>,
+        links: Vec<WorkerLink>,
+        respawn: Option<Box<dyn Respawn>>,
+    ) -> anyhow::Result<Self> {
         if links.is_empty() {
             bail!("no worker process to run the clients (trainer.max_concurrency)");
         }
-        let config = loaded.config();
-        let pipelines = loaded.pipelines();
-        let settings = Settings {
-            names,
-            inbound: pipelines.client_inbound,
-            outbound: pipelines.client_outbound,
-            limits: loaded.decode_limits(),
-            epochs: config.trainer.epochs,
-            batch_size: config.trainer.batch_size,
-            seed: config
-                .trainer
-                .training_seed
-                .unwrap_or(config.server.random_seed),
-            evaluate: config.clients.do_test,
-        };
+        let settings = Settings::of(loaded, names);
         let (job_sender, job_receiver) = mpsc::channel::<Job>();
         let job_receiver = Arc::new(Mutex::new(job_receiver));
         let (result_sender, results) = mpsc::channel();
         let cancelled = Arc::new(AtomicBool::new(false));
         let live = Arc::new(AtomicUsize::new(links.len()));
+        let closed = Arc::new(AtomicBool::new(false));
+        let clocks: Vec<Arc<Clock>> = links.iter().map(|_| Arc::default()).collect();
+        let respawn: Option<SharedRespawn> = respawn.map(|r| Arc::new(Mutex::new(r)));
+        let timeout = Duration::try_from_secs_f64(loaded.config().server.payload_timeout)
+            .unwrap_or(Duration::MAX);
+        if let Some(respawn) = &respawn {
+            let (clocks, respawn) = (clocks.clone(), Arc::clone(respawn));
+            let (live, closed) = (Arc::clone(&live), Arc::clone(&closed));
+            std::thread::Builder::new()
+                .name("cohort-piped-watchdog".to_owned())
+                .spawn(move || watchdog(clocks, respawn, timeout, live, closed))?;
+        }
         for (worker, link) in links.into_iter().enumerate() {
             let serving = Serving {
                 worker,
@@ -128,6 +219,11 @@ impl PipedClients {
                 cancelled: Arc::clone(&cancelled),
                 live: Arc::clone(&live),
                 settings: settings.clone(),
+                deadline: respawn.as_ref().map(|respawn| Deadline {
+                    clock: Arc::clone(&clocks[worker]),
+                    respawn: Arc::clone(respawn),
+                    timeout,
+                }),
             };
             // Not joined on drop: a thread waiting on a client's training
             // ends when its worker process does, and the caller ends those.
@@ -141,6 +237,7 @@ impl PipedClients {
             results,
             cancelled,
             live,
+            closed,
         })
     }
 
@@ -164,14 +261,16 @@ fn request_header(settings: &Settings, spec: &TaskSpec) -> anyhow::Result<Vec<u8
     let instructions = &spec.instructions;
     if instructions.correction.is_some() {
         bail!(
-            "the strategy sends clients a gradient correction (SCAFFOLD), which clients of \
-             cohort.simulate cannot apply; use a strategy that aggregates on the server"
+            "the strategy sends clients a gradient correction (SCAFFOLD), which Python clients \
+             (cohort.simulate, cohort.connect) cannot apply; use a strategy that aggregates on \
+             the server"
         );
     }
     if instructions.update_clip_norm.is_some() {
         bail!(
-            "the strategy asks clients to clip their updates (dp_fedavg), which clients of \
-             cohort.simulate do not do; use a strategy that aggregates on the server"
+            "the strategy asks clients to clip their updates (dp_fedavg), which Python clients \
+             (cohort.simulate, cohort.connect) do not do; use a strategy that aggregates on the \
+             server"
         );
     }
     let task = spec.task;
@@ -252,6 +351,7 @@ impl Drop for PipedClients {
         // The threads see the queue closed, drop their pipes, and the
         // worker processes read the end of their input.
         self.jobs.take();
+        self.closed.store(true, Ordering::SeqCst);
     }
 }
 
@@ -271,6 +371,8 @@ struct Serving {
     cancelled: Arc<AtomicBool>,
     live: Arc<AtomicUsize>,
     settings: Settings,
+    /// With a respawn: the worker's clock, for the watchdog.
+    deadline: Option<Deadline>,
 }
 
 impl Serving {
@@ -307,24 +409,145 @@ impl Serving {
         self.live.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Sends `job` to the worker and reads its answer.
+    /// Sends `job` to the worker and reads its answer; one that overran
+    /// its deadline fails the task whatever it answered, and the worker the
+    /// watchdog stopped is replaced.
     fn exchange(&mut self, job: &Job) -> Result<ClientReply, Failure> {
-        let worker = self.worker;
-        let link_error =
-            |e: std::io::Error| Failure::Link(format!("worker process {worker} is gone ({e})"));
-        write_message(&mut self.link.to_worker, &job.header, &job.tensors).map_err(link_error)?;
-        let (header, tensors) = read_message(
-            &mut self.link.from_worker,
-            self.settings.limits.max_bytes as u64,
-        )
+        let Some(deadline) = self.deadline.clone() else {
+            return exchange(
+                &mut self.link,
+                self.worker,
+                &self.settings,
+                &job.header,
+                &job.tensors,
+            );
+        };
+        *locked(&deadline.clock.started) = Some(Instant::now());
+        let result = exchange(
+            &mut self.link,
+            self.worker,
+            &self.settings,
+            &job.header,
+            &job.tensors,
+        );
+        let overran = {
+            let mut started = locked(&deadline.clock.started);
+            *started = None;
+            deadline.clock.overran.swap(false, Ordering::SeqCst)
+        };
+        if !overran {
+            return result;
+        }
+        let reason = format!(
+            "fit did not return within {} s (server.payload_timeout)",
+            deadline.timeout.as_secs_f64()
+        );
+        match locked(&deadline.respawn).spawn(self.worker) {
+            Ok(link) => {
+                self.link = link;
+                Err(Failure::Client(format!(
+                    "{reason}; its worker process was replaced"
+                )))
+            }
+            Err(error) => Err(Failure::Link(format!(
+                "{reason}, and its worker process could not be replaced: {error:#}"
+            ))),
+        }
+    }
+}
+
+/// One request to the worker behind `link` and its answer as a reply.
+fn exchange(
+    link: &mut WorkerLink,
+    worker: usize,
+    settings: &Settings,
+    header: &[u8],
+    tensors: &[u8],
+) -> Result<ClientReply, Failure> {
+    let link_error =
+        |e: std::io::Error| Failure::Link(format!("worker process {worker} is gone ({e})"));
+    write_message(&mut link.to_worker, header, tensors).map_err(link_error)?;
+    let (header, tensors) = read_message(&mut link.from_worker, settings.limits.max_bytes as u64)
         .map_err(|e| match e {
-            ReadError::Io(e) => link_error(e),
-            ReadError::Refused(reason) => Failure::Link(format!(
-                "worker process {worker} sent a malformed answer ({reason}); \
-                         it takes no more clients"
-            )),
-        })?;
-        reply_of(&self.settings, &header, &tensors).map_err(Failure::Client)
+        ReadError::Io(e) => link_error(e),
+        ReadError::Refused(reason) => Failure::Link(format!(
+            "worker process {worker} sent a malformed answer ({reason}); \
+                 it takes no more clients"
+        )),
+    })?;
+    reply_of(settings, &header, &tensors).map_err(Failure::Client)
+}
+
+/// One worker process trained task by task, on the caller's thread: the
+/// trainer of a network-mode client process whose clients are the
+/// caller's code (`cohort.connect`), speaking the same pipe contract as
+/// [`PipedClients`].
+pub struct PipedWorker {
+    settings: Settings,
+    link: WorkerLink,
+    /// Whether `settings.names` is the caller's order, or the global
+    /// model's, read from each task's model.
+    named: bool,
+}
+
+impl PipedWorker {
+    /// `names`: the order of the client's list of arrays; `None`: the
+    /// global model's own order (its tensors' names, sorted).
+    pub fn new(loaded: &LoadedConfig, names: Option<Vec<String>>, link: WorkerLink) -> Self {
+        let named = names.is_some();
+        Self {
+            settings: Settings::of(loaded, names.unwrap_or_default()),
+            link,
+            named,
+        }
+    }
+
+    /// The request of `task` from the global model `payload` (as the
+    /// server sent it, through `client_inbound`): its header and plain
+    /// tensors, or why the client cannot train it.
+    fn request(
+        &mut self,
+        task: cohort_train::trainer::ClientTask,
+        instructions: &crate::transport::TaskInstructions,
+        payload: &[u8],
+    ) -> Result<(Vec<u8>, Vec<u8>), String> {
+        let tree = self
+            .settings
+            .inbound
+            .receive(payload, &self.settings.limits)
+            .map_err(|e| format!("cannot unpack the global model: {e}"))?;
+        if !self.named {
+            self.settings.names = tree.leaves().iter().map(|(p, _)| p.to_string()).collect();
+        }
+        let tensors = codec::encode(&tree).map_err(|e| e.to_string())?;
+        let spec = TaskSpec {
+            slot: 0,
+            task,
+            instructions: instructions.clone(),
+        };
+        let header = request_header(&self.settings, &spec).map_err(|e| e.to_string())?;
+        Ok((header, tensors))
+    }
+}
+
+/// A client that raised or answered wrongly fails its task; a worker that
+/// is gone ends the process, which has no other.
+impl crate::worker_process::TaskTrainer for PipedWorker {
+    fn train(
+        &mut self,
+        task: cohort_train::trainer::ClientTask,
+        instructions: &crate::transport::TaskInstructions,
+        payload: &[u8],
+    ) -> anyhow::Result<Result<ClientReply, String>> {
+        let (header, tensors) = match self.request(task, instructions, payload) {
+            Ok(request) => request,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        match exchange(&mut self.link, 0, &self.settings, &header, &tensors) {
+            Ok(reply) => Ok(Ok(reply)),
+            Err(Failure::Client(reason)) => Ok(Err(reason)),
+            Err(Failure::Link(reason)) => Err(anyhow::anyhow!(reason)),
+        }
     }
 }
 
@@ -560,6 +783,141 @@ mod tests {
             read_message(&mut &huge[..], 1 << 10),
             Err(ReadError::Refused(_))
         ));
+    }
+
+    /// A respawn over threads: `stop` closes the hung worker's answers so
+    /// its thread's read ends; `spawn` starts a worker that answers.
+    struct ThreadRespawn {
+        hung_answers: Option<std::io::PipeWriter>,
+        stopped: Arc<AtomicUsize>,
+    }
+
+    fn answering_worker() -> WorkerLink {
+        let (mut requests, to_worker) = std::io::pipe().unwrap();
+        let (from_worker, mut answers) = std::io::pipe().unwrap();
+        std::thread::spawn(move || {
+            while read_message(&mut requests, 1 << 20).is_ok() {
+                let answer = json!({"ok": true, "num_examples": 7, "metrics": {}});
+                let answer = serde_json::to_vec(&answer).unwrap();
+                if write_message(&mut answers, &answer, &tensors()).is_err() {
+                    return;
+                }
+            }
+        });
+        WorkerLink {
+            from_worker: Box::new(from_worker),
+            to_worker: Box::new(to_worker),
+        }
+    }
+
+    impl Respawn for ThreadRespawn {
+        fn stop(&mut self, worker: usize) {
+            assert_eq!(worker, 0);
+            self.stopped.fetch_add(1, Ordering::SeqCst);
+            self.hung_answers.take();
+        }
+
+        fn spawn(&mut self, _worker: usize) -> anyhow::Result<WorkerLink> {
+            Ok(answering_worker())
+        }
+    }
+
+    #[test]
+    fn a_client_past_the_timeout_is_dropped_and_its_worker_replaced() {
+        let loaded = cohort_core::config::from_str(
+            "[clients]\ntotal_clients = 4\nper_round = 2\n\
+             [server]\npayload_timeout = 0.2\n\
+             [parameters.optimizer]\nlearning_rate = 0.1\n",
+            std::path::Path::new("test.toml"),
+        )
+        .unwrap();
+        // The only worker reads its task and never answers.
+        let (mut requests, to_worker) = std::io::pipe().unwrap();
+        let (from_worker, answers) = std::io::pipe().unwrap();
+        std::thread::spawn(move || while read_message(&mut requests, 1 << 20).is_ok() {});
+        let stopped = Arc::new(AtomicUsize::new(0));
+        let respawn = ThreadRespawn {
+            hung_answers: Some(answers),
+            stopped: Arc::clone(&stopped),
+        };
+        let link = WorkerLink {
+            from_worker: Box::new(from_worker),
+            to_worker: Box::new(to_worker),
+        };
+        let names = vec!["0".into(), "1".into()];
+        let mut clients =
+            PipedClients::start_with(&loaded, names, vec![link], Some(Box::new(respawn))).unwrap();
+        let spec = |slot: usize, client_id: u32| TaskSpec {
+            slot,
+            task: cohort_train::trainer::ClientTask {
+                client_id,
+                round: 1,
+            },
+            instructions: crate::transport::TaskInstructions::plain(0.1),
+        };
+        let started = Instant::now();
+        clients
+            .dispatch(Arc::new(tensors()), vec![spec(0, 1), spec(1, 2)])
+            .unwrap();
+        let first = clients.next_outcome().unwrap();
+        let reason = first.result.unwrap_err();
+        assert_eq!(
+            reason,
+            "fit did not return within 0.2 s (server.payload_timeout); its worker process was \
+             replaced"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // The next client runs on the replacement.
+        let second = clients.next_outcome().unwrap();
+        assert_eq!(second.result.unwrap().reply.num_samples, 7);
+        assert_eq!(stopped.load(Ordering::SeqCst), 1);
+    }
+
+    /// A piped worker of a network client: the arrays are named by the
+    /// global model's own order when the caller gives none, a client's
+    /// failure fails its task, and a worker that is gone ends the process.
+    #[test]
+    fn a_piped_worker_trains_tasks_in_the_models_order_until_its_worker_is_gone() {
+        use crate::worker_process::TaskTrainer;
+        let loaded = cohort_core::config::from_str(
+            "[clients]\ntotal_clients = 4\nper_round = 2\n\
+             [parameters.optimizer]\nlearning_rate = 0.1\n",
+            std::path::Path::new("test.toml"),
+        )
+        .unwrap();
+        let (mut requests, to_worker) = std::io::pipe().unwrap();
+        let (from_worker, mut answers) = std::io::pipe().unwrap();
+        let worker = std::thread::spawn(move || {
+            let (header, _) = read_message(&mut requests, 1 << 20).ok().unwrap();
+            assert_eq!(header["names"], json!(["0", "1"]));
+            assert_eq!(header["cid"], json!("2"));
+            let answer = json!({"ok": true, "num_examples": 5, "metrics": {}});
+            let answer = serde_json::to_vec(&answer).unwrap();
+            write_message(&mut answers, &answer, &tensors()).unwrap();
+            let _ = read_message(&mut requests, 1 << 20);
+            let refusal = serde_json::to_vec(&json!({"ok": false, "error": "fit raised"})).unwrap();
+            write_message(&mut answers, &refusal, &[]).unwrap();
+        });
+        let link = WorkerLink {
+            from_worker: Box::new(from_worker),
+            to_worker: Box::new(to_worker),
+        };
+        let mut piped = PipedWorker::new(&loaded, None, link);
+        let task = cohort_train::trainer::ClientTask {
+            client_id: 3,
+            round: 1,
+        };
+        let plain = crate::transport::TaskInstructions::plain(0.1);
+        let reply = piped.train(task, &plain, &tensors()).unwrap().unwrap();
+        assert_eq!(reply.num_samples, 5);
+        let refused = piped.train(task, &plain, &tensors()).unwrap();
+        assert_eq!(refused.unwrap_err(), "fit raised");
+        worker.join().unwrap();
+        let gone = piped.train(task, &plain, &tensors()).unwrap_err();
+        assert!(
+            gone.to_string().contains("worker process 0 is gone"),
+            "{gone}"
+        );
     }
 
     /// A worker in a thread over real pipes: it answers the first task,

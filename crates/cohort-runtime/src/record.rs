@@ -123,6 +123,7 @@ impl<R: Recorder + ?Sized> Recorder for &mut R {
 pub struct RunFolder {
     run_dir: PathBuf,
     keep_client_updates: bool,
+    checkpoints_kept: Option<u32>,
 }
 
 impl RunFolder {
@@ -131,7 +132,23 @@ impl RunFolder {
         Self {
             run_dir,
             keep_client_updates: false,
+            checkpoints_kept: None,
         }
+    }
+
+    /// `server.checkpoints_kept`: after each checkpoint, delete all but the
+    /// newest `kept` (`None`: keep every one).
+    pub fn checkpoints_kept(mut self, kept: Option<u32>) -> Self {
+        self.checkpoints_kept = kept;
+        self
+    }
+
+    /// The folder's recorder as the config asks: updates kept or not,
+    /// checkpoints pruned or not.
+    pub fn for_config(run_dir: PathBuf, config: &cohort_core::config::Config) -> Self {
+        Self::new(run_dir)
+            .keep_client_updates(config.results.keep_client_updates)
+            .checkpoints_kept(config.server.checkpoints_kept)
     }
 
     /// `results.keep_client_updates`: also every update aggregated, in
@@ -176,6 +193,16 @@ impl Recorder for RunFolder {
             (state.strategy.name(), &strategy_state),
             bases,
         )?;
+        if let Some(kept) = self.checkpoints_kept {
+            let removed = checkpoint::prune(&self.run_dir, kept as usize)?;
+            if !removed.is_empty() {
+                tracing::debug!(
+                    ?removed,
+                    kept,
+                    "older checkpoints deleted (server.checkpoints_kept)"
+                );
+            }
+        }
         Ok(Some(sidecar))
     }
 

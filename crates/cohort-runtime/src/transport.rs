@@ -160,6 +160,26 @@ pub(crate) fn truncated(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// One secure-aggregation stage message for a logical client, to the worker
+/// process that trained it (network mode).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageMessage {
+    pub client_id: u32,
+    pub worker: usize,
+    /// The stage's message, encoded by `cohort_core::secagg::wire`.
+    pub body: Vec<u8>,
+}
+
+/// How long a stage waits and how much one answer may hold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageBounds {
+    pub timeout: std::time::Duration,
+    pub max_answer_bytes: usize,
+}
+
+/// Each client's answer to a stage message, or why none came.
+pub type StageAnswers = Vec<(u32, Result<Vec<u8>, String>)>;
+
 pub trait Transport {
     /// Starts `tasks`; each client receives `global_payload` (the global model
     /// after `server.outbound_processors`).
@@ -176,6 +196,21 @@ pub trait Transport {
 
     /// Drops tasks not yet started (the run is stopping early).
     fn cancel(&mut self);
+
+    /// Sends one secure-aggregation stage's messages and waits, within
+    /// `bounds`, for each client's answer. Only a transport whose clients
+    /// are processes of their own has stages: in process, the round loop
+    /// runs the protocol itself.
+    fn secure_stage(
+        &mut self,
+        round: u32,
+        stage: cohort_core::secagg::sim::Stage,
+        messages: Vec<StageMessage>,
+        bounds: StageBounds,
+    ) -> anyhow::Result<StageAnswers> {
+        let _ = (round, stage, messages, bounds);
+        anyhow::bail!("this transport has no secure-aggregation stages (network mode only)")
+    }
 }
 
 #[cfg(test)]

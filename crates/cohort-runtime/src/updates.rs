@@ -20,7 +20,7 @@ use cohort_train::trainer::ClientTask;
 
 use crate::client::ClientPartitions;
 use crate::events::{RunEvent, RunObserver};
-use crate::transport::{ClientOutcome, Declared, TaskInstructions, TaskSpec, Transport};
+use crate::transport::{ClientOutcome, Declared, Delivered, TaskInstructions, TaskSpec, Transport};
 
 /// What the server asks of an own-data client's report (`cohort client
 /// --data`): its sample count is its own word, bounded by these.
@@ -52,6 +52,8 @@ pub(crate) struct Arrival {
     pub(crate) simulated: Option<cohort_core::results::SimulatedTask>,
     /// Asynchronous runs: aggregations since the model it trained from.
     pub(crate) staleness: Option<u32>,
+    /// The task on the server's real clock, where that clock orders the run.
+    pub(crate) wall: Option<cohort_core::results::WallTask>,
 }
 
 /// An update that arrived and unpacked, with its slot in the selection.
@@ -75,6 +77,10 @@ pub(crate) struct Dropped {
     /// The task on the simulated clock as far as it got (a client lost when
     /// it went offline, or late).
     pub(crate) simulated: Option<cohort_core::results::SimulatedTask>,
+    /// Asynchronous runs: how stale its update was, when it got that far.
+    pub(crate) staleness: Option<u32>,
+    /// The task on the server's real clock, where that clock orders the run.
+    pub(crate) wall: Option<cohort_core::results::WallTask>,
 }
 
 impl std::fmt::Display for Dropped {
@@ -129,6 +135,7 @@ pub(crate) fn unshared_row(row: &crate::distributed::SharedRow) -> (ClientReport
             test_correct: row.test_correct,
             simulated: None,
             staleness: None,
+            wall: None,
         },
     )
 }
@@ -176,6 +183,7 @@ pub(crate) fn collect_updates(
     limits: &DecodeLimits,
     observer: &mut dyn RunObserver,
     round: u32,
+    masked: bool,
 ) -> anyhow::Result<Collected> {
     let mut collected = Collected::default();
     let mut arrived = Vec::with_capacity(tasks);
@@ -186,7 +194,7 @@ pub(crate) fn collect_updates(
         if let Ok(delivered) = &outcome.result {
             collected.bytes_to_server += delivered.reply.payload.len() as u64;
         }
-        match unpack(outcome, inbound, limits) {
+        match unpack_or_masked(outcome, inbound, limits, masked) {
             Ok(update) => {
                 observer.on_event(&RunEvent::ClientFinished { round, client_id });
                 arrived.push(update);
@@ -214,6 +222,49 @@ pub(crate) fn collect_updates(
 
 /// One outcome's update, unpacked through the inbound pipeline, with its
 /// report; or why the client is out of the round.
+/// [`unpack`], or under secure aggregation in network mode (`masked`) a
+/// report whose update stays with its client: the report alone, with no
+/// tree. Such a client must send no update bytes at all: one that sends its
+/// update in the clear is dropped, and its bytes never unpacked.
+fn unpack_or_masked(
+    outcome: ClientOutcome,
+    inbound: &cohort_core::processors::Pipeline,
+    limits: &DecodeLimits,
+    masked: bool,
+) -> Result<Arrived, Dropped> {
+    if !masked {
+        return unpack(outcome, inbound, limits);
+    }
+    let sent = outcome
+        .result
+        .as_ref()
+        .map_or(0, |delivered| delivered.reply.payload.len());
+    let client_id = outcome.task.client_id;
+    let dropped = |reason: String| Dropped {
+        client_id,
+        worker: Some(outcome.worker),
+        reason,
+        simulated: None,
+        staleness: None,
+        wall: None,
+    };
+    if sent > 0 {
+        return Err(dropped(format!(
+            "sent {sent} bytes of update in the clear; under [secure_aggregation] an update \
+             travels only masked, in the protocol's stages"
+        )));
+    }
+    let delivered = outcome.result.map_err(dropped)?;
+    Ok(arrived(
+        outcome.slot,
+        outcome.worker,
+        client_id,
+        delivered,
+        ParamTree::None,
+        0.0,
+    ))
+}
+
 pub(crate) fn unpack(
     outcome: ClientOutcome,
     inbound: &cohort_core::processors::Pipeline,
@@ -225,41 +276,66 @@ pub(crate) fn unpack(
         worker: Some(outcome.worker),
         reason,
         simulated: None,
+        staleness: None,
+        wall: None,
     };
     let delivered = outcome.result.map_err(dropped)?;
-    let reply = delivered.reply;
     let unpacking = Instant::now();
     let tree = inbound
-        .receive(&reply.payload, limits)
+        .receive(&delivered.reply.payload, limits)
         .map_err(|error| dropped(format!("malformed update: {error}")))?;
     tracing::debug!(
         client = client_id,
         worker = outcome.worker,
-        loss = reply.loss,
+        loss = delivered.reply.loss,
         "client finished"
     );
-    Ok(Arrived {
-        slot: outcome.slot,
+    let unpacking = unpacking.elapsed().as_secs_f64();
+    Ok(arrived(
+        outcome.slot,
+        outcome.worker,
+        client_id,
+        delivered,
+        tree,
+        unpacking,
+    ))
+}
+
+/// A delivered report as the round takes it: `tree` its unpacked update
+/// (none when the update stays masked with its client), `unpacking` the
+/// server's seconds spent on it, added to the client's processing time.
+fn arrived(
+    slot: usize,
+    worker: usize,
+    client_id: u32,
+    delivered: Delivered,
+    tree: ParamTree,
+    unpacking: f64,
+) -> Arrived {
+    let reply = delivered.reply;
+    Arrived {
+        slot,
         report: ClientReport {
             client_id,
             num_samples: reply.num_samples,
             loss: reply.loss,
             training_time: reply.training_time,
             local_steps: reply.local_steps,
-            worker: outcome.worker,
+            worker,
         },
         arrival: Arrival {
-            processing_time: reply.processing_time + unpacking.elapsed().as_secs_f64(),
+            processing_time: reply.processing_time + unpacking,
             comm_time: delivered.comm_time,
             payload_bytes: reply.payload.len() as u64,
             test_samples: reply.test_samples,
             test_correct: reply.test_correct,
             simulated: None,
             staleness: None,
+            wall: None,
         },
         tree,
         declared: delivered.declared,
-    })
+    }
 }
 
 /// The round's payloads after the server hooks, with the positional contract
@@ -410,6 +486,17 @@ pub(crate) fn check_update(
             "the update is poisoned: `{path}`[{index}] is not finite"
         ));
     }
+    check_report(arrived, expected, max_seconds)
+}
+
+/// The report's numbers against what the server expects; under secure
+/// aggregation in network mode the whole check, as the update stays with
+/// its client (the protocol checks the masked vector's length and range).
+pub(crate) fn check_report(
+    arrived: &Arrived,
+    expected: &ExpectedReport,
+    max_seconds: f64,
+) -> Result<(), String> {
     let report = &arrived.report;
     let arrival = &arrived.arrival;
     let claims = [
@@ -561,6 +648,7 @@ pub(crate) mod tests {
             &DecodeLimits::default(),
             &mut crate::events::Unobserved,
             1,
+            false,
         )
         .unwrap()
     }
@@ -783,6 +871,7 @@ pub(crate) mod tests {
             test_correct: test.1,
             simulated: None,
             staleness: None,
+            wall: None,
         }
     }
 }

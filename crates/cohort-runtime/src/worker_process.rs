@@ -34,6 +34,7 @@ use crate::grpc::proto::federation_client::FederationClient;
 use crate::grpc::proto::server_message::Kind as ServerKind;
 use crate::grpc::proto::{self, ClientMessage, ServerMessage};
 use crate::grpc::{CHUNK_BYTES, MAX_CLIENT_NAME_BYTES, PROTOCOL_VERSION};
+use crate::secure_client::{Reply, SecureClient};
 use crate::transport::{TaskInstructions, truncated};
 
 /// How `cohort client` was started.
@@ -62,6 +63,11 @@ pub struct WorkerOptions {
     /// The models the server's config may name: those of the program the
     /// server runs, so that the client builds the same model.
     pub registry: std::sync::Arc<cohort_train::registry::Registry>,
+    /// `--require-secure-aggregation`: refuse a run whose config sends
+    /// updates in the clear, before training anything.
+    pub require_secure_aggregation: bool,
+    /// Tests only: misbehave in secure aggregation (`--secagg-fault`, hidden).
+    pub secagg_fault: Option<crate::secure_client::SecAggFault>,
 }
 
 /// `cohort client --data PATH [--client-id ID]`.
@@ -175,7 +181,7 @@ type Joined = (Outbox, tonic::Streaming<ServerMessage>, proto::Welcome);
 /// slots are full cuts the connection) is retried until `--connect-timeout`;
 /// a refusal of this client itself (token, name, protocol, declaration, an
 /// id held by another process) is final.
-async fn register(options: &WorkerOptions, own: Option<&OwnData>) -> anyhow::Result<Joined> {
+async fn register(options: &WorkerOptions, own: Option<&proto::OwnData>) -> anyhow::Result<Joined> {
     let started = Instant::now();
     loop {
         match try_register(options, own).await {
@@ -222,19 +228,14 @@ fn passing(status: &tonic::Status) -> bool {
     )
 }
 
-async fn try_register(options: &WorkerOptions, own: Option<&OwnData>) -> Result<Joined, Refused> {
+async fn try_register(
+    options: &WorkerOptions,
+    own: Option<&proto::OwnData>,
+) -> Result<Joined, Refused> {
     let mut client = connect(options).await?;
     let (sender, receiver) = tokio::sync::mpsc::channel::<ClientMessage>(4);
     let name = process_name(&options.host_name, std::process::id());
-    let own_data = own.map(|own| proto::OwnData {
-        client_id: options
-            .own_data
-            .as_ref()
-            .and_then(|o| o.client_id)
-            .unwrap_or(0),
-        train_samples: own.train.len() as u64,
-        test_samples: own.test_len() as u64,
-    });
+    let own_data = own.cloned();
     // Queued before the call: the server answers only after reading it.
     sender
         .send(send(ClientKind::Register(proto::Register {
@@ -377,17 +378,171 @@ impl Holdings {
     }
 }
 
+/// Trains the tasks a client process receives: cohort's own model on the
+/// data the process holds (`cohort client`), or the caller's code
+/// ([`run_worker_with`]).
+pub trait TaskTrainer {
+    /// The reply to `task`, from the global model as the server sent it
+    /// (`payload`, through `client_inbound`), or why this client is out of
+    /// the round (sent to the server as `TaskFailed`); the outer `Err`
+    /// ends the process (a task it can never train).
+    fn train(
+        &mut self,
+        task: ClientTask,
+        instructions: &TaskInstructions,
+        payload: &[u8],
+    ) -> anyhow::Result<Result<ClientReply, String>>;
+}
+
+/// An own-data client whose training is the caller's code: what it
+/// declares at registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declaration {
+    /// The own-data client to claim; `None`: the lowest free one.
+    pub client_id: Option<u32>,
+    pub train_samples: u64,
+    pub test_samples: u64,
+}
+
+/// Builds the trainer once the server's config is known: the config and
+/// the own-data client id the server granted.
+pub type MakeTrainer<'a> =
+    Box<dyn FnOnce(&LoadedConfig, u32) -> anyhow::Result<Box<dyn TaskTrainer>> + 'a>;
+
+/// Asked between the server's messages whether the caller wants the
+/// process to stop (a Ctrl-C in the caller's code).
+pub type StopCheck<'a> = &'a (dyn Fn() -> bool + Sync);
+
+/// [`run_worker`] for an own-data client that trains with `make`'s
+/// trainer instead of a model of the registry: it declares `declared`,
+/// loads no data and builds no model. While it waits for the server it
+/// asks `stop` every 200 ms, and ends when that says so.
+pub fn run_worker_with(
+    options: &WorkerOptions,
+    declared: Declaration,
+    make: MakeTrainer<'_>,
+    stop: StopCheck<'_>,
+) -> anyhow::Result<WorkerSummary> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("cannot start the client's network thread")?;
+    let own = proto::OwnData {
+        client_id: declared.client_id.unwrap_or(0),
+        train_samples: declared.train_samples,
+        test_samples: declared.test_samples,
+    };
+    runtime.block_on(async {
+        let (sender, mut inbound, welcome) = register(options, Some(&own)).await?;
+        let loaded = server_config(&welcome)?;
+        check_secure_aggregation(options, &loaded)?;
+        anyhow::ensure!(
+            welcome.client_id > 0,
+            "the server accepted the own-data registration but named no client id"
+        );
+        let mut trainer = make(&loaded, welcome.client_id)?;
+        tracing::info!(
+            worker = welcome.worker,
+            client = welcome.client_id,
+            "registered as own-data client {}; waiting for tasks",
+            welcome.client_id
+        );
+        let secure = SecureClient::of_config(&loaded, options.secagg_fault)?;
+        let mut served = Served {
+            sender: &sender,
+            inbound: &mut inbound,
+            stop: Some(stop),
+        };
+        serve(options, &loaded, &mut served, trainer.as_mut(), secure).await
+    })
+}
+
+/// The stream a client process is served on, and the caller's stop check.
+struct Served<'a> {
+    sender: &'a Outbox,
+    inbound: &'a mut tonic::Streaming<ServerMessage>,
+    stop: Option<StopCheck<'a>>,
+}
+
+impl Served<'_> {
+    /// The server's next message, unless the caller stops first.
+    async fn next(&mut self) -> anyhow::Result<Option<ServerKind>> {
+        let Some(stop) = self.stop else {
+            return next(self.inbound).await;
+        };
+        tokio::select! {
+            message = next(self.inbound) => message,
+            () = stopped(stop) => bail!("stopped while waiting for the server"),
+        }
+    }
+}
+
+async fn stopped(stop: StopCheck<'_>) {
+    while !stop() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `--require-secure-aggregation`: the config is the server's word, and a
+/// server that leaves the section out would receive every update in the
+/// clear.
+fn check_secure_aggregation(options: &WorkerOptions, loaded: &LoadedConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !options.require_secure_aggregation || loaded.config().secure_aggregation.is_some(),
+        "the server's config has no [secure_aggregation], so this client's updates would \
+         reach the server unmasked; --require-secure-aggregation refuses to take part"
+    );
+    Ok(())
+}
+
+fn server_config(welcome: &proto::Welcome) -> anyhow::Result<LoadedConfig> {
+    cohort_core::config::from_str(&welcome.config_toml, Path::new("<config from the server>"))
+        .context("the server's config does not load in this cohort build")
+}
+
+/// cohort's own model trained on the data this process holds.
+struct ModelTrainer {
+    holdings: Holdings,
+    runner: ClientRunner,
+    compute: rayon::ThreadPool,
+}
+
+impl TaskTrainer for ModelTrainer {
+    fn train(
+        &mut self,
+        task: ClientTask,
+        instructions: &TaskInstructions,
+        payload: &[u8],
+    ) -> anyhow::Result<Result<ClientReply, String>> {
+        let (data, partition, held_out) = self.holdings.client(task.client_id)?;
+        let runner = &mut self.runner;
+        let outcome = self
+            .compute
+            .install(|| runner.run(task, instructions, payload, data, partition, held_out));
+        Ok(outcome.map_err(|error| error.to_string()))
+    }
+}
+
 async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     // Read and checked before connecting: the counts it declares are what it holds.
     let own = match &options.own_data {
         Some(own) => Some(OwnData::load(&own.path, own.max_samples)?),
         None => None,
     };
-    let (sender, mut inbound, welcome) = register(options, own.as_ref()).await?;
-    let loaded =
-        cohort_core::config::from_str(&welcome.config_toml, Path::new("<config from the server>"))
-            .context("the server's config does not load in this cohort build")?;
+    let declared = own.as_ref().map(|own| proto::OwnData {
+        client_id: options
+            .own_data
+            .as_ref()
+            .and_then(|o| o.client_id)
+            .unwrap_or(0),
+        train_samples: own.train.len() as u64,
+        test_samples: own.test_len() as u64,
+    });
+    let (sender, mut inbound, welcome) = register(options, declared.as_ref()).await?;
+    let loaded = server_config(&welcome)?;
     let config = &loaded.config();
+    check_secure_aggregation(options, &loaded)?;
     let selected = device::select(options.device)?;
     let holdings = Holdings::prepare(&loaded, options, own, welcome.client_id)?;
     let model = options
@@ -398,37 +553,52 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             holdings.sample_shape().to_vec(),
         )
         .context("the server's model")?;
-    let mut runner = ClientRunner::new(&loaded, &model, &selected)?;
-    let compute = compute_threads(config.trainer.threads_per_worker)?;
+    let mut trainer = ModelTrainer {
+        holdings,
+        runner: ClientRunner::new(&loaded, &model, &selected)?,
+        compute: compute_threads(config.trainer.threads_per_worker)?,
+    };
+    log_registered(&welcome, selected.name);
+    let secure = SecureClient::of_config(&loaded, options.secagg_fault)?;
+    let mut served = Served {
+        sender: &sender,
+        inbound: &mut inbound,
+        stop: None,
+    };
+    serve(options, &loaded, &mut served, &mut trainer, secure).await
+}
+
+/// Answers the server's tasks with `trainer` until it ends the stream;
+/// under secure aggregation (`secure`) each update stays here and only its
+/// masked form leaves, stage by stage.
+async fn serve(
+    options: &WorkerOptions,
+    loaded: &LoadedConfig,
+    served: &mut Served<'_>,
+    trainer: &mut dyn TaskTrainer,
+    mut secure: Option<SecureClient>,
+) -> anyhow::Result<WorkerSummary> {
     let max_bytes = loaded
         .decode_limits()
         .max_bytes
         .min(options.max_payload_bytes);
-    match welcome.client_id {
-        0 => tracing::info!(
-            worker = welcome.worker,
-            device = selected.name,
-            "registered; waiting for tasks"
-        ),
-        id => tracing::info!(
-            worker = welcome.worker,
-            client = id,
-            device = selected.name,
-            "registered as own-data client {id}; waiting for tasks"
-        ),
-    }
-
     let mut summary = WorkerSummary::default();
     loop {
-        let task = match next(&mut inbound).await? {
+        let task = match served.next().await? {
             Some(ServerKind::Task(task)) => task,
+            Some(ServerKind::Secagg(request)) => {
+                let Some(secure) = secure.as_mut() else {
+                    bail!("the server sent a secure-aggregation stage, but its config has none");
+                };
+                answer_stage(served.sender, secure, &request).await?;
+                continue;
+            }
             None => break,
             Some(_) => bail!("the server sent a message out of order"),
         };
         let download_started = Instant::now();
-        let (payload, instructions) = task_inputs(&mut inbound, &task, max_bytes).await?;
+        let (payload, instructions) = task_inputs(served.inbound, &task, max_bytes).await?;
         let download_time = download_started.elapsed().as_secs_f64();
-        let (data, partition, held_out) = holdings.client(task.client_id)?;
         tracing::info!(
             round = task.round,
             client = task.client_id,
@@ -440,18 +610,86 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
             client_id: task.client_id,
             round: task.round,
         };
-        let outcome = tokio::task::block_in_place(|| {
-            compute.install(|| runner.run(job, &instructions, &payload, data, partition, held_out))
-        });
+        let outcome = tokio::task::block_in_place(|| trainer.train(job, &instructions, &payload))?;
         summary.tasks += 1;
         if let Err(error) = &outcome {
             summary.failed += 1;
             tracing::warn!(client = task.client_id, round = task.round, "{error}");
         }
-        let outcome = outcome.map_err(|e| e.to_string());
-        answer(&sender, &task, outcome, download_time).await?;
+        let mut outcome = outcome;
+        if let Some(secure) = secure.as_mut() {
+            withhold_update(secure, &task, &payload, &mut outcome);
+        }
+        answer(served.sender, &task, outcome, download_time).await?;
     }
     Ok(summary)
+}
+
+fn log_registered(welcome: &proto::Welcome, device: &str) {
+    match welcome.client_id {
+        0 => tracing::info!(
+            worker = welcome.worker,
+            device,
+            "registered; waiting for tasks"
+        ),
+        id => tracing::info!(
+            worker = welcome.worker,
+            client = id,
+            device,
+            "registered as own-data client {id}; waiting for tasks"
+        ),
+    }
+}
+
+/// Under secure aggregation the trained update stays in this process: the
+/// report goes without it, and only its masked form leaves, stage by stage.
+/// A task whose update cannot be masked fails with the reason.
+fn withhold_update(
+    secure: &mut SecureClient,
+    task: &proto::Task,
+    global_payload: &[u8],
+    outcome: &mut Result<ClientReply, String>,
+) {
+    let Ok(reply) = outcome else { return };
+    match secure.trained(task.client_id, task.round, global_payload, reply) {
+        Ok(()) => reply.payload = Vec::new(),
+        Err(reason) => *outcome = Err(reason),
+    }
+}
+
+/// Answers one secure-aggregation stage message: the answer's size, then
+/// its bytes in chunks; or the refusal.
+async fn answer_stage(
+    sender: &Outbox,
+    secure: &mut SecureClient,
+    request: &proto::SecAggRequest,
+) -> anyhow::Result<()> {
+    let reply = match crate::grpc::stage_from(request.stage) {
+        Some(stage) => secure.answer(request.round, request.client_id, stage, &request.body),
+        None => Reply::Refuse(format!("unknown stage {}", request.stage)),
+    };
+    let (body, refused) = match reply {
+        Reply::Answer(body) => (body, String::new()),
+        Reply::Refuse(reason) => (Vec::new(), reason),
+        Reply::Silent => return Ok(()),
+    };
+    sender
+        .send(send(ClientKind::Secagg(proto::SecAggAnswer {
+            round: request.round,
+            client_id: request.client_id,
+            stage: request.stage,
+            body_bytes: body.len() as u64,
+            refused,
+        })))
+        .await?;
+    for chunk in body.chunks(CHUNK_BYTES) {
+        sender
+            .send(send(ClientKind::Chunk(proto::Chunk {
+                data: chunk.to_vec(),
+            })))
+            .await?;
+    }
+    Ok(())
 }
 
 /// The compute threads a task trains on.

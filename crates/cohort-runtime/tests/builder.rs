@@ -581,3 +581,47 @@ fn a_run_an_observer_stops_checkpoints_that_round_and_resumes_exactly() {
     let model = |dir: &Path| std::fs::read(dir.join(MODEL_FILE)).unwrap();
     assert_eq!(model(&stopped_dir), model(&whole_dir));
 }
+
+/// `server.checkpoints_kept = 2`: after four rounds the folder holds the
+/// checkpoints of rounds 3 and 4 alone, and a run extended from them ends
+/// with the model of a run that kept every checkpoint.
+#[test]
+fn a_run_keeps_only_its_newest_checkpoints_and_still_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let four = JOB.replace("rounds = 2", "rounds = 4");
+    let whole_dir = dir.path().join("whole");
+    RunBuilder::new(&config(&four), options(whole_dir.clone()))
+        .run()
+        .unwrap();
+    let kept_dir = dir.path().join("kept");
+    let kept =
+        config(&(JOB.replace("rounds = 2", "rounds = 3") + "[server]\ncheckpoints_kept = 2\n"));
+    RunBuilder::new(&kept, options(kept_dir.clone()))
+        .run()
+        .unwrap();
+    let sidecars = |dir: &std::path::Path| {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".json"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(sidecars(&kept_dir), ["round-0002.json", "round-0003.json"]);
+    let extended = config(&(four.clone() + "[server]\ncheckpoints_kept = 2\n"));
+    RunBuilder::new(
+        &extended,
+        RunOptions {
+            resume: true,
+            ..options(kept_dir.clone())
+        },
+    )
+    .run()
+    .unwrap();
+    assert_eq!(sidecars(&kept_dir), ["round-0003.json", "round-0004.json"]);
+    assert_eq!(
+        std::fs::read(kept_dir.join("model.safetensors")).unwrap(),
+        std::fs::read(whole_dir.join("model.safetensors")).unwrap()
+    );
+}

@@ -475,5 +475,7 @@ fn honest_client(
         own_data: None,
         host_name: "honest".into(),
         registry: std::sync::Arc::new(cohort_train::registry::Registry::builtin()),
+        require_secure_aggregation: false,
+        secagg_fault: None,
     }
 }

@@ -189,6 +189,8 @@ fn a_process_that_never_answers_its_task_loses_its_connection_slot() {
         own_data: None,
         host_name: "honest".into(),
         registry: Arc::new(cohort_train::registry::Registry::builtin()),
+        require_secure_aggregation: false,
+        secagg_fault: None,
     };
     std::thread::spawn(move || {
         let _ = cohort_runtime::run_worker(&options);

@@ -432,6 +432,8 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "server.max_payload_bytes",
     "server.max_inflight_bytes",
     "results.keep_client_updates",
+    // Which old checkpoints stay on disk changes none of the newest.
+    "server.checkpoints_kept",
     // How long the server waits for a stage changes nothing it computes.
     "secure_aggregation.timeout",
     // An alias that must equal algorithm.type: writing it or not changes nothing.
@@ -1517,14 +1519,10 @@ fn validate_asynchronous(loaded: &LoadedConfig, fail: Fail) {
     let refusals = [
         (
             "clients.profile.compute",
-            !config.clients.profile.enabled(),
-            "server.synchronous = false needs a [clients.profile] (clients.profile.compute or \
-             clients.profile.file): the simulated clock decides the order updates arrive in",
-        ),
-        (
-            "clients.comm_simulation",
-            !config.clients.comm_simulation,
-            "the asynchronous server runs in simulation only (comm_simulation = true) for now",
+            config.clients.comm_simulation && !config.clients.profile.enabled(),
+            "server.synchronous = false in simulation (clients.comm_simulation = true) needs a \
+             [clients.profile] (clients.profile.compute or clients.profile.file): the simulated \
+             clock decides the order updates arrive in (network mode takes their real order)",
         ),
         (
             "cluster.backend",
@@ -1548,6 +1546,13 @@ fn validate_asynchronous(loaded: &LoadedConfig, fail: Fail) {
             config.clients.min_per_round.is_some(),
             "is for synchronous rounds; the asynchronous server aggregates every \
              server.minimum_clients_aggregated updates",
+        ),
+        (
+            "secure_aggregation",
+            config.secure_aggregation.is_some(),
+            "masks the updates of one synchronous round together, and the asynchronous server \
+             takes each update as it arrives: it would see every update in the clear, so the \
+             two are refused together",
         ),
     ];
     for (key, refused, why) in refusals {
@@ -1729,6 +1734,13 @@ fn validate_trainer(loaded: &LoadedConfig, optimizer_known: bool, fail: Fail) {
         fail(
             "server.checkpoint_interval",
             "must be at least 1 (rounds between checkpoints)".to_owned(),
+        );
+    }
+    if config.server.checkpoints_kept == Some(0) {
+        fail(
+            "server.checkpoints_kept",
+            "must be at least 1: --resume needs the newest checkpoint (leave it out to keep all)"
+                .to_owned(),
         );
     }
     // Each worker is a thread with its own model, and in network mode a

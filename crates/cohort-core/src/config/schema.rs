@@ -197,6 +197,10 @@ pub struct Server {
     pub simulate_wall_time: bool,
     /// Rounds between checkpoints; the last round is always checkpointed.
     pub checkpoint_interval: u32,
+    /// How many of the newest checkpoints a run keeps (older ones are
+    /// deleted once a newer one is written whole). Default: all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoints_kept: Option<u32>,
     /// Applied by the server to each client's update.
     pub inbound_processors: Vec<String>,
     /// Applied by the server to the global model it sends.
@@ -230,7 +234,9 @@ pub struct Server {
     /// `false`: Plato's asynchronous server. Up to `clients.per_round`
     /// clients train at once, a new one is selected whenever one finishes,
     /// and the strategy aggregates every `minimum_clients_aggregated`
-    /// updates; simulation mode with a `[clients.profile]` only.
+    /// updates: on the simulated clock of a `[clients.profile]` in
+    /// simulation mode, on the real one (updates as they arrive) in network
+    /// mode.
     #[serde(skip_serializing_if = "is_true")]
     pub synchronous: bool,
     /// Asynchronous runs: updates aggregated at once (FedBuff's K). Default 1.
@@ -256,6 +262,7 @@ impl Default for Server {
             random_seed: 1,
             simulate_wall_time: true,
             checkpoint_interval: 1,
+            checkpoints_kept: None,
             inbound_processors: vec!["safetensor_decode".to_owned()],
             outbound_processors: vec!["safetensor_encode".to_owned()],
             max_payload_bytes: 1 << 30,

@@ -7,9 +7,10 @@
 //! that look at each update (median, trimmed mean, Krum, SCAFFOLD's
 //! per-client state, `dp_fedavg`'s clipping on the server), keeping the
 //! updates (`results.keep_client_updates`) and dropping outliers by their
-//! distance (`server.max_update_norm_ratio`). Network mode and distributed
-//! ranks have no secure-aggregation stages yet, and are refused rather than
-//! run in the clear.
+//! distance (`server.max_update_norm_ratio`). Distributed ranks have no
+//! secure-aggregation stages yet, and are refused rather than run in the
+//! clear. In network mode the clients keep their updates, so what would
+//! replace or draw on them in the server is refused too.
 
 use crate::secagg::{NumShares, Params, ParamsError};
 
@@ -203,18 +204,39 @@ fn refuse_combinations(config: &Config, fail: Fail) {
         );
     }
     if !config.clients.comm_simulation {
-        fail(
-            "clients.comm_simulation",
-            "is false, but [secure_aggregation] runs in simulation only so far: network mode \
-             has no secure-aggregation stages yet, and would send every update in the clear"
-                .to_owned(),
-        );
+        refuse_in_network_mode(config, fail);
     }
     if config.cluster.backend.is_some() {
         fail(
             "cluster.backend",
             "cannot be set with [secure_aggregation] yet: the ranks of a distributed \
              simulation exchange updates or partial sums in the clear"
+                .to_owned(),
+        );
+    }
+}
+
+/// Network mode: each client masks its own update in its own process, so
+/// the server has no update to replace with a simulated attack, and its
+/// clients drop out for real rather than by a draw.
+fn refuse_in_network_mode(config: &Config, fail: Fail) {
+    if let Some(secure) = &config.secure_aggregation
+        && secure.simulated_dropout > 0.0
+    {
+        fail(
+            "secure_aggregation.simulated_dropout",
+            "is for simulation (clients.comm_simulation = true); in network mode clients \
+             drop out for real, and the server cannot make one vanish"
+                .to_owned(),
+        );
+    }
+    if config.clients.attack != crate::attack::Attack::None
+        && config.clients.attackers_per_round > 0
+    {
+        fail(
+            "clients.attack",
+            "cannot be set with [secure_aggregation] in network mode: a simulated attacker \
+             replaces its update on the server, which never holds one"
                 .to_owned(),
         );
     }

@@ -1355,14 +1355,29 @@ fn secure_aggregation_refuses_what_needs_each_update() {
     ] {
         assert_eq!(refused(extra).key.as_deref(), Some(key), "{extra}");
     }
-    let network = error_of(&format!(
-        "{}{SECURE}",
-        MINIMAL.replace(
-            "per_round = 2\n",
-            "per_round = 2\ncomm_simulation = false\n"
+    // Network mode runs the protocol over the client processes; a draw of
+    // vanishing clients is simulation's alone.
+    let network = |extra: &str| {
+        format!(
+            "{}{SECURE}{extra}",
+            MINIMAL.replace(
+                "per_round = 2\n",
+                "per_round = 2\ncomm_simulation = false\n"
+            )
         )
+    };
+    load_text(&network("")).unwrap();
+    let dropout = error_of(&network("simulated_dropout = 0.25\n"));
+    assert_eq!(
+        dropout.key.as_deref(),
+        Some("secure_aggregation.simulated_dropout")
+    );
+    // The server holds no update for a simulated attacker to replace.
+    let attack = error_of(&network("").replace(
+        "comm_simulation = false\n",
+        "comm_simulation = false\nattack = \"scale\"\nattackers_per_round = 1\n",
     ));
-    assert_eq!(network.key.as_deref(), Some("clients.comm_simulation"));
+    assert_eq!(attack.key.as_deref(), Some("clients.attack"));
     for accepted in [
         "fedavg",
         "fedprox",
@@ -1488,6 +1503,16 @@ fn the_asynchronous_server_loads_and_refuses_what_it_cannot_run() {
     let error = error_of(&unprofiled);
     assert_eq!(error.key.as_deref(), Some("clients.profile.compute"));
     assert!(error.message.contains("simulated clock"), "{error}");
+    // In network mode the updates' real order is the clock: no profile, and
+    // one would be refused as simulated.
+    let network = unprofiled.replace("per_round = 2", "per_round = 2\ncomm_simulation = false");
+    let loaded = load_text(&network).unwrap();
+    assert!(!loaded.config.server.synchronous && !loaded.config.clients.comm_simulation);
+    let profiled = text.replace("per_round = 2", "per_round = 2\ncomm_simulation = false");
+    assert_eq!(
+        error_of(&profiled).key.as_deref(),
+        Some("clients.comm_simulation")
+    );
     // K above the clients in flight could never aggregate.
     let error = error_of(&text.replace(
         "minimum_clients_aggregated = 2",
@@ -1516,6 +1541,21 @@ fn the_asynchronous_server_loads_and_refuses_what_it_cannot_run() {
     );
     let fedbuff = format!("{text}\n[algorithm]\ntype = \"fedbuff\"\nserver_learning_rate = 2\n");
     assert!(load_text(&fedbuff).is_ok());
+    // Keeping no checkpoint would leave --resume nothing.
+    let none_kept = format!("{MINIMAL}\n[server]\ncheckpoints_kept = 0\n");
+    let error = error_of(&none_kept);
+    assert_eq!(error.key.as_deref(), Some("server.checkpoints_kept"));
+    assert!(error.message.contains("--resume"), "{error}");
+    // The asynchronous server takes updates one by one: there is no round
+    // whose updates could be masked together, so it would see them all.
+    let secure = format!("{text}\n[secure_aggregation]\nprotocol = \"secaggplus\"\n");
+    let errors = load_text(&secure).unwrap_err();
+    let refusal = errors
+        .errors()
+        .iter()
+        .find(|e| e.key.as_deref() == Some("secure_aggregation"))
+        .expect("secure aggregation is refused with the asynchronous server");
+    assert!(refusal.message.contains("in the clear"), "{refusal}");
 }
 
 #[test]

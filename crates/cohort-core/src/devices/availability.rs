@@ -12,6 +12,7 @@
 //! they depend on the seed and the client alone, so a resumed run draws the
 //! same ones again and nothing of them is checkpointed.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
@@ -209,6 +210,123 @@ impl Availability {
                     horizon = drawn.until;
                 }
             }
+        }
+    }
+}
+
+/// Which clients are online, kept up to date as the clock moves forward,
+/// so the questions an asynchronous server asks at every event (who is
+/// online to take a free place, when is the next one) cost what the
+/// clients that changed and the places number, not a pass over every
+/// client's spells.
+///
+/// It holds each client's state (online or not) and the time until which
+/// that state lasts, both from [`Availability::online_until`] and
+/// [`Availability::next_online`], so its answers are theirs exactly; a
+/// question about a time before the last one rebuilds it.
+#[derive(Debug, Clone, Default)]
+pub struct OnlineIndex {
+    /// The time the states hold at; `None` until first asked.
+    at: Option<f64>,
+    /// Index `c − 1`: whether client `c` is online at `at`.
+    online: Vec<bool>,
+    /// (the time client's state changes, as bits, client), earliest first:
+    /// the times are never negative, so their bits sort as they do.
+    changes: BTreeSet<(u64, u32)>,
+}
+
+impl OnlineIndex {
+    /// The clients of `1..=total` online at `time`, except those in `busy`,
+    /// in ascending order: the ones a selection may draw from.
+    pub fn online_clients(
+        &mut self,
+        availability: &mut Availability,
+        total: u32,
+        time: f64,
+        busy: &[u32],
+    ) -> Vec<u32> {
+        self.advance(availability, total, time);
+        // A copy of the states with the busy ones cleared, then one pass:
+        // bytes, not branches, for each of the federation's clients.
+        let mut idle_online = self.online.clone();
+        for &client in busy {
+            if let Some(state) = (client as usize)
+                .checked_sub(1)
+                .and_then(|i| idle_online.get_mut(i))
+            {
+                *state = false;
+            }
+        }
+        idle_online
+            .iter()
+            .zip(1..=total)
+            .filter_map(|(&online, client)| online.then_some(client))
+            .collect()
+    }
+
+    /// The earliest time from `time` on when a client of `1..=total` not in
+    /// `busy` is online; `None` when none ever is again.
+    pub fn next_online_client(
+        &mut self,
+        availability: &mut Availability,
+        total: u32,
+        time: f64,
+        busy: &[u32],
+    ) -> Option<f64> {
+        self.advance(availability, total, time);
+        let mut busy = busy.to_vec();
+        busy.sort_unstable();
+        let idle = |client: &u32| busy.binary_search(client).is_err();
+        if (1..=total).any(|c| self.online[c as usize - 1] && idle(&c)) {
+            return Some(time);
+        }
+        // Every idle client is offline: the earliest change among them is
+        // when one comes online (only finite changes are kept).
+        self.changes
+            .iter()
+            .find(|(_, client)| idle(client))
+            .map(|&(bits, _)| f64::from_bits(bits))
+    }
+
+    /// The states at `time`: from scratch the first time (or for a time
+    /// before the last), else by replaying the changes up to it.
+    fn advance(&mut self, availability: &mut Availability, total: u32, time: f64) {
+        let fresh = match self.at {
+            Some(at) => time < at || self.online.len() != total as usize,
+            None => true,
+        };
+        if fresh {
+            self.online = vec![false; total as usize];
+            self.changes.clear();
+            for client in 1..=total {
+                self.refresh(availability, client, time);
+            }
+        } else {
+            while let Some(&(bits, client)) = self.changes.first() {
+                if f64::from_bits(bits) > time {
+                    break;
+                }
+                self.changes.pop_first();
+                self.refresh(availability, client, time);
+            }
+        }
+        self.at = Some(time);
+    }
+
+    /// Client `client`'s state at `time` and when it changes.
+    fn refresh(&mut self, availability: &mut Availability, client: u32, time: f64) {
+        let (online, until) = match availability.online_until(client, time) {
+            Some(until) => (true, until),
+            None => (
+                false,
+                availability
+                    .next_online(client, time)
+                    .unwrap_or(f64::INFINITY),
+            ),
+        };
+        self.online[client as usize - 1] = online;
+        if until.is_finite() {
+            self.changes.insert((until.to_bits(), client));
         }
     }
 }

@@ -27,7 +27,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-pub use availability::{Availability, AvailabilityConfig, AvailabilityModel, Interval};
+pub use availability::{
+    Availability, AvailabilityConfig, AvailabilityModel, Interval, OnlineIndex,
+};
 pub use distribution::Distribution;
 
 /// The longest a figure may be: compute seconds per sample (or epoch), task

@@ -274,4 +274,79 @@ proptest::proptest! {
             proptest::prop_assert!(until.is_some_and(|until| until > next));
         }
     }
+
+    /// The index answers what asking every client would, at times that
+    /// move forward (as a server's clock does) and back (a rebuild): the
+    /// idle clients online, and the earliest time one of them is.
+    #[test]
+    fn the_online_index_agrees_with_asking_every_client(
+        seed in 0u64..1000,
+        steps in proptest::collection::vec((0.0f64..400.0, proptest::collection::vec(1u32..=40, 0..40)), 1..12),
+    ) {
+        let config = AvailabilityConfig {
+            model: AvailabilityModel::OnOff,
+            mean_online: 30.0,
+            mean_offline: 90.0,
+            seed,
+            ..AvailabilityConfig::default()
+        };
+        let mut fast = Availability::new(&config, 40, None).unwrap();
+        let mut slow = fast.clone();
+        let mut index = OnlineIndex::default();
+        let mut time = 0.0;
+        for (step, (forward, busy)) in steps.iter().enumerate() {
+            // Mostly forward; every fifth question goes back in time.
+            time = if step % 5 == 4 { time / 2.0 } else { time + forward };
+            let idle: Vec<u32> = (1..=40).filter(|c| !busy.contains(c)).collect();
+            let online: Vec<u32> = idle
+                .iter()
+                .copied()
+                .filter(|&c| slow.online_until(c, time).is_some())
+                .collect();
+            let earliest = idle
+                .iter()
+                .filter_map(|&c| slow.next_online(c, time))
+                .min_by(f64::total_cmp);
+            proptest::prop_assert_eq!(index.next_online_client(&mut fast, 40, time, busy), earliest);
+            proptest::prop_assert_eq!(index.online_clients(&mut fast, 40, time, busy), online);
+        }
+    }
+}
+
+#[test]
+fn every_client_busy_leaves_none_to_draw() {
+    let mut always = Availability::Always;
+    let mut index = OnlineIndex::default();
+    let busy: Vec<u32> = (1..=5).rev().collect();
+    assert!(index.online_clients(&mut always, 5, 1.0, &busy).is_empty());
+    assert_eq!(index.next_online_client(&mut always, 5, 1.0, &busy), None);
+    assert_eq!(
+        index.online_clients(&mut always, 5, 1.0, &[2, 2, 4]),
+        [1, 3, 5]
+    );
+    assert_eq!(
+        index.next_online_client(&mut always, 5, 2.0, &[1]),
+        Some(2.0)
+    );
+}
+
+#[test]
+fn the_index_follows_a_trace_to_its_last_spell() {
+    let trace = "client,online_from,online_until\n1,10,20\n2,15,30\n";
+    let config = AvailabilityConfig {
+        model: AvailabilityModel::Trace,
+        ..AvailabilityConfig::default()
+    };
+    let mut model = Availability::new(&config, 2, Some((trace, Path::new("t.csv")))).unwrap();
+    let mut index = OnlineIndex::default();
+    assert_eq!(
+        index.next_online_client(&mut model, 2, 0.0, &[]),
+        Some(10.0)
+    );
+    assert_eq!(index.online_clients(&mut model, 2, 16.0, &[]), [1, 2]);
+    // Client 2 is busy: client 1 is the only one to wait for, and it is done.
+    assert_eq!(index.next_online_client(&mut model, 2, 25.0, &[2]), None);
+    assert_eq!(index.online_clients(&mut model, 2, 25.0, &[]), [2]);
+    assert!(index.online_clients(&mut model, 2, 30.0, &[]).is_empty());
+    assert_eq!(index.next_online_client(&mut model, 2, 30.0, &[]), None);
 }

@@ -113,14 +113,13 @@ pub fn secure_mean(
         }
     }
     dropped.sort_by_key(|(id, _)| *id);
-    let mean = (round.total_weight > 0.0).then(|| {
-        let values: Vec<f32> = anchor
-            .iter()
-            .zip(&round.weighted_sum)
-            .map(|(&g, &s)| (f64::from(g) + s / round.total_weight) as f32)
-            .collect();
-        layout.rebuild(global, &values)
-    });
+    let mean = mean_of(
+        &layout,
+        &anchor,
+        global,
+        &round.weighted_sum,
+        round.total_weight,
+    );
     Ok(SecureMean {
         mean,
         total_weight: round.total_weight,
@@ -129,6 +128,71 @@ pub fn secure_mean(
         bytes: round.bytes,
         timings: round.timings,
     })
+}
+
+/// `g + Σ w·(x − g) / Σ w` as a model; `None` when the total weight is 0.
+fn mean_of(
+    layout: &FloatLayout,
+    anchor: &[f32],
+    global: &ParamTree,
+    weighted_sum: &[f64],
+    total_weight: f64,
+) -> Option<ParamTree> {
+    (total_weight > 0.0).then(|| {
+        let values: Vec<f32> = anchor
+            .iter()
+            .zip(weighted_sum)
+            .map(|(&g, &s)| (f64::from(g) + s / total_weight) as f32)
+            .collect();
+        layout.rebuild(global, &values)
+    })
+}
+
+/// What one client masks in network mode, computed in its own process:
+/// `x − g` for its update (checked against the global model as
+/// [`secure_mean`] checks it), flattened over the float leaves. With its
+/// sample count as the weight, this is exactly the input a client of
+/// [`secure_mean`] masks, so both modes run the same protocol on the same
+/// vectors.
+pub fn masked_change(global: &ParamTree, update: &ClientUpdate<'_>) -> Result<Vec<f32>, String> {
+    let layout = float_layout("secure aggregation", global).map_err(|e| e.to_string())?;
+    let anchor = layout.flatten(global);
+    change_of(&layout, &anchor, global, update)
+}
+
+/// The mean the server makes of an unmasked sum in network mode, as
+/// [`secure_mean`] makes it: `g + Σ w·(x − g) / Σ w`, `None` when the total
+/// weight is 0. `weighted_sum` must have one entry per float value of
+/// `global`.
+pub fn mean_of_sum(
+    global: &ParamTree,
+    weighted_sum: &[f64],
+    total_weight: f64,
+) -> Result<Option<ParamTree>, SecureRoundError> {
+    let layout = float_layout("secure aggregation", global)
+        .map_err(|e| SecureRoundError::Model(e.to_string()))?;
+    if weighted_sum.len() != layout.len() {
+        return Err(SecureRoundError::Model(format!(
+            "the unmasked sum has {} values; the model has {}",
+            weighted_sum.len(),
+            layout.len()
+        )));
+    }
+    let anchor = layout.flatten(global);
+    Ok(mean_of(
+        &layout,
+        &anchor,
+        global,
+        weighted_sum,
+        total_weight,
+    ))
+}
+
+/// The number of float values a model masks (the protocol's dimension).
+pub fn masked_len(global: &ParamTree) -> Result<usize, SecureRoundError> {
+    float_layout("secure aggregation", global)
+        .map(|layout| layout.len())
+        .map_err(|e| SecureRoundError::Model(e.to_string()))
 }
 
 /// `x − g` for one update, after FedAvg's checks of the update against the

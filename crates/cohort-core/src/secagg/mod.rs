@@ -5,7 +5,8 @@
 //! CCS 2017) as its special case on the complete graph, following Flower's
 //! `SecAggPlusWorkflow` and `secaggplus_mod` in names and semantics. Only the
 //! cryptographic core lives here; [`simulate_round`] runs a whole round in
-//! one process (the simulation mode).
+//! one process (the simulation mode), and [`network`] gives each side of a
+//! round over bytes, for network mode (the transport is the runtime's).
 //!
 //! ```
 //! use cohort_core::secagg::{DropPoint, NumShares, Params, simulate_round};
@@ -101,6 +102,7 @@ pub mod client;
 pub mod crypto;
 pub mod federated;
 pub mod graph;
+pub mod network;
 pub mod params;
 pub mod quant;
 pub mod server;
@@ -111,7 +113,10 @@ pub mod wire;
 /// A client's id in a round (Flower's node id).
 pub type ClientId = u64;
 
-pub use federated::{SecureMean, SecureRoundError, draw_dropouts, mean_error_bound, secure_mean};
+pub use federated::{
+    SecureMean, SecureRoundError, draw_dropouts, masked_change, masked_len, mean_error_bound,
+    mean_of_sum, secure_mean,
+};
 pub use params::{NumShares, Params, ParamsError};
 pub use server::{PeerError, SecAggError};
 pub use sim::{Aggregate, DropPoint, simulate_round, simulate_round_with};

@@ -6,8 +6,8 @@
 //! before anything is allocated, and trailing bytes are an error. The same
 //! encoding gives the byte counts the simulation reports.
 
-use super::ClientId;
 use super::shamir::{SHARE_LEN, ShamirError, Share};
+use super::{ClientId, NumShares, Params};
 
 /// The most bytes one sealed share may have (it is 104 when honest).
 pub const MAX_CIPHERTEXT: usize = 256;
@@ -202,6 +202,16 @@ pub struct UnmaskResponse {
     pub key_shares: Vec<(ClientId, Share)>,
 }
 
+/// Stage 0 (network mode), server → client: the round's parameters, how
+/// many clients it starts with and the model's length. The client checks
+/// them against its own config before it makes any key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setup {
+    pub params: Params,
+    pub clients: u32,
+    pub dimension: u64,
+}
+
 /// Inside a sealed share: the sender's self-mask-seed share and mask-key
 /// share for the recipient. The ids are bound by the encryption instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -344,6 +354,46 @@ impl Message for UnmaskResponse {
     }
 }
 
+impl Message for Setup {
+    fn write(&self, w: &mut Writer) {
+        w.u8(8);
+        let p = &self.params;
+        // 0 stands for the complete graph (SecAgg); a count is SecAgg+'s k.
+        let k = match p.num_shares {
+            NumShares::All => 0,
+            NumShares::Neighbours(k) => u32::try_from(k).unwrap_or(u32::MAX),
+        };
+        w.u32(k);
+        w.u32(u32::try_from(p.reconstruction_threshold).unwrap_or(u32::MAX));
+        w.u64(p.max_weight.to_bits());
+        w.u64(p.clipping_range.to_bits());
+        w.u64(p.quantization_range);
+        w.u64(p.modulus_range);
+        w.u32(self.clients);
+        w.u64(self.dimension);
+    }
+    fn read(r: &mut Reader<'_>, _: &Limits) -> Result<Self, WireError> {
+        r.tag(8)?;
+        let num_shares = match r.u32()? {
+            0 => NumShares::All,
+            k => NumShares::Neighbours(k as usize),
+        };
+        let params = Params {
+            num_shares,
+            reconstruction_threshold: r.u32()? as usize,
+            max_weight: f64::from_bits(r.u64()?),
+            clipping_range: f64::from_bits(r.u64()?),
+            quantization_range: r.u64()?,
+            modulus_range: r.u64()?,
+        };
+        Ok(Setup {
+            params,
+            clients: r.u32()?,
+            dimension: r.u64()?,
+        })
+    }
+}
+
 impl Message for SharePlaintext {
     fn write(&self, w: &mut Writer) {
         w.u8(7);
@@ -449,7 +499,67 @@ mod tests {
         ));
     }
 
+    fn setup_of(k: u32, t: u32, weight: f64, clients: u32, dimension: u64) -> Setup {
+        let num_shares = match k {
+            0 => NumShares::All,
+            k => NumShares::Neighbours(k as usize),
+        };
+        Setup {
+            params: Params {
+                max_weight: weight,
+                ..Params::new(num_shares, t as usize)
+            },
+            clients,
+            dimension,
+        }
+    }
+
+    #[test]
+    fn a_setup_is_its_fixed_width_fields() {
+        let setup = setup_of(5, 3, 100.0, 8, 61_706);
+        let bytes = setup.to_bytes();
+        assert_eq!(bytes.len(), 1 + 4 + 4 + 8 * 4 + 4 + 8);
+        assert_eq!(bytes[0], 8);
+        assert_eq!(Setup::from_bytes(&bytes, &LIMITS), Ok(setup));
+        assert!(matches!(
+            Setup::from_bytes(&bytes[..20], &LIMITS),
+            Err(WireError::Truncated { .. })
+        ));
+    }
+
     proptest! {
+        /// Every setup, NaN weights and absurd counts included, comes back
+        /// as it was sent: the client, not the decoder, judges the values.
+        #[test]
+        fn setups_round_trip(
+            k in any::<u32>(),
+            t in any::<u32>(),
+            weight_bits in any::<u64>(),
+            clients in any::<u32>(),
+            dimension in any::<u64>(),
+        ) {
+            let setup = setup_of(k, t, f64::from_bits(weight_bits), clients, dimension);
+            let back = Setup::from_bytes(&setup.to_bytes(), &LIMITS).unwrap();
+            prop_assert_eq!(back.params.max_weight.to_bits(), weight_bits);
+            prop_assert_eq!(back.to_bytes(), setup.to_bytes());
+        }
+
+        /// Every message a client sends comes back from its bytes unchanged.
+        #[test]
+        fn client_messages_round_trip(
+            ids in proptest::collection::vec(any::<u64>(), 0..8),
+            values in proptest::collection::vec(any::<u32>(), 0..16),
+            sealed in proptest::collection::vec(any::<u8>(), 0..MAX_CIPHERTEXT),
+            commitment in any::<[u8; 32]>(),
+        ) {
+            let input = MaskedInput { rejected: ids.clone(), seed_commitment: commitment, values };
+            prop_assert_eq!(MaskedInput::from_bytes(&input.to_bytes(), &LIMITS), Ok(input));
+            let shares = SealedShares { entries: ids.iter().map(|&id| (id, sealed.clone())).collect() };
+            prop_assert_eq!(SealedShares::from_bytes(&shares.to_bytes(), &LIMITS), Ok(shares));
+            let request = UnmaskRequest { survivors: ids.clone(), dropped: ids };
+            prop_assert_eq!(UnmaskRequest::from_bytes(&request.to_bytes(), &LIMITS), Ok(request));
+        }
+
         /// No byte string makes decoding panic.
         #[test]
         fn decoding_never_panics(body in proptest::collection::vec(any::<u8>(), 0..400)) {
@@ -461,6 +571,7 @@ mod tests {
             let _ = UnmaskRequest::from_bytes(&with(5), &LIMITS);
             let _ = UnmaskResponse::from_bytes(&with(6), &LIMITS);
             let _ = SharePlaintext::from_bytes(&with(7), &LIMITS);
+            let _ = Setup::from_bytes(&with(8), &LIMITS);
         }
     }
 }

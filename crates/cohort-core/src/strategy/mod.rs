@@ -242,6 +242,14 @@ pub enum StrategyError {
         strategy: &'static str,
         problem: String,
     },
+    /// A strategy written outside cohort (in another language, behind a
+    /// foreign call) failed in its own code: a bug of its author's, so the
+    /// run stops with its message rather than dropping a client.
+    #[error("strategy {strategy} failed: {message}")]
+    Failed {
+        strategy: &'static str,
+        message: String,
+    },
 }
 
 /// A federated strategy. See the module documentation.

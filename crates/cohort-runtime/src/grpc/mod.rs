@@ -42,9 +42,11 @@ use tonic::Status;
 use crate::transport::{ClientOutcome, Declared, TaskSpec, Transport};
 
 mod join;
+mod secure;
 mod serve;
 
 use join::Service;
+pub use secure::{stage_from, stage_of};
 
 pub mod proto {
     tonic::include_proto!("cohort.v1");
@@ -56,7 +58,9 @@ use proto::server_message::Kind as ServerKind;
 
 /// Bumped when the messages change incompatibly. 3: own-data registration
 /// (an older server would take an own-data client for an ordinary worker).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: secure aggregation's stages (an older client would send its update in
+/// the clear).
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Payload bytes per chunk message: well under gRPC's 4 MiB default limit.
 pub const CHUNK_BYTES: usize = 1 << 20;
 /// Longest `Register.name` accepted. The name is free text for the log, and
@@ -171,6 +175,9 @@ struct Shared {
     /// Refusals of registrations, so that a peer retrying a wrong token (or
     /// anything else refused) cannot flood `run.log`.
     refusals: Mutex<crate::admission::RefusalsByPeer>,
+    /// Each connected process's queue of secure-aggregation stage messages,
+    /// by worker index.
+    mailboxes: Mutex<BTreeMap<usize, tokio::sync::mpsc::UnboundedSender<secure::StageJob>>>,
 }
 
 /// Semaphore permits count KiB, so a u32 of them covers any payload.
@@ -392,6 +399,7 @@ impl GrpcTransport {
             outcomes: Mutex::new(outcome_sender),
             inflight,
             refusals: Mutex::default(),
+            mailboxes: Mutex::default(),
         });
         let service = FederationServer::new(Service {
             shared: Arc::clone(&shared),
@@ -589,6 +597,26 @@ impl Transport for GrpcTransport {
             }
             orphaned_since = None;
         }
+    }
+
+    fn secure_stage(
+        &mut self,
+        round: u32,
+        stage: cohort_core::secagg::sim::Stage,
+        messages: Vec<crate::transport::StageMessage>,
+        bounds: crate::transport::StageBounds,
+    ) -> anyhow::Result<crate::transport::StageAnswers> {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .context("the gRPC server has stopped")?;
+        Ok(runtime.block_on(secure::exchange(
+            &self.shared,
+            round,
+            stage,
+            messages,
+            bounds,
+        )))
     }
 
     fn cancel(&mut self) {

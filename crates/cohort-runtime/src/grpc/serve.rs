@@ -40,11 +40,19 @@ pub(super) async fn serve_worker(
     sender: tokio::sync::mpsc::Sender<Result<ServerMessage, Status>>,
 ) {
     let (worker, name) = (process.worker, &process.name);
+    let mut mailbox = super::secure::Mailbox::open(shared, worker);
     loop {
         // An idle client that leaves is noticed now, not when a task it would
         // have lost is handed to it.
         let job = tokio::select! {
             job = shared.next_job(process.lane) => job,
+            Some(stage) = mailbox.jobs.recv() => {
+                if super::secure::serve_stage(&sender, &mut inbound, stage).await {
+                    continue;
+                }
+                tracing::warn!(worker, process = name, "client process cut off in a secure-aggregation stage");
+                None
+            }
             idle = inbound.message() => {
                 match idle {
                     Ok(Some(_)) => tracing::warn!(worker, process = name, "unexpected message from an idle client; dropping it"),

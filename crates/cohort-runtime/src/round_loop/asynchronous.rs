@@ -1,5 +1,6 @@
 //! The asynchronous round loop (`server.synchronous = false`, Plato's
-//! meaning), on the simulated clock of the device profiles.
+//! meaning), on the simulated clock of the device profiles; in network mode
+//! the same steps run on the real clock (`realtime.rs`).
 //!
 //! Up to `clients.per_round` tasks are in flight; whenever one finishes (on
 //! the simulated clock) a client online and not in flight is drawn to take
@@ -20,7 +21,7 @@
 //! trained from; the buffer is empty then. `--resume` sends those tasks
 //! again, which trains them to the same updates.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -46,22 +47,54 @@ pub(crate) struct AsyncSettings {
     pub(crate) buffer: usize,
     /// `server.staleness_bound`.
     pub(crate) staleness_bound: Option<u32>,
+    /// Network mode: events in the order updates really arrive, timed by
+    /// the server's clock, instead of on the simulated clock of the device
+    /// profiles.
+    pub(crate) real_time: bool,
 }
 
 /// One task on the clock.
-struct Flight {
-    client: u32,
+pub(super) struct Flight {
+    pub(super) client: u32,
     /// The model version (aggregations before it) it trained from.
-    version: u32,
-    start: f64,
+    pub(super) version: u32,
+    /// When it was sent, on the run's clock.
+    pub(super) start: f64,
+    /// On the simulated clock: how it is timed; `None` on the real one.
+    simulated: Option<SimulatedFlight>,
+    spec: TaskSpec,
+    /// Its update (or why there is none), once trained; set at once for a
+    /// client that goes offline before it could finish.
+    pub(super) outcome: Option<Result<Arrived, Dropped>>,
+}
+
+/// A task's timing on the simulated clock.
+struct SimulatedFlight {
     /// Download and compute; the upload's latency until its bytes are known.
     timing: SimulatedTask,
     /// When its client goes offline (infinity: never).
     online_until: f64,
-    spec: TaskSpec,
-    /// Its update (or why there is none), once trained; set at once for a
-    /// client that goes offline before it could finish.
-    outcome: Option<Result<Arrived, Dropped>>,
+}
+
+/// What became of an update that arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// It joined the buffer.
+    Buffered,
+    /// It trained from too old a model.
+    TooStale,
+    /// Its client failed, was lost, or sent an update the checks refused.
+    Failed,
+}
+
+/// What an aggregation leaves the run to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AggregationEnd {
+    Continue,
+    TargetReached,
+    /// The caller asked to stop (`RunObserver::stop_requested`); the
+    /// aggregation was checkpointed.
+    Stopped,
 }
 
 /// An update waiting in the buffer.
@@ -71,19 +104,27 @@ struct Buffered {
 }
 
 /// The asynchronous server between events.
-struct AsyncRun {
-    now: f64,
+pub(super) struct AsyncRun {
+    /// The run's clock: simulated seconds, or on the real clock seconds
+    /// since the run started.
+    pub(super) now: f64,
     next_task: u64,
     /// Aggregations so far: the version of the global model.
-    version: u32,
-    flights: InFlight<Flight>,
+    pub(super) version: u32,
+    /// Tasks by task number; on the real clock only a map of them (their
+    /// order is the transport's).
+    pub(super) flights: InFlight<Flight>,
     /// The models tasks in flight trained from, by version, and their wire
     /// payloads.
     bases: BTreeMap<u32, (Arc<ParamTree>, Arc<Vec<u8>>)>,
     buffer: Vec<Buffered>,
-    dropped: Vec<Dropped>,
+    pub(super) dropped: Vec<Dropped>,
     /// What was sent since the last aggregation.
     sent: Dispatched,
+    /// On the real clock: clients whose task failed or was refused since
+    /// the last update joined the buffer, not drawn again until one does, so
+    /// that a client that fails at once cannot take every free place.
+    pub(super) failed: BTreeSet<u32>,
 }
 
 impl RoundLoop<'_> {
@@ -96,6 +137,14 @@ impl RoundLoop<'_> {
                 "all rounds are done already"
             );
             return Ok(false);
+        }
+        match (settings.real_time, self.devices.is_some()) {
+            (true, false) => return self.run_async_real_time(settings),
+            (false, true) => {}
+            (true, true) => {
+                bail!("an asynchronous run on the real clock cannot have simulated devices")
+            }
+            (false, false) => bail!("an asynchronous run on the simulated clock needs devices"),
         }
         let mut run = self.async_start()?;
         loop {
@@ -118,33 +167,56 @@ impl RoundLoop<'_> {
                     let flight = run.flights.take(task).expect("the clock named it");
                     run.now = flight.at;
                     self.arrive(&mut run, flight.item);
-                    if run.buffer.len() >= settings.buffer {
-                        let round = run.version + 1;
-                        let target_reached = self.aggregate_buffer(&mut run)?;
-                        if target_reached {
-                            self.transport.cancel();
-                            return Ok(true);
-                        }
-                        if round >= self.settings.last_round {
-                            self.transport.cancel();
-                            return Ok(false);
-                        }
-                        self.observer.on_event(&RunEvent::RoundStarted {
-                            round: round + 1,
-                            clients: settings.buffer,
-                        });
+                    if let Some(reached) = self.aggregate_if_full(&mut run, settings)? {
+                        return Ok(reached);
                     }
                 }
             }
         }
     }
 
+    /// Aggregates the buffer once it holds `settings.buffer` updates;
+    /// `Some(whether the target accuracy was reached)` when the run ends
+    /// there, [`Stopped`](crate::events::Stopped) when the caller stops it.
+    pub(super) fn aggregate_if_full(
+        &mut self,
+        run: &mut AsyncRun,
+        settings: AsyncSettings,
+    ) -> anyhow::Result<Option<bool>> {
+        if run.buffer.len() < settings.buffer {
+            return Ok(None);
+        }
+        let round = run.version + 1;
+        let end = self.aggregate_buffer(run)?;
+        if end == AggregationEnd::Stopped {
+            // The checkpoint holds the tasks in flight: `--resume` sends them again.
+            tracing::info!(round, "stopped by the caller");
+            self.transport.cancel();
+            return Err(crate::events::Stopped { round }.into());
+        }
+        let target_reached = end == AggregationEnd::TargetReached;
+        if target_reached || round >= self.settings.last_round {
+            self.transport.cancel();
+            return Ok(Some(target_reached));
+        }
+        self.observer.on_event(&RunEvent::RoundStarted {
+            round: round + 1,
+            clients: settings.buffer,
+        });
+        Ok(None)
+    }
+
     /// The clock at the start: fresh, or the checkpoint's with its tasks
     /// sent again.
-    fn async_start(&mut self) -> anyhow::Result<AsyncRun> {
+    pub(super) fn async_start(&mut self) -> anyhow::Result<AsyncRun> {
         let version = self.first_round - 1;
+        let real_time = self.real_time();
         let mut run = AsyncRun {
-            now: self.clock.simulated_before,
+            now: if real_time {
+                self.real_now()
+            } else {
+                self.clock.simulated_before
+            },
             next_task: 0,
             version,
             flights: InFlight::default(),
@@ -152,10 +224,15 @@ impl RoundLoop<'_> {
             buffer: Vec::new(),
             dropped: Vec::new(),
             sent: Dispatched::default(),
+            failed: BTreeSet::new(),
         };
         if let Some(resumed) = self.resumed_async.take() {
             let history = resumed.history;
-            run.now = history.now;
+            // Real time goes on from this process's start: the tasks in
+            // flight are sent again now.
+            if !real_time {
+                run.now = history.now;
+            }
             run.next_task = history.next_task;
             for (version, base) in resumed.bases {
                 let wire = self.pack_tree(&base)?.wire;
@@ -175,7 +252,8 @@ impl RoundLoop<'_> {
                         correction: None,
                     },
                 };
-                self.launch(&mut run, task.task, task.version, task.start, spec)?;
+                let start = if real_time { run.now } else { task.start };
+                self.launch(&mut run, task.task, task.version, start, spec)?;
             }
             // Sent before the checkpoint: counted in the rounds before it.
             run.sent = Dispatched::default();
@@ -236,7 +314,7 @@ impl RoundLoop<'_> {
     }
 
     /// Sends `client` the global model as it is now.
-    fn dispatch_one(&mut self, run: &mut AsyncRun, client: u32) -> anyhow::Result<()> {
+    pub(super) fn dispatch_one(&mut self, run: &mut AsyncRun, client: u32) -> anyhow::Result<()> {
         let version = run.version;
         if let std::collections::btree_map::Entry::Vacant(slot) = run.bases.entry(version) {
             slot.insert((Arc::new(self.global.clone()), self.pack()?.wire));
@@ -284,7 +362,20 @@ impl RoundLoop<'_> {
             .get(&version)
             .with_context(|| format!("task {task}: no model of version {version}"))?;
         let wire = Arc::clone(wire);
-        let download = wire.len() as u64 + spec.instructions.extra_bytes();
+        let mut flight = Flight {
+            client,
+            version,
+            start,
+            simulated: None,
+            spec,
+            outcome: None,
+        };
+        if self.real_time() {
+            self.transport.dispatch(wire, vec![flight.spec.clone()])?;
+            run.flights.insert(task, start, false, flight)?;
+            return Ok(());
+        }
+        let download = wire.len() as u64 + flight.spec.instructions.extra_bytes();
         let devices = self
             .devices
             .as_mut()
@@ -297,15 +388,10 @@ impl RoundLoop<'_> {
             .online_until(client, start)
             .unwrap_or(start);
         let earliest = timing.end();
-        let mut flight = Flight {
-            client,
-            version,
-            start,
+        flight.simulated = Some(SimulatedFlight {
             timing,
             online_until,
-            spec,
-            outcome: None,
-        };
+        });
         if online_until < earliest {
             // Lost before it could finish whatever it sends: not trained.
             flight.outcome = Some(Err(lost(client, online_until, &timing)));
@@ -330,7 +416,11 @@ impl RoundLoop<'_> {
             .get_mut(task)
             .with_context(|| format!("an outcome of task {task}, which is not in flight"))?
             .item;
-        let mut timing = flight.timing;
+        let simulated = flight
+            .simulated
+            .as_ref()
+            .context("a task on the simulated clock without its timing")?;
+        let (mut timing, online_until) = (simulated.timing, simulated.online_until);
         let at = match unpacked {
             Ok(mut arrived) => {
                 let profile = devices
@@ -339,9 +429,9 @@ impl RoundLoop<'_> {
                     .context("no device profile")?;
                 timing.upload = profile.upload_seconds(arrived.arrival.payload_bytes);
                 arrived.arrival.simulated = Some(timing);
-                if flight.online_until < timing.end() {
-                    flight.outcome = Some(Err(lost(flight.client, flight.online_until, &timing)));
-                    flight.online_until
+                if online_until < timing.end() {
+                    flight.outcome = Some(Err(lost(flight.client, online_until, &timing)));
+                    online_until
                 } else {
                     flight.outcome = Some(Ok(arrived));
                     timing.end()
@@ -358,9 +448,9 @@ impl RoundLoop<'_> {
     }
 
     /// A task's event: its update joins the buffer, or it is dropped.
-    fn arrive(&mut self, run: &mut AsyncRun, flight: Flight) {
+    pub(super) fn arrive(&mut self, run: &mut AsyncRun, flight: Flight) -> Verdict {
         let round = run.version + 1;
-        let arrived = match flight.outcome {
+        let mut arrived = match flight.outcome {
             Some(Ok(arrived)) => arrived,
             Some(Err(dropped)) => {
                 if let Some(task) = dropped.simulated {
@@ -379,59 +469,56 @@ impl RoundLoop<'_> {
                     reason: dropped.reason.clone(),
                 });
                 run.dropped.push(dropped);
-                return;
+                return Verdict::Failed;
             }
             None => unreachable!("a ready task is settled"),
         };
         let staleness = run.version - flight.version;
-        let verdict = self
-            .expected_report(&arrived)
-            .and_then(|expected| {
-                check_update(
-                    &arrived,
-                    &expected,
-                    &self.global,
-                    self.settings.max_report_seconds,
-                )
-            })
-            .map_err(|reason| ("update refused", reason))
-            .and_then(
-                |()| match self.settings.asynchronous.and_then(|a| a.staleness_bound) {
-                    Some(bound) if staleness > bound => Err((
-                        "update too stale",
-                        format!(
-                            "it trained from version {}, {staleness} aggregations old, more than \
-                         server.staleness_bound = {bound}",
-                            flight.version
-                        ),
-                    )),
-                    _ => Ok(()),
-                },
-            );
-        match verdict {
-            Ok(()) => {
-                self.observer.on_event(&RunEvent::ClientFinished {
-                    round,
-                    client_id: flight.client,
-                });
-                let feedback = super::feedback_of(&arrived.report, arrived.arrival.simulated);
-                self.selector.observe(round, &[feedback]);
-                let mut arrived = arrived;
-                arrived.arrival.staleness = Some(staleness);
-                run.buffer.push(Buffered {
-                    arrived,
-                    version: flight.version,
-                });
-            }
-            Err((what, reason)) => {
-                self.drop_update(round, &arrived, what, reason, &mut run.dropped);
-            }
+        arrived.arrival.staleness = Some(staleness);
+        let refused = self.expected_report(&arrived).and_then(|expected| {
+            check_update(
+                &arrived,
+                &expected,
+                &self.global,
+                self.settings.max_report_seconds,
+            )
+        });
+        if let Err(reason) = refused {
+            self.drop_update(round, &arrived, "update refused", reason, &mut run.dropped);
+            return Verdict::Failed;
         }
+        let bound = self.settings.asynchronous.and_then(|a| a.staleness_bound);
+        if let Some(bound) = bound.filter(|&bound| staleness > bound) {
+            let reason = format!(
+                "it trained from version {}, {staleness} aggregations old, more than \
+                 server.staleness_bound = {bound}",
+                flight.version
+            );
+            self.drop_update(
+                round,
+                &arrived,
+                "update too stale",
+                reason,
+                &mut run.dropped,
+            );
+            return Verdict::TooStale;
+        }
+        self.observer.on_event(&RunEvent::ClientFinished {
+            round,
+            client_id: flight.client,
+        });
+        let feedback = super::feedback_of(&arrived.report, arrived.arrival.simulated);
+        self.selector.observe(round, &[feedback]);
+        run.buffer.push(Buffered {
+            arrived,
+            version: flight.version,
+        });
+        Verdict::Buffered
     }
 
-    /// The buffer's aggregation: a round of the results files. `true` when
-    /// it reached the target accuracy.
-    fn aggregate_buffer(&mut self, run: &mut AsyncRun) -> anyhow::Result<bool> {
+    /// The buffer's aggregation: a round of the results files, and whether
+    /// the run goes on after it.
+    fn aggregate_buffer(&mut self, run: &mut AsyncRun) -> anyhow::Result<AggregationEnd> {
         let round = run.version + 1;
         let buffered = std::mem::take(&mut run.buffer);
         let versions: Vec<u32> = buffered.iter().map(|b| b.version).collect();
@@ -493,11 +580,17 @@ impl RoundLoop<'_> {
             .settings
             .target_accuracy
             .is_some_and(|target| accuracy >= target);
-        self.checkpoint_async(round, run, &packed, target_reached)?;
+        let stopping = round < self.settings.last_round && self.observer.stop_requested();
+        self.checkpoint_async(round, run, &packed, target_reached || stopping)?;
         if target_reached {
             tracing::info!(round, accuracy, "target accuracy reached");
+            return Ok(AggregationEnd::TargetReached);
         }
-        Ok(target_reached)
+        Ok(if stopping {
+            AggregationEnd::Stopped
+        } else {
+            AggregationEnd::Continue
+        })
     }
 
     /// A checkpoint after `round`, when one is due: the model, the selector,
@@ -559,6 +652,8 @@ fn lost(client: u32, at: f64, task: &SimulatedTask) -> Dropped {
             task.end()
         ),
         simulated: Some(*task),
+        staleness: None,
+        wall: None,
     }
 }
 

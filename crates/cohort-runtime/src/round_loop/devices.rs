@@ -5,7 +5,7 @@
 //! online when it starts.
 
 use cohort_core::clock::{TaskEnd, Verdict, close_round};
-use cohort_core::devices::{Availability, Profiles, TaskTiming};
+use cohort_core::devices::{Availability, OnlineIndex, Profiles, TaskTiming};
 use cohort_core::results::SimulatedTask;
 
 use super::{Dispatched, RoundLoop};
@@ -21,6 +21,8 @@ pub(crate) struct SimDevices {
     /// among the clients online).
     pub(crate) intermittent: bool,
     pub(crate) epochs: u32,
+    /// Who is online as the clock moves, for the questions of every event.
+    pub(crate) online: OnlineIndex,
 }
 
 impl SimDevices {
@@ -62,18 +64,15 @@ impl SimDevices {
 
     /// The clients of `1..=total` online at `time`, except `busy`.
     pub(crate) fn online(&mut self, total: u32, time: f64, busy: &[u32]) -> Vec<u32> {
-        (1..=total)
-            .filter(|c| !busy.contains(c) && self.availability.online_until(*c, time).is_some())
-            .collect()
+        self.online
+            .online_clients(&mut self.availability, total, time, busy)
     }
 
     /// The earliest time from `time` on when a client of `1..=total` other
     /// than `busy` is online; `None` when none ever is again.
     pub(crate) fn next_online(&mut self, total: u32, time: f64, busy: &[u32]) -> Option<f64> {
-        (1..=total)
-            .filter(|c| !busy.contains(c))
-            .filter_map(|c| self.availability.next_online(c, time))
-            .min_by(f64::total_cmp)
+        self.online
+            .next_online_client(&mut self.availability, total, time, busy)
     }
 }
 

@@ -48,6 +48,8 @@ impl RoundLoop<'_> {
             worker: d.worker.unwrap_or_default(),
             label_histogram: self.clients.histogram(d.client_id),
             simulated: d.simulated,
+            staleness: d.staleness,
+            wall: d.wall,
             dropped: Some(d.reason),
             ..ClientRow::empty(round, d.client_id)
         }));
@@ -160,6 +162,7 @@ fn client_rows(
             dropped: None,
             simulated: arrival.simulated,
             staleness: arrival.staleness,
+            wall: arrival.wall,
         })
         .collect()
 }

@@ -56,7 +56,7 @@ use crate::record::{CheckpointState, Recorder, SimulatedWallTime};
 use crate::start::StartPoint;
 use crate::transport::Transport;
 use crate::updates::{
-    Arrival, Arrived, Collected, Dropped, ExpectedReport, OwnDataRules, check_update,
+    Arrival, Arrived, Collected, Dropped, ExpectedReport, OwnDataRules, check_report, check_update,
     collect_updates, hooked_payloads, own_data_expectation, plan_tasks, self_reported_expectation,
 };
 pub(crate) use asynchronous::AsyncSettings;
@@ -509,6 +509,7 @@ impl<'a> RoundLoop<'a> {
             round,
             clients: clients.len(),
         });
+        let masked = self.masked_by_clients();
         let mut collected = collect_updates(
             self.transport.as_mut(),
             clients.len(),
@@ -516,17 +517,18 @@ impl<'a> RoundLoop<'a> {
             &self.settings.limits,
             &mut *self.observer,
             round,
+            masked,
         )?;
         // One bad client is dropped from its round, never the end of the run.
         let mut kept = Vec::with_capacity(collected.updates.len());
         for arrived in std::mem::take(&mut collected.updates) {
+            let max_seconds = self.settings.max_report_seconds;
             let verdict = self.expected_report(&arrived).and_then(|expected| {
-                check_update(
-                    &arrived,
-                    &expected,
-                    &self.global,
-                    self.settings.max_report_seconds,
-                )
+                if masked {
+                    check_report(&arrived, &expected, max_seconds)
+                } else {
+                    check_update(&arrived, &expected, &self.global, max_seconds)
+                }
             });
             match verdict {
                 Ok(()) => kept.push(arrived),
@@ -543,7 +545,9 @@ impl<'a> RoundLoop<'a> {
         if let Some(dispatched) = dispatched {
             collected.simulated_end = self.time_round(round, dispatched, &mut collected);
         }
-        self.simulate_attacks(round, &mut collected);
+        if !self.masked_by_clients() {
+            self.simulate_attacks(round, &mut collected);
+        }
         if let Some(ratio) = self.settings.max_update_norm_ratio {
             self.drop_outliers(round, ratio, &mut collected);
         }
@@ -556,6 +560,15 @@ impl<'a> RoundLoop<'a> {
             )?;
         }
         Ok(collected)
+    }
+
+    /// Whether updates stay with their clients (secure aggregation in
+    /// network mode): reports arrive without them.
+    fn masked_by_clients(&self) -> bool {
+        self.settings
+            .secure
+            .as_ref()
+            .is_some_and(|secure| secure.network.is_some())
     }
 
     /// `arrived`'s client is out of the round: `what` happened, `detail` says why.
@@ -584,6 +597,8 @@ impl<'a> RoundLoop<'a> {
             worker: Some(arrived.report.worker),
             reason,
             simulated: arrived.arrival.simulated,
+            staleness: arrived.arrival.staleness,
+            wall: arrived.arrival.wall,
         });
     }
 
@@ -900,6 +915,7 @@ mod asynchronous;
 mod devices;
 mod evaluate;
 mod partial;
+mod realtime;
 mod secure;
 #[cfg(test)]
 mod tests;

@@ -64,6 +64,8 @@ impl RoundLoop<'_> {
                 worker: Some(d.worker as usize),
                 reason: d.reason,
                 simulated: None,
+                staleness: None,
+                wall: None,
             }));
         }
         rows.sort_by_key(|r| r.slot);

@@ -1,24 +1,34 @@
-//! Step 3 of a round under secure aggregation (simulation mode): the
+//! Step 3 of a round under secure aggregation. In simulation mode the
 //! round's checked updates go through the SecAgg(+) protocol in process
 //! ([`cohort_core::secagg::secure_mean`]), every message encoded and
-//! counted, and the strategy steps from the unmasked mean alone
-//! ([`Strategy::aggregate_mean`]). No client's update reaches the hooks,
+//! counted. In network mode the updates never reach this process: the
+//! clients whose report arrived and passed its checks mask their own
+//! updates, and the stages go over the transport to the processes that
+//! trained them ([`network::serve_round`]), after the round's reports, on
+//! the graph of the selected clients (a client whose report is missing
+//! drops out at the setup; one that leaves later is handled as the
+//! protocol says). Either way
+//! the strategy steps from the unmasked mean alone
+//! ([`Strategy::aggregate_mean`]); no client's update reaches the hooks,
 //! the recorder or the strategy; the round's costs go to `secagg.csv`.
 //!
 //! A round whose protocol aborts (fewer than the threshold of a client's
 //! neighbours left) keeps the global model, as a refused aggregate does, and
-//! the run goes on; fewer contributors than `clients.min_per_round` stop
-//! the run, as too few updates do.
+//! the run goes on if `clients.min_per_round` clients were still in the
+//! protocol; fewer stop the run, as too few updates do.
 //!
 //! [`Strategy::aggregate_mean`]: cohort_core::strategy::Strategy::aggregate_mean
 
 use cohort_core::results::SecAggRow;
-use cohort_core::secagg::{self, Params, SecureMean};
+use cohort_core::secagg::network::{self, Exchange};
+use cohort_core::secagg::sim::{Stage, Timings};
+use cohort_core::secagg::{self, ClientId, Params, SecureMean, SecureRoundError};
 use cohort_core::seeds::derive_seed;
 use cohort_core::strategy::{ClientUpdate, StrategyState};
 
 use super::{Aggregated, RoundLoop};
 use crate::events::RunEvent;
+use crate::transport::{StageBounds, StageMessage, Transport};
 use crate::updates::{Arrived, Collected, Dropped};
 
 /// What the loop needs of `[secure_aggregation]`, as plain values.
@@ -30,6 +40,10 @@ pub(crate) struct SecureSettings {
     pub(crate) seed: u64,
     /// The fraction of each round's clients that vanish mid-protocol.
     pub(crate) simulated_dropout: f64,
+    /// Network mode: the clients mask their own updates and the stages go
+    /// over the transport, each waiting at most this long
+    /// (`secure_aggregation.timeout`); `None`: simulation, in process.
+    pub(crate) network: Option<std::time::Duration>,
 }
 
 impl RoundLoop<'_> {
@@ -44,26 +58,13 @@ impl RoundLoop<'_> {
         let mut dropped = std::mem::take(&mut collected.failures);
         let arrived = std::mem::take(&mut collected.updates);
         let simulated_end = collected.simulated_end;
-        let ids: Vec<u32> = arrived.iter().map(|a| a.report.client_id).collect();
-        let vanish = secagg::draw_dropouts(
-            &ids,
-            secure.simulated_dropout,
-            derive_seed(secure.seed, "secagg-dropout", &[u64::from(round)]),
-        );
-        let updates: Vec<ClientUpdate<'_>> = arrived.iter().map(client_update).collect();
-        let outcome = secagg::secure_mean(
-            &secure.params,
-            &self.global,
-            selected,
-            &updates,
-            &vanish,
-            derive_seed(secure.seed, "secagg", &[u64::from(round)]),
-        );
-        drop(updates);
+        let outcome = match secure.network {
+            Some(timeout) => self.mean_over_network(round, selected, &arrived, secure, timeout),
+            None => self.mean_in_process(round, selected, &arrived, secure),
+        };
         let secure_round = match outcome {
             Ok(secure_round) => secure_round,
-            Err(error) => {
-                let left = arrived.len().saturating_sub(vanish.len());
+            Err((error, left)) => {
                 return self
                     .secure_round_failed(round, selected, left, arrived, dropped, &error)
                     .map(|failed| Aggregated {
@@ -103,6 +104,120 @@ impl RoundLoop<'_> {
             privacy: outcome.privacy,
             secagg: Some(row),
             simulated_end,
+        })
+    }
+
+    /// Simulation mode: the protocol in process over the round's updates;
+    /// on an abort, the error and how many clients were still in it.
+    fn mean_in_process(
+        &self,
+        round: u32,
+        selected: &[u32],
+        arrived: &[Arrived],
+        secure: &SecureSettings,
+    ) -> Result<SecureMean, (SecureRoundError, usize)> {
+        let ids: Vec<u32> = arrived.iter().map(|a| a.report.client_id).collect();
+        let vanish = secagg::draw_dropouts(
+            &ids,
+            secure.simulated_dropout,
+            derive_seed(secure.seed, "secagg-dropout", &[u64::from(round)]),
+        );
+        let updates: Vec<ClientUpdate<'_>> = arrived.iter().map(client_update).collect();
+        secagg::secure_mean(
+            &secure.params,
+            &self.global,
+            selected,
+            &updates,
+            &vanish,
+            derive_seed(secure.seed, "secagg", &[u64::from(round)]),
+        )
+        .map_err(|error| (error, arrived.len().saturating_sub(vanish.len())))
+    }
+
+    /// Network mode: the stages over the transport with the client
+    /// processes that trained the round's arrived clients, each of which
+    /// masks its own update; the server sees only the unmasked sum. The
+    /// round's graph is over every selected client, as in simulation mode,
+    /// so both modes draw the same graph; a selected client whose update
+    /// did not arrive drops out at the setup.
+    fn mean_over_network(
+        &mut self,
+        round: u32,
+        selected: &[u32],
+        arrived: &[Arrived],
+        secure: &SecureSettings,
+        timeout: std::time::Duration,
+    ) -> Result<SecureMean, (SecureRoundError, usize)> {
+        let dimension = secagg::masked_len(&self.global).map_err(|e| (e, 0))?;
+        let mut ids: Vec<u64> = selected.iter().map(|&id| u64::from(id)).collect();
+        ids.sort_unstable();
+        let workers = arrived
+            .iter()
+            .map(|a| (a.report.client_id, a.report.worker))
+            .collect();
+        let max_peers = secure.params.shares_for(ids.len());
+        let mut exchange = NetworkExchange {
+            transport: self.transport.as_mut(),
+            round,
+            workers,
+            timeout,
+            max_peers,
+            dimension,
+            broken: None,
+        };
+        let started = std::time::Instant::now();
+        let served = network::serve_round(
+            &secure.params,
+            &ids,
+            dimension,
+            derive_seed(secure.seed, "secagg", &[u64::from(round)]),
+            &mut exchange,
+            &mut network::fresh_rng(),
+        );
+        if let Some(error) = exchange.broken.take() {
+            tracing::error!(round, "secure aggregation: the transport failed: {error:#}");
+        }
+        let served = match served {
+            Ok(served) => served,
+            Err(aborted) => {
+                for (client, reason) in &aborted.left {
+                    tracing::warn!(round, client, "secure aggregation: {reason}");
+                }
+                let error = SecureRoundError::Protocol(aborted.error);
+                return Err((error, aborted.alive));
+            }
+        };
+        let output = served.output;
+        for (client, reason) in &served.left {
+            // Those out of the sum are logged as dropped by the caller; one
+            // that left after its masked input is still in it.
+            if output.contributors.contains(client) {
+                tracing::warn!(
+                    round,
+                    client,
+                    "secure aggregation: {reason}; its input is in the sum"
+                );
+            }
+        }
+        let mean = secagg::mean_of_sum(&self.global, &output.weighted_sum, output.total_weight)
+            .map_err(|e| (e, output.contributors.len()))?;
+        let mut dropped: Vec<(u32, String)> = served
+            .left
+            .into_iter()
+            .map(|(id, reason)| (id as u32, reason))
+            .collect();
+        dropped.sort_by_key(|(id, _)| *id);
+        Ok(SecureMean {
+            mean,
+            total_weight: output.total_weight,
+            contributors: output.contributors.iter().map(|&id| id as u32).collect(),
+            dropped,
+            bytes: served.bytes,
+            timings: Timings {
+                // The clients' compute is in their own processes: unmeasured.
+                clients: std::time::Duration::ZERO,
+                server: started.elapsed(),
+            },
         })
     }
 
@@ -191,5 +306,67 @@ fn secagg_row(selected: usize, round: &SecureMean) -> SecAggRow {
         unmask_up: b.unmask.up,
         client_time: round.timings.clients.as_secs_f64(),
         server_time: round.timings.server.as_secs_f64(),
+    }
+}
+
+/// One round's stages over the transport: each message to the process that
+/// trained its client. A transport that fails outright answers every
+/// client with its error, so the round aborts rather than the run.
+struct NetworkExchange<'t> {
+    transport: &'t mut dyn Transport,
+    round: u32,
+    workers: std::collections::BTreeMap<u32, usize>,
+    timeout: std::time::Duration,
+    max_peers: usize,
+    dimension: usize,
+    broken: Option<anyhow::Error>,
+}
+
+impl Exchange for NetworkExchange<'_> {
+    fn exchange(
+        &mut self,
+        stage: Stage,
+        messages: Vec<(ClientId, Vec<u8>)>,
+    ) -> Vec<(ClientId, Result<Vec<u8>, String>)> {
+        let ids: Vec<ClientId> = messages.iter().map(|(id, _)| *id).collect();
+        let mut absent = Vec::new();
+        let mut routed = Vec::with_capacity(messages.len());
+        for (id, body) in messages {
+            let worker = u32::try_from(id)
+                .ok()
+                .and_then(|client_id| Some((client_id, *self.workers.get(&client_id)?)));
+            match worker {
+                Some((client_id, worker)) => routed.push(StageMessage {
+                    client_id,
+                    worker,
+                    body,
+                }),
+                None => absent.push((
+                    id,
+                    Err("its update did not arrive, so it has nothing to mask".to_owned()),
+                )),
+            }
+        }
+        let bounds = StageBounds {
+            timeout: self.timeout,
+            max_answer_bytes: network::max_answer_bytes(stage, self.max_peers, self.dimension),
+        };
+        match self
+            .transport
+            .secure_stage(self.round, stage, routed, bounds)
+        {
+            Ok(answers) => answers
+                .into_iter()
+                .map(|(id, answer)| (u64::from(id), answer))
+                .chain(absent)
+                .collect(),
+            Err(error) => {
+                let reason = format!("the transport failed: {error:#}");
+                self.broken = Some(error);
+                ids.into_iter()
+                    .map(|id| (id, Err(reason.clone())))
+                    .collect()
+            }
+        }
     }
 }

@@ -512,3 +512,241 @@ fn a_round_whose_model_is_refused_keeps_the_model_and_the_strategy_state_it_star
     );
     assert_eq!(after_two.state(), after_one.state());
 }
+
+/// The asynchronous server on the real clock over the fake transport, which
+/// answers its tasks in the order they were sent: an aggregation every
+/// update, tasks more than `staleness_bound` versions old dropped.
+fn run_real_time(
+    run_dir: &Path,
+    last_round: u32,
+    failing: &[u32],
+    staleness_bound: Option<u32>,
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    let start = fresh_start(evaluator().parameters(), 7);
+    let mut observer = StopAfter(None, 0);
+    run_real_time_from(
+        run_dir,
+        start,
+        last_round,
+        failing,
+        staleness_bound,
+        &mut observer,
+    )
+}
+
+/// An observer that asks to stop once `.0` rounds (if any) have finished.
+struct StopAfter(Option<u32>, u32);
+
+impl RunObserver for StopAfter {
+    fn on_event(&mut self, event: &RunEvent) {
+        if matches!(event, RunEvent::RoundFinished { .. }) {
+            self.1 += 1;
+        }
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.0.is_some_and(|rounds| self.1 >= rounds)
+    }
+}
+
+/// [`run_real_time`] from `start`, told by `observer`.
+fn run_real_time_from(
+    run_dir: &Path,
+    start: StartPoint,
+    last_round: u32,
+    failing: &[u32],
+    staleness_bound: Option<u32>,
+    observer: &mut dyn RunObserver,
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    let mut hooks = NoHooks;
+    let served = Rc::new(RefCell::new(Vec::new()));
+    let transport = AddingClients {
+        global: ParamTree::None,
+        tasks: VecDeque::new(),
+        failing: failing.to_vec(),
+        boosted: None,
+        served: Rc::clone(&served),
+    };
+    let mut settings = settings(last_round, 1);
+    settings.selection.replayable = false;
+    settings.asynchronous = Some(AsyncSettings {
+        buffer: 1,
+        staleness_bound,
+        real_time: true,
+    });
+    let mut round_loop = RoundLoop::new(
+        LoopParts {
+            settings,
+            strategy: fedavg(),
+            transport: Box::new(transport),
+            hooks: &mut hooks,
+            observer,
+            evaluator: evaluator(),
+            recorder: Box::new(RunFolder::new(run_dir.to_path_buf())),
+            test: test_set(),
+            clients: facts(),
+            ranks: None,
+            devices: None,
+        },
+        start,
+    )?;
+    round_loop.run()?;
+    drop(round_loop);
+    Ok(served.take())
+}
+
+#[test]
+fn on_the_real_clock_updates_count_in_arrival_order_and_a_failing_client_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let failing = 1;
+    let served = run_real_time(dir.path(), 6, &[failing], Some(1)).unwrap();
+    // One task at a time: three distinct clients for the three places, then
+    // one per freed place.
+    assert!(served.iter().all(|tasks| tasks.len() == 1), "{served:?}");
+    let mut first: Vec<u32> = served[..3].concat();
+    first.sort_unstable();
+    first.dedup();
+    assert_eq!(first.len(), 3, "{served:?}");
+    let clients = std::fs::read_to_string(dir.path().join("clients.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = clients
+        .lines()
+        .skip(1)
+        .map(|line| line.splitn(20, ',').collect())
+        .collect();
+    let (aggregated, dropped): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r[19].is_empty());
+    // One update a round, none staler than the bound.
+    let rounds: Vec<&str> = aggregated.iter().map(|r| r[0]).collect();
+    assert_eq!(rounds, ["1", "2", "3", "4", "5", "6"], "{clients}");
+    assert!(
+        aggregated
+            .iter()
+            .all(|r| r[16].parse::<u32>().unwrap() <= 1),
+        "{clients}"
+    );
+    // Answered in the order they were sent, the third of the first three
+    // tasks is two versions old when it arrives: dropped, with its staleness.
+    assert!(
+        dropped
+            .iter()
+            .any(|r| r[16] == "2" && r[19].contains("update too stale")),
+        "{clients}"
+    );
+    // The failing client is dropped each time it is drawn, at most once
+    // between two updates that join (here: once a round).
+    let failures: Vec<&Vec<&str>> = dropped
+        .iter()
+        .filter(|r| r[1] == failing.to_string())
+        .copied()
+        .collect();
+    assert!(
+        !failures.is_empty(),
+        "client {failing} was never drawn: {served:?}"
+    );
+    assert!(
+        failures.iter().all(|r| r[19] == "the client went away"),
+        "{clients}"
+    );
+    let mut failed_rounds: Vec<&str> = failures.iter().map(|r| r[0]).collect();
+    failed_rounds.dedup();
+    assert_eq!(failed_rounds.len(), failures.len(), "{clients}");
+    // Every task has its send and arrival on the server's clock.
+    for row in &rows {
+        let (sent, arrived): (f64, f64) = (row[17].parse().unwrap(), row[18].parse().unwrap());
+        assert!(0.0 <= sent && sent <= arrived, "{row:?}");
+    }
+}
+
+#[test]
+fn on_the_real_clock_a_run_whose_every_client_fails_stops_with_their_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = run_real_time(dir.path(), 2, &[1, 2, 3, 4, 5], None).unwrap_err();
+    let message = format!("{error:#}");
+    assert!(
+        message.contains("every client's task failed or was refused since the last update")
+            && message.contains("the client went away"),
+        "{message}"
+    );
+    assert!(!dir.path().join("results.csv").exists());
+}
+
+#[test]
+fn a_stopped_asynchronous_run_checkpoints_its_tasks_in_flight_and_resumes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = fresh_start(evaluator().parameters(), 7);
+    let mut stop = StopAfter(Some(2), 0);
+    let error = run_real_time_from(dir.path(), start, 5, &[], None, &mut stop).unwrap_err();
+    assert_eq!(
+        error.downcast_ref::<crate::events::Stopped>(),
+        Some(&crate::events::Stopped { round: 2 })
+    );
+    // Checkpointed at round 2 whatever the interval, with the two tasks
+    // still in flight.
+    let latest = cohort_core::checkpoint::latest(dir.path()).unwrap();
+    assert_eq!(latest.history.round, 2);
+    let in_flight = latest.history.asynchronous.expect("the tasks in flight");
+    assert_eq!(in_flight.tasks.len(), 2, "{in_flight:?}");
+
+    let mut strategy = fedavg();
+    let reference = evaluator().parameters();
+    let mut selection = settings(5, 1).selection;
+    selection.replayable = false;
+    let checks = ResumeChecks {
+        config_hash: "test",
+        reference: &reference,
+        selection,
+    };
+    let resumed = resume_point(&checks, dir.path(), strategy.as_mut()).unwrap();
+    assert_eq!(resumed.first_round, 3);
+    let mut go_on = StopAfter(None, 0);
+    let served = run_real_time_from(dir.path(), resumed, 5, &[], None, &mut go_on).unwrap();
+    // The resumed loop sends the checkpoint's two tasks first, then one per
+    // freed place.
+    let sent_again: Vec<u32> = in_flight.tasks.iter().map(|t| t.client_id).collect();
+    assert_eq!(served[..2].concat(), sent_again, "{served:?}");
+    assert!(served.len() >= 2 + 3, "{served:?}");
+    let results = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
+    assert_eq!(results.lines().count(), 1 + 5, "{results}");
+}
+
+/// FedAvg that fails in its own code in round 2, as a strategy behind a
+/// foreign call does (`StrategyError::Failed`).
+struct FailsInRoundTwo;
+
+impl Strategy for FailsInRoundTwo {
+    fn name(&self) -> &'static str {
+        "fails_in_round_two"
+    }
+
+    fn aggregate(
+        &mut self,
+        ctx: &cohort_core::strategy::RoundContext,
+        global: &ParamTree,
+        updates: &[cohort_core::strategy::ClientUpdate<'_>],
+    ) -> Result<cohort_core::strategy::Aggregated, StrategyError> {
+        if ctx.round == 2 {
+            return Err(StrategyError::Failed {
+                strategy: self.name(),
+                message: "aggregate_fit raised ZeroDivisionError".to_owned(),
+            });
+        }
+        cohort_core::strategy::fedavg::FedAvg.aggregate(ctx, global, updates)
+    }
+}
+
+#[test]
+fn a_strategy_that_fails_in_its_own_code_stops_the_run_with_its_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = fresh_start(evaluator().parameters(), 7);
+    let error = run_loop(dir.path(), start, 3, &[], Box::new(FailsInRoundTwo)).unwrap_err();
+    let message = format!("{error:#}");
+    assert!(
+        message.contains(
+            "round 2: aggregation refused: strategy fails_in_round_two failed: aggregate_fit \
+             raised ZeroDivisionError"
+        ),
+        "{message}"
+    );
+    // Round 1 stays recorded and checkpointed: the run can resume from it.
+    assert!(dir.path().join("checkpoints/round-0001.json").exists());
+    assert!(!dir.path().join("checkpoints/round-0002.json").exists());
+}
