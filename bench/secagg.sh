@@ -6,13 +6,42 @@
 # sharing keys, half after the masked input). SecAgg (the complete graph) is
 # measured up to 100 clients: its cost grows with n², and at 1,000 clients
 # one round is out of a benchmark's reach.
-# Usage: bench/secagg.sh [quick]   (quick: the 10- and 100-client rows only)
+# Usage: bench/secagg.sh [flower] [quick]
+#   quick:  the 10- and 100-client rows only.
+#   flower: also runs Flower's own SecAgg+ (bench/flower_secagg.py) on each
+#           row's settings right after cohort's, and prints one table with
+#           both sides and the ratios (Flower / cohort; Flower's wall
+#           time, its process CPU time in brackets). Flower runs from a
+#           virtual environment of its own, never a dependency of cohort:
+#           FLOWER_PYTHON names its python, else FLOWER_VENV (default
+#           ~/.cache/cohort-flwr-venv) is created with flwr 1.42.0 and numpy.
+#           FLOWER_ROW_LIMIT (default 600) caps one Flower row in seconds; a
+#           row past it reads "> N s". FLOWER_REPEAT_BUDGET (default 60 s)
+#           stops repeating a Flower row once its rounds took that long.
 # JOBS=N runs N rows at once (default 1; each row is one thread, so on a
 # machine with more cores than N the rows do not slow each other much,
 # apart from memory bandwidth). COHORT_SECAGG_BENCH names a built bench binary.
-# Flower's SecAgg+ on the same sizes is not measured by this script yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+FLOWER=0
+QUICK=0
+for arg in "$@"; do
+  case "$arg" in
+    flower) FLOWER=1 ;;
+    quick) QUICK=1 ;;
+    *) echo "usage: bench/secagg.sh [flower] [quick]" >&2; exit 2 ;;
+  esac
+done
+if [ "$FLOWER" = 1 ] && [ -z "${FLOWER_PYTHON:-}" ]; then
+  FLOWER_VENV="${FLOWER_VENV:-$HOME/.cache/cohort-flwr-venv}"
+  if [ ! -x "$FLOWER_VENV/bin/python" ]; then
+    python3 -m venv "$FLOWER_VENV"
+    # The harness drives the workflow's and the mod's internals: pinned.
+    "$FLOWER_VENV/bin/pip" install --quiet flwr==1.42.0 numpy >&2
+  fi
+  FLOWER_PYTHON="$FLOWER_VENV/bin/python"
+fi
+export FLOWER_PYTHON
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cohort-target}"
 BIN="${COHORT_SECAGG_BENCH:-}"
 if [ -z "$BIN" ]; then
@@ -33,11 +62,19 @@ for values in $LENET5 $MILLION; do
     repeats=3; [ "$values" = "$MILLION" ] && repeats=1
     rows+=("10 $values all:6 $dropout $repeats" "10 $values 7:4 $dropout $repeats")
     rows+=("100 $values all:51 $dropout $repeats" "100 $values 21:11 $dropout $repeats")
-    if [ "${1:-}" != quick ]; then
+    if [ "$QUICK" = 0 ]; then
       rows+=("1000 $values 21:11 $dropout 1")
     fi
   done
 done
-echo "| clients | values | graph | dropout | client ms | server ms | up MB | down MB | in sum |"
-echo "|---|---|---|---|---|---|---|---|---|"
-printf '%s\n' "${rows[@]}" | xargs -P "$JOBS" -L 1 sh -c '"$0" --row "$@"' "$BIN"
+if [ "$FLOWER" = 0 ]; then
+  echo "| clients | values | graph | dropout | client ms | server ms | up MB | down MB | in sum |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}" | xargs -P "$JOBS" -L 1 sh -c '"$0" --row "$@"' "$BIN"
+  exit
+fi
+# cohort's row, then Flower's on the same settings; the script merges them.
+echo "| clients | values | graph | dropout | client ms cohort | client ms Flower (CPU) | Flower / cohort | server ms cohort | server ms Flower (CPU) | Flower / cohort | up MB cohort / Flower | down MB cohort / Flower | in sum cohort / Flower |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}" | xargs -P "$JOBS" -L 1 sh -c \
+  'line="$("$0" --row "$@")"; "$FLOWER_PYTHON" bench/flower_secagg.py --row "$@" --cohort "$line"' "$BIN"
