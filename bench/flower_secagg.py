@@ -444,11 +444,17 @@ def merged_row(args, cohort_line: str, limit: float) -> str:
     except subprocess.TimeoutExpired:
         flower = {"aborted": f"> {limit:.0f} s"}
     cohort_ok = len(cells) == 9 and not cells[4].startswith("aborted")
-    if "aborted" in flower or not cohort_ok:
-        c = cells[4:] + [""] * 5 if cohort_ok else ["", "", "", "", ""]
-        note = flower.get("aborted", "") if "aborted" in flower else ""
-        return (f"| {head} | {c[0]} | {note} | | {c[1]} | | | {c[2]} / | {c[3]} / | {c[4]} / |"
-                if cohort_ok else f"| {head} | cohort: {' '.join(cells[4:])} | {note} | | | | | | | |")
+    if not cohort_ok:
+        # cohort refused or aborted the round: its reason, then Flower's figures.
+        reason = " ".join(cells[4:]).strip()
+        if "aborted" in flower:
+            return f"| {head} | {reason} | {flower['aborted']} | | | | | | | |"
+        return (f"| {head} | {reason} | {flower['client_ms']:.1f} ({flower['client_cpu_ms']:.1f}) | "
+                f"| | {flower['server_ms']:.1f} ({flower['server_cpu_ms']:.1f}) | "
+                f"| / {flower['up_mb']:.2f} | / {flower['down_mb']:.2f} | / {flower['in_sum']} |")
+    if "aborted" in flower:
+        return (f"| {head} | {cells[4]} | {flower['aborted']} | | {cells[5]} | | "
+                f"| {cells[6]} / | {cells[7]} / | {cells[8]} / |")
     client, server = float(cells[4]), float(cells[5])
     return (
         f"| {head} | {client:.1f} | {flower['client_ms']:.1f} ({flower['client_cpu_ms']:.1f}) "
