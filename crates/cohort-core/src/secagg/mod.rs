@@ -100,6 +100,7 @@
 
 pub mod client;
 pub mod crypto;
+pub mod ddg;
 pub mod federated;
 pub mod graph;
 pub mod network;
@@ -113,13 +114,15 @@ pub mod wire;
 /// A client's id in a round (Flower's node id).
 pub type ClientId = u64;
 
+pub use ddg::{Ddg, DdgAccountant, DdgError, DdgParams};
 pub use federated::{
-    SecureMean, SecureRoundError, draw_dropouts, masked_change, masked_len, mean_error_bound,
-    mean_of_sum, secure_mean,
+    DdgSeeds, SecureMean, SecureRoundError, ddg_masked_input, ddg_mean_of_sum, draw_dropouts,
+    masked_change, masked_len, mean_error_bound, mean_of_sum, resolve_ddg, secure_ddg_mean,
+    secure_mean,
 };
 pub use params::{NumShares, Params, ParamsError};
 pub use server::{PeerError, SecAggError};
-pub use sim::{Aggregate, DropPoint, simulate_round, simulate_round_with};
+pub use sim::{Aggregate, DropPoint, simulate_encoded_round, simulate_round, simulate_round_with};
 
 #[cfg(test)]
 mod tests;
