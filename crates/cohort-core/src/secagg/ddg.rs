@@ -240,11 +240,11 @@ impl DdgParams {
         };
         // A relative leeway for the float rounding of clipping and rotating.
         let scaled = c * (1.0 + 1e-6) / gamma;
-        if !(scaled <= MAX_SCALED_NORM) {
+        if !scaled.is_finite() || scaled > MAX_SCALED_NORM {
             return Err(DdgError::TooFine { gamma, scaled });
         }
         let local_sigma = local_std / gamma;
-        if !(local_sigma <= (1u64 << 40) as f64) {
+        if !local_sigma.is_finite() || local_sigma > (1u64 << 40) as f64 {
             return Err(DdgError::TooMuchNoise { sigma: local_sigma });
         }
         Ok(Ddg {
@@ -413,7 +413,7 @@ pub fn conditional_round(
 /// Laplace draw `Y` of scale `t = ⌊σ⌋ + 1`, kept with probability
 /// `exp(−(|Y| − σ²/t)² / 2σ²)`. `σ = 0` (or below) gives 0.
 pub fn sample_discrete_gaussian(sigma: f64, rng: &mut impl RngCore) -> i64 {
-    if !(sigma > 0.0) {
+    if sigma.is_nan() || sigma <= 0.0 {
         return 0;
     }
     let sigma2 = sigma * sigma;
@@ -585,7 +585,7 @@ impl Ddg {
             return vec![0.0; orders.len()];
         }
         let sigma = self.local_sigma;
-        if !(sigma > 0.0) {
+        if sigma.is_nan() || sigma <= 0.0 {
             return vec![f64::INFINITY; orders.len()];
         }
         let n = contributors as f64;

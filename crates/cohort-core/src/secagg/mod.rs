@@ -92,11 +92,17 @@
 //!   which is then left out of the sum (see [`server`] for why it cannot be
 //!   kept). This lets a malicious client knock an honest neighbour out of
 //!   one round; it cannot learn anything by it.
+//! * Distributed differential privacy is [`ddg`]: each client clips its
+//!   change and adds its share of discrete Gaussian noise before masking
+//!   (Kairouz, Liu, Steinke 2021), and masks the integers as they are
+//!   ([`client::SharesSent::collect_masked_encoded`]); the server decodes
+//!   the modular sum ([`server::ServerOutput::sum`]). Colluding clients can
+//!   hand the server their noise shares, which lowers the noise protecting
+//!   the others (docs/SECURITY.md).
 //! * Not implemented: the consistency round of Bonawitz et al.'s
-//!   malicious-server variant (clients signing the survivor set), client
-//!   authentication of the key advertisements (a real deployment binds them
-//!   to an identity, e.g. the transport's TLS identity), and distributed
-//!   differential-privacy noise.
+//!   malicious-server variant (clients signing the survivor set), and
+//!   client authentication of the key advertisements (a real deployment
+//!   binds them to an identity, e.g. the transport's TLS identity).
 
 pub mod client;
 pub mod crypto;

@@ -12,6 +12,11 @@
 //! ([`Strategy::aggregate_mean`]); no client's update reaches the hooks,
 //! the recorder or the strategy; the round's costs go to `secagg.csv`.
 //!
+//! With `secure_aggregation.noise` each client adds its share of discrete
+//! Gaussian noise before masking and the mean is decoded from the modular
+//! sum ([`cohort_core::secagg::ddg`]); each round is accounted with the
+//! clients in its sum, and ε so far goes to the round's row.
+//!
 //! A round whose protocol aborts (fewer than the threshold of a client's
 //! neighbours left) keeps the global model, as a refused aggregate does, and
 //! the run goes on if `clients.min_per_round` clients were still in the
@@ -251,19 +256,9 @@ impl RoundLoop<'_> {
             }
         }
         let contributors = output.contributors.len();
-        let (mean, total_weight) = match ddg {
-            Some(ddg) => {
-                let rotation = ddg::rotation_seed(secure.seed, round);
-                let mean =
-                    secagg::ddg_mean_of_sum(ddg, &self.global, &output.sum, contributors, rotation);
-                (mean, contributors as f64)
-            }
-            None => (
-                secagg::mean_of_sum(&self.global, &output.weighted_sum, output.total_weight),
-                output.total_weight,
-            ),
-        };
-        let mean = mean.map_err(|e| (e, contributors))?;
+        let (mean, total_weight) = self
+            .mean_of_output(&output, ddg, secure.seed, round)
+            .map_err(|e| (e, contributors))?;
         let mut dropped: Vec<(u32, String)> = served
             .left
             .into_iter()
@@ -282,6 +277,36 @@ impl RoundLoop<'_> {
                 server: started.elapsed(),
             },
         })
+    }
+
+    /// The mean and the total weight from a network round's unmasked sum:
+    /// with noise, decoded (every contributor weighs 1); without, dequantised.
+    fn mean_of_output(
+        &self,
+        output: &secagg::server::ServerOutput,
+        ddg: Option<&Ddg>,
+        seed: u64,
+        round: u32,
+    ) -> Result<(Option<cohort_core::tree::ParamTree>, f64), SecureRoundError> {
+        let contributors = output.contributors.len();
+        match ddg {
+            Some(ddg) => {
+                let rotation = ddg::rotation_seed(seed, round);
+                let mean = secagg::ddg_mean_of_sum(
+                    ddg,
+                    &self.global,
+                    &output.sum,
+                    contributors,
+                    rotation,
+                )?;
+                Ok((mean, contributors as f64))
+            }
+            None => {
+                let mean =
+                    secagg::mean_of_sum(&self.global, &output.weighted_sum, output.total_weight)?;
+                Ok((mean, output.total_weight))
+            }
+        }
     }
 
     /// The protocol aborted with `left` clients still in it. Fewer than
