@@ -22,7 +22,7 @@
 //!    coordinate up with probability equal to its fraction, re-drawing the
 //!    whole vector while its norm exceeds
 //!    `Δ₂ = min(c/γ + √d', √((c/γ)² + d'/4 + √(2 ln(1/β))·(c/γ + √d'/2)))`
-//!    (conditional randomized rounding, Theorem 2 and Proposition 22 of the
+//!    (conditional randomized rounding, Proposition 22 of the
 //!    paper, `accounting_utils.rounded_l2_norm_bound`; `β = e^{−1/2}` as the
 //!    reference's `DEFAULT_BETA`). Each try succeeds with probability at
 //!    least `1 − β`; after [`MAX_ROUNDING_ATTEMPTS`] tries the client gives
@@ -294,7 +294,8 @@ impl DdgParams {
 
 /// The paper's bound on the L2 norm of `norm`-bounded vector of `dim`
 /// coordinates after conditional randomized rounding with `beta`
-/// (Theorem 2 / Proposition 22; `rounded_l2_norm_bound` of the reference):
+/// (Proposition 22, as the reference's `compression_utils.py` cites it; its
+/// `rounded_l2_norm_bound`):
 /// the smaller of `norm + √dim` (always) and
 /// `√(norm² + dim/4 + √(2 ln(1/β))·(norm + √dim/2))` (what conditioning buys).
 pub fn rounded_norm_bound(norm: f64, beta: f64, dim: usize) -> f64 {
