@@ -659,8 +659,12 @@ fn secure_settings(
             expected.train_samples
         );
     }
+    let noise = secure
+        .ddg_params(config.clients.per_round as usize)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", loaded.path().display()))?;
     Ok(Some(SecureSettings {
         params,
+        noise,
         seed: config.server.random_seed,
         simulated_dropout: secure.simulated_dropout,
         network: (!config.clients.comm_simulation).then(|| {

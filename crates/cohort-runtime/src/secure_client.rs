@@ -1,6 +1,9 @@
 //! The client process's side of secure aggregation (network mode): after a
 //! task trains, its update stays here. The process masks `[w, w·(x − g)]`
-//! (`cohort_core::secagg::masked_change`, the vector simulation mode masks)
+//! (`cohort_core::secagg::masked_change`, the vector simulation mode masks),
+//! or with `secure_aggregation.noise` its change clipped, rotated, rounded
+//! and noised (`cohort_core::secagg::ddg_masked_input`), the noise drawn
+//! here from the operating system so that the server cannot remove it,
 //! and answers the server's stage messages through one
 //! [`ClientRound`] per logical client and round, so the server only ever
 //! receives keys, sealed shares, a masked vector and the shares it may have.
@@ -16,7 +19,7 @@ use cohort_core::config::LoadedConfig;
 use cohort_core::secagg::network::{ClientRound, PartyRng, fresh_rng, stage_name};
 use cohort_core::secagg::sim::Stage;
 use cohort_core::secagg::wire::{Limits, MaskedInput, Message, SealedShares};
-use cohort_core::secagg::{Params, masked_change};
+use cohort_core::secagg::{DdgParams, Params, ddg, ddg_masked_input, masked_change, resolve_ddg};
 use cohort_core::strategy::ClientUpdate;
 
 use crate::client::ClientReply;
@@ -78,6 +81,9 @@ pub(crate) struct SecureClient {
     rng: PartyRng,
     fault: Option<SecAggFault>,
     loaded: LoadedConfig,
+    /// The noise to add before masking, and the run's seed its rotation
+    /// comes from.
+    noise: Option<(DdgParams, u64)>,
 }
 
 impl SecureClient {
@@ -95,6 +101,10 @@ impl SecureClient {
         let expected = secure
             .params_for(per_round as usize)
             .map_err(|e| anyhow::anyhow!("the server's config: {e}"))?;
+        let noise = secure
+            .ddg_params(per_round as usize)
+            .map_err(|e| anyhow::anyhow!("the server's config: {e}"))?
+            .map(|params| (params, config.server.random_seed));
         Ok(Some(Self {
             expected,
             // A round draws at most every client (more than per_round with
@@ -104,6 +114,7 @@ impl SecureClient {
             rng: fresh_rng(),
             fault,
             loaded: loaded.clone(),
+            noise,
         }))
     }
 
@@ -136,14 +147,22 @@ impl SecureClient {
             local_steps: reply.local_steps,
             tree: &tree,
         };
-        let change = masked_change(&global, &update)?;
-        let part = ClientRound::new(
-            u64::from(client_id),
-            self.expected.clone(),
-            self.max_clients,
-            reply.num_samples as f64,
-            change,
-        );
+        let (id, expected) = (u64::from(client_id), self.expected.clone());
+        let part = match &self.noise {
+            Some((noise, run_seed)) => {
+                let mechanism = resolve_ddg(noise, &self.expected, &global)
+                    .map_err(|e| format!("cannot set up its noise: {e}"))?;
+                let rotation = ddg::rotation_seed(*run_seed, round);
+                let values =
+                    ddg_masked_input(&mechanism, &global, &update, rotation, &mut self.rng)?;
+                ClientRound::encoded(id, expected, self.max_clients, values)
+            }
+            None => {
+                let change = masked_change(&global, &update)?;
+                let weight = reply.num_samples as f64;
+                ClientRound::new(id, expected, self.max_clients, weight, change)
+            }
+        };
         self.parts.insert((round, client_id), part);
         Ok(())
     }

@@ -692,6 +692,29 @@ pub struct SecureAggregation {
     /// during the protocol (each at a stage drawn from the server's seed),
     /// to measure and test dropout handling. Default: 0.
     pub simulated_dropout: f64,
+    /// Noise each client adds to its update before masking, for
+    /// differential privacy that does not trust the server: `none`
+    /// (default) or `distributed_discrete_gaussian` ([`crate::secagg::ddg`]).
+    /// Left out of the written config (and so of the result hash) when
+    /// `none`, so runs from before the key existed keep their hash.
+    #[serde(skip_serializing_if = "SecAggNoise::is_none")]
+    pub noise: SecAggNoise,
+    /// With noise: each client's change is clipped to this L2 norm.
+    /// Required with noise; refused without.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_norm: Option<f64>,
+    /// With noise: the whole sum's noise has standard deviation
+    /// `noise_multiplier · clip_norm`, shared among `clients.per_round`.
+    /// Required with noise; refused without.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub noise_multiplier: Option<f64>,
+    /// With noise: the value of one integer step of the encoding; default:
+    /// chosen so that four standard deviations of the sum fit the modulus.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub granularity: Option<f64>,
+    /// With noise: the δ that ε is reported for. Default: 1e-5.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f64>,
 }
 
 impl Default for SecureAggregation {
@@ -706,8 +729,32 @@ impl Default for SecureAggregation {
             modulus_range: 1 << 32,
             timeout: None,
             simulated_dropout: 0.0,
+            noise: SecAggNoise::None,
+            clip_norm: None,
+            noise_multiplier: None,
+            granularity: None,
+            delta: None,
         }
     }
+}
+
+impl SecAggNoise {
+    fn is_none(&self) -> bool {
+        *self == SecAggNoise::None
+    }
+}
+
+/// `secure_aggregation.noise`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum SecAggNoise {
+    /// No noise: the server learns the exact (quantised) weighted mean.
+    #[default]
+    #[serde(rename = "none")]
+    None,
+    /// Kairouz, Liu and Steinke 2021: each client clips its change and adds
+    /// its share of discrete Gaussian noise before masking.
+    #[serde(rename = "distributed_discrete_gaussian")]
+    DistributedDiscreteGaussian,
 }
 
 /// `secure_aggregation.protocol`.

@@ -12,9 +12,9 @@
 //! clear. In network mode the clients keep their updates, so what would
 //! replace or draw on them in the server is refused too.
 
-use crate::secagg::{NumShares, Params, ParamsError};
+use crate::secagg::{DdgError, DdgParams, NumShares, Params, ParamsError};
 
-use super::schema::{Config, SecAggProtocol, SecureAggregation};
+use super::schema::{Config, SecAggNoise, SecAggProtocol, SecureAggregation};
 use super::{Fail, MAX_TIMEOUT_SECONDS};
 
 /// The strategies whose next model depends on a round only through its
@@ -100,6 +100,93 @@ impl SecureAggregation {
     }
 }
 
+/// The δ that ε is reported for when `delta` is left out.
+pub const DEFAULT_DELTA: f64 = 1e-5;
+
+impl SecureAggregation {
+    /// The noise's parameters for rounds of `clients` expected
+    /// contributors; `None` without noise. Every key is checked here, and
+    /// the modulus against the default granularity (the model's size is
+    /// checked when the run starts).
+    pub fn ddg_params(&self, clients: usize) -> Result<Option<DdgParams>, SecureParamsError> {
+        let keys = [
+            ("clip_norm", self.clip_norm),
+            ("noise_multiplier", self.noise_multiplier),
+            ("granularity", self.granularity),
+            ("delta", self.delta),
+        ];
+        if self.noise == SecAggNoise::None {
+            return match keys.iter().find(|(_, value)| value.is_some()) {
+                Some((key, _)) => Err(SecureParamsError {
+                    key,
+                    message: "is for noise = \"distributed_discrete_gaussian\"; without noise \
+                              nothing is clipped or noised, so leave it out"
+                        .to_owned(),
+                }),
+                None => Ok(None),
+            };
+        }
+        let required = |key: &'static str, value: Option<f64>, what: &str| {
+            value.ok_or_else(|| SecureParamsError {
+                key,
+                message: format!(
+                    "is required with noise = \"distributed_discrete_gaussian\": {what}"
+                ),
+            })
+        };
+        let clip_norm = required(
+            "clip_norm",
+            self.clip_norm,
+            "the L2 norm each client's change is clipped to, a number above 0",
+        )?;
+        let noise_multiplier = required(
+            "noise_multiplier",
+            self.noise_multiplier,
+            "the noise of the sum relative to clip_norm, a number above 0",
+        )?;
+        if !(noise_multiplier.is_finite() && noise_multiplier > 0.0) {
+            return Err(SecureParamsError {
+                key: "noise_multiplier",
+                message: format!(
+                    "is {noise_multiplier}; expected a finite number above 0 (0 would add no noise and spend unbounded privacy)"
+                ),
+            });
+        }
+        let params = DdgParams {
+            clip_norm,
+            noise_multiplier,
+            expected_clients: clients,
+            granularity: self.granularity,
+            delta: self.delta.unwrap_or(DEFAULT_DELTA),
+        };
+        // Any model size shows a bad value or a modulus too small for the
+        // default granularity; the real one is checked at the start.
+        params
+            .resolve(1, self.modulus_range)
+            .map_err(|error| SecureParamsError {
+                key: ddg_key_of(&error),
+                message: match error {
+                    DdgError::Param {
+                        value, expected, ..
+                    } => {
+                        format!("is {value}; expected {expected}")
+                    }
+                    other => other.to_string(),
+                },
+            })?;
+        Ok(Some(params))
+    }
+}
+
+/// The key a noise parameter error is about.
+fn ddg_key_of(error: &DdgError) -> &'static str {
+    match error {
+        DdgError::Param { name, .. } if *name != "clients.per_round" => name,
+        DdgError::ModulusTooSmall { .. } => "modulus_range",
+        _ => "granularity",
+    }
+}
+
 /// The key a protocol parameter error is about.
 fn key_of(error: &ParamsError) -> &'static str {
     match error {
@@ -151,6 +238,9 @@ pub(super) fn validate(config: &Config, fail: Fail) {
     };
     let key = |name: &str| format!("secure_aggregation.{name}");
     if let Err(error) = secure.params_for(config.clients.per_round as usize) {
+        fail(&key(error.key), error.message);
+    }
+    if let Err(error) = secure.ddg_params(config.clients.per_round as usize) {
         fail(&key(error.key), error.message);
     }
     if let Some(timeout) = secure.timeout

@@ -1328,6 +1328,110 @@ fn secure_aggregation_errors_name_their_key() {
     );
 }
 
+const NOISY: &str =
+    "noise = \"distributed_discrete_gaussian\"\nclip_norm = 1.0\nnoise_multiplier = 1.1\n";
+
+#[test]
+fn noise_loads_and_its_default_stays_out_of_the_result_hash() {
+    let secure = load_text(&format!("{MINIMAL}{SECURE}")).unwrap();
+    let section = secure.config.secure_aggregation.as_ref().unwrap();
+    assert_eq!(section.noise, SecAggNoise::None);
+    assert_eq!(section.ddg_params(10), Ok(None));
+    let explicit = load_text(&format!("{MINIMAL}{SECURE}noise = \"none\"\n")).unwrap();
+    assert_eq!(secure.result_hash(), explicit.result_hash());
+    assert!(!to_toml(&secure.config).unwrap().contains("noise"));
+    let noisy = load_text(&format!("{MINIMAL}{SECURE}{NOISY}")).unwrap();
+    assert_ne!(secure.result_hash(), noisy.result_hash());
+    let section = noisy.config.secure_aggregation.as_ref().unwrap();
+    let per_round = noisy.config.clients.per_round as usize;
+    let params = section.ddg_params(per_round).unwrap().unwrap();
+    assert_eq!(
+        (params.clip_norm, params.noise_multiplier, params.delta),
+        (1.0, 1.1, 1e-5)
+    );
+    assert_eq!(params.expected_clients, per_round);
+    let again = load_text(&to_toml(&noisy.config).unwrap()).unwrap();
+    assert_eq!(
+        again.config.secure_aggregation,
+        noisy.config.secure_aggregation
+    );
+}
+
+#[test]
+fn noise_errors_name_their_key_value_and_expectation() {
+    let error = |extra: &str| error_of(&format!("{MINIMAL}{SECURE}{extra}"));
+    let key = |k: &str| Some(format!("secure_aggregation.{k}"));
+    let cases = [
+        (
+            "noise = \"laplace\"\n",
+            "noise",
+            "distributed_discrete_gaussian",
+        ),
+        ("clip_norm = 1.0\n", "clip_norm", "is for noise"),
+        ("delta = 1e-6\n", "delta", "is for noise"),
+        (
+            "noise = \"distributed_discrete_gaussian\"\nnoise_multiplier = 1.0\n",
+            "clip_norm",
+            "is required",
+        ),
+        (
+            "noise = \"distributed_discrete_gaussian\"\nclip_norm = 1.0\n",
+            "noise_multiplier",
+            "is required",
+        ),
+        (
+            &format!("{NOISY}granularity = -0.5\n"),
+            "granularity",
+            "is -0.5; expected a finite number above 0",
+        ),
+        (
+            &format!("{NOISY}delta = 1.0\n"),
+            "delta",
+            "is 1; expected a number in (0, 1)",
+        ),
+    ];
+    for (extra, name, words) in cases {
+        let e = error(extra);
+        assert_eq!(e.key, key(name), "{extra}: {}", e.message);
+        assert!(e.message.contains(words), "{extra}: {}", e.message);
+    }
+    // 4 clients at 4 standard deviations need modulus² > 64.
+    let small = SecureAggregation {
+        modulus_range: 8,
+        ..load_text(&format!("{MINIMAL}{SECURE}{NOISY}"))
+            .unwrap()
+            .config
+            .secure_aggregation
+            .unwrap()
+    };
+    let e = small.ddg_params(4).unwrap_err();
+    assert_eq!(e.key, "modulus_range");
+    assert!(
+        e.message
+            .contains("modulus_range 8 cannot hold the sum of 4 clients"),
+        "{}",
+        e.message
+    );
+    let bad_clip =
+        "noise = \"distributed_discrete_gaussian\"\nclip_norm = 0.0\nnoise_multiplier = 1.0\n";
+    let e = error(bad_clip);
+    assert_eq!(e.key, key("clip_norm"));
+    assert!(
+        e.message.contains("is 0; expected a finite number above 0"),
+        "{}",
+        e.message
+    );
+    let zero =
+        "noise = \"distributed_discrete_gaussian\"\nclip_norm = 1.0\nnoise_multiplier = 0.0\n";
+    let e = error(zero);
+    assert_eq!(e.key, key("noise_multiplier"));
+    assert!(
+        e.message.contains("is 0; expected a finite number above 0"),
+        "{}",
+        e.message
+    );
+}
+
 #[test]
 fn secure_aggregation_refuses_what_needs_each_update() {
     let refused = |extra: &str| error_of(&format!("{MINIMAL}{SECURE}{extra}"));

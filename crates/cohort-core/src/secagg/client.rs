@@ -222,6 +222,33 @@ impl SharesSent {
         input: &[f32],
         rng: &mut impl CryptoRng,
     ) -> Result<(InputSent, MaskedInput), ClientError> {
+        self.mask_with(routed, |params| {
+            let weight_q = quant::quantize_weight(weight, params)?;
+            Ok(quant::quantize(input, weight_q, params, rng)?)
+        })
+    }
+
+    /// [`SharesSent::collect_masked_input`] for a vector the caller has
+    /// already made integers (the distributed discrete Gaussian's,
+    /// [`super::ddg`]): `values` are masked as they are, reduced mod the
+    /// modulus, so the server's sum is their sum mod the modulus. Its
+    /// length must be the round's dimension plus one, as a quantised
+    /// vector's is.
+    pub fn collect_masked_encoded(
+        self,
+        routed: &SealedShares,
+        values: &[u32],
+    ) -> Result<(InputSent, MaskedInput), ClientError> {
+        self.mask_with(routed, |_| Ok(values.to_vec()))
+    }
+
+    /// Opens the routed shares, checks that enough neighbours are left,
+    /// then masks the vector `encode` gives.
+    fn mask_with(
+        self,
+        routed: &SealedShares,
+        encode: impl FnOnce(&Params) -> Result<Vec<u32>, ClientError>,
+    ) -> Result<(InputSent, MaskedInput), ClientError> {
         let (held, rejected) = self.open_routed(routed)?;
         let t = self.params.reconstruction_threshold;
         if held.len() + 1 < t {
@@ -230,8 +257,7 @@ impl SharesSent {
                 need: t,
             });
         }
-        let weight_q = quant::quantize_weight(weight, &self.params)?;
-        let mut values = quant::quantize(input, weight_q, &self.params, rng)?;
+        let mut values = encode(&self.params)?;
         let modulus_mask = self.params.modulus_mask();
         crypto::apply_mask(&mut values, &self.seed, Sign::Add, modulus_mask);
         for &peer in held.keys() {

@@ -31,8 +31,11 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand_chacha::ChaCha20Rng;
 
 use super::client::ClientError;
+use super::ddg::{self, Ddg, DdgError, DdgParams};
 use super::quant;
-use super::sim::{DropPoint, Timings, WireBytes, simulate_round};
+use super::sim::{
+    Aggregate, DropPoint, Timings, WireBytes, simulate_encoded_round, simulate_round,
+};
 use super::{Params, PeerError, SecAggError};
 use crate::aggregate::{Contribution, validate};
 use crate::strategy::{ClientUpdate, FloatLayout, float_layout};
@@ -61,6 +64,8 @@ pub enum SecureRoundError {
     Model(String),
     #[error("the secure aggregation protocol aborted: {0}")]
     Protocol(#[from] SecAggError),
+    #[error("distributed discrete Gaussian noise: {0}")]
+    Noise(DdgError),
 }
 
 /// The round's mean through the protocol. `selected` are the round's
@@ -88,31 +93,12 @@ pub fn secure_mean(
             Err(reason) => dropped.push((update.client_id, reason)),
         }
     }
-    let arrived: BTreeSet<u32> = changes.iter().map(|(id, _, _)| *id).collect();
     let zeros = vec![0.0f32; layout.len()];
-    let mut inputs: Vec<(u64, f64, &[f32])> = changes
-        .iter()
-        .map(|(id, w, x)| (u64::from(*id), *w, x.as_slice()))
-        .collect();
-    let mut drops: Vec<(u64, DropPoint)> = dropouts
-        .iter()
-        .map(|&(id, point)| (u64::from(id), point))
-        .collect();
-    for &id in selected.iter().filter(|id| !arrived.contains(id)) {
-        // Its keys were shared before training; its input never comes.
-        inputs.push((u64::from(id), 0.0, &zeros));
-        drops.push((u64::from(id), DropPoint::AfterSharingKeys));
-    }
-    inputs.sort_by_key(|(id, _, _)| *id);
+    let arrived = changes.iter().map(|(id, w, x)| (*id, (*w, x.as_slice())));
+    let (arrived, inputs, drops) = round_inputs(arrived, selected, dropouts, (0.0, &zeros[..]));
+    let inputs: Vec<(u64, f64, &[f32])> = inputs.iter().map(|&(id, (w, x))| (id, w, x)).collect();
     let round = simulate_round(params, &inputs, &drops, seed)?;
-    let contributors: Vec<u32> = round.contributors.iter().map(|&id| id as u32).collect();
-    dropped.extend(reasons(&round.refused, &round.client_errors));
-    for &(id, point) in dropouts {
-        if arrived.contains(&id) && !contributors.contains(&id) {
-            dropped.push((id, format!("vanished {}", point_name(point))));
-        }
-    }
-    dropped.sort_by_key(|(id, _)| *id);
+    let contributors = settle(&round, &arrived, dropouts, &mut dropped);
     let mean = mean_of(
         &layout,
         &anchor,
@@ -128,6 +114,202 @@ pub fn secure_mean(
         bytes: round.bytes,
         timings: round.timings,
     })
+}
+
+/// The protocol's inputs: the arrived clients' (sorted by id), then every
+/// selected client whose update did not arrive, with `absent` as its input
+/// and a drop after sharing keys (its keys were shared before training; its
+/// input never comes); and the ids that arrived.
+#[allow(clippy::type_complexity)]
+fn round_inputs<T: Copy>(
+    arrived: impl Iterator<Item = (u32, T)>,
+    selected: &[u32],
+    dropouts: &[(u32, DropPoint)],
+    absent: T,
+) -> (BTreeSet<u32>, Vec<(u64, T)>, Vec<(u64, DropPoint)>) {
+    let mut inputs: Vec<(u64, T)> = arrived.map(|(id, x)| (u64::from(id), x)).collect();
+    let ids: BTreeSet<u32> = inputs.iter().map(|(id, _)| *id as u32).collect();
+    let mut drops: Vec<(u64, DropPoint)> = dropouts
+        .iter()
+        .map(|&(id, point)| (u64::from(id), point))
+        .collect();
+    for &id in selected.iter().filter(|id| !ids.contains(id)) {
+        inputs.push((u64::from(id), absent));
+        drops.push((u64::from(id), DropPoint::AfterSharingKeys));
+    }
+    inputs.sort_by_key(|(id, _)| *id);
+    (ids, inputs, drops)
+}
+
+/// The round's contributors, with the reasons of those that arrived and are
+/// not among them added to `dropped` (sorted by id).
+fn settle(
+    round: &Aggregate,
+    arrived: &BTreeSet<u32>,
+    dropouts: &[(u32, DropPoint)],
+    dropped: &mut Vec<(u32, String)>,
+) -> Vec<u32> {
+    let contributors: Vec<u32> = round.contributors.iter().map(|&id| id as u32).collect();
+    dropped.extend(reasons(&round.refused, &round.client_errors));
+    for &(id, point) in dropouts {
+        if arrived.contains(&id) && !contributors.contains(&id) {
+            dropped.push((id, format!("vanished {}", point_name(point))));
+        }
+    }
+    dropped.sort_by_key(|(id, _)| *id);
+    contributors
+}
+
+/// The seeds of a simulated round with distributed discrete Gaussian noise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DdgSeeds {
+    /// The protocol's (keys, graph), as [`secure_mean`]'s `seed`.
+    pub protocol: u64,
+    /// The rotation every client of the round shares ([`ddg::rotation_seed`]).
+    pub rotation: u64,
+    /// Each client's rounding and noise, a stream per client
+    /// ([`ddg::noise_seed`]). Only a simulation may draw a client's noise
+    /// from a seed the server knows: in network mode each client draws its
+    /// own from the operating system.
+    pub noise: u64,
+}
+
+/// [`secure_mean`] with distributed discrete Gaussian noise ([`ddg`]): each
+/// arrived client clips, rotates, rounds and noises its change `x − g`
+/// (a client whose update cannot be encoded drops, with the reason), the
+/// protocol sums the integers mod the modulus, and the mean is
+/// `g + decode(sum)`, the **unweighted** mean of the clipped changes plus
+/// noise; `total_weight` is the number of contributors.
+pub fn secure_ddg_mean(
+    params: &Params,
+    ddg: &Ddg,
+    global: &ParamTree,
+    selected: &[u32],
+    updates: &[ClientUpdate<'_>],
+    dropouts: &[(u32, DropPoint)],
+    seeds: DdgSeeds,
+) -> Result<SecureMean, SecureRoundError> {
+    let layout = ddg_layout(ddg, global)?;
+    let anchor = layout.flatten(global);
+    let mut dropped = Vec::new();
+    let mut encoded = Vec::with_capacity(updates.len());
+    for update in updates {
+        let encoding = change_of(&layout, &anchor, global, update).and_then(|change| {
+            let seed = ddg::noise_seed(seeds.noise, update.client_id);
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            ddg.encode(&change, seeds.rotation, &mut rng)
+                .map_err(|e| format!("cannot add its noise: {e}"))
+        });
+        match encoding {
+            Ok(values) => encoded.push((update.client_id, values)),
+            Err(reason) => dropped.push((update.client_id, reason)),
+        }
+    }
+    let zeros = vec![0u32; ddg.padded + 1];
+    let arrived = encoded.iter().map(|(id, v)| (*id, v.as_slice()));
+    let (arrived, inputs, drops) = round_inputs(arrived, selected, dropouts, &zeros[..]);
+    let round = simulate_encoded_round(params, &inputs, &drops, seeds.protocol)?;
+    let contributors = settle(&round, &arrived, dropouts, &mut dropped);
+    let mean = ddg_mean(
+        ddg,
+        &layout,
+        &anchor,
+        global,
+        &round.sum,
+        contributors.len(),
+        seeds.rotation,
+    )?;
+    Ok(SecureMean {
+        mean,
+        total_weight: contributors.len() as f64,
+        contributors,
+        dropped,
+        bytes: round.bytes,
+        timings: round.timings,
+    })
+}
+
+/// The mechanism for `global`'s float values masked under `params`.
+pub fn resolve_ddg(
+    ddg: &DdgParams,
+    params: &Params,
+    global: &ParamTree,
+) -> Result<Ddg, SecureRoundError> {
+    ddg.resolve(masked_len(global)?, params.modulus_range)
+        .map_err(SecureRoundError::Noise)
+}
+
+/// What one client masks in network mode with DDG, in its own process: its
+/// change `x − g` ([`masked_change`]) encoded with its own `rng`.
+pub fn ddg_masked_input(
+    ddg: &Ddg,
+    global: &ParamTree,
+    update: &ClientUpdate<'_>,
+    rotation_seed: u64,
+    rng: &mut impl rand::RngCore,
+) -> Result<Vec<u32>, String> {
+    let change = masked_change(global, update)?;
+    ddg.encode(&change, rotation_seed, rng)
+        .map_err(|e| format!("cannot add its noise: {e}"))
+}
+
+/// The mean the server makes of an unmasked DDG sum of `contributors`
+/// clients in network mode, as [`secure_ddg_mean`] makes it; `None` without
+/// contributors.
+pub fn ddg_mean_of_sum(
+    ddg: &Ddg,
+    global: &ParamTree,
+    sum: &[u32],
+    contributors: usize,
+    rotation_seed: u64,
+) -> Result<Option<ParamTree>, SecureRoundError> {
+    let layout = ddg_layout(ddg, global)?;
+    let anchor = layout.flatten(global);
+    ddg_mean(
+        ddg,
+        &layout,
+        &anchor,
+        global,
+        sum,
+        contributors,
+        rotation_seed,
+    )
+}
+
+fn ddg_layout(ddg: &Ddg, global: &ParamTree) -> Result<FloatLayout, SecureRoundError> {
+    let layout = float_layout("secure aggregation", global)
+        .map_err(|e| SecureRoundError::Model(e.to_string()))?;
+    if layout.len() != ddg.dim {
+        return Err(SecureRoundError::Model(format!(
+            "the model has {} values; the noise was set up for {}",
+            layout.len(),
+            ddg.dim
+        )));
+    }
+    Ok(layout)
+}
+
+fn ddg_mean(
+    ddg: &Ddg,
+    layout: &FloatLayout,
+    anchor: &[f32],
+    global: &ParamTree,
+    sum: &[u32],
+    contributors: usize,
+    rotation_seed: u64,
+) -> Result<Option<ParamTree>, SecureRoundError> {
+    if contributors == 0 {
+        return Ok(None);
+    }
+    let change = ddg
+        .decode(sum, contributors, rotation_seed)
+        .map_err(SecureRoundError::Noise)?;
+    let values: Vec<f32> = anchor
+        .iter()
+        .zip(&change)
+        .map(|(&g, &c)| (f64::from(g) + c) as f32)
+        .collect();
+    Ok(Some(layout.rebuild(global, &values)))
 }
 
 /// `g + Σ w·(x − g) / Σ w` as a model; `None` when the total weight is 0.
@@ -425,6 +607,108 @@ mod tests {
             "{:?}",
             out.dropped
         );
+    }
+
+    fn ddg_params(z: f64, n: usize) -> DdgParams {
+        DdgParams {
+            clip_norm: 1.0,
+            noise_multiplier: z,
+            expected_clients: n,
+            granularity: None,
+            delta: 1e-5,
+        }
+    }
+
+    const SEEDS: DdgSeeds = DdgSeeds {
+        protocol: 3,
+        rotation: 4,
+        noise: 5,
+    };
+
+    #[test]
+    fn without_noise_ddg_gives_the_unweighted_mean_of_the_clipped_changes() {
+        let params = Params::new(NumShares::Neighbours(3), 2);
+        let global = tree(&[1.0, -2.0, 0.5]);
+        // Client 3's change has norm 5: clipped to 1.
+        let models = [
+            tree(&[1.1, -2.0, 0.5]),
+            tree(&[1.0, -1.8, 0.4]),
+            tree(&[4.0, 2.0, 0.5]),
+            tree(&[0.9, -2.1, 0.6]),
+        ];
+        let updates: Vec<_> = models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| update(i as u32 + 1, 10 * (i as u64 + 1), m))
+            .collect();
+        let ddg = resolve_ddg(&ddg_params(0.0, 4), &params, &global).unwrap();
+        let out =
+            secure_ddg_mean(&params, &ddg, &global, &[1, 2, 3, 4], &updates, &[], SEEDS).unwrap();
+        assert_eq!(out.contributors, [1, 2, 3, 4]);
+        assert_eq!(out.total_weight, 4.0);
+        let changes = [
+            [0.1, 0.0, 0.0],
+            [0.0, 0.2, -0.1],
+            [0.6, 0.8, 0.0],
+            [-0.1, -0.1, 0.1],
+        ];
+        let bound = ddg.noiseless_error_bound();
+        // With the default granularity the rounding is ~1e-8: far below
+        // the differences between the sample-weighted and plain means.
+        assert!(bound < 1e-6, "{bound}");
+        for (j, got) in values(out.mean.as_ref().unwrap()).iter().enumerate() {
+            let want = values(&global)[j] as f64 + changes.iter().map(|c| c[j]).sum::<f64>() / 4.0;
+            // f32 results add their own rounding.
+            assert!(
+                (f64::from(*got) - want).abs() <= bound + 1e-6,
+                "{got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn ddg_noise_shrinks_with_dropped_clients_and_has_its_spread() {
+        let params = Params::new(NumShares::All, 4);
+        let dim = 4096;
+        let global = tree(&vec![0.0; dim]);
+        let model = tree(&vec![0.0; dim]);
+        let updates: Vec<_> = (1..=6).map(|i| update(i, 5, &model)).collect();
+        let ddg = resolve_ddg(&ddg_params(1.0, 6), &params, &global).unwrap();
+        // Client 6 sent nothing; client 2 vanishes before its masked input.
+        let drops = [(2, DropPoint::AfterSharingKeys)];
+        let selected: Vec<u32> = (1..=7).collect();
+        let out = secure_ddg_mean(
+            &params,
+            &ddg,
+            &global,
+            &selected,
+            &updates[..5],
+            &drops,
+            SEEDS,
+        )
+        .unwrap();
+        assert_eq!(out.contributors, [1, 3, 4, 5]);
+        // Four shares of variance (z·c)²/6 each, over 4: std √(4/6)/4.
+        let expected = ddg.mean_noise_std(4);
+        assert!((expected - (4.0f64 / 6.0).sqrt() / 4.0).abs() < 1e-12);
+        let mean = values(out.mean.as_ref().unwrap());
+        let rms = (mean.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / dim as f64).sqrt();
+        // 4096 values: within 5·expected/√(2·4096) ≈ 5.5% of the expected.
+        assert!(
+            (rms / expected - 1.0).abs() < 5.0 / (2.0 * dim as f64).sqrt(),
+            "{rms}"
+        );
+        let again = secure_ddg_mean(
+            &params,
+            &ddg,
+            &global,
+            &selected,
+            &updates[..5],
+            &drops,
+            SEEDS,
+        )
+        .unwrap();
+        assert_eq!(again.mean, out.mean, "seeded: bit for bit");
     }
 
     #[test]

@@ -92,14 +92,21 @@
 //!   which is then left out of the sum (see [`server`] for why it cannot be
 //!   kept). This lets a malicious client knock an honest neighbour out of
 //!   one round; it cannot learn anything by it.
+//! * Distributed differential privacy is [`ddg`]: each client clips its
+//!   change and adds its share of discrete Gaussian noise before masking
+//!   (Kairouz, Liu, Steinke 2021), and masks the integers as they are
+//!   ([`client::SharesSent::collect_masked_encoded`]); the server decodes
+//!   the modular sum ([`server::ServerOutput::sum`]). Colluding clients can
+//!   hand the server their noise shares, which lowers the noise protecting
+//!   the others (docs/SECURITY.md).
 //! * Not implemented: the consistency round of Bonawitz et al.'s
-//!   malicious-server variant (clients signing the survivor set), client
-//!   authentication of the key advertisements (a real deployment binds them
-//!   to an identity, e.g. the transport's TLS identity), and distributed
-//!   differential-privacy noise.
+//!   malicious-server variant (clients signing the survivor set), and
+//!   client authentication of the key advertisements (a real deployment
+//!   binds them to an identity, e.g. the transport's TLS identity).
 
 pub mod client;
 pub mod crypto;
+pub mod ddg;
 pub mod federated;
 pub mod graph;
 pub mod network;
@@ -113,13 +120,15 @@ pub mod wire;
 /// A client's id in a round (Flower's node id).
 pub type ClientId = u64;
 
+pub use ddg::{Ddg, DdgAccountant, DdgError, DdgParams};
 pub use federated::{
-    SecureMean, SecureRoundError, draw_dropouts, masked_change, masked_len, mean_error_bound,
-    mean_of_sum, secure_mean,
+    DdgSeeds, SecureMean, SecureRoundError, ddg_masked_input, ddg_mean_of_sum, draw_dropouts,
+    masked_change, masked_len, mean_error_bound, mean_of_sum, resolve_ddg, secure_ddg_mean,
+    secure_mean,
 };
 pub use params::{NumShares, Params, ParamsError};
 pub use server::{PeerError, SecAggError};
-pub use sim::{Aggregate, DropPoint, simulate_round, simulate_round_with};
+pub use sim::{Aggregate, DropPoint, simulate_encoded_round, simulate_round, simulate_round_with};
 
 #[cfg(test)]
 mod tests;

@@ -97,16 +97,23 @@ enum State {
     Done,
 }
 
+/// What a client masks: a weighted change the protocol quantises, or a
+/// vector the client encoded as integers itself ([`super::ddg`]).
+enum Input {
+    Weighted { weight: f64, change: Vec<f32> },
+    Encoded(Vec<u32>),
+}
+
 /// One logical client's part in one round, in its own process: its input
-/// `[weight, weight·change]` and the protocol's state.
+/// `[weight, weight·change]` (or its encoded vector) and the protocol's
+/// state.
 pub struct ClientRound {
     id: ClientId,
     /// The parameters the client's own config gives the round.
     expected: Params,
     /// `clients.total_clients` of the client's config: no round is larger.
     max_clients: u32,
-    weight: f64,
-    change: Vec<f32>,
+    input: Input,
     state: State,
     limits: Limits,
 }
@@ -122,6 +129,27 @@ impl ClientRound {
         weight: f64,
         change: Vec<f32>,
     ) -> ClientRound {
+        Self::with_input(
+            id,
+            expected,
+            max_clients,
+            Input::Weighted { weight, change },
+        )
+    }
+
+    /// A trained client `id` that will mask `values`, integers it encoded
+    /// itself (their length the model's dimension plus one), as
+    /// [`ClientRound::new`] otherwise.
+    pub fn encoded(
+        id: ClientId,
+        expected: Params,
+        max_clients: u32,
+        values: Vec<u32>,
+    ) -> ClientRound {
+        Self::with_input(id, expected, max_clients, Input::Encoded(values))
+    }
+
+    fn with_input(id: ClientId, expected: Params, max_clients: u32, input: Input) -> ClientRound {
         let max_peers = expected
             .shares_for(max_clients as usize)
             .clamp(1, MAX_SHARES);
@@ -129,8 +157,7 @@ impl ClientRound {
             id,
             expected,
             max_clients,
-            weight,
-            change,
+            input,
             state: State::Trained,
             limits: Limits {
                 max_peers,
@@ -171,10 +198,14 @@ impl ClientRound {
             }
             (State::SharesSent(state), Stage::MaskedInput) => {
                 let routed = SealedShares::from_bytes(body, &self.limits).map_err(malformed)?;
-                let change = std::mem::take(&mut self.change);
-                let (next, input) = state
-                    .collect_masked_input(&routed, self.weight, &change, rng)
-                    .map_err(protocol)?;
+                let input = std::mem::replace(&mut self.input, Input::Encoded(Vec::new()));
+                let (next, input) = match input {
+                    Input::Weighted { weight, change } => {
+                        state.collect_masked_input(&routed, weight, &change, rng)
+                    }
+                    Input::Encoded(values) => state.collect_masked_encoded(&routed, &values),
+                }
+                .map_err(protocol)?;
                 (State::InputSent(next), input.to_bytes())
             }
             (State::InputSent(state), Stage::Unmask) => {
@@ -208,10 +239,14 @@ impl ClientRound {
                 most: self.max_clients,
             });
         }
-        if setup.dimension != self.change.len() as u64 {
+        let dimension = match &self.input {
+            Input::Weighted { change, .. } => change.len(),
+            Input::Encoded(values) => values.len().saturating_sub(1),
+        };
+        if setup.dimension != dimension as u64 {
             return Err(ClientRoundError::SetupDimension {
                 got: setup.dimension,
-                expected: self.change.len(),
+                expected: dimension,
             });
         }
         Ok(())

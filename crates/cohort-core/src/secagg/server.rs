@@ -177,6 +177,10 @@ const KEY: &str = "mask key";
 /// clients whose inputs are in it, and who was refused along the way.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerOutput {
+    /// The unmasked sum of the contributors' vectors mod the modulus, as
+    /// it was before dequantising: what an encoded round
+    /// ([`super::ddg`]) decodes.
+    pub sum: Vec<u32>,
     pub weighted_sum: Vec<f64>,
     pub total_weight: f64,
     pub contributors: Vec<ClientId>,
@@ -630,6 +634,7 @@ impl Unmasking {
         let (total_weight, weighted_sum) =
             quant::dequantize(&sum, self.contributors.len(), &core.params);
         Ok(ServerOutput {
+            sum,
             weighted_sum,
             total_weight,
             contributors: self.contributors.into_iter().collect(),

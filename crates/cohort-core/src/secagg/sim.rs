@@ -80,6 +80,9 @@ pub struct Timings {
 /// The outcome of a simulated round.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Aggregate {
+    /// The unmasked sum mod the modulus, before dequantising (what an
+    /// encoded round decodes, [`simulate_encoded_round`]).
+    pub sum: Vec<u32>,
     /// `Σ w_i · x_i` over the contributors, dequantised.
     pub weighted_sum: Vec<f64>,
     /// `Σ w_i` over the contributors, dequantised.
@@ -127,6 +130,19 @@ impl Adversary for Honest {}
 /// its update.
 pub type Input<'a> = (ClientId, f64, &'a [f32]);
 
+/// One client's input as integers it encoded itself: its id and its vector
+/// of the round's dimension plus one (see [`SharesSent::collect_masked_encoded`]).
+///
+/// [`SharesSent::collect_masked_encoded`]: super::client::SharesSent::collect_masked_encoded
+pub type EncodedInput<'a> = (ClientId, &'a [u32]);
+
+/// What a simulated client masks.
+#[derive(Debug, Clone, Copy)]
+enum Plaintext<'a> {
+    Weighted(f64, &'a [f32]),
+    Encoded(&'a [u32]),
+}
+
 /// Runs one round of SecAgg(+) over `inputs` with the given dropouts; all
 /// randomness (keys, graph, rounding) comes from `seed`.
 pub fn simulate_round(
@@ -138,6 +154,22 @@ pub fn simulate_round(
     simulate_round_with(params, inputs, dropouts, seed, &mut Honest)
 }
 
+/// [`simulate_round`] over vectors the clients encoded as integers
+/// themselves: the result's [`Aggregate::sum`] is their sum mod the
+/// modulus; its weighted sum and total weight mean nothing then.
+pub fn simulate_encoded_round(
+    params: &Params,
+    inputs: &[EncodedInput<'_>],
+    dropouts: &[(ClientId, DropPoint)],
+    seed: u64,
+) -> Result<Aggregate, SecAggError> {
+    let plain: Vec<(ClientId, Plaintext<'_>)> = inputs
+        .iter()
+        .map(|&(id, values)| (id, Plaintext::Encoded(values)))
+        .collect();
+    run_round(params, &plain, dropouts, seed, &mut Honest)
+}
+
 /// [`simulate_round`] with an [`Adversary`].
 pub fn simulate_round_with(
     params: &Params,
@@ -146,8 +178,22 @@ pub fn simulate_round_with(
     seed: u64,
     adversary: &mut dyn Adversary,
 ) -> Result<Aggregate, SecAggError> {
-    let ids: Vec<ClientId> = inputs.iter().map(|(id, _, _)| *id).collect();
-    let dim = inputs.first().map_or(0, |(_, _, values)| values.len());
+    let plain: Vec<(ClientId, Plaintext<'_>)> = inputs
+        .iter()
+        .map(|&(id, w, values)| (id, Plaintext::Weighted(w, values)))
+        .collect();
+    run_round(params, &plain, dropouts, seed, adversary)
+}
+
+fn run_round(
+    params: &Params,
+    inputs: &[(ClientId, Plaintext<'_>)],
+    dropouts: &[(ClientId, DropPoint)],
+    seed: u64,
+    adversary: &mut dyn Adversary,
+) -> Result<Aggregate, SecAggError> {
+    let ids: Vec<ClientId> = inputs.iter().map(|(id, _)| *id).collect();
+    let dim = dimension(inputs);
     let mut sim = Sim::new(params, inputs, dropouts, seed, adversary);
     let server = sim.timed_server(|rng| CollectingKeys::new(params, &ids, dim, seed, rng))?;
     let clients = sim.advertise(&ids);
@@ -160,10 +206,20 @@ pub fn simulate_round_with(
     Ok(sim.into_aggregate(output))
 }
 
+/// The model's dimension: a weighted input's length, an encoded one's less
+/// its leading entry.
+fn dimension(inputs: &[(ClientId, Plaintext<'_>)]) -> usize {
+    match inputs.first() {
+        Some((_, Plaintext::Weighted(_, values))) => values.len(),
+        Some((_, Plaintext::Encoded(values))) => values.len().saturating_sub(1),
+        None => 0,
+    }
+}
+
 /// The state of a simulated round between stages.
 struct Sim<'a> {
     params: Params,
-    inputs: BTreeMap<ClientId, (f64, &'a [f32])>,
+    inputs: BTreeMap<ClientId, Plaintext<'a>>,
     dropouts: BTreeMap<ClientId, DropPoint>,
     rngs: BTreeMap<ClientId, ChaCha20Rng>,
     server_rng: ChaCha20Rng,
@@ -179,12 +235,12 @@ struct Sim<'a> {
 impl<'a> Sim<'a> {
     fn new(
         params: &Params,
-        inputs: &[Input<'a>],
+        inputs: &[(ClientId, Plaintext<'a>)],
         dropouts: &[(ClientId, DropPoint)],
         seed: u64,
         adversary: &'a mut dyn Adversary,
     ) -> Sim<'a> {
-        let dim = inputs.first().map_or(0, |(_, _, values)| values.len());
+        let dim = dimension(inputs);
         let max_peers = params.shares_for(inputs.len()).min(MAX_SHARES);
         let client_rng = |id: ClientId| {
             // One key for all clients, one stream each: independent streams.
@@ -194,9 +250,9 @@ impl<'a> Sim<'a> {
         };
         Sim {
             params: params.clone(),
-            inputs: inputs.iter().map(|&(id, w, x)| (id, (w, x))).collect(),
+            inputs: inputs.iter().copied().collect(),
             dropouts: dropouts.iter().copied().collect(),
-            rngs: inputs.iter().map(|(id, _, _)| client_rng(*id)).collect(),
+            rngs: inputs.iter().map(|(id, _)| client_rng(*id)).collect(),
             server_rng: ChaCha20Rng::seed_from_u64(!seed),
             adversary,
             to_client: Limits {
@@ -225,7 +281,7 @@ impl<'a> Sim<'a> {
     fn timed_client<T>(
         &mut self,
         id: ClientId,
-        work: impl FnOnce(&mut ChaCha20Rng, (f64, &'a [f32])) -> Result<T, ClientError>,
+        work: impl FnOnce(&mut ChaCha20Rng, Plaintext<'a>) -> Result<T, ClientError>,
     ) -> Option<T> {
         let input = self.inputs[&id];
         let rng = self.rngs.get_mut(&id)?;
@@ -350,8 +406,11 @@ impl<'a> Sim<'a> {
         down.into_iter()
             .filter_map(|(state, routed)| {
                 let id = state.id();
-                let (state, mut input) = self.timed_client(id, |rng, (weight, values)| {
-                    state.collect_masked_input(&routed, weight, values, rng)
+                let (state, mut input) = self.timed_client(id, |rng, plain| match plain {
+                    Plaintext::Weighted(weight, values) => {
+                        state.collect_masked_input(&routed, weight, values, rng)
+                    }
+                    Plaintext::Encoded(values) => state.collect_masked_encoded(&routed, values),
                 })?;
                 self.adversary.masked_input(id, &mut input);
                 let input = self.upload(id, Stage::MaskedInput, &input)?;
@@ -408,6 +467,7 @@ impl<'a> Sim<'a> {
     fn into_aggregate(mut self, output: ServerOutput) -> Aggregate {
         self.refused.extend(output.refused);
         Aggregate {
+            sum: output.sum,
             weighted_sum: output.weighted_sum,
             total_weight: output.total_weight,
             contributors: output.contributors,

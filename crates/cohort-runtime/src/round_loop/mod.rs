@@ -250,6 +250,8 @@ pub(crate) struct RoundLoop<'a> {
     devices: Option<SimDevices>,
     /// An asynchronous checkpoint's tasks, until the loop sends them again.
     resumed_async: Option<crate::start::AsyncResume>,
+    /// The privacy spent by the rounds so far under distributed noise.
+    ddg_spent: cohort_core::secagg::DdgAccountant,
 }
 
 impl<'a> RoundLoop<'a> {
@@ -262,6 +264,21 @@ impl<'a> RoundLoop<'a> {
             .context(
                 "cannot start the evaluation's compute threads (trainer.threads_per_worker)",
             )?;
+        let noisy = parts
+            .settings
+            .secure
+            .as_ref()
+            .is_some_and(|secure| secure.noise.is_some());
+        if noisy && start.first_round > 1 {
+            // The accountant's history (each round's contributors) is not in
+            // the checkpoint; restarting it would under-report ε.
+            anyhow::bail!(
+                "--resume with secure_aggregation.noise: the privacy spent by rounds 1..{} \
+                 is not in the checkpoint, so ε could not be reported honestly; rerun from \
+                 round 1",
+                start.first_round - 1
+            );
+        }
         let simulated_before = start.rows.rounds.last().map_or(0.0, |r| r.simulated_time);
         let selector = selector(&parts, &start)?;
         Ok(Self {
@@ -288,6 +305,7 @@ impl<'a> RoundLoop<'a> {
             ranks: parts.ranks,
             devices: parts.devices,
             resumed_async: start.asynchronous,
+            ddg_spent: Default::default(),
         })
     }
 

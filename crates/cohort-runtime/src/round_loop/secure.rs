@@ -12,6 +12,11 @@
 //! ([`Strategy::aggregate_mean`]); no client's update reaches the hooks,
 //! the recorder or the strategy; the round's costs go to `secagg.csv`.
 //!
+//! With `secure_aggregation.noise` each client adds its share of discrete
+//! Gaussian noise before masking and the mean is decoded from the modular
+//! sum ([`cohort_core::secagg::ddg`]); each round is accounted with the
+//! clients in its sum, and ε so far goes to the round's row.
+//!
 //! A round whose protocol aborts (fewer than the threshold of a client's
 //! neighbours left) keeps the global model, as a refused aggregate does, and
 //! the run goes on if `clients.min_per_round` clients were still in the
@@ -22,9 +27,11 @@
 use cohort_core::results::SecAggRow;
 use cohort_core::secagg::network::{self, Exchange};
 use cohort_core::secagg::sim::{Stage, Timings};
-use cohort_core::secagg::{self, ClientId, Params, SecureMean, SecureRoundError};
+use cohort_core::secagg::{
+    self, ClientId, Ddg, DdgParams, DdgSeeds, Params, SecureMean, SecureRoundError, ddg,
+};
 use cohort_core::seeds::derive_seed;
-use cohort_core::strategy::{ClientUpdate, StrategyState};
+use cohort_core::strategy::{ClientUpdate, PrivacySpent, StrategyState};
 
 use super::{Aggregated, RoundLoop};
 use crate::events::RunEvent;
@@ -44,6 +51,9 @@ pub(crate) struct SecureSettings {
     /// over the transport, each waiting at most this long
     /// (`secure_aggregation.timeout`); `None`: simulation, in process.
     pub(crate) network: Option<std::time::Duration>,
+    /// Distributed discrete Gaussian noise, added by each client before
+    /// masking (`secure_aggregation.noise`); `None`: no noise.
+    pub(crate) noise: Option<DdgParams>,
 }
 
 impl RoundLoop<'_> {
@@ -58,21 +68,39 @@ impl RoundLoop<'_> {
         let mut dropped = std::mem::take(&mut collected.failures);
         let arrived = std::mem::take(&mut collected.updates);
         let simulated_end = collected.simulated_end;
+        let ddg = match &secure.noise {
+            Some(noise) => Some(
+                secagg::resolve_ddg(noise, &secure.params, &self.global)
+                    .map_err(|e| anyhow::anyhow!("secure_aggregation.noise: {e}"))?,
+            ),
+            None => None,
+        };
         let outcome = match secure.network {
-            Some(timeout) => self.mean_over_network(round, selected, &arrived, secure, timeout),
-            None => self.mean_in_process(round, selected, &arrived, secure),
+            Some(timeout) => {
+                self.mean_over_network(round, selected, &arrived, secure, ddg.as_ref(), timeout)
+            }
+            None => self.mean_in_process(round, selected, &arrived, secure, ddg.as_ref()),
         };
         let secure_round = match outcome {
             Ok(secure_round) => secure_round,
             Err((error, left)) => {
+                // An aborted round released nothing: ε stays where it was.
+                let privacy = ddg.as_ref().map(|d| self.privacy_so_far(d));
                 return self
                     .secure_round_failed(round, selected, left, arrived, dropped, &error)
                     .map(|failed| Aggregated {
                         simulated_end,
+                        privacy,
                         ..failed
                     });
             }
         };
+        // The sum is out once unmasked, whatever the strategy makes of it:
+        // the round is accounted with the clients actually in it.
+        let spent = ddg.as_ref().map(|d| {
+            self.ddg_spent.record(d, secure_round.contributors.len());
+            self.privacy_so_far(d)
+        });
         let row = secagg_row(selected.len(), &secure_round);
         let (kept, left) = split_contributors(arrived, &secure_round.contributors);
         for (arrived, reason) in left.into_iter().map(|a| {
@@ -101,20 +129,31 @@ impl RoundLoop<'_> {
             reports,
             arrivals,
             dropped,
-            privacy: outcome.privacy,
+            privacy: spent.or(outcome.privacy),
             secagg: Some(row),
             simulated_end,
         })
     }
 
-    /// Simulation mode: the protocol in process over the round's updates;
-    /// on an abort, the error and how many clients were still in it.
+    /// ε so far under distributed noise, for the mechanism's δ.
+    fn privacy_so_far(&self, ddg: &Ddg) -> PrivacySpent {
+        PrivacySpent {
+            epsilon: self.ddg_spent.epsilon(ddg.delta),
+            delta: ddg.delta,
+        }
+    }
+
+    /// Simulation mode: the protocol in process over the round's updates
+    /// (each client's noise added in process when `ddg` is set, drawn from
+    /// the run's seed so that a run repeats bit for bit); on an abort, the
+    /// error and how many clients were still in it.
     fn mean_in_process(
         &self,
         round: u32,
         selected: &[u32],
         arrived: &[Arrived],
         secure: &SecureSettings,
+        ddg: Option<&Ddg>,
     ) -> Result<SecureMean, (SecureRoundError, usize)> {
         let ids: Vec<u32> = arrived.iter().map(|a| a.report.client_id).collect();
         let vanish = secagg::draw_dropouts(
@@ -123,14 +162,26 @@ impl RoundLoop<'_> {
             derive_seed(secure.seed, "secagg-dropout", &[u64::from(round)]),
         );
         let updates: Vec<ClientUpdate<'_>> = arrived.iter().map(client_update).collect();
-        secagg::secure_mean(
-            &secure.params,
-            &self.global,
-            selected,
-            &updates,
-            &vanish,
-            derive_seed(secure.seed, "secagg", &[u64::from(round)]),
-        )
+        let seed = derive_seed(secure.seed, "secagg", &[u64::from(round)]);
+        match ddg {
+            Some(ddg) => {
+                let seeds = DdgSeeds {
+                    protocol: seed,
+                    rotation: ddg::rotation_seed(secure.seed, round),
+                    noise: derive_seed(secure.seed, "ddg-noise", &[u64::from(round)]),
+                };
+                let (params, global) = (&secure.params, &self.global);
+                secagg::secure_ddg_mean(params, ddg, global, selected, &updates, &vanish, seeds)
+            }
+            None => secagg::secure_mean(
+                &secure.params,
+                &self.global,
+                selected,
+                &updates,
+                &vanish,
+                seed,
+            ),
+        }
         .map_err(|error| (error, arrived.len().saturating_sub(vanish.len())))
     }
 
@@ -146,9 +197,14 @@ impl RoundLoop<'_> {
         selected: &[u32],
         arrived: &[Arrived],
         secure: &SecureSettings,
+        ddg: Option<&Ddg>,
         timeout: std::time::Duration,
     ) -> Result<SecureMean, (SecureRoundError, usize)> {
-        let dimension = secagg::masked_len(&self.global).map_err(|e| (e, 0))?;
+        // With noise the clients mask the rotated, padded vector.
+        let dimension = match ddg {
+            Some(ddg) => ddg.padded,
+            None => secagg::masked_len(&self.global).map_err(|e| (e, 0))?,
+        };
         let mut ids: Vec<u64> = selected.iter().map(|&id| u64::from(id)).collect();
         ids.sort_unstable();
         let workers = arrived
@@ -199,8 +255,10 @@ impl RoundLoop<'_> {
                 );
             }
         }
-        let mean = secagg::mean_of_sum(&self.global, &output.weighted_sum, output.total_weight)
-            .map_err(|e| (e, output.contributors.len()))?;
+        let contributors = output.contributors.len();
+        let (mean, total_weight) = self
+            .mean_of_output(&output, ddg, secure.seed, round)
+            .map_err(|e| (e, contributors))?;
         let mut dropped: Vec<(u32, String)> = served
             .left
             .into_iter()
@@ -209,7 +267,7 @@ impl RoundLoop<'_> {
         dropped.sort_by_key(|(id, _)| *id);
         Ok(SecureMean {
             mean,
-            total_weight: output.total_weight,
+            total_weight,
             contributors: output.contributors.iter().map(|&id| id as u32).collect(),
             dropped,
             bytes: served.bytes,
@@ -219,6 +277,36 @@ impl RoundLoop<'_> {
                 server: started.elapsed(),
             },
         })
+    }
+
+    /// The mean and the total weight from a network round's unmasked sum:
+    /// with noise, decoded (every contributor weighs 1); without, dequantised.
+    fn mean_of_output(
+        &self,
+        output: &secagg::server::ServerOutput,
+        ddg: Option<&Ddg>,
+        seed: u64,
+        round: u32,
+    ) -> Result<(Option<cohort_core::tree::ParamTree>, f64), SecureRoundError> {
+        let contributors = output.contributors.len();
+        match ddg {
+            Some(ddg) => {
+                let rotation = ddg::rotation_seed(seed, round);
+                let mean = secagg::ddg_mean_of_sum(
+                    ddg,
+                    &self.global,
+                    &output.sum,
+                    contributors,
+                    rotation,
+                )?;
+                Ok((mean, contributors as f64))
+            }
+            None => {
+                let mean =
+                    secagg::mean_of_sum(&self.global, &output.weighted_sum, output.total_weight)?;
+                Ok((mean, output.total_weight))
+            }
+        }
     }
 
     /// The protocol aborted with `left` clients still in it. Fewer than
