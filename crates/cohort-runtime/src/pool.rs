@@ -11,6 +11,10 @@
 //! round's tasks go out in chunks of K, and a worker trains its chunk as one
 //! batched computation. The outcomes are the same per-client outcomes, so the
 //! round loop and the aggregation do not see which mode trained them.
+//!
+//! Between rounds the same workers compute power-of-choice candidates'
+//! losses of the global model ([`Transport::local_losses`]), one client a
+//! job, on the queue the tasks use.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -21,11 +25,43 @@ use anyhow::Context;
 use cohort_core::data::Dataset;
 
 use crate::client::{BatchRunner, BatchTask, ClientPartitions, ClientReply, ClientRunner};
-use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
+use crate::transport::{ClientOutcome, Delivered, LocalLoss, TaskSpec, Transport};
 
-struct Job {
-    specs: Vec<TaskSpec>,
-    payload: Arc<Vec<u8>>,
+enum Job {
+    /// Tasks to train, their outcomes to the pool's results.
+    Train {
+        specs: Vec<TaskSpec>,
+        payload: Arc<Vec<u8>>,
+    },
+    /// One client's loss of the model in `payload` (power-of-choice's
+    /// candidates), its answer to `answers` with the client's position.
+    Evaluate {
+        index: usize,
+        client_id: u32,
+        payload: Arc<Vec<u8>>,
+        answers: Sender<(usize, Result<LocalLoss, String>)>,
+    },
+}
+
+impl Runner {
+    /// `client_id`'s loss of the model in `payload` on its training data.
+    fn local_loss(
+        &mut self,
+        client_id: u32,
+        payload: &[u8],
+        data: &Dataset,
+        partitions: &ClientPartitions,
+    ) -> Result<LocalLoss, String> {
+        let partition = (client_id as usize)
+            .checked_sub(1)
+            .and_then(|index| partitions.train.get(index))
+            .ok_or_else(|| format!("no client {client_id}"))?;
+        let loss = match self {
+            Runner::One(runner) => runner.local_loss(payload, data, partition),
+            Runner::Batch(runner) => runner.local_loss(payload, data, partition),
+        };
+        loss.map_err(|error| error.to_string())
+    }
 }
 
 /// A physical worker: one client at a time, or K at a time.
@@ -138,9 +174,26 @@ impl WorkerPool {
                         if cancelled.load(Ordering::Relaxed) {
                             break;
                         }
-                        let replies = compute
-                            .install(|| runner.run(&job.specs, &job.payload, &data, &partitions));
-                        for (spec, result) in job.specs.into_iter().zip(replies) {
+                        let (specs, payload) = match job {
+                            Job::Train { specs, payload } => (specs, payload),
+                            Job::Evaluate {
+                                index,
+                                client_id,
+                                payload,
+                                answers,
+                            } => {
+                                let loss = compute.install(|| {
+                                    runner.local_loss(client_id, &payload, &data, &partitions)
+                                });
+                                if answers.send((index, loss)).is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
+                        };
+                        let replies =
+                            compute.install(|| runner.run(&specs, &payload, &data, &partitions));
+                        for (spec, result) in specs.into_iter().zip(replies) {
                             let outcome = ClientOutcome {
                                 slot: spec.slot,
                                 task: spec.task,
@@ -181,7 +234,7 @@ impl Transport for WorkerPool {
         let jobs = self.jobs.as_ref().expect("jobs sender lives until drop");
         let mut tasks = tasks.into_iter().peekable();
         while tasks.peek().is_some() {
-            jobs.send(Job {
+            jobs.send(Job::Train {
                 specs: tasks.by_ref().take(self.chunk).collect(),
                 payload: Arc::clone(&global_payload),
             })
@@ -198,6 +251,39 @@ impl Transport for WorkerPool {
 
     fn cancel(&mut self) {
         self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// One job per client, whichever worker takes it: a client's loss
+    /// depends on its data and the model alone, so the answers are the
+    /// same with any number of workers.
+    fn local_losses(
+        &mut self,
+        global_payload: Arc<Vec<u8>>,
+        clients: &[u32],
+    ) -> anyhow::Result<Vec<Result<LocalLoss, String>>> {
+        let jobs = self.jobs.as_ref().expect("jobs sender lives until drop");
+        let (answers, answered) = mpsc::channel();
+        for (index, &client_id) in clients.iter().enumerate() {
+            jobs.send(Job::Evaluate {
+                index,
+                client_id,
+                payload: Arc::clone(&global_payload),
+                answers: answers.clone(),
+            })
+            .map_err(|_| anyhow::anyhow!("all workers have stopped"))?;
+        }
+        drop(answers);
+        let mut losses: Vec<Option<Result<LocalLoss, String>>> = vec![None; clients.len()];
+        for _ in clients {
+            let (index, loss) = answered.recv().map_err(|_| {
+                anyhow::anyhow!("a worker thread stopped unexpectedly (it may have panicked)")
+            })?;
+            losses[index] = Some(loss);
+        }
+        Ok(losses
+            .into_iter()
+            .map(|loss| loss.expect("every client answered once"))
+            .collect())
     }
 }
 
