@@ -125,6 +125,56 @@ impl Runner {
     }
 }
 
+/// What one worker thread holds: its runner and compute threads, and the
+/// run's data.
+struct WorkerThread {
+    worker: usize,
+    runner: Runner,
+    compute: rayon::ThreadPool,
+    data: Arc<Dataset>,
+    partitions: Arc<ClientPartitions>,
+}
+
+impl WorkerThread {
+    /// Runs `job`, its outcomes to `results` or its answer to the job's
+    /// own channel; `false` once nobody listens any more.
+    fn serve(&mut self, job: Job, results: &Sender<ClientOutcome>) -> bool {
+        let (data, partitions) = (&self.data, &self.partitions);
+        let runner = &mut self.runner;
+        match job {
+            Job::Evaluate {
+                index,
+                client_id,
+                payload,
+                answers,
+            } => {
+                let loss = self
+                    .compute
+                    .install(|| runner.local_loss(client_id, &payload, data, partitions));
+                answers.send((index, loss)).is_ok()
+            }
+            Job::Train { specs, payload } => {
+                let replies = self
+                    .compute
+                    .install(|| runner.run(&specs, &payload, data, partitions));
+                specs.into_iter().zip(replies).all(|(spec, result)| {
+                    let outcome = ClientOutcome {
+                        slot: spec.slot,
+                        task: spec.task,
+                        worker: self.worker,
+                        result: result.map(|reply| Delivered {
+                            reply,
+                            comm_time: 0.0,
+                            declared: None,
+                        }),
+                    };
+                    results.send(outcome).is_ok()
+                })
+            }
+        }
+    }
+}
+
 pub struct WorkerPool {
     jobs: Option<Sender<Job>>,
     cancelled: Arc<AtomicBool>,
@@ -149,7 +199,7 @@ impl WorkerPool {
         let (result_sender, results) = mpsc::channel();
         let mut handles = Vec::new();
         let cancelled = Arc::new(AtomicBool::new(false));
-        for (worker, mut runner) in runners.into_iter().enumerate() {
+        for (worker, runner) in runners.into_iter().enumerate() {
             let compute = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads_per_worker)
                 .thread_name(move |i| format!("cohort-worker{worker}-compute{i}"))
@@ -162,8 +212,13 @@ impl WorkerPool {
                 })?;
             let jobs = Arc::clone(&job_receiver);
             let results = result_sender.clone();
-            let data = Arc::clone(&data);
-            let partitions = Arc::clone(&partitions);
+            let mut thread = WorkerThread {
+                worker,
+                runner,
+                compute,
+                data: Arc::clone(&data),
+                partitions: Arc::clone(&partitions),
+            };
             let cancelled = Arc::clone(&cancelled);
             let handle = std::thread::Builder::new()
                 .name(format!("cohort-worker{worker}"))
@@ -171,42 +226,8 @@ impl WorkerPool {
                     loop {
                         let next = jobs.lock().map(|receiver| receiver.recv());
                         let Ok(Ok(job)) = next else { break };
-                        if cancelled.load(Ordering::Relaxed) {
+                        if cancelled.load(Ordering::Relaxed) || !thread.serve(job, &results) {
                             break;
-                        }
-                        let (specs, payload) = match job {
-                            Job::Train { specs, payload } => (specs, payload),
-                            Job::Evaluate {
-                                index,
-                                client_id,
-                                payload,
-                                answers,
-                            } => {
-                                let loss = compute.install(|| {
-                                    runner.local_loss(client_id, &payload, &data, &partitions)
-                                });
-                                if answers.send((index, loss)).is_err() {
-                                    return;
-                                }
-                                continue;
-                            }
-                        };
-                        let replies =
-                            compute.install(|| runner.run(&specs, &payload, &data, &partitions));
-                        for (spec, result) in specs.into_iter().zip(replies) {
-                            let outcome = ClientOutcome {
-                                slot: spec.slot,
-                                task: spec.task,
-                                worker,
-                                result: result.map(|reply| Delivered {
-                                    reply,
-                                    comm_time: 0.0,
-                                    declared: None,
-                                }),
-                            };
-                            if results.send(outcome).is_err() {
-                                return;
-                            }
                         }
                     }
                 })

@@ -89,8 +89,9 @@ impl RoundLoop<'_> {
         let mut rows = Vec::with_capacity(candidates.len());
         for (&client, answer) in candidates.iter().zip(answers) {
             let row = self.candidate_row(round, client, answer, start, payload_bytes);
-            row.simulated
-                .inspect(|task| train_start = train_start.max(task.end()));
+            if let Some(task) = row.simulated {
+                train_start = train_start.max(task.end());
+            }
             rows.push(CandidateRow {
                 selected: clients.contains(&client),
                 ..row
