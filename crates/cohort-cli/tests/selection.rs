@@ -477,7 +477,12 @@ fn pow_d_is_the_same_with_workers_and_after_resume_and_its_pass_is_on_the_clock(
         let pass_start = drawn[0].4;
         let pass_end = drawn.iter().map(|c| c.5).fold(f64::MIN, f64::max);
         assert!(pass_end > pass_start, "round {round}: {drawn:?}");
-        let row: Vec<&str> = results.lines().nth(*round as usize).unwrap().split(',').collect();
+        let row: Vec<&str> = results
+            .lines()
+            .nth(*round as usize)
+            .unwrap()
+            .split(',')
+            .collect();
         let simulated_start: f64 = row[14].parse().unwrap();
         assert!((simulated_start - pass_start).abs() < 1e-3, "{row:?}");
         let starts: Vec<f64> = clients
@@ -489,7 +494,10 @@ fn pow_d_is_the_same_with_workers_and_after_resume_and_its_pass_is_on_the_clock(
             .collect();
         assert_eq!(starts.len(), 2, "round {round}");
         for start in starts {
-            assert!((start - pass_end).abs() < 2e-3, "round {round}: {start} vs {pass_end}");
+            assert!(
+                (start - pass_end).abs() < 2e-3,
+                "round {round}: {start} vs {pass_end}"
+            );
         }
     }
 }
@@ -502,7 +510,11 @@ fn pow_d_is_refused_where_candidates_cannot_evaluate() {
         "candidates = 4\nloss = \"evaluated\"\n[server]\nsynchronous = false",
     );
     let output = cohort(
-        &["check", "--config", job(dir.path(), &asynchronous).to_str().unwrap()],
+        &[
+            "check",
+            "--config",
+            job(dir.path(), &asynchronous).to_str().unwrap(),
+        ],
         &fixture_data(),
     );
     assert!(!output.status.success());

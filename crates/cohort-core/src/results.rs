@@ -89,8 +89,7 @@ pub struct CandidateRow {
 /// The run folder's evaluated power-of-choice candidates.
 pub const CANDIDATES_FILE: &str = "candidates.csv";
 /// `failed` stays last: a reason may hold commas.
-pub const CANDIDATES_HEADER: &str =
-    "round,client_id,samples,loss,selected,sim_start,sim_download,sim_compute,sim_upload,sim_end,failed";
+pub const CANDIDATES_HEADER: &str = "round,client_id,samples,loss,selected,sim_start,sim_download,sim_compute,sim_upload,sim_end,failed";
 
 /// `candidates.csv`: a line per candidate of every round that evaluated
 /// candidates.
@@ -111,7 +110,11 @@ pub fn render_candidates(rows: &[RoundRow]) -> String {
             };
             let (samples, loss, failed) = match &c.failed {
                 Some(reason) => (String::new(), String::new(), csv_field(reason)),
-                None => (c.samples.to_string(), format!("{:.6}", c.loss), String::new()),
+                None => (
+                    c.samples.to_string(),
+                    format!("{:.6}", c.loss),
+                    String::new(),
+                ),
             };
             let _ = writeln!(
                 out,
@@ -647,9 +650,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let row = |round: u32, candidates: Vec<CandidateRow>| RoundRow {
             candidates,
-            ..parse_results(&format!("{RESULTS_HEADER}\n{round},0.5,1,1,1,1,1,1,1,1,0,,,,\n"), "r")
-                .unwrap()
-                .remove(0)
+            ..parse_results(
+                &format!("{RESULTS_HEADER}\n{round},0.5,1,1,1,1,1,1,1,1,0,,,,\n"),
+                "r",
+            )
+            .unwrap()
+            .remove(0)
         };
         let mut rows = RunRows::default();
         rows.push(row(1, Vec::new()), Vec::new());

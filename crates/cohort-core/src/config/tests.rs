@@ -1605,7 +1605,10 @@ fn client_selection_loads_and_refuses_what_it_cannot_do() {
     );
     // `loss` counts only when set; unset, each run takes what it can do.
     let pow = load_text(&power).unwrap();
-    assert!(!pow.result_fields().contains_key("clients.power_of_choice.loss"));
+    assert!(
+        !pow.result_fields()
+            .contains_key("clients.power_of_choice.loss")
+    );
     let options = pow.config.clients.power_of_choice;
     let possible = super::candidate_evaluation_refusal(&pow.config).is_none();
     assert!(possible);

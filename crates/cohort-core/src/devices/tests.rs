@@ -44,7 +44,10 @@ fn a_task_takes_its_download_compute_and_upload_by_hand() {
     let evaluation = profile.evaluation(1_000_000, 1200, 16);
     assert_eq!(evaluation.download, 1.1);
     assert!((evaluation.compute - 0.4).abs() < 1e-12, "{evaluation:?}");
-    assert!((evaluation.upload - 0.100_032).abs() < 1e-12, "{evaluation:?}");
+    assert!(
+        (evaluation.upload - 0.100_032).abs() < 1e-12,
+        "{evaluation:?}"
+    );
     // Per epoch: a third of the epoch's 3 s, whatever the samples.
     assert_eq!(per_epoch.evaluation(0, 5, 0).compute, 1.0);
 }

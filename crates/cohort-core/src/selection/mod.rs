@@ -521,8 +521,14 @@ mod tests {
     fn config_of(index: u8, per_round: u32) -> PolicyConfig {
         let (kind, loss) = [
             (SelectionKind::Random, None),
-            (SelectionKind::PowerOfChoice, Some(PowerOfChoiceLoss::Evaluated)),
-            (SelectionKind::PowerOfChoice, Some(PowerOfChoiceLoss::LastReported)),
+            (
+                SelectionKind::PowerOfChoice,
+                Some(PowerOfChoiceLoss::Evaluated),
+            ),
+            (
+                SelectionKind::PowerOfChoice,
+                Some(PowerOfChoiceLoss::LastReported),
+            ),
             (SelectionKind::Oort, None),
         ][usize::from(index % 4)];
         PolicyConfig {

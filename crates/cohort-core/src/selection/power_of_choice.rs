@@ -444,21 +444,21 @@ mod tests {
     #[test]
     fn a_checkpoint_from_before_the_choice_continues_as_last_reported() {
         let sizes = prior(&[1, 2]);
-        let old: PowerOfChoiceState =
-            serde_json::from_str(r#"{"losses":["0.5","inf"]}"#).unwrap();
+        let old: PowerOfChoiceState = serde_json::from_str(r#"{"losses":["0.5","inf"]}"#).unwrap();
         assert_eq!(old.loss, None);
         let options = PowerOfChoiceOptions::default();
         let restored = PowerOfChoice::restore(options, 1, &sizes, old).unwrap();
         assert_eq!(restored.loss(), PowerOfChoiceLoss::LastReported);
-        assert_eq!(
-            restored.state().loss,
-            Some(PowerOfChoiceLoss::LastReported)
-        );
+        assert_eq!(restored.state().loss, Some(PowerOfChoiceLoss::LastReported));
         // A state that says which it was must be this run's.
-        let rpow = PowerOfChoice::new(last_reported(2), 1, &sizes).state().clone();
+        let rpow = PowerOfChoice::new(last_reported(2), 1, &sizes)
+            .state()
+            .clone();
         let refused = PowerOfChoice::restore(evaluated(2), 1, &sizes, rpow).unwrap_err();
         assert!(
-            refused.contains("clients.power_of_choice.loss = \"last_reported\", and this run by \"evaluated\""),
+            refused.contains(
+                "clients.power_of_choice.loss = \"last_reported\", and this run by \"evaluated\""
+            ),
             "{refused}"
         );
         assert_eq!(options.loss_of(true), PowerOfChoiceLoss::Evaluated);
