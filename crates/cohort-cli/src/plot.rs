@@ -436,6 +436,7 @@ mod tests {
             test_loss: None,
             secagg: None,
             simulated_start: None,
+            candidates: Vec::new(),
         }
     }
 

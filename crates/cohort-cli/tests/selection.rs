@@ -1,7 +1,9 @@
 //! Client selection by utility through the real binary: Oort leaves a slow
-//! client for last and power-of-choice follows the reported losses; an Oort
-//! run, synchronous or under FedBuff, is the same bit for bit with one
+//! client for last and power-of-choice follows the reported losses (rpow-d)
+//! or the losses of the global model its candidates evaluate (pow-d); an
+//! Oort run, synchronous or under FedBuff, is the same bit for bit with one
 //! worker or two, after a stop and `--resume`, and after a SIGKILL and
+//! `--resume`, and a pow-d run with one worker or two and after a stop and
 //! `--resume`.
 
 mod common;
@@ -79,12 +81,45 @@ per_round = 2
 selection = "power_of_choice"
 [clients.power_of_choice]
 candidates = 6
+loss = "last_reported"
 [data]
 datasource = "FashionMNIST"
 download = false
 partition_size = 100
 [trainer]
 rounds = 5
+epochs = 1
+batch_size = 20
+max_concurrency = 2
+optimizer = "sgd"
+model_seed = 5
+training_seed = 6
+[parameters.optimizer]
+learning_rate = 0.05
+"#;
+
+/// pow-d, the default loss of a synchronous simulation: 4 candidates of 6
+/// clients for 2 places, on simulated devices. Each client holds two
+/// label-sorted shards of the fixture's 600 samples: 100 samples of two or
+/// three classes, so the global model's loss differs much between them.
+const POW_D: &str = r#"
+[clients]
+total_clients = 6
+per_round = 2
+selection = "power_of_choice"
+[clients.power_of_choice]
+candidates = 4
+[clients.profile]
+compute = 0.001
+downlink_mbps = 20
+uplink_mbps = 5
+latency = 0.05
+[data]
+datasource = "FashionMNIST"
+download = false
+sampler = "shards"
+[trainer]
+rounds = 4
 epochs = 1
 batch_size = 20
 max_concurrency = 2
@@ -331,6 +366,163 @@ fn utility_selection_is_refused_where_it_cannot_decide() {
     assert!(
         stderr.contains("clients.power_of_choice.candidates")
             && stderr.contains("clients.total_clients = 6, got 7"),
+        "{stderr}"
+    );
+}
+
+/// `candidates.csv`'s rows by round: client, samples, loss, selected, and
+/// the evaluation's simulated start and end, in the order drawn.
+type Candidates = BTreeMap<u32, Vec<(u32, u64, f64, bool, f64, f64)>>;
+
+fn candidates(run_dir: &Path) -> Candidates {
+    let csv = std::fs::read_to_string(run_dir.join("candidates.csv")).unwrap();
+    let mut rounds = Candidates::new();
+    for line in csv.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        assert_eq!(f[10], "", "a candidate's evaluation failed: {line}");
+        rounds.entry(f[0].parse().unwrap()).or_default().push((
+            f[1].parse().unwrap(),
+            f[2].parse().unwrap(),
+            f[3].parse().unwrap(),
+            f[4] == "1",
+            f[5].parse().unwrap(),
+            f[9].parse().unwrap(),
+        ));
+    }
+    rounds
+}
+
+/// The clients the choice takes: the `per_round` highest losses, equal ones
+/// in the order drawn.
+fn highest(drawn: &[(u32, u64, f64, bool, f64, f64)], per_round: usize) -> Vec<u32> {
+    let mut ranked = drawn.to_vec();
+    ranked.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let mut top: Vec<u32> = ranked[..per_round].iter().map(|c| c.0).collect();
+    top.sort_unstable();
+    top
+}
+
+#[test]
+fn pow_d_trains_the_candidates_whose_loss_of_the_global_model_is_highest() {
+    // A learning rate far below a weight's last bit: training leaves the
+    // model as it was, so a client's reported training loss (its mean over
+    // every sample of its one epoch) is the loss of the round's global model
+    // on all its data, what its candidate evaluation must have found.
+    let frozen = POW_D
+        .replace("learning_rate = 0.05", "learning_rate = 1e-30")
+        .replace("rounds = 4", "rounds = 2");
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = run(&job(dir.path(), &frozen), &dir.path().join("runs"), &[]);
+    let evaluated = candidates(&run_dir);
+    let trained = chosen(&run_dir);
+    assert_eq!(evaluated.len(), 2);
+    for (round, drawn) in &evaluated {
+        assert_eq!(drawn.len(), 4, "round {round}: {drawn:?}");
+        let mut selected: Vec<u32> = drawn.iter().filter(|c| c.3).map(|c| c.0).collect();
+        selected.sort_unstable();
+        assert_eq!(selected, highest(drawn, 2), "round {round}: {drawn:?}");
+        let mut aggregated: Vec<u32> = trained[round].iter().map(|(c, _)| *c).collect();
+        aggregated.sort_unstable();
+        assert_eq!(aggregated, selected, "round {round}");
+        for (client, reported) in &trained[round] {
+            let candidate = drawn.iter().find(|c| c.0 == *client).unwrap();
+            assert_eq!(candidate.1, 100, "{candidate:?}");
+            assert!(
+                (candidate.2 - reported).abs() < 1e-4,
+                "round {round}, client {client}: evaluated {} but trained from {reported}",
+                candidate.2
+            );
+        }
+    }
+}
+
+#[test]
+fn pow_d_is_the_same_with_workers_and_after_resume_and_its_pass_is_on_the_clock() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path();
+    let outcome_of = |run_dir: &Path| {
+        let csv = std::fs::read_to_string(run_dir.join("candidates.csv")).unwrap();
+        (outcome(run_dir), csv)
+    };
+    let two = run(&job(&dir.join("two"), POW_D), &dir.join("two-runs"), &[]);
+    let one_config = POW_D.replace("max_concurrency = 2", "max_concurrency = 1");
+    let one = run(
+        &job(&dir.join("one"), &one_config),
+        &dir.join("one-runs"),
+        &[],
+    );
+    assert_eq!(
+        outcome_of(&one),
+        outcome_of(&two),
+        "the run depends on the workers"
+    );
+    let stopped = run(
+        &job(&dir.join("stopped"), POW_D),
+        &dir.join("stopped-runs"),
+        &["--rounds", "2"],
+    );
+    resume(&stopped, "4");
+    assert_eq!(
+        outcome_of(&stopped),
+        outcome_of(&two),
+        "a stopped and resumed run differs from the uninterrupted one"
+    );
+
+    // Each round's tasks start once the last candidate's loss has arrived,
+    // and the round (results.csv's simulated_start) starts with the pass.
+    let evaluated = candidates(&two);
+    let results = std::fs::read_to_string(two.join("results.csv")).unwrap();
+    let clients = std::fs::read_to_string(two.join("clients.csv")).unwrap();
+    for (round, drawn) in &evaluated {
+        let pass_start = drawn[0].4;
+        let pass_end = drawn.iter().map(|c| c.5).fold(f64::MIN, f64::max);
+        assert!(pass_end > pass_start, "round {round}: {drawn:?}");
+        let row: Vec<&str> = results
+            .lines()
+            .nth(*round as usize)
+            .unwrap()
+            .split(',')
+            .collect();
+        let simulated_start: f64 = row[14].parse().unwrap();
+        assert!((simulated_start - pass_start).abs() < 1e-3, "{row:?}");
+        let starts: Vec<f64> = clients
+            .lines()
+            .skip(1)
+            .map(|line| line.split(',').collect::<Vec<_>>())
+            .filter(|f| f[0] == round.to_string())
+            .map(|f| f[11].parse().unwrap())
+            .collect();
+        assert_eq!(starts.len(), 2, "round {round}");
+        for start in starts {
+            assert!(
+                (start - pass_end).abs() < 2e-3,
+                "round {round}: {start} vs {pass_end}"
+            );
+        }
+    }
+}
+
+#[test]
+fn pow_d_is_refused_where_candidates_cannot_evaluate() {
+    let dir = tempfile::tempdir().unwrap();
+    let asynchronous = POW_D.replace(
+        "candidates = 4",
+        "candidates = 4\nloss = \"evaluated\"\n[server]\nsynchronous = false",
+    );
+    let output = cohort(
+        &[
+            "check",
+            "--config",
+            job(dir.path(), &asynchronous).to_str().unwrap(),
+        ],
+        &fixture_data(),
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("clients.power_of_choice.loss")
+            && stderr.contains("an asynchronous run (server.synchronous = false)")
+            && stderr.contains("use \"last_reported\""),
         "{stderr}"
     );
 }

@@ -723,6 +723,7 @@ mod tests {
             test_loss: Some(0.25),
             secagg: None,
             simulated_start: None,
+            candidates: Vec::new(),
         }
     }
 

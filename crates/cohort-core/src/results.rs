@@ -1,6 +1,8 @@
 //! Result files of a run: `results.csv` (one row per round) and `clients.csv`
-//! (one row per client per round). Both are rewritten atomically after every
-//! round, so a crash never leaves a torn file.
+//! (one row per client per round); beside them, only in runs that have
+//! such rows, `secagg.csv` (secure aggregation's costs) and `candidates.csv`
+//! (power-of-choice's evaluated candidates). Each is rewritten atomically
+//! after every round, so a crash never leaves a torn file.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -55,6 +57,75 @@ pub struct RoundRow {
     /// `secagg.csv`; `None` in rounds aggregated in the clear.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secagg: Option<SecAggRow>,
+    /// The candidates that evaluated the global model before the round's
+    /// choice (`clients.power_of_choice.loss = "evaluated"`), in the order
+    /// drawn, for `candidates.csv`; empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<CandidateRow>,
+}
+
+/// One power-of-choice candidate's evaluation of the global model on its
+/// training data, before its round's choice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateRow {
+    pub client_id: u32,
+    /// Samples it evaluated the model on (its training partition).
+    pub samples: u64,
+    /// The model's mean loss on them; written exactly, as it may be
+    /// infinite or not a number. Meaningless when `failed`.
+    #[serde(with = "crate::selection::exact")]
+    pub loss: f64,
+    /// Whether the choice took it to train in the round.
+    pub selected: bool,
+    /// Its evaluation on the simulated clock (model down, one forward pass
+    /// over its samples, the loss up), with a `[clients.profile]`.
+    #[serde(default)]
+    pub simulated: Option<SimulatedTask>,
+    /// Why it brought no loss (it then ranked after every candidate that did).
+    #[serde(default)]
+    pub failed: Option<String>,
+}
+
+/// The run folder's evaluated power-of-choice candidates.
+pub const CANDIDATES_FILE: &str = "candidates.csv";
+/// `failed` stays last: a reason may hold commas.
+pub const CANDIDATES_HEADER: &str = "round,client_id,samples,loss,selected,sim_start,sim_download,sim_compute,sim_upload,sim_end,failed";
+
+/// `candidates.csv`: a line per candidate of every round that evaluated
+/// candidates.
+pub fn render_candidates(rows: &[RoundRow]) -> String {
+    let mut out = format!("{CANDIDATES_HEADER}\n");
+    for row in rows {
+        for c in &row.candidates {
+            let simulated = match &c.simulated {
+                Some(t) => format!(
+                    "{:.3},{:.3},{:.3},{:.3},{:.3}",
+                    t.start,
+                    t.download,
+                    t.compute,
+                    t.upload,
+                    t.end()
+                ),
+                None => ",,,,".to_owned(),
+            };
+            let (samples, loss, failed) = match &c.failed {
+                Some(reason) => (String::new(), String::new(), csv_field(reason)),
+                None => (
+                    c.samples.to_string(),
+                    format!("{:.6}", c.loss),
+                    String::new(),
+                ),
+            };
+            let _ = writeln!(
+                out,
+                "{},{},{samples},{loss},{},{simulated},{failed}",
+                row.round,
+                c.client_id,
+                u8::from(c.selected),
+            );
+        }
+    }
+    out
 }
 
 /// One round of secure aggregation: who is in the sum and what the
@@ -248,6 +319,12 @@ impl RunRows {
                 render_secagg(&self.rounds).as_bytes(),
             )?;
         }
+        if self.rounds.iter().any(|r| !r.candidates.is_empty()) {
+            atomic_write(
+                &run_dir.join(CANDIDATES_FILE),
+                render_candidates(&self.rounds).as_bytes(),
+            )?;
+        }
         Ok(())
     }
 }
@@ -367,6 +444,7 @@ pub fn parse_results(text: &str, file: &str) -> Result<Vec<RoundRow>, ParseError
                 test_loss: optional_number(13)?,
                 secagg: None,
                 simulated_start: optional_number(14)?,
+                candidates: Vec::new(),
             })
         })
         .collect()
@@ -465,6 +543,7 @@ mod tests {
             test_loss: Some(0.75),
             secagg: None,
             simulated_start: Some(0.5),
+            candidates: Vec::new(),
         };
         assert_eq!(
             parse_results(&render_results(std::slice::from_ref(&row)), "r.csv").unwrap(),
@@ -510,6 +589,7 @@ mod tests {
                 test_loss: None,
                 secagg: None,
                 simulated_start: Some(1.0),
+                candidates: Vec::new(),
             };
             let client = ClientRow {
                 round,
@@ -563,5 +643,65 @@ mod tests {
         );
         let columns = CLIENTS_HEADER.split(',').count();
         assert_eq!(clients.lines().nth(1).unwrap().split(',').count(), columns);
+    }
+
+    #[test]
+    fn candidates_are_written_only_for_runs_that_evaluated_some() {
+        let dir = tempfile::tempdir().unwrap();
+        let row = |round: u32, candidates: Vec<CandidateRow>| RoundRow {
+            candidates,
+            ..parse_results(
+                &format!("{RESULTS_HEADER}\n{round},0.5,1,1,1,1,1,1,1,1,0,,,,\n"),
+                "r",
+            )
+            .unwrap()
+            .remove(0)
+        };
+        let mut rows = RunRows::default();
+        rows.push(row(1, Vec::new()), Vec::new());
+        rows.write_files(dir.path()).unwrap();
+        assert!(!dir.path().join(CANDIDATES_FILE).exists());
+        let candidate = |client_id: u32, loss: f64, selected: bool| CandidateRow {
+            client_id,
+            samples: 40,
+            loss,
+            selected,
+            simulated: None,
+            failed: None,
+        };
+        let failed = CandidateRow {
+            failed: Some("cannot unpack the global model: bad, truly".to_owned()),
+            ..candidate(3, f64::NEG_INFINITY, false)
+        };
+        let timed = CandidateRow {
+            simulated: Some(SimulatedTask {
+                start: 2.0,
+                download: 0.5,
+                compute: 0.25,
+                upload: 0.125,
+            }),
+            ..candidate(2, f64::INFINITY, true)
+        };
+        let second = vec![candidate(5, 0.75, true), timed, failed];
+        rows.push(row(2, second.clone()), Vec::new());
+        rows.write_files(dir.path()).unwrap();
+        let csv = std::fs::read_to_string(dir.path().join(CANDIDATES_FILE)).unwrap();
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                CANDIDATES_HEADER,
+                "2,5,40,0.750000,1,,,,,,",
+                "2,2,40,inf,1,2.000,0.500,0.250,0.125,2.875,",
+                "2,3,,,0,,,,,,\"cannot unpack the global model: bad, truly\"",
+            ]
+        );
+        // A checkpoint keeps them, infinite losses exactly.
+        let json = serde_json::to_string(&rows.rounds[1]).unwrap();
+        let back: RoundRow = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.candidates[1].loss, f64::INFINITY);
+        assert_eq!(back.candidates, second);
+        let plain = serde_json::to_string(&rows.rounds[0]).unwrap();
+        assert!(!plain.contains("candidates"), "{plain}");
     }
 }

@@ -122,6 +122,7 @@ pub(crate) fn build_and_run(
         self_reported: external.then_some(config.clients.max_samples),
         ..client_facts(loaded, &splits, &partitions, rows_per_sample, classes)
     };
+    let own_workers = parts.transport.is_none() && !external;
     let (transport, child_clients) = match (parts.transport, &model) {
         (Some(transport), _) => (transport, None),
         (None, Some(model)) => crate::transports::start_transport(
@@ -136,10 +137,12 @@ pub(crate) fn build_and_run(
         (None, None) => bail!("a run of external clients needs the caller's transport"),
     };
     let (transport, ranks) = rank_role(loaded, options, strategy.as_ref(), hooks, transport)?;
-    let settings = LoopSettings {
+    let mut settings = LoopSettings {
         secure: secure_settings(loaded, options, strategy.as_ref(), hooks, &clients)?,
         ..loop_settings(loaded, options, rows_per_sample)
     };
+    settings.selection.policy.power_of_choice.loss =
+        Some(candidate_loss(loaded, external, own_workers)?);
     let parts = LoopParts {
         settings,
         strategy,
@@ -500,6 +503,30 @@ fn selection(config: &cohort_core::config::Config) -> Selection {
             per_round: config.clients.per_round,
         },
     }
+}
+
+/// What ranks power-of-choice's candidates in this run: the config's
+/// `clients.power_of_choice.loss`, or by default pow-d's evaluation where
+/// the config allows it and the clients are the simulation's own workers
+/// (`own_workers`). The caller's own clients (`external`) cannot evaluate:
+/// they answer training tasks only.
+fn candidate_loss(
+    loaded: &LoadedConfig,
+    external: bool,
+    own_workers: bool,
+) -> anyhow::Result<cohort_core::selection::PowerOfChoiceLoss> {
+    use cohort_core::selection::PowerOfChoiceLoss;
+    let config = loaded.config();
+    let options = config.clients.power_of_choice;
+    let possible = cohort_core::config::candidate_evaluation_refusal(config).is_none();
+    if external && options.loss == Some(PowerOfChoiceLoss::Evaluated) {
+        bail!(
+            "clients.power_of_choice.loss = \"evaluated\" cannot run with the caller's own \
+             clients (RunBuilder::external_clients, cohort.simulate), which answer training \
+             tasks only; use \"last_reported\""
+        );
+    }
+    Ok(options.loss_of(possible && own_workers))
 }
 
 /// The simulated devices of `[clients.profile]` and `[clients.availability]`,

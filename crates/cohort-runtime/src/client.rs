@@ -20,7 +20,7 @@ use cohort_train::task::Score;
 use cohort_train::trainer::{ClientTask, ClientTrainer, LocalUpdate, TrainError, TrainSettings};
 use cohort_train::vectorized::{Job, VectorizedTrainer};
 
-use crate::transport::TaskInstructions;
+use crate::transport::{LocalLoss, TaskInstructions};
 
 /// What a client sends back for one task.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,7 +48,7 @@ pub enum ClientError {
     Train(#[from] TrainError),
     #[error("cannot pack the update: {0}")]
     UpdatePayload(#[source] ProcessError),
-    #[error("cannot evaluate the global model on the held-out data: {0}")]
+    #[error("cannot evaluate the global model on the client's data: {0}")]
     Evaluation(#[source] cohort_train::trainer::EvalError),
     #[error("cannot unpack the strategy's gradient correction: {0}")]
     Correction(#[source] cohort_core::codec::CodecError),
@@ -234,6 +234,27 @@ impl ClientRunner {
         self.reply(update, processing_time, test)
     }
 
+    /// The loss of the global model in `global_payload` on `partition`,
+    /// nothing trained: power-of-choice's evaluation of a candidate. The
+    /// model is unpacked as a task's is, so the loss is of the model the
+    /// client would train from.
+    pub fn local_loss(
+        &mut self,
+        global_payload: &[u8],
+        data: &Dataset,
+        partition: &[u32],
+    ) -> Result<LocalLoss, ClientError> {
+        let global = self.unpack(global_payload)?;
+        let score = self
+            .trainer
+            .score(&global, data, partition)
+            .map_err(ClientError::Evaluation)?;
+        Ok(LocalLoss {
+            rows: score.rows,
+            loss: score.loss_sum / score.rows.max(1) as f64,
+        })
+    }
+
     fn unpack(&self, global_payload: &[u8]) -> Result<ParamTree, ClientError> {
         self.inbound
             .receive(global_payload, &self.limits)
@@ -314,6 +335,17 @@ impl BatchRunner {
             single: ClientRunner::new(loaded, model, device)?,
             vectorized,
         })
+    }
+
+    /// See [`ClientRunner::local_loss`]: one client at a time, as the pass
+    /// is one forward over each candidate's data.
+    pub fn local_loss(
+        &mut self,
+        global_payload: &[u8],
+        data: &Dataset,
+        partition: &[u32],
+    ) -> Result<LocalLoss, ClientError> {
+        self.single.local_loss(global_payload, data, partition)
     }
 
     /// Runs `tasks` from one global model; one reply per task, in order.

@@ -11,6 +11,10 @@
 //! round's tasks go out in chunks of K, and a worker trains its chunk as one
 //! batched computation. The outcomes are the same per-client outcomes, so the
 //! round loop and the aggregation do not see which mode trained them.
+//!
+//! Between rounds the same workers compute power-of-choice candidates'
+//! losses of the global model ([`Transport::local_losses`]), one client a
+//! job, on the queue the tasks use.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -21,11 +25,43 @@ use anyhow::Context;
 use cohort_core::data::Dataset;
 
 use crate::client::{BatchRunner, BatchTask, ClientPartitions, ClientReply, ClientRunner};
-use crate::transport::{ClientOutcome, Delivered, TaskSpec, Transport};
+use crate::transport::{ClientOutcome, Delivered, LocalLoss, TaskSpec, Transport};
 
-struct Job {
-    specs: Vec<TaskSpec>,
-    payload: Arc<Vec<u8>>,
+enum Job {
+    /// Tasks to train, their outcomes to the pool's results.
+    Train {
+        specs: Vec<TaskSpec>,
+        payload: Arc<Vec<u8>>,
+    },
+    /// One client's loss of the model in `payload` (power-of-choice's
+    /// candidates), its answer to `answers` with the client's position.
+    Evaluate {
+        index: usize,
+        client_id: u32,
+        payload: Arc<Vec<u8>>,
+        answers: Sender<(usize, Result<LocalLoss, String>)>,
+    },
+}
+
+impl Runner {
+    /// `client_id`'s loss of the model in `payload` on its training data.
+    fn local_loss(
+        &mut self,
+        client_id: u32,
+        payload: &[u8],
+        data: &Dataset,
+        partitions: &ClientPartitions,
+    ) -> Result<LocalLoss, String> {
+        let partition = (client_id as usize)
+            .checked_sub(1)
+            .and_then(|index| partitions.train.get(index))
+            .ok_or_else(|| format!("no client {client_id}"))?;
+        let loss = match self {
+            Runner::One(runner) => runner.local_loss(payload, data, partition),
+            Runner::Batch(runner) => runner.local_loss(payload, data, partition),
+        };
+        loss.map_err(|error| error.to_string())
+    }
 }
 
 /// A physical worker: one client at a time, or K at a time.
@@ -89,6 +125,56 @@ impl Runner {
     }
 }
 
+/// What one worker thread holds: its runner and compute threads, and the
+/// run's data.
+struct WorkerThread {
+    worker: usize,
+    runner: Runner,
+    compute: rayon::ThreadPool,
+    data: Arc<Dataset>,
+    partitions: Arc<ClientPartitions>,
+}
+
+impl WorkerThread {
+    /// Runs `job`, its outcomes to `results` or its answer to the job's
+    /// own channel; `false` once nobody listens any more.
+    fn serve(&mut self, job: Job, results: &Sender<ClientOutcome>) -> bool {
+        let (data, partitions) = (&self.data, &self.partitions);
+        let runner = &mut self.runner;
+        match job {
+            Job::Evaluate {
+                index,
+                client_id,
+                payload,
+                answers,
+            } => {
+                let loss = self
+                    .compute
+                    .install(|| runner.local_loss(client_id, &payload, data, partitions));
+                answers.send((index, loss)).is_ok()
+            }
+            Job::Train { specs, payload } => {
+                let replies = self
+                    .compute
+                    .install(|| runner.run(&specs, &payload, data, partitions));
+                specs.into_iter().zip(replies).all(|(spec, result)| {
+                    let outcome = ClientOutcome {
+                        slot: spec.slot,
+                        task: spec.task,
+                        worker: self.worker,
+                        result: result.map(|reply| Delivered {
+                            reply,
+                            comm_time: 0.0,
+                            declared: None,
+                        }),
+                    };
+                    results.send(outcome).is_ok()
+                })
+            }
+        }
+    }
+}
+
 pub struct WorkerPool {
     jobs: Option<Sender<Job>>,
     cancelled: Arc<AtomicBool>,
@@ -113,7 +199,7 @@ impl WorkerPool {
         let (result_sender, results) = mpsc::channel();
         let mut handles = Vec::new();
         let cancelled = Arc::new(AtomicBool::new(false));
-        for (worker, mut runner) in runners.into_iter().enumerate() {
+        for (worker, runner) in runners.into_iter().enumerate() {
             let compute = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads_per_worker)
                 .thread_name(move |i| format!("cohort-worker{worker}-compute{i}"))
@@ -126,8 +212,13 @@ impl WorkerPool {
                 })?;
             let jobs = Arc::clone(&job_receiver);
             let results = result_sender.clone();
-            let data = Arc::clone(&data);
-            let partitions = Arc::clone(&partitions);
+            let mut thread = WorkerThread {
+                worker,
+                runner,
+                compute,
+                data: Arc::clone(&data),
+                partitions: Arc::clone(&partitions),
+            };
             let cancelled = Arc::clone(&cancelled);
             let handle = std::thread::Builder::new()
                 .name(format!("cohort-worker{worker}"))
@@ -135,25 +226,8 @@ impl WorkerPool {
                     loop {
                         let next = jobs.lock().map(|receiver| receiver.recv());
                         let Ok(Ok(job)) = next else { break };
-                        if cancelled.load(Ordering::Relaxed) {
+                        if cancelled.load(Ordering::Relaxed) || !thread.serve(job, &results) {
                             break;
-                        }
-                        let replies = compute
-                            .install(|| runner.run(&job.specs, &job.payload, &data, &partitions));
-                        for (spec, result) in job.specs.into_iter().zip(replies) {
-                            let outcome = ClientOutcome {
-                                slot: spec.slot,
-                                task: spec.task,
-                                worker,
-                                result: result.map(|reply| Delivered {
-                                    reply,
-                                    comm_time: 0.0,
-                                    declared: None,
-                                }),
-                            };
-                            if results.send(outcome).is_err() {
-                                return;
-                            }
                         }
                     }
                 })
@@ -181,7 +255,7 @@ impl Transport for WorkerPool {
         let jobs = self.jobs.as_ref().expect("jobs sender lives until drop");
         let mut tasks = tasks.into_iter().peekable();
         while tasks.peek().is_some() {
-            jobs.send(Job {
+            jobs.send(Job::Train {
                 specs: tasks.by_ref().take(self.chunk).collect(),
                 payload: Arc::clone(&global_payload),
             })
@@ -198,6 +272,39 @@ impl Transport for WorkerPool {
 
     fn cancel(&mut self) {
         self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// One job per client, whichever worker takes it: a client's loss
+    /// depends on its data and the model alone, so the answers are the
+    /// same with any number of workers.
+    fn local_losses(
+        &mut self,
+        global_payload: Arc<Vec<u8>>,
+        clients: &[u32],
+    ) -> anyhow::Result<Vec<Result<LocalLoss, String>>> {
+        let jobs = self.jobs.as_ref().expect("jobs sender lives until drop");
+        let (answers, answered) = mpsc::channel();
+        for (index, &client_id) in clients.iter().enumerate() {
+            jobs.send(Job::Evaluate {
+                index,
+                client_id,
+                payload: Arc::clone(&global_payload),
+                answers: answers.clone(),
+            })
+            .map_err(|_| anyhow::anyhow!("all workers have stopped"))?;
+        }
+        drop(answers);
+        let mut losses: Vec<Option<Result<LocalLoss, String>>> = vec![None; clients.len()];
+        for _ in clients {
+            let (index, loss) = answered.recv().map_err(|_| {
+                anyhow::anyhow!("a worker thread stopped unexpectedly (it may have panicked)")
+            })?;
+            losses[index] = Some(loss);
+        }
+        Ok(losses
+            .into_iter()
+            .map(|loss| loss.expect("every client answered once"))
+            .collect())
     }
 }
 

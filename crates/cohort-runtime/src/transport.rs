@@ -180,6 +180,20 @@ pub struct StageBounds {
 /// Each client's answer to a stage message, or why none came.
 pub type StageAnswers = Vec<(u32, Result<Vec<u8>, String>)>;
 
+/// A client's loss of a global model on its training data, trained on
+/// nothing (power-of-choice's candidates, `clients.power_of_choice.loss =
+/// "evaluated"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LocalLoss {
+    /// Output rows scored: the samples of its partition for classification.
+    pub rows: u64,
+    /// The mean loss over them.
+    pub loss: f64,
+}
+
+/// Bytes a candidate sends back with its loss: the loss and its rows.
+pub const LOCAL_LOSS_BYTES: u64 = 16;
+
 pub trait Transport {
     /// Starts `tasks`; each client receives `global_payload` (the global model
     /// after `server.outbound_processors`).
@@ -196,6 +210,24 @@ pub trait Transport {
 
     /// Drops tasks not yet started (the run is stopping early).
     fn cancel(&mut self);
+
+    /// Has each of `clients` compute the loss of the global model in
+    /// `global_payload` on its training data, without training and without
+    /// changing anything a task later sees; one answer per client, in the
+    /// order of `clients`, each the loss or why there is none. Called
+    /// between rounds, with no task in flight.
+    fn local_losses(
+        &mut self,
+        global_payload: Arc<Vec<u8>>,
+        clients: &[u32],
+    ) -> anyhow::Result<Vec<Result<LocalLoss, String>>> {
+        let _ = (global_payload, clients);
+        anyhow::bail!(
+            "this transport cannot have clients evaluate the global model, which \
+             clients.power_of_choice.loss = \"evaluated\" needs (only the simulation's worker \
+             pool can); set it to \"last_reported\""
+        )
+    }
 
     /// Sends one secure-aggregation stage's messages and waits, within
     /// `bounds`, for each client's answer. Only a transport whose clients

@@ -1189,6 +1189,16 @@ fn validate_selection(config: &Config, fail: Fail) {
     {
         fail("clients.power_of_choice.candidates", message);
     }
+    let evaluated = Some(crate::selection::PowerOfChoiceLoss::Evaluated);
+    if kind == SelectionKind::PowerOfChoice
+        && clients.power_of_choice.loss == evaluated
+        && let Some(reason) = candidate_evaluation_refusal(config)
+    {
+        fail(
+            "clients.power_of_choice.loss",
+            format!("\"evaluated\" cannot run here: {reason}; use \"last_reported\""),
+        );
+    }
     for (key, message) in clients.oort.problems() {
         fail(&format!("clients.oort.{key}"), message);
     }
@@ -1216,6 +1226,32 @@ fn validate_selection(config: &Config, fail: Fail) {
             ),
         );
     }
+}
+
+/// Why a run of `config` cannot evaluate power-of-choice candidates on
+/// the global model before it selects (pow-d), if it cannot; `None` where
+/// it can, which makes `evaluated` its default.
+pub fn candidate_evaluation_refusal(config: &Config) -> Option<&'static str> {
+    if !config.server.synchronous {
+        return Some(
+            "an asynchronous run (server.synchronous = false) refills each place as an update \
+             arrives, while other clients train, so there is no global model between rounds \
+             for candidates to evaluate",
+        );
+    }
+    if !config.clients.comm_simulation {
+        return Some(
+            "network clients (clients.comm_simulation = false) have no evaluation message in \
+             cohort's protocol; the pass runs on the simulation's workers only",
+        );
+    }
+    if config.cluster.backend.is_some() {
+        return Some(
+            "the ranks of a distributed simulation (cluster.backend) each hold only their own \
+             clients, and the choice needs every candidate's loss",
+        );
+    }
+    None
 }
 
 /// An error unless `value` is one of `allowed`, with a did-you-mean.

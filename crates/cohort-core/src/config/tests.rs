@@ -1707,6 +1707,32 @@ fn client_selection_loads_and_refuses_what_it_cannot_do() {
             .candidates,
         Some(4)
     );
+    // `loss` counts only when set; unset, each run takes what it can do.
+    let pow = load_text(&power).unwrap();
+    assert!(
+        !pow.result_fields()
+            .contains_key("clients.power_of_choice.loss")
+    );
+    let options = pow.config.clients.power_of_choice;
+    let possible = super::candidate_evaluation_refusal(&pow.config).is_none();
+    assert!(possible);
+    assert_eq!(
+        options.loss_of(possible),
+        crate::selection::PowerOfChoiceLoss::Evaluated
+    );
+    let asynchronous = format!("{power}\n[server]\nsynchronous = false\n")
+        .replace("per_round = 2", "per_round = 2\ncomm_simulation = false");
+    let asynchronous = load_text(&asynchronous).unwrap();
+    assert!(super::candidate_evaluation_refusal(&asynchronous.config).is_some());
+    let rpow = with(
+        "selection = \"power_of_choice\"",
+        "[clients.power_of_choice]\nloss = \"last_reported\"",
+    );
+    let rpow = load_text(&rpow).unwrap();
+    assert_eq!(
+        rpow.result_fields()["clients.power_of_choice.loss"],
+        "\"last_reported\""
+    );
 
     let cases = [
         (
@@ -1734,6 +1760,30 @@ fn client_selection_loads_and_refuses_what_it_cannot_do() {
             ),
             "clients.selection",
             "own-data client",
+        ),
+        (
+            with(
+                "selection = \"power_of_choice\"\ncomm_simulation = false",
+                "[clients.power_of_choice]\nloss = \"evaluated\"\n[server]\nsynchronous = false",
+            ),
+            "clients.power_of_choice.loss",
+            "\"evaluated\" cannot run here: an asynchronous run (server.synchronous = false)",
+        ),
+        (
+            with(
+                "selection = \"power_of_choice\"\ncomm_simulation = false",
+                "[clients.power_of_choice]\nloss = \"evaluated\"",
+            ),
+            "clients.power_of_choice.loss",
+            "network clients (clients.comm_simulation = false)",
+        ),
+        (
+            with(
+                "selection = \"power_of_choice\"",
+                "[clients.power_of_choice]\nloss = \"evaluate\"",
+            ),
+            "clients.power_of_choice.loss",
+            "evaluated",
         ),
     ];
     for (text, key, message) in cases {

@@ -170,6 +170,12 @@ impl ProfileConfig {
     }
 }
 
+/// What share of a training epoch's compute one forward pass over the same
+/// samples takes: a backward pass costs about twice the forward one, the
+/// usual rule for dense and convolutional networks, so a training step is
+/// three forward passes' worth.
+pub const FORWARD_SHARE: f64 = 1.0 / 3.0;
+
 /// One client's simulated device.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DeviceProfile {
@@ -221,6 +227,22 @@ impl DeviceProfile {
             ComputeUnit::Epoch => self.compute,
         };
         self.task_overhead + per_epoch * f64::from(epochs)
+    }
+
+    /// An evaluation of a model on `samples` (power-of-choice's candidates):
+    /// `download_bytes` down, one forward pass over them, `upload_bytes` up.
+    /// The forward pass is [`FORWARD_SHARE`] of one training epoch; the
+    /// task overhead is the training task's, not charged here.
+    pub fn evaluation(&self, download_bytes: u64, samples: u64, upload_bytes: u64) -> TaskTiming {
+        let epoch = match self.unit {
+            ComputeUnit::Sample => self.compute * samples as f64,
+            ComputeUnit::Epoch => self.compute,
+        };
+        TaskTiming {
+            download: self.download_seconds(download_bytes),
+            compute: epoch * FORWARD_SHARE,
+            upload: self.upload_seconds(upload_bytes),
+        }
     }
 
     /// A task's timing before its upload size is known: the upload's

@@ -39,6 +39,17 @@ fn a_task_takes_its_download_compute_and_upload_by_hand() {
         ..profile
     };
     assert_eq!(unbounded.download_seconds(u64::MAX), 0.1);
+    // An evaluation: 1 MB down (1.1 s), a third of one epoch over 1200
+    // samples (1.2 s / 3, no overhead), 16 bytes up (0.1 s + 32 µs).
+    let evaluation = profile.evaluation(1_000_000, 1200, 16);
+    assert_eq!(evaluation.download, 1.1);
+    assert!((evaluation.compute - 0.4).abs() < 1e-12, "{evaluation:?}");
+    assert!(
+        (evaluation.upload - 0.100_032).abs() < 1e-12,
+        "{evaluation:?}"
+    );
+    // Per epoch: a third of the epoch's 3 s, whatever the samples.
+    assert_eq!(per_epoch.evaluation(0, 5, 0).compute, 1.0);
 }
 
 #[test]

@@ -3,7 +3,10 @@
 //! `clients.selection` picks the policy ([`SelectionKind`]):
 //! * `random`: `per_round` distinct clients drawn uniformly ([`ClientSelector`]);
 //! * `power_of_choice`: Cho, Wang and Joshi's pow-d ([`power_of_choice`]): `d`
-//!   candidates drawn by data size, the `per_round` with the highest loss;
+//!   candidates drawn by data size, the `per_round` with the highest loss,
+//!   either the loss of the global model the candidates evaluate first
+//!   ([`Selector::draw_candidates`], then [`Selector::choose`]) or the
+//!   training loss they last reported;
 //! * `oort`: Lai et al.'s Oort ([`oort`]): statistical utility from the
 //!   training loss, a penalty for clients slower than the preferred round
 //!   duration, exploration of clients not yet seen, and its pacer.
@@ -30,7 +33,9 @@ pub mod oort;
 pub mod power_of_choice;
 
 pub use oort::{Oort, OortOptions, OortState};
-pub use power_of_choice::{PowerOfChoice, PowerOfChoiceOptions, PowerOfChoiceState};
+pub use power_of_choice::{
+    PowerOfChoice, PowerOfChoiceLoss, PowerOfChoiceOptions, PowerOfChoiceState,
+};
 
 /// Picks `per_round` distinct logical clients each round from its own ChaCha8
 /// stream seeded by `server.random_seed`; no global RNG is involved, so the
@@ -95,7 +100,7 @@ pub enum SelectionKind {
     /// Uniform among the clients that can be drawn.
     #[default]
     Random,
-    /// Cho et al. 2020, with each client's last reported loss.
+    /// Cho et al. 2020: the highest loss among candidates drawn by size.
     PowerOfChoice,
     /// Lai et al., OSDI 2021.
     Oort,
@@ -260,6 +265,38 @@ impl Selector {
             Policy::Random => self.draws.select_from(candidates, count),
             Policy::PowerOfChoice(p) => p.select(&mut self.draws.rng, candidates, count),
             Policy::Oort(o) => o.select(&mut self.draws.rng, round, candidates, count),
+        }
+    }
+
+    /// Whether the policy chooses from losses of the current global model
+    /// that the candidates evaluate first (pow-d): the caller then selects
+    /// in two steps, [`Selector::draw_candidates`], the evaluation, and
+    /// [`Selector::choose`], instead of [`Selector::select`].
+    pub fn evaluates(&self) -> bool {
+        matches!(&self.policy, Policy::PowerOfChoice(p) if p.loss() == PowerOfChoiceLoss::Evaluated)
+    }
+
+    /// The candidates to evaluate for `count` places among `available`, in
+    /// the order drawn. For a policy that does not evaluate, its choice
+    /// itself ([`Selector::select`]), which [`Selector::choose`] keeps.
+    pub fn draw_candidates(&mut self, round: u32, available: &[u32], count: usize) -> Vec<u32> {
+        match &mut self.policy {
+            Policy::PowerOfChoice(p) if p.loss() == PowerOfChoiceLoss::Evaluated => {
+                p.draw_candidates(&mut self.draws.rng, available, count)
+            }
+            _ => self.select(round, available, count),
+        }
+    }
+
+    /// `count` of `candidates` by their evaluated `losses` (one each, in
+    /// order; `-inf` where an evaluation failed); a policy that does not
+    /// evaluate keeps the first `count`.
+    pub fn choose(&mut self, candidates: &[u32], losses: &[f64], count: usize) -> Vec<u32> {
+        match &mut self.policy {
+            Policy::PowerOfChoice(p) if p.loss() == PowerOfChoiceLoss::Evaluated => {
+                p.choose(candidates, losses, count)
+            }
+            _ => candidates.iter().copied().take(count).collect(),
         }
     }
 
@@ -480,12 +517,47 @@ mod tests {
         assert!(error.to_string().contains("`x` is not a number"), "{error}");
     }
 
-    fn kind_of(index: u8) -> SelectionKind {
-        [
-            SelectionKind::Random,
-            SelectionKind::PowerOfChoice,
-            SelectionKind::Oort,
-        ][usize::from(index % 3)]
+    /// The policies: random, pow-d, rpow-d, Oort.
+    fn config_of(index: u8, per_round: u32) -> PolicyConfig {
+        let (kind, loss) = [
+            (SelectionKind::Random, None),
+            (
+                SelectionKind::PowerOfChoice,
+                Some(PowerOfChoiceLoss::Evaluated),
+            ),
+            (
+                SelectionKind::PowerOfChoice,
+                Some(PowerOfChoiceLoss::LastReported),
+            ),
+            (SelectionKind::Oort, None),
+        ][usize::from(index % 4)];
+        PolicyConfig {
+            kind,
+            power_of_choice: PowerOfChoiceOptions {
+                loss,
+                ..PowerOfChoiceOptions::default()
+            },
+            per_round,
+            ..PolicyConfig::default()
+        }
+    }
+
+    /// A round's choice as the runtime makes it: in two steps when the
+    /// policy evaluates, the losses made up from the round and the client.
+    fn choice(selector: &mut Selector, round: u32, available: &[u32], count: usize) -> Vec<u32> {
+        if !selector.evaluates() {
+            return selector.select(round, available, count);
+        }
+        let candidates = selector.draw_candidates(round, available, count);
+        let losses: Vec<f64> = candidates
+            .iter()
+            .map(|&c| match (c + round) % 5 {
+                0 => f64::NEG_INFINITY,
+                1 => f64::NAN,
+                k => f64::from(k) / 4.0,
+            })
+            .collect();
+        selector.choose(&candidates, &losses, count)
     }
 
     proptest::proptest! {
@@ -494,7 +566,7 @@ mod tests {
             seed in proptest::prelude::any::<u64>(),
             total in 1u32..25,
             per_round in 1u32..8,
-            kind in 0u8..3,
+            kind in 0u8..4,
             mask in proptest::prelude::any::<u32>(),
         ) {
             let per_round = per_round.min(total);
@@ -502,11 +574,7 @@ mod tests {
                 samples: (1..=total).map(|c| u64::from(c * 7 % 13 + 1)).collect(),
                 durations: (1..=total).map(|c| f64::from(c % 5 + 1)).collect(),
             };
-            let config = PolicyConfig {
-                kind: kind_of(kind),
-                per_round,
-                ..PolicyConfig::default()
-            };
+            let config = config_of(kind, per_round);
             let make = || Selector::new(ClientSelector::new(seed), Policy::fresh(&config, &prior));
             let (mut a, mut b) = (make(), make());
             for round in 1..=6u32 {
@@ -514,8 +582,8 @@ mod tests {
                 let online = mask.rotate_left(round * 5) | 1;
                 let candidates: Vec<u32> =
                     (1..=total).filter(|c| online >> ((c - 1) % 32) & 1 == 1).collect();
-                let picked = a.select(round, &candidates, per_round as usize);
-                proptest::prop_assert_eq!(&picked, &b.select(round, &candidates, per_round as usize));
+                let picked = choice(&mut a, round, &candidates, per_round as usize);
+                proptest::prop_assert_eq!(&picked, &choice(&mut b, round, &candidates, per_round as usize));
                 let mut distinct = picked.clone();
                 distinct.sort_unstable();
                 distinct.dedup();

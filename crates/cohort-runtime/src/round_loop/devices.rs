@@ -2,13 +2,16 @@
 //! each task's timing from its client's profile and the bytes and samples it
 //! moved, never from the measured times; a client that goes offline before
 //! its update arrives is lost to the round; a round draws among the clients
-//! online when it starts.
+//! online when it starts. Power-of-choice's evaluation pass, where the run
+//! has one, comes first: the round's tasks start when it has ended.
+
+use std::sync::Arc;
 
 use cohort_core::clock::{TaskEnd, Verdict, close_round};
 use cohort_core::devices::{Availability, OnlineIndex, Profiles, TaskTiming};
 use cohort_core::results::SimulatedTask;
 
-use super::{Dispatched, RoundLoop};
+use super::{Dispatched, RoundLoop, Selected};
 use crate::updates::Collected;
 
 /// The devices of a run, built by the assembly from the config's profile
@@ -53,6 +56,29 @@ impl SimDevices {
         })
     }
 
+    /// `client`'s evaluation of a model from `start` (power-of-choice's
+    /// candidates): `download` bytes down, a forward pass over `samples`,
+    /// its loss up.
+    pub(crate) fn evaluation(
+        &self,
+        client: u32,
+        start: f64,
+        download: u64,
+        samples: u64,
+    ) -> Option<SimulatedTask> {
+        let timing = self.profiles.of(client)?.evaluation(
+            download,
+            samples,
+            crate::transport::LOCAL_LOSS_BYTES,
+        );
+        Some(SimulatedTask {
+            start,
+            download: timing.download,
+            compute: timing.compute,
+            upload: timing.upload,
+        })
+    }
+
     /// When `client` went offline during `task`, if it did.
     pub(crate) fn lost_at(&mut self, client: u32, task: &SimulatedTask) -> Option<f64> {
         match self.availability.online_until(client, task.start) {
@@ -79,34 +105,44 @@ impl SimDevices {
 impl RoundLoop<'_> {
     /// The round's clients: `per_round` of all of them, or with an
     /// availability, of those online when the round starts (waiting on the
-    /// simulated clock for one to come online when none is).
-    pub(super) fn select_clients(&mut self, round: u32) -> anyhow::Result<(Vec<u32>, f64)> {
+    /// simulated clock for one to come online when none is); for pow-d
+    /// after their candidates evaluated `global_payload`.
+    pub(super) fn select_clients(
+        &mut self,
+        round: u32,
+        global_payload: &Arc<Vec<u8>>,
+    ) -> anyhow::Result<Selected> {
         let selection = self.settings.selection;
+        let (total, draws) = (selection.total_clients, selection.draws as usize);
         let start = self.clock.simulated_before;
         let Some(devices) = self.devices.as_mut().filter(|d| d.intermittent) else {
-            let clients = self
-                .selector
-                .select_all(round, selection.total_clients, selection.draws);
-            return Ok((clients, start));
+            if self.selector.evaluates() {
+                let all: Vec<u32> = (1..=total).collect();
+                return self.choose_evaluated(round, &all, start, global_payload);
+            }
+            let clients = self.selector.select_all(round, total, selection.draws);
+            return Ok(Selected::at(clients, start));
         };
-        let Some(start) = devices.next_online(selection.total_clients, start, &[]) else {
+        let Some(start) = devices.next_online(total, start, &[]) else {
             anyhow::bail!(
                 "round {round}: no client is online at simulated time {start} s or ever after \
                  (clients.availability)"
             );
         };
-        let online = devices.online(selection.total_clients, start, &[]);
-        let clients = self
-            .selector
-            .select(round, &online, selection.draws as usize);
-        if clients.len() < selection.draws as usize {
+        let online = devices.online(total, start, &[]);
+        let selected = if self.selector.evaluates() {
+            self.choose_evaluated(round, &online, start, global_payload)?
+        } else {
+            Selected::at(self.selector.select(round, &online, draws), start)
+        };
+        if selected.clients.len() < draws {
             tracing::info!(
                 round,
-                online = clients.len(),
+                online = selected.clients.len(),
                 "fewer clients online than clients.per_round"
             );
         }
-        Ok((clients, start))
+        Ok(selected)
     }
 
     /// Times each update of the round on the simulated clock and closes the
@@ -128,7 +164,7 @@ impl RoundLoop<'_> {
             let client = arrived.report.client_id;
             let task = devices.task(
                 client,
-                dispatched.sim_start,
+                dispatched.train_start,
                 download,
                 arrived.report.num_samples,
                 arrived.arrival.payload_bytes,

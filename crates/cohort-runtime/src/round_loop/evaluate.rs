@@ -110,6 +110,8 @@ impl RoundLoop<'_> {
         let slowest = slowest_client(reports, arrivals, per_client_download, wall_time);
         let clock = &self.clock;
         let elapsed_time = clock.elapsed_before + clock.run_started.elapsed().as_secs_f64();
+        let (pass_down, pass_up) =
+            super::candidates::pass_bytes(&dispatched.candidates, dispatched.payload_bytes);
         RoundRow {
             round,
             accuracy: evaluation.accuracy,
@@ -118,8 +120,9 @@ impl RoundLoop<'_> {
             training_time: reports.iter().map(|r| r.training_time).sum(),
             evaluation_time,
             bytes_to_clients: dispatched.payload_bytes * dispatched.clients.len() as u64
-                + dispatched.extra_bytes,
-            bytes_to_server: arrivals.iter().map(|a| a.payload_bytes).sum(),
+                + dispatched.extra_bytes
+                + pass_down,
+            bytes_to_server: arrivals.iter().map(|a| a.payload_bytes).sum::<u64>() + pass_up,
             train_loss: weighted_loss(reports),
             simulated_time: match aggregated.simulated_end {
                 Some(end) => end,
@@ -132,6 +135,7 @@ impl RoundLoop<'_> {
             test_loss: Some(evaluation.loss).filter(|loss| loss.is_finite()),
             secagg: aggregated.secagg,
             simulated_start: aggregated.simulated_end.map(|_| dispatched.sim_start),
+            candidates: dispatched.candidates.clone(),
         }
     }
 }

@@ -1,8 +1,10 @@
 //! The federated round loop.
 //!
 //! One round, in order, each step a function of [`RoundLoop`]:
-//! 1. **select** `per_round` logical clients ([`Selector`]: uniform, or by
-//!    the utility of what they reported, `clients.selection`) and
+//! 1. **select** `per_round` logical clients ([`Selector`]: uniform, by
+//!    the utility of what they reported, `clients.selection`, or for pow-d
+//!    by the loss of the global model its candidates compute first,
+//!    `candidates.rs`) and
 //!    **dispatch** their tasks: the global model, packed once through the
 //!    outbound pipeline, and per client the strategy's instructions
 //!    ([`Strategy::configure`]), to the [`Transport`];
@@ -60,6 +62,7 @@ use crate::updates::{
     collect_updates, hooked_payloads, own_data_expectation, plan_tasks, self_reported_expectation,
 };
 pub(crate) use asynchronous::AsyncSettings;
+use candidates::Selected;
 pub(crate) use devices::SimDevices;
 pub(crate) use secure::SecureSettings;
 
@@ -194,6 +197,12 @@ pub(crate) struct Dispatched {
     pub(crate) extra_bytes: u64,
     /// When the round started on the simulated clock.
     pub(crate) sim_start: f64,
+    /// When its tasks start on the simulated clock: `sim_start`, or after
+    /// power-of-choice's evaluation pass, when the last candidate's loss
+    /// has arrived.
+    pub(crate) train_start: f64,
+    /// The candidates that evaluated the global model for the choice.
+    pub(crate) candidates: Vec<cohort_core::results::CandidateRow>,
 }
 
 /// The global model of a round, packed once.
@@ -495,7 +504,12 @@ impl<'a> RoundLoop<'a> {
 
     /// Selects the round's clients and hands their tasks to the transport.
     fn dispatch(&mut self, round: u32, global_payload: Arc<Vec<u8>>) -> anyhow::Result<Dispatched> {
-        let (clients, sim_start) = self.select_clients(round)?;
+        let Selected {
+            clients,
+            sim_start,
+            train_start,
+            candidates,
+        } = self.select_clients(round, &global_payload)?;
         tracing::info!(round, clients = ?clients, "round dispatched");
         let tasks = plan_tasks(
             self.strategy.as_ref(),
@@ -511,6 +525,8 @@ impl<'a> RoundLoop<'a> {
             payload_bytes,
             extra_bytes,
             sim_start,
+            train_start,
+            candidates,
         })
     }
 
@@ -850,6 +866,14 @@ fn selector(parts: &LoopParts<'_>, start: &StartPoint) -> anyhow::Result<Selecto
                 .context("the checkpoint's client selection cannot continue")?
         }
     };
+    if let Policy::PowerOfChoice(power) = &policy {
+        // Said once, as a checkpoint from before the choice existed keeps
+        // ranking by what it was learnt with.
+        tracing::info!(
+            loss = power.loss().name(),
+            "power-of-choice ranks its candidates by clients.power_of_choice.loss"
+        );
+    }
     Ok(Selector::new(start.selector.clone(), policy))
 }
 
@@ -930,6 +954,7 @@ impl StepTimes {
 }
 
 mod asynchronous;
+mod candidates;
 mod devices;
 mod evaluate;
 mod partial;
