@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Distributed simulation on one machine: 1,000 Fashion-MNIST clients of 60
-# samples, 100 per round, on 1, 2 and 3 ranks (one worker each). One rank is a
+# samples, 100 per round, on 1, 2 and 3 ranks (one worker each; RANKS="1 2 4 8"
+# for others). One rank is a
 # plain `cohort run`; more are `cohort worker` ranks of a ring plan from
 # `cohort place` on a one-node cluster file with one core per rank (so one
 # worker per rank). Prints, per rank count,
 # the median round time, the wall time, each rank's peak RSS and whether the
 # final model equals the single-process one. Results in docs/SCALING.md.
 #
-#   COHORT_DATA_DIR=../shared/data bash bench/scaling.sh [ROUNDS]
+# A rank of more than one reads only the samples of its own clients, so its
+# peak RSS falls as the ranks grow; rank 0 also holds the test set.
+#
+#   COHORT_DATA_DIR=../shared/data [RANKS="1 2 4 8"] bash bench/scaling.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-4}"
@@ -48,7 +52,7 @@ median_round() {
 }
 
 printf '%-6s %-12s %-8s %-28s %s\n' ranks median_round wall peak_rss_MiB_per_rank same_model
-for ranks in 1 2 3; do
+for ranks in ${RANKS:-1 2 3}; do
   base="$work/runs-$ranks"
   start=$(date +%s.%N)
   if [ "$ranks" = 1 ]; then

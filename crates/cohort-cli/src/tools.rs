@@ -209,6 +209,7 @@ fn test_set(
             cohort_core::data::Fetch::Never
         },
         test_only: true,
+        train_rows: None,
     };
     Ok(registry
         .load_data(loaded, &request)

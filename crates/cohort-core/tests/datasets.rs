@@ -378,3 +378,55 @@ fn the_natural_sampler_makes_a_client_of_each_writer() {
         .to_string();
     assert!(error.contains("FEMNIST has none"), "{error}");
 }
+
+/// A loader asked for some training rows gives exactly those samples of the
+/// full load, in order, chosen from the full labels (and users); the test
+/// split is the full one.
+#[test]
+fn chosen_rows_are_the_full_loads_rows() {
+    let sources = [
+        DataSource::FashionMnist,
+        DataSource::Emnist,
+        DataSource::Cifar10,
+        DataSource::Cifar100,
+        DataSource::Femnist,
+        DataSource::Shakespeare,
+    ];
+    for source in sources {
+        let full = data::load(source, &fixtures(), &Fetch::Never).unwrap();
+        let mut seen = None;
+        let mut every_other = |labels: &[u32], users: Option<&[u32]>| {
+            seen = Some((labels.to_vec(), users.map(<[u32]>::to_vec)));
+            Ok((0..labels.len() as u32).step_by(2).collect())
+        };
+        let some = data::load_rows(source, &fixtures(), &Fetch::Never, &mut every_other).unwrap();
+        let (labels, users) = seen.expect("the chooser was asked");
+        assert_eq!(labels, full.train.labels, "{source}: the chooser saw every label");
+        assert_eq!(users, full.train_users, "{source}: and every user");
+        let rows: Vec<u32> = (0..full.train.len() as u32).step_by(2).collect();
+        assert!(rows.len() < full.train.len(), "{source}: a fixture of one sample");
+        assert_eq!(some.train, full.train.rows(&rows).unwrap(), "{source}");
+        assert_eq!(some.test, full.test, "{source}");
+        assert_eq!(some.train_users, full.train_users, "{source}");
+    }
+}
+
+/// A chooser's rows out of order or out of range, or its refusal, stop the
+/// load with its reason.
+#[test]
+fn a_bad_choice_of_rows_is_an_error() {
+    let cases: [(Result<Vec<u32>, String>, &str); 3] = [
+        (Ok(vec![3, 1]), "ascend"),
+        (Ok(vec![0, 1_000_000]), "row 1000000 was chosen"),
+        (Err("no clients here".to_owned()), "no clients here"),
+    ];
+    for source in [DataSource::FashionMnist, DataSource::Cifar10, DataSource::Femnist] {
+        for (answer, message) in &cases {
+            let mut choose = |_: &[u32], _: Option<&[u32]>| answer.clone();
+            let error = data::load_rows(source, &fixtures(), &Fetch::Never, &mut choose)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(message), "{source}: {error}");
+        }
+    }
+}

@@ -23,7 +23,7 @@ use cohort_train::init::seeded_parameters;
 use cohort_train::trainer::ModelEvaluator;
 
 use crate::children::ChildClients;
-use crate::client::{ClientPartitions, load_data};
+use crate::client::{ClientPartitions, LoadedData, load_data_for};
 use crate::events::{RunEvent, RunFacts, RunObserver};
 use crate::ranks::{DistributedRun, RankLink, join_ranks, partial_reduce};
 use crate::record::{MODEL_FILE, RunFolder, SimulatedWallTime};
@@ -65,11 +65,11 @@ pub(crate) fn build_and_run(
     let selected = device::select(options.device)?;
     tracing::info!(device = selected.name, "compute device");
     let external = parts.external_clients;
-    let (splits, partitions, model) = match external {
-        true => external_data(loaded),
+    let (data, model) = match external {
+        true => (external_data(loaded), None),
         false => {
-            let (splits, partitions, model) = data_and_model(loaded, options, parts.data)?;
-            (splits, partitions, Some(model))
+            let (data, model) = data_and_model(loaded, options, parts.data)?;
+            (data, Some(model))
         }
     };
     let config = loaded.config();
@@ -96,8 +96,7 @@ pub(crate) fn build_and_run(
         options,
         strategy.name(),
         &selected,
-        &splits,
-        &partitions,
+        &data,
     );
     observer.on_event(&RunEvent::RunStarted(RunFacts {
         resumed_at: options.resume.then_some(start.first_round),
@@ -120,9 +119,10 @@ pub(crate) fn build_and_run(
     let classes = model.as_ref().map_or(0, |m| m.spec.classes);
     let clients = ClientFacts {
         self_reported: external.then_some(config.clients.max_samples),
-        ..client_facts(loaded, &splits, &partitions, rows_per_sample, classes)
+        ..client_facts(loaded, &data, rows_per_sample, classes)
     };
     let own_workers = parts.transport.is_none() && !external;
+    let (train, test, partitions) = data.into_local();
     let (transport, child_clients) = match (parts.transport, &model) {
         (Some(transport), _) => (transport, None),
         (None, Some(model)) => crate::transports::start_transport(
@@ -130,7 +130,7 @@ pub(crate) fn build_and_run(
             model,
             options,
             &selected,
-            splits.train,
+            train,
             partitions,
             &mut observer,
         )?,
@@ -153,7 +153,7 @@ pub(crate) fn build_and_run(
         recorder: parts
             .recorder
             .unwrap_or_else(|| Box::new(RunFolder::for_config(options.run_dir.clone(), config))),
-        test: splits.test,
+        test,
         clients,
         ranks,
         devices: sim_devices(loaded)?,
@@ -176,35 +176,43 @@ fn data_and_model(
     loaded: &LoadedConfig,
     options: &RunOptions,
     given: Option<(Splits, ClientPartitions)>,
-) -> anyhow::Result<(Splits, ClientPartitions, cohort_train::registry::RunModel)> {
+) -> anyhow::Result<(LoadedData, cohort_train::registry::RunModel)> {
     let total_clients = loaded.config().clients.total_clients;
     let was_given = given.is_some();
-    let (splits, partitions) = match given {
-        Some(data) => data,
-        None => load_data(loaded, &options.registry, options.data_root.as_deref())?,
+    // A rank trains only its block's clients, so it reads only their samples.
+    let block = options
+        .distributed
+        .as_ref()
+        .map(|distributed| distributed.clients.first..=distributed.clients.last);
+    let data = match given {
+        Some((splits, partitions)) => LoadedData {
+            splits,
+            partitions,
+            held: None,
+        },
+        None => load_data_for(
+            loaded,
+            &options.registry,
+            options.data_root.as_deref(),
+            block,
+        )?,
     };
     let model = options.registry.run_model_in(
         loaded,
         options.data_root.as_deref(),
-        splits.train.sample_shape.clone(),
+        data.splits.train.sample_shape.clone(),
     )?;
     if was_given {
-        check_given_data(&splits, &partitions, &model, total_clients)
+        check_given_data(&data.splits, &data.partitions, &model, total_clients)
             .context("the data given to RunBuilder::data")?;
     }
-    Ok((splits, partitions, model))
+    Ok((data, model))
 }
 
 /// No data and no model for clients that bring their own
 /// (`RunBuilder::external_clients`): empty splits, and an empty partition
 /// for each client, so the server's facts about them are none.
-fn external_data(
-    loaded: &LoadedConfig,
-) -> (
-    Splits,
-    ClientPartitions,
-    Option<cohort_train::registry::RunModel>,
-) {
+fn external_data(loaded: &LoadedConfig) -> LoadedData {
     let none = cohort_core::data::Dataset {
         inputs: Vec::new(),
         labels: Vec::new(),
@@ -220,7 +228,11 @@ fn external_data(
         train: vec![Vec::new(); clients],
         test: vec![Vec::new(); clients],
     };
-    (splits, partitions, None)
+    LoadedData {
+        splits,
+        partitions,
+        held: None,
+    }
 }
 
 /// Runs the loop over its parts; its rows and whether it reached the
@@ -432,13 +444,13 @@ fn check_given_data(
 /// the numbers every report must carry.
 fn client_facts(
     loaded: &LoadedConfig,
-    splits: &Splits,
-    partitions: &ClientPartitions,
+    data: &LoadedData,
     rows_per_sample: u64,
     num_classes: usize,
 ) -> ClientFacts {
     let config = loaded.config();
     let own_data = config.clients.own_data_clients as usize;
+    let partitions = &data.partitions;
     let histograms = partitions
         .train
         .iter()
@@ -446,7 +458,7 @@ fn client_facts(
         .map(|(index, part)| match index < own_data {
             true => Vec::new(),
             false => {
-                cohort_core::partition::label_histogram(&splits.train.labels, part, num_classes)
+                cohort_core::partition::label_histogram(data.train_labels(), part, num_classes)
             }
         })
         .collect();
@@ -709,12 +721,11 @@ fn run_facts(
     options: &RunOptions,
     strategy: &str,
     selected: &Selected,
-    splits: &Splits,
-    partitions: &ClientPartitions,
+    data: &LoadedData,
 ) -> RunFacts {
     let config = loaded.config();
     let trainer = &config.trainer;
-    let data = data_facts(loaded, options, splits, partitions);
+    let data = data_facts(loaded, options, data);
     let workers = options
         .distributed
         .as_ref()
@@ -813,11 +824,11 @@ fn network_facts(loaded: &LoadedConfig, options: &RunOptions) -> String {
 fn data_facts(
     loaded: &LoadedConfig,
     options: &RunOptions,
-    splits: &Splits,
-    partitions: &ClientPartitions,
+    data: &LoadedData,
 ) -> String {
     let config = loaded.config();
-    let sizes = partitions.train.iter().map(Vec::len);
+    let splits = &data.splits;
+    let sizes = data.partitions.train.iter().map(Vec::len);
     let (smallest, largest) = (sizes.clone().min().unwrap_or(0), sizes.max().unwrap_or(0));
     let data_root = options.data_root.as_ref().unwrap_or(&config.data.data_path);
     // The names as the config spells them.
@@ -836,9 +847,13 @@ fn data_facts(
             folder.display()
         )
     } else {
+        let held = match &data.held {
+            Some(held) => format!(" (this rank holds its clients' {})", held.rows.len()),
+            None => String::new(),
+        };
         format!(
-            "{source}: {} training and {} test samples from {}; {sampler} partitions of {}",
-            splits.train.len(),
+            "{source}: {} training{held} and {} test samples from {}; {sampler} partitions of {}",
+            data.train_samples(),
             splits.test.len(),
             folder.display(),
             if smallest == largest {

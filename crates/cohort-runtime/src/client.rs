@@ -94,8 +94,108 @@ pub fn load_data(
     registry: &Registry,
     data_root: Option<&Path>,
 ) -> anyhow::Result<(Splits, ClientPartitions)> {
+    let data = load_data_for(loaded, registry, data_root, None)?;
+    Ok((data.splits, data.partitions))
+}
+
+/// The training data a process holds when it trains only some clients: the
+/// samples of their partitions.
+#[derive(Debug, Clone)]
+pub struct HeldRows {
+    /// The training samples the split holds, ascending: its row `i` is
+    /// training sample `rows[i]`.
+    pub rows: Vec<u32>,
+    /// Every training sample's label, for what the server knows of every
+    /// client (label histograms).
+    pub labels: Vec<u32>,
+}
+
+/// [`load_data_for`]'s data.
+#[derive(Debug, Clone)]
+pub struct LoadedData {
+    /// Both splits; the training split holds only [`LoadedData::held`]'s rows
+    /// when there are any.
+    pub splits: Splits,
+    /// Every client's partitions, as training-sample numbers of the whole
+    /// training set.
+    pub partitions: ClientPartitions,
+    pub held: Option<HeldRows>,
+}
+
+impl LoadedData {
+    /// Every training sample's label.
+    pub fn train_labels(&self) -> &[u32] {
+        self.held
+            .as_ref()
+            .map_or(&self.splits.train.labels, |held| &held.labels)
+    }
+
+    /// The training set's size, counting the samples not held.
+    pub fn train_samples(&self) -> usize {
+        self.train_labels().len()
+    }
+
+    /// The training split as held, the test split, and partitions that
+    /// index the training split as held: a client whose samples are not held
+    /// has empty partitions (it is trained elsewhere).
+    pub fn into_local(self) -> (Dataset, Dataset, ClientPartitions) {
+        let Splits { train, test, .. } = self.splits;
+        let Some(held) = self.held else {
+            return (train, test, self.partitions);
+        };
+        let local = |parts: Vec<Vec<u32>>| -> Vec<Vec<u32>> {
+            parts
+                .into_iter()
+                .map(|part| {
+                    let positions: Option<Vec<u32>> = part
+                        .iter()
+                        .map(|sample| held.rows.binary_search(sample).ok().map(|i| i as u32))
+                        .collect();
+                    positions.unwrap_or_default()
+                })
+                .collect()
+        };
+        let partitions = ClientPartitions {
+            train: local(self.partitions.train),
+            test: local(self.partitions.test),
+        };
+        (train, test, partitions)
+    }
+}
+
+/// [`load_data`]; with `clients` (a range of client ids), only the training
+/// samples of their partitions are read into memory: the partitions are
+/// computed from the labels before the images are converted.
+pub fn load_data_for(
+    loaded: &LoadedConfig,
+    registry: &Registry,
+    data_root: Option<&Path>,
+    clients: Option<std::ops::RangeInclusive<u32>>,
+) -> anyhow::Result<LoadedData> {
     let config = &loaded.config();
     let source = &config.data.datasource;
+    let test_only = config.clients.all_own_data();
+    // What the chooser learns from the labels, for after the load.
+    type Seen = Option<(ClientPartitions, Vec<u32>, Vec<u32>)>;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None::<anyhow::Result<()>>));
+    let computed: std::sync::Arc<std::sync::Mutex<Seen>> = Default::default();
+    let train_rows = clients.filter(|_| !test_only).map(|clients| {
+        let (loaded, seen, computed) = (loaded.clone(), seen.clone(), computed.clone());
+        cohort_train::registry::TrainRows::new(move |labels, users| {
+            let partitions = match partitions_of(&loaded, labels, users) {
+                Ok(partitions) => partitions,
+                Err(error) => {
+                    let why = format!("{error:#}");
+                    *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(error));
+                    return Err(why);
+                }
+            };
+            let rows = rows_of(&partitions, &clients);
+            *computed.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((partitions, rows.clone(), labels.to_vec()));
+            Ok(rows)
+        })
+    });
     let request = DataRequest {
         root: data_root.unwrap_or(&config.data.data_path).to_path_buf(),
         fetch: if config.data.download {
@@ -103,12 +203,15 @@ pub fn load_data(
         } else {
             Fetch::Never
         },
-        test_only: config.clients.all_own_data(),
+        test_only,
+        train_rows,
     };
     let loading = Instant::now();
-    let splits = registry
-        .load_data(loaded, &request)
-        .map_err(anyhow::Error::from_boxed)?;
+    let loaded_splits = registry.load_data(loaded, &request);
+    if let Some(Err(error)) = seen.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        return Err(error);
+    }
+    let splits = loaded_splits.map_err(anyhow::Error::from_boxed)?;
     if request.test_only {
         tracing::info!(
             test = splits.test.len(),
@@ -126,28 +229,57 @@ pub fn load_data(
             labels: Vec::new(),
             sample_shape: splits.test.sample_shape.clone(),
         };
-        return Ok((
-            Splits {
-                train,
-                test: splits.test,
-                train_users: None,
-            },
+        let splits = Splits {
+            train,
+            test: splits.test,
+            train_users: None,
+        };
+        return Ok(LoadedData {
+            splits,
             partitions,
-        ));
+            held: None,
+        });
     }
+    let held = computed.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let data = match held {
+        Some((partitions, rows, labels)) => LoadedData {
+            splits,
+            partitions,
+            held: Some(HeldRows { rows, labels }),
+        },
+        None => {
+            let users = splits.train_users.as_deref();
+            let partitions = partitions_of(loaded, &splits.train.labels, users)?;
+            LoadedData {
+                splits,
+                partitions,
+                held: None,
+            }
+        }
+    };
     tracing::info!(
-        train = splits.train.len(),
-        test = splits.test.len(),
+        train = data.train_samples(),
+        held = data.splits.train.len(),
+        test = data.splits.test.len(),
         seconds = loading.elapsed().as_secs_f64(),
         "loaded {source} from {}",
         request.root.display()
     );
-    let users = splits.train_users.as_deref();
-    let partitions = loaded.partitions(&splits.train.labels, users).context(
+    Ok(data)
+}
+
+/// Every client's partitions of a training set with these labels (and users).
+fn partitions_of(
+    loaded: &LoadedConfig,
+    labels: &[u32],
+    users: Option<&[u32]>,
+) -> anyhow::Result<ClientPartitions> {
+    let config = loaded.config();
+    let partitions = loaded.partitions(labels, users).context(
         "config `data.sampler` and its options / `clients.total_clients` do not fit the training set",
     )?;
     let clients = &config.clients;
-    let partitions = if clients.do_test {
+    Ok(if clients.do_test {
         let (train, test) = partitions
             .iter()
             .enumerate()
@@ -166,8 +298,20 @@ pub fn load_data(
             test: vec![Vec::new(); partitions.len()],
             train: partitions,
         }
-    };
-    Ok((splits, partitions))
+    })
+}
+
+/// The training samples that `clients`' partitions use, ascending.
+fn rows_of(partitions: &ClientPartitions, clients: &std::ops::RangeInclusive<u32>) -> Vec<u32> {
+    let mut rows: Vec<u32> = clients
+        .clone()
+        .filter_map(|id| (id as usize).checked_sub(1))
+        .filter_map(|index| partitions.train.get(index).zip(partitions.test.get(index)))
+        .flat_map(|(train, test)| train.iter().chain(test).copied())
+        .collect();
+    rows.sort_unstable();
+    rows.dedup();
+    rows
 }
 
 /// The trainer's plan for a task, from its instructions as they arrived:

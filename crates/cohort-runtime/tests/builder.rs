@@ -625,3 +625,58 @@ fn a_run_keeps_only_its_newest_checkpoints_and_still_resumes_exactly() {
         std::fs::read(whole_dir.join("model.safetensors")).unwrap()
     );
 }
+
+/// A process that trains only some clients (a rank's block) holds only their
+/// samples, and each of their partitions gives the same samples as the full
+/// load's; the server-side facts (every label, every partition) are the full
+/// ones. FashionMNIST and CIFAR-10 read only the chosen rows; FEMNIST's
+/// natural partition (users) is chosen from the parsed JSON.
+#[test]
+fn a_process_of_some_clients_holds_only_their_samples() {
+    use cohort_runtime::client::{load_data, load_data_for};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data");
+    let jobs = [
+        JOB.to_owned(),
+        JOB.replace("\"FashionMNIST\"", "\"CIFAR10\"")
+            .replace("partition_size = 100", "partition_size = 3"),
+        JOB.replace("\"FashionMNIST\"", "\"FEMNIST\"")
+            .replace("total_clients = 4", "total_clients = 3")
+            .replace("partition_size = 100", "sampler = \"natural\""),
+        JOB.replace(
+            "per_round = 2",
+            "per_round = 2\ndo_test = true\ntest_fraction = 0.25",
+        ),
+    ];
+    let registry = cohort_train::registry::Registry::builtin();
+    for job in &jobs {
+        let loaded = config(job);
+        let (full, partitions) = load_data(&loaded, &registry, Some(&root)).unwrap();
+        let some = load_data_for(&loaded, &registry, Some(&root), Some(2..=3)).unwrap();
+        assert_eq!(some.partitions, partitions, "{job}");
+        assert_eq!(some.train_labels(), &full.train.labels[..], "{job}");
+        let held = some.held.as_ref().expect("rows were chosen");
+        let theirs: std::collections::BTreeSet<u32> = (1..=2)
+            .flat_map(|i| partitions.train[i].iter().chain(&partitions.test[i]))
+            .copied()
+            .collect();
+        assert_eq!(held.rows, theirs.into_iter().collect::<Vec<_>>(), "{job}");
+        assert!(some.splits.train.len() < full.train.len(), "{job}");
+        assert_eq!(some.splits.test, full.test, "{job}");
+        let (local, _, local_partitions) = some.into_local();
+        let (mut want, mut got) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+        for client in 0..partitions.train.len() {
+            for (global, mine) in [
+                (&partitions.train[client], &local_partitions.train[client]),
+                (&partitions.test[client], &local_partitions.test[client]),
+            ] {
+                if !(1..=2).contains(&client) {
+                    assert!(mine.is_empty(), "client {} is trained elsewhere", client + 1);
+                    continue;
+                }
+                full.train.gather(global, &mut want.0, &mut want.1);
+                local.gather(mine, &mut got.0, &mut got.1);
+                assert_eq!((&got.0, &got.1), (&want.0, &want.1), "client {}", client + 1);
+            }
+        }
+    }
+}

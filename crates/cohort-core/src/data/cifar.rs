@@ -216,9 +216,42 @@ pub fn read_split(
     files: &[&str],
     normalization: &Normalization,
 ) -> Result<Dataset, CifarError> {
+    read_split_rows(kind, folder, files, normalization, &mut |_| Ok(None)).map_err(|e| match e {
+        RowsError::Cifar(e) => e,
+        RowsError::Choice(_) => unreachable!("every row is kept"),
+    })
+}
+
+/// Why [`read_split_rows`] failed: a file, or the caller's choice.
+#[derive(Debug, thiserror::Error)]
+pub enum RowsError {
+    #[error(transparent)]
+    Cifar(#[from] CifarError),
+    #[error("{0}")]
+    Choice(String),
+}
+
+/// [`read_split`] of the rows `choose` picks from the split's labels
+/// (ascending; `None`: every row): only they are converted to floats.
+pub fn read_split_rows(
+    kind: Cifar,
+    folder: &Path,
+    files: &[&str],
+    normalization: &Normalization,
+    choose: &mut dyn FnMut(&[u32]) -> Result<Option<Vec<u32>>, String>,
+) -> Result<Dataset, RowsError> {
     let (mut pixels, mut labels) = (Vec::new(), Vec::new());
     for file in files {
         read_batch(kind, &folder.join(file), &mut pixels, &mut labels)?;
+    }
+    if let Some(rows) = choose(&labels).map_err(RowsError::Choice)? {
+        let mut kept = Vec::with_capacity(rows.len() * PIXELS);
+        for &row in &rows {
+            let start = row as usize * PIXELS;
+            kept.extend_from_slice(&pixels[start..start + PIXELS]);
+        }
+        labels = rows.iter().map(|&row| labels[row as usize]).collect();
+        pixels = kept;
     }
     let mut inputs: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
     let shape = vec![3, 32, 32];

@@ -428,6 +428,28 @@ impl Dataset {
         }
     }
 
+    /// The samples at `rows` (each below [`Dataset::len`]), in that order, as
+    /// a data set of their own.
+    pub fn rows(&self, rows: &[u32]) -> Result<Dataset, RowError> {
+        let per_sample = self.values_per_sample();
+        let mut inputs = Vec::with_capacity(rows.len().saturating_mul(per_sample));
+        let mut labels = Vec::with_capacity(rows.len());
+        for &row in rows {
+            let index = row as usize;
+            let label = *self.labels.get(index).ok_or(RowError {
+                row,
+                samples: self.len(),
+            })?;
+            inputs.extend_from_slice(&self.inputs[index * per_sample..(index + 1) * per_sample]);
+            labels.push(label);
+        }
+        Ok(Dataset {
+            inputs,
+            labels,
+            sample_shape: self.sample_shape.clone(),
+        })
+    }
+
     /// The first label at or above `classes`, with its index.
     pub fn label_out_of(&self, classes: usize) -> Option<(usize, u32)> {
         self.labels
@@ -450,6 +472,22 @@ pub enum ShapeError {
         sample_shape: Vec<usize>,
     },
 }
+
+/// A chosen row the split does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("row {row} was chosen, but the training split has {samples} samples")]
+pub struct RowError {
+    pub row: u32,
+    pub samples: usize,
+}
+
+/// Which training rows a process needs, chosen from the training labels
+/// (and, for data sets that have them, each sample's user) before any input
+/// is converted to floats: a rank of a distributed run needs only its
+/// clients' partitions, which are computed from labels alone. The rows come
+/// back in ascending order, without repeats; an `Err` is the caller's reason
+/// to stop, shown as it is.
+pub type ChooseRows<'a> = &'a mut dyn FnMut(&[u32], Option<&[u32]>) -> Result<Vec<u32>, String>;
 
 /// Train and test splits.
 #[derive(Debug, Clone, PartialEq)]
@@ -486,6 +524,10 @@ pub enum DataError {
     },
     #[error("{0}")]
     Missing(String),
+    #[error("choosing the training rows to read: {0}")]
+    Choice(String),
+    #[error(transparent)]
+    Row(#[from] RowError),
     #[error(transparent)]
     Download(#[from] DownloadError),
 }
@@ -493,25 +535,100 @@ pub enum DataError {
 /// Loads both splits from `root/<folder>/`, fetching missing files when
 /// `fetch` allows.
 pub fn load(source: DataSource, root: &Path, fetch: &Fetch) -> Result<Splits, DataError> {
+    load_inner(source, root, fetch, None)
+}
+
+/// [`load`], with only the training rows that `choose` picks from the
+/// labels: the training split holds those samples, in `choose`'s order
+/// (row `i` of it is training sample `rows[i]`), and `train_users`, when the
+/// data set has users, still holds every sample's. IDX and CIFAR files are
+/// converted to floats only for the chosen rows, so the floats of the
+/// others never take memory; LEAF's JSON is parsed whole first.
+pub fn load_rows(
+    source: DataSource,
+    root: &Path,
+    fetch: &Fetch,
+    choose: ChooseRows<'_>,
+) -> Result<Splits, DataError> {
+    load_inner(source, root, fetch, Some(choose))
+}
+
+fn load_inner(
+    source: DataSource,
+    root: &Path,
+    fetch: &Fetch,
+    choose: Option<ChooseRows<'_>>,
+) -> Result<Splits, DataError> {
     let files = source.files();
     match source.format() {
         Format::Idx => {
             let folder = fetch_missing(source, root, fetch, &files)?;
             Ok(Splits {
-                train: read_split(source, &folder, &files[0], &files[1])?,
+                train: read_split_rows(source, &folder, &files[0], &files[1], choose)?,
                 test: read_split(source, &folder, &files[2], &files[3])?,
                 train_users: None,
             })
         }
         Format::Cifar(kind) => {
             let folder = fetch_missing(source, root, fetch, &files)?;
-            Ok(cifar::load(kind, &folder, &normalization_of(source))?)
+            let normalization = normalization_of(source);
+            let mut choose = choose;
+            let train = cifar::read_split_rows(
+                kind,
+                &folder,
+                kind.train_files(),
+                &normalization,
+                &mut |labels| choose_rows(labels, None, choose.as_deref_mut()),
+            )
+            .map_err(|error| match error {
+                cifar::RowsError::Cifar(error) => DataError::Cifar(error),
+                cifar::RowsError::Choice(why) => DataError::Choice(why),
+            })?;
+            let test = cifar::read_split(kind, &folder, &[kind.test_file()], &normalization)?;
+            Ok(Splits {
+                train,
+                test,
+                train_users: None,
+            })
         }
         Format::Leaf(kind) => {
             let folder = leaf_folder(source, root, &["train", "test"])?;
-            Ok(leaf::load(kind, &folder, source.normalization().as_ref())?.splits())
+            let mut splits = leaf::load(kind, &folder, source.normalization().as_ref())?.splits();
+            let users = splits.train_users.as_deref();
+            if let Some(rows) =
+                choose_rows(&splits.train.labels, users, choose).map_err(DataError::Choice)?
+            {
+                splits.train = splits.train.rows(&rows)?;
+            }
+            Ok(splits)
         }
     }
+}
+
+/// `choose`'s rows of a split of `labels.len()` samples, checked to be
+/// ascending and in range; every row without a `choose`.
+fn choose_rows(
+    labels: &[u32],
+    users: Option<&[u32]>,
+    choose: Option<ChooseRows<'_>>,
+) -> Result<Option<Vec<u32>>, String> {
+    let Some(choose) = choose else {
+        return Ok(None);
+    };
+    let rows = choose(labels, users)?;
+    if let Some(pair) = rows.windows(2).find(|pair| pair[0] >= pair[1]) {
+        return Err(format!(
+            "rows must ascend without repeats, but {} comes before {}",
+            pair[0], pair[1]
+        ));
+    }
+    if let Some(&row) = rows.last().filter(|&&row| row as usize >= labels.len()) {
+        return Err(format!(
+            "row {row} was chosen, but the training split has {} samples",
+            labels.len()
+        ));
+    }
+    Ok(Some(rows))
 }
 
 /// Loads the test split alone (the `t10k` files, CIFAR's test batch, LEAF's
@@ -642,18 +759,21 @@ fn read_split(
     images: &DataFile,
     labels: &DataFile,
 ) -> Result<Dataset, DataError> {
+    read_split_rows(source, folder, images, labels, None)
+}
+
+/// [`read_split`] of only the rows `choose` picks from the labels, which are
+/// read and checked first.
+fn read_split_rows(
+    source: DataSource,
+    folder: &Path,
+    images: &DataFile,
+    labels: &DataFile,
+    choose: Option<ChooseRows<'_>>,
+) -> Result<Dataset, DataError> {
     let images_path = folder.join(images.name);
     let labels_path = folder.join(labels.name);
-    let image_array = read_idx_gz(&images_path, 3)?;
     let label_array = read_idx_gz(&labels_path, 1)?;
-    if image_array.dims[0] != label_array.dims[0] {
-        return Err(DataError::CountMismatch {
-            images: images_path,
-            image_count: image_array.dims[0],
-            labels: labels_path,
-            label_count: label_array.dims[0],
-        });
-    }
     let classes = source.classes();
     if let Some((index, &label)) =
         (label_array.data.iter().enumerate()).find(|(_, l)| usize::from(**l) >= classes)
@@ -665,14 +785,40 @@ fn read_split(
             classes,
         });
     }
-    let (rows, cols) = (image_array.dims[1], image_array.dims[2]);
-    let mut pixels = image_array.data;
-    let mut sample_shape = vec![1, rows, cols];
+    let all_labels: Vec<u32> = label_array.data.iter().map(|&l| u32::from(l)).collect();
+    let image_array = read_idx_gz(&images_path, 3)?;
+    if image_array.dims[0] != label_array.dims[0] {
+        return Err(DataError::CountMismatch {
+            images: images_path,
+            image_count: image_array.dims[0],
+            labels: labels_path,
+            label_count: label_array.dims[0],
+        });
+    }
+    let rows = choose_rows(&all_labels, None, choose).map_err(DataError::Choice)?;
+    let (height, width) = (image_array.dims[1], image_array.dims[2]);
+    let plane = height * width;
+    let chosen = |rows: &[u32]| -> Vec<u8> {
+        let mut pixels = Vec::with_capacity(rows.len() * plane);
+        for &row in rows {
+            let start = row as usize * plane;
+            pixels.extend_from_slice(&image_array.data[start..start + plane]);
+        }
+        pixels
+    };
+    let (mut pixels, labels) = match &rows {
+        Some(rows) => (
+            chosen(rows),
+            rows.iter().map(|&row| all_labels[row as usize]).collect(),
+        ),
+        None => (image_array.data, all_labels),
+    };
+    let mut sample_shape = vec![1, height, width];
     if source == DataSource::Emnist {
         // EMNIST's IDX files hold each image transposed (column-major) with
         // respect to MNIST's; transposed back, a letter stands upright.
-        pixels = transposed(&pixels, rows, cols);
-        sample_shape = vec![1, cols, rows];
+        pixels = transposed(&pixels, height, width);
+        sample_shape = vec![1, width, height];
     }
     // One pair for the one channel; computed as one multiply and one
     // subtract, the arithmetic these data sets have always been read with,
@@ -684,7 +830,7 @@ fn read_split(
     let inputs: Vec<f32> = pixels.iter().map(|&p| p as f32 * scale - shift).collect();
     Ok(Dataset {
         inputs,
-        labels: label_array.data.into_iter().map(u32::from).collect(),
+        labels,
         sample_shape,
     })
 }

@@ -20,6 +20,38 @@ pub struct DataRequest {
     /// Only the test split is needed (a server whose clients all bring their
     /// own data, `cohort evaluate`): the training split may come back empty.
     pub test_only: bool,
+    /// Only these training rows are needed (a rank of a distributed run, a
+    /// client process): the training split holds just them, in the order the
+    /// chooser gives. [`DatasetEntry::load`] keeps the promise for every
+    /// loader; one that reads only what is chosen (cohort's own IDX and CIFAR
+    /// readers) also keeps the others' samples out of memory while it loads.
+    pub train_rows: Option<TrainRows>,
+}
+
+type Choose = dyn Fn(&[u32], Option<&[u32]>) -> Result<Vec<u32>, String> + Send + Sync;
+
+/// Which training rows a process needs, from the training labels and, for a
+/// data set that has them, each sample's user: ascending, without repeats
+/// (see [`cohort_core::data::ChooseRows`]).
+#[derive(Clone)]
+pub struct TrainRows(Arc<Choose>);
+
+impl TrainRows {
+    pub fn new(
+        choose: impl Fn(&[u32], Option<&[u32]>) -> Result<Vec<u32>, String> + Send + Sync + 'static,
+    ) -> Self {
+        Self(Arc::new(choose))
+    }
+
+    pub fn choose(&self, labels: &[u32], users: Option<&[u32]>) -> Result<Vec<u32>, String> {
+        (self.0)(labels, users)
+    }
+}
+
+impl std::fmt::Debug for TrainRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TrainRows(..)")
+    }
 }
 
 /// A loader's failure, shown to the user as it is (say which files, which
@@ -127,7 +159,15 @@ impl DatasetEntry {
                         train_users: None,
                     });
                 }
-                Ok(data::load(source, &request.root, &request.fetch)?)
+                Ok(match &request.train_rows {
+                Some(rows) => data::load_rows(
+                    source,
+                    &request.root,
+                    &request.fetch,
+                    &mut |labels, users| rows.choose(labels, users),
+                )?,
+                None => data::load(source, &request.root, &request.fetch)?,
+            })
             },
         );
         let entry = match source.normalization() {
@@ -259,7 +299,10 @@ impl DatasetEntry {
     /// declares: every sample of its shape, and what its task needs (every
     /// label below its classes; for next-token prediction, every token too).
     pub fn load(&self, request: &DataRequest) -> Result<Splits, LoadError> {
-        let splits = (self.load)(request)?;
+        let splits = match &request.train_rows {
+            Some(rows) if !request.test_only => self.load_rows(request, rows)?,
+            _ => (self.load)(request)?,
+        };
         for (split, set) in [("training", &splits.train), ("test", &splits.test)] {
             if set.sample_shape != self.sample_shape {
                 return Err(format!(
@@ -274,6 +317,43 @@ impl DatasetEntry {
             }
             if let Err(error) = self.task.check(set, self.classes) {
                 return Err(format!("data set `{}`, {split} split: {error}", self.name).into());
+            }
+        }
+        Ok(splits)
+    }
+
+    /// The loader's splits with only the chosen training rows: its own
+    /// choice when it made one, else the rows taken from what it read.
+    fn load_rows(&self, request: &DataRequest, rows: &TrainRows) -> Result<Splits, LoadError> {
+        let asked = Arc::new(Mutex::new(None::<usize>));
+        let noted = Arc::clone(&asked);
+        let inner = rows.clone();
+        let request = DataRequest {
+            train_rows: Some(TrainRows::new(move |labels, users| {
+                let chosen = inner.choose(labels, users)?;
+                *noted.lock().unwrap_or_else(|e| e.into_inner()) = Some(chosen.len());
+                Ok(chosen)
+            })),
+            ..request.clone()
+        };
+        let mut splits = (self.load)(&request)?;
+        let chosen = *asked.lock().unwrap_or_else(|e| e.into_inner());
+        match chosen {
+            Some(count) if count == splits.train.len() => {}
+            Some(count) => {
+                return Err(format!(
+                    "data set `{}`: {count} training rows were chosen, but its loader returned {}",
+                    self.name,
+                    splits.train.len()
+                )
+                .into());
+            }
+            None => {
+                let chosen = rows.choose(&splits.train.labels, splits.train_users.as_deref())?;
+                splits.train = splits
+                    .train
+                    .rows(&chosen)
+                    .map_err(|e| format!("data set `{}`: {e}", self.name))?;
             }
         }
         Ok(splits)

@@ -12,7 +12,7 @@
 mod datasets;
 mod strategies;
 
-pub use datasets::{DataRequest, DatasetEntry, DatasetResolver, LoadError};
+pub use datasets::{DataRequest, DatasetEntry, DatasetResolver, LoadError, TrainRows};
 pub use strategies::StrategyEntry;
 
 use std::marker::PhantomData;
@@ -804,6 +804,7 @@ mod tests {
                 root: root.clone(),
                 fetch: cohort_core::data::Fetch::Never,
                 test_only: false,
+                train_rows: None,
             };
             // `load` holds every split to the entry's shape and task.
             let both = entry.load(&request).expect(name);
@@ -934,6 +935,7 @@ mod tests {
             root: ".".into(),
             fetch: cohort_core::data::Fetch::Never,
             test_only: false,
+            train_rows: None,
         };
         let error = registry
             .load_data(&loaded, &request)
