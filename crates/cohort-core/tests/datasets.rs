@@ -401,10 +401,16 @@ fn chosen_rows_are_the_full_loads_rows() {
         };
         let some = data::load_rows(source, &fixtures(), &Fetch::Never, &mut every_other).unwrap();
         let (labels, users) = seen.expect("the chooser was asked");
-        assert_eq!(labels, full.train.labels, "{source}: the chooser saw every label");
+        assert_eq!(
+            labels, full.train.labels,
+            "{source}: the chooser saw every label"
+        );
         assert_eq!(users, full.train_users, "{source}: and every user");
         let rows: Vec<u32> = (0..full.train.len() as u32).step_by(2).collect();
-        assert!(rows.len() < full.train.len(), "{source}: a fixture of one sample");
+        assert!(
+            rows.len() < full.train.len(),
+            "{source}: a fixture of one sample"
+        );
         assert_eq!(some.train, full.train.rows(&rows).unwrap(), "{source}");
         assert_eq!(some.test, full.test, "{source}");
         assert_eq!(some.train_users, full.train_users, "{source}");
@@ -420,7 +426,11 @@ fn a_bad_choice_of_rows_is_an_error() {
         (Ok(vec![0, 1_000_000]), "row 1000000 was chosen"),
         (Err("no clients here".to_owned()), "no clients here"),
     ];
-    for source in [DataSource::FashionMnist, DataSource::Cifar10, DataSource::Femnist] {
+    for source in [
+        DataSource::FashionMnist,
+        DataSource::Cifar10,
+        DataSource::Femnist,
+    ] {
         for (answer, message) in &cases {
             let mut choose = |_: &[u32], _: Option<&[u32]>| answer.clone();
             let error = data::load_rows(source, &fixtures(), &Fetch::Never, &mut choose)

@@ -91,13 +91,7 @@ pub(crate) fn build_and_run(
         parts.initial_model,
         evaluator.as_ref(),
     )?;
-    let facts = run_facts(
-        loaded,
-        options,
-        strategy.name(),
-        &selected,
-        &data,
-    );
+    let facts = run_facts(loaded, options, strategy.name(), &selected, &data);
     observer.on_event(&RunEvent::RunStarted(RunFacts {
         resumed_at: options.resume.then_some(start.first_round),
         first_round: start.first_round,
@@ -821,11 +815,7 @@ fn network_facts(loaded: &LoadedConfig, options: &RunOptions) -> String {
 }
 
 /// Where the data comes from and how it is split, in words.
-fn data_facts(
-    loaded: &LoadedConfig,
-    options: &RunOptions,
-    data: &LoadedData,
-) -> String {
+fn data_facts(loaded: &LoadedConfig, options: &RunOptions, data: &LoadedData) -> String {
     let config = loaded.config();
     let splits = &data.splits;
     let sizes = data.partitions.train.iter().map(Vec::len);

@@ -72,7 +72,7 @@ pub fn train_settings(loaded: &LoadedConfig) -> TrainSettings {
 }
 
 /// Every client's indices into the training set (client `c` at index `c − 1`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientPartitions {
     /// What each client trains on.
     pub train: Vec<Vec<u32>>,

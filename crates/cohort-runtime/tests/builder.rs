@@ -670,12 +670,21 @@ fn a_process_of_some_clients_holds_only_their_samples() {
                 (&partitions.test[client], &local_partitions.test[client]),
             ] {
                 if !(1..=2).contains(&client) {
-                    assert!(mine.is_empty(), "client {} is trained elsewhere", client + 1);
+                    assert!(
+                        mine.is_empty(),
+                        "client {} is trained elsewhere",
+                        client + 1
+                    );
                     continue;
                 }
                 full.train.gather(global, &mut want.0, &mut want.1);
                 local.gather(mine, &mut got.0, &mut got.1);
-                assert_eq!((&got.0, &got.1), (&want.0, &want.1), "client {}", client + 1);
+                assert_eq!(
+                    (&got.0, &got.1),
+                    (&want.0, &want.1),
+                    "client {}",
+                    client + 1
+                );
             }
         }
     }

@@ -610,7 +610,7 @@ fn load_inner(
 fn choose_rows(
     labels: &[u32],
     users: Option<&[u32]>,
-    choose: Option<ChooseRows<'_>>,
+    choose: Option<&mut (dyn FnMut(&[u32], Option<&[u32]>) -> Result<Vec<u32>, String> + '_)>,
 ) -> Result<Option<Vec<u32>>, String> {
     let Some(choose) = choose else {
         return Ok(None);

@@ -160,14 +160,14 @@ impl DatasetEntry {
                     });
                 }
                 Ok(match &request.train_rows {
-                Some(rows) => data::load_rows(
-                    source,
-                    &request.root,
-                    &request.fetch,
-                    &mut |labels, users| rows.choose(labels, users),
-                )?,
-                None => data::load(source, &request.root, &request.fetch)?,
-            })
+                    Some(rows) => data::load_rows(
+                        source,
+                        &request.root,
+                        &request.fetch,
+                        &mut |labels, users| rows.choose(labels, users),
+                    )?,
+                    None => data::load(source, &request.root, &request.fetch)?,
+                })
             },
         );
         let entry = match source.normalization() {
