@@ -116,7 +116,15 @@ pub(crate) fn build_and_run(
         ..client_facts(loaded, &data, rows_per_sample, classes)
     };
     let own_workers = parts.transport.is_none() && !external;
-    let (train, test, partitions) = data.into_local();
+    let (train, mut test, partitions) = data.into_local();
+    if !leader {
+        // Rank 0 alone evaluates; the others would hold the test set for nothing.
+        test = cohort_core::data::Dataset {
+            inputs: Vec::new(),
+            labels: Vec::new(),
+            sample_shape: test.sample_shape,
+        };
+    }
     let (transport, child_clients) = match (parts.transport, &model) {
         (Some(transport), _) => (transport, None),
         (None, Some(model)) => crate::transports::start_transport(

@@ -222,6 +222,9 @@ pub fn read_split(
     })
 }
 
+/// The rows [`read_split_rows`] keeps, from the labels; `None`: every row.
+pub type ChooseRecords<'a> = dyn FnMut(&[u32]) -> Result<Option<Vec<u32>>, String> + 'a;
+
 /// Why [`read_split_rows`] failed: a file, or the caller's choice.
 #[derive(Debug, thiserror::Error)]
 pub enum RowsError {
@@ -238,7 +241,7 @@ pub fn read_split_rows(
     folder: &Path,
     files: &[&str],
     normalization: &Normalization,
-    choose: &mut dyn FnMut(&[u32]) -> Result<Option<Vec<u32>>, String>,
+    choose: &mut ChooseRecords<'_>,
 ) -> Result<Dataset, RowsError> {
     let (mut pixels, mut labels) = (Vec::new(), Vec::new());
     for file in files {

@@ -487,7 +487,10 @@ pub struct RowError {
 /// clients' partitions, which are computed from labels alone. The rows come
 /// back in ascending order, without repeats; an `Err` is the caller's reason
 /// to stop, shown as it is.
-pub type ChooseRows<'a> = &'a mut dyn FnMut(&[u32], Option<&[u32]>) -> Result<Vec<u32>, String>;
+pub type ChooseRows<'a> = &'a mut RowChooser<'a>;
+
+/// The function behind [`ChooseRows`].
+pub type RowChooser<'a> = dyn FnMut(&[u32], Option<&[u32]>) -> Result<Vec<u32>, String> + 'a;
 
 /// Train and test splits.
 #[derive(Debug, Clone, PartialEq)]
@@ -610,7 +613,7 @@ fn load_inner(
 fn choose_rows(
     labels: &[u32],
     users: Option<&[u32]>,
-    choose: Option<&mut (dyn FnMut(&[u32], Option<&[u32]>) -> Result<Vec<u32>, String> + '_)>,
+    choose: Option<&mut RowChooser<'_>>,
 ) -> Result<Option<Vec<u32>>, String> {
     let Some(choose) = choose else {
         return Ok(None);
