@@ -175,25 +175,24 @@ pub fn load_data_for(
     let config = &loaded.config();
     let source = &config.data.datasource;
     let test_only = config.clients.all_own_data();
-    // What the chooser learns from the labels, for after the load.
-    type Seen = Option<(ClientPartitions, Vec<u32>, Vec<u32>)>;
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(None::<anyhow::Result<()>>));
-    let computed: std::sync::Arc<std::sync::Mutex<Seen>> = Default::default();
+    // What the chooser learns from the labels (or why it could not choose),
+    // for after the load.
+    type Chosen = anyhow::Result<(ClientPartitions, HeldRows)>;
+    let chosen: std::sync::Arc<std::sync::Mutex<Option<Chosen>>> = Default::default();
     let train_rows = clients.filter(|_| !test_only).map(|clients| {
-        let (loaded, seen, computed) = (loaded.clone(), seen.clone(), computed.clone());
+        let (loaded, chosen) = (loaded.clone(), chosen.clone());
         cohort_train::registry::TrainRows::new(move |labels, users| {
-            let partitions = match partitions_of(&loaded, labels, users) {
-                Ok(partitions) => partitions,
-                Err(error) => {
-                    let why = format!("{error:#}");
-                    *seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(error));
-                    return Err(why);
-                }
+            let choice = partitions_of(&loaded, labels, users).map(|partitions| {
+                let rows = rows_of(&partitions, &clients);
+                let labels = labels.to_vec();
+                (partitions, HeldRows { rows, labels })
+            });
+            let answer = match &choice {
+                Ok((_, held)) => Ok(held.rows.clone()),
+                Err(error) => Err(format!("{error:#}")),
             };
-            let rows = rows_of(&partitions, &clients);
-            *computed.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some((partitions, rows.clone(), labels.to_vec()));
-            Ok(rows)
+            *chosen.lock().unwrap_or_else(|e| e.into_inner()) = Some(choice);
+            answer
         })
     });
     let request = DataRequest {
@@ -208,9 +207,10 @@ pub fn load_data_for(
     };
     let loading = Instant::now();
     let loaded_splits = registry.load_data(loaded, &request);
-    if let Some(Err(error)) = seen.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        return Err(error);
-    }
+    let chosen = chosen.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // The partitioner's own error, with its context, rather than the
+    // loader's wrapping of its text.
+    let chosen = chosen.transpose()?;
     let splits = loaded_splits.map_err(anyhow::Error::from_boxed)?;
     if request.test_only {
         tracing::info!(
@@ -240,12 +240,11 @@ pub fn load_data_for(
             held: None,
         });
     }
-    let held = computed.lock().unwrap_or_else(|e| e.into_inner()).take();
-    let data = match held {
-        Some((partitions, rows, labels)) => LoadedData {
+    let data = match chosen {
+        Some((partitions, held)) => LoadedData {
             splits,
             partitions,
-            held: Some(HeldRows { rows, labels }),
+            held: Some(held),
         },
         None => {
             let users = splits.train_users.as_deref();

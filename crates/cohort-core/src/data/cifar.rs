@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{DataFile, Dataset, Normalization, Splits};
+use super::{DataFile, Dataset, Normalization};
 
 /// Pixel bytes of one image: 3 channels of 32 × 32.
 pub const PIXELS: usize = 3 * 32 * 32;
@@ -216,69 +216,35 @@ pub fn read_split(
     files: &[&str],
     normalization: &Normalization,
 ) -> Result<Dataset, CifarError> {
-    read_split_rows(kind, folder, files, normalization, &mut |_| Ok(None)).map_err(|e| match e {
-        RowsError::Cifar(e) => e,
-        RowsError::Choice(_) => unreachable!("every row is kept"),
-    })
+    let (pixels, labels) = read_records(kind, folder, files)?;
+    Ok(to_dataset(pixels, labels, normalization))
 }
 
-/// The rows [`read_split_rows`] keeps, from the labels; `None`: every row.
-pub type ChooseRecords<'a> = dyn FnMut(&[u32]) -> Result<Option<Vec<u32>>, String> + 'a;
-
-/// Why [`read_split_rows`] failed: a file, or the caller's choice.
-#[derive(Debug, thiserror::Error)]
-pub enum RowsError {
-    #[error(transparent)]
-    Cifar(#[from] CifarError),
-    #[error("{0}")]
-    Choice(String),
-}
-
-/// [`read_split`] of the rows `choose` picks from the split's labels
-/// (ascending; `None`: every row): only they are converted to floats.
-pub fn read_split_rows(
+/// The raw pixels and labels of one split's files under `folder`.
+pub fn read_records(
     kind: Cifar,
     folder: &Path,
     files: &[&str],
-    normalization: &Normalization,
-    choose: &mut ChooseRecords<'_>,
-) -> Result<Dataset, RowsError> {
+) -> Result<(Vec<u8>, Vec<u32>), CifarError> {
     let (mut pixels, mut labels) = (Vec::new(), Vec::new());
     for file in files {
         read_batch(kind, &folder.join(file), &mut pixels, &mut labels)?;
     }
-    if let Some(rows) = choose(&labels).map_err(RowsError::Choice)? {
-        let mut kept = Vec::with_capacity(rows.len() * PIXELS);
-        for &row in &rows {
-            let start = row as usize * PIXELS;
-            kept.extend_from_slice(&pixels[start..start + PIXELS]);
-        }
-        labels = rows.iter().map(|&row| labels[row as usize]).collect();
-        pixels = kept;
-    }
+    Ok((pixels, labels))
+}
+
+/// Raw records as a normalized data set of 3×32×32 samples.
+pub fn to_dataset(pixels: Vec<u8>, labels: Vec<u32>, normalization: &Normalization) -> Dataset {
     let mut inputs: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
     let shape = vec![3, 32, 32];
     normalization
         .apply(&mut inputs, &shape)
         .expect("three pairs for three channels");
-    Ok(Dataset {
+    Dataset {
         inputs,
         labels,
         sample_shape: shape,
-    })
-}
-
-/// Both splits from `folder` (the archive's own folder).
-pub fn load(
-    kind: Cifar,
-    folder: &Path,
-    normalization: &Normalization,
-) -> Result<Splits, CifarError> {
-    Ok(Splits {
-        train: read_split(kind, folder, kind.train_files(), normalization)?,
-        test: read_split(kind, folder, &[kind.test_file()], normalization)?,
-        train_users: None,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -431,21 +431,15 @@ impl Dataset {
     /// The samples at `rows` (each below [`Dataset::len`]), in that order, as
     /// a data set of their own.
     pub fn rows(&self, rows: &[u32]) -> Result<Dataset, RowError> {
-        let per_sample = self.values_per_sample();
-        let mut inputs = Vec::with_capacity(rows.len().saturating_mul(per_sample));
-        let mut labels = Vec::with_capacity(rows.len());
-        for &row in rows {
-            let index = row as usize;
-            let label = *self.labels.get(index).ok_or(RowError {
+        if let Some(&row) = rows.iter().find(|&&row| row as usize >= self.len()) {
+            return Err(RowError {
                 row,
                 samples: self.len(),
-            })?;
-            inputs.extend_from_slice(&self.inputs[index * per_sample..(index + 1) * per_sample]);
-            labels.push(label);
+            });
         }
         Ok(Dataset {
-            inputs,
-            labels,
+            inputs: pick_rows(&self.inputs, self.values_per_sample(), rows),
+            labels: pick_rows(&self.labels, 1, rows),
             sample_shape: self.sample_shape.clone(),
         })
     }
@@ -575,18 +569,16 @@ fn load_inner(
         Format::Cifar(kind) => {
             let folder = fetch_missing(source, root, fetch, &files)?;
             let normalization = normalization_of(source);
-            let mut choose = choose;
-            let train = cifar::read_split_rows(
-                kind,
-                &folder,
-                kind.train_files(),
-                &normalization,
-                &mut |labels| choose_rows(labels, None, choose.as_deref_mut()),
-            )
-            .map_err(|error| match error {
-                cifar::RowsError::Cifar(error) => DataError::Cifar(error),
-                cifar::RowsError::Choice(why) => DataError::Choice(why),
-            })?;
+            let (pixels, labels) = cifar::read_records(kind, &folder, kind.train_files())?;
+            let (pixels, labels) =
+                match choose_rows(&labels, None, choose).map_err(DataError::Choice)? {
+                    Some(rows) => (
+                        pick_rows(&pixels, cifar::PIXELS, &rows),
+                        pick_rows(&labels, 1, &rows),
+                    ),
+                    None => (pixels, labels),
+                };
+            let train = cifar::to_dataset(pixels, labels, &normalization);
             let test = cifar::read_split(kind, &folder, &[kind.test_file()], &normalization)?;
             Ok(Splits {
                 train,
@@ -606,6 +598,17 @@ fn load_inner(
             Ok(splits)
         }
     }
+}
+
+/// The `width` values of each row of `values` at `rows` (each in range), in
+/// that order.
+fn pick_rows<T: Copy>(values: &[T], width: usize, rows: &[u32]) -> Vec<T> {
+    let mut picked = Vec::with_capacity(rows.len().saturating_mul(width));
+    for &row in rows {
+        let start = row as usize * width;
+        picked.extend_from_slice(&values[start..start + width]);
+    }
+    picked
 }
 
 /// `choose`'s rows of a split of `labels.len()` samples, checked to be
@@ -800,19 +803,10 @@ fn read_split_rows(
     }
     let rows = choose_rows(&all_labels, None, choose).map_err(DataError::Choice)?;
     let (height, width) = (image_array.dims[1], image_array.dims[2]);
-    let plane = height * width;
-    let chosen = |rows: &[u32]| -> Vec<u8> {
-        let mut pixels = Vec::with_capacity(rows.len() * plane);
-        for &row in rows {
-            let start = row as usize * plane;
-            pixels.extend_from_slice(&image_array.data[start..start + plane]);
-        }
-        pixels
-    };
     let (mut pixels, labels) = match &rows {
         Some(rows) => (
-            chosen(rows),
-            rows.iter().map(|&row| all_labels[row as usize]).collect(),
+            pick_rows(&image_array.data, height * width, rows),
+            pick_rows(&all_labels, 1, rows),
         ),
         None => (image_array.data, all_labels),
     };
