@@ -16,7 +16,8 @@ use cohort_core::secagg::{NumShares, Params, mean_error_bound};
 use cohort_core::tree::ParamTree;
 
 use common::{
-    cohort_command, free_port, only_run_dir, run_config, spawn_server_alone, write_config,
+    cohort_command, free_port, only_run_dir, resume_to_success, run_config, spawn_server_alone,
+    write_config,
 };
 
 const SIZES: [u64; 8] = [20, 30, 40, 50, 60, 70, 80, 90];
@@ -785,4 +786,18 @@ fn distributed_noise_in_both_modes_has_its_size_and_reports_the_accountants_epsi
     let a = std::fs::read(sim_dir.join("model.safetensors")).unwrap();
     let b = std::fs::read(only_run_dir(&again_base).join("model.safetensors")).unwrap();
     assert!(a == b, "a seeded simulation repeats");
+    // Stopped after round 1 and resumed: the accountant is charged again
+    // with round 1's contributors, so round 2 reports the uninterrupted ε,
+    // and the model is the same bit for bit.
+    let cut_base = folder.join("cut");
+    let cut = run_config(&config, &cut_base, &["--rounds", "1"]);
+    assert!(cut.status.success());
+    let cut_dir = only_run_dir(&cut_base);
+    resume_to_success(&cut_dir, &["--rounds", "2"]);
+    assert_eq!(results_epsilons(&cut_dir), reported);
+    let resumed = std::fs::read(cut_dir.join("model.safetensors")).unwrap();
+    assert!(
+        resumed == a,
+        "the resumed run's model is the uninterrupted one's"
+    );
 }

@@ -145,6 +145,7 @@ pub(crate) fn build_and_run(
     };
     settings.selection.policy.power_of_choice.loss =
         Some(candidate_loss(loaded, external, own_workers)?);
+    settings.evaluation_threads = evaluation_threads(loaded, options, &selected);
     let parts = LoopParts {
         settings,
         strategy,
@@ -582,6 +583,27 @@ fn sim_devices(loaded: &LoadedConfig) -> anyhow::Result<Option<SimDevices>> {
         epochs: config.trainer.epochs,
         online: Default::default(),
     }))
+}
+
+/// Threads of the server's test-set evaluation. On the CPU, every thread
+/// the run was given (`max_concurrency` workers × `threads_per_worker`, no
+/// more than the machine has): the workers are idle while a synchronous
+/// round is evaluated, and a network-mode server's would be anyway. A GPU
+/// evaluates on one stream, so it keeps one worker's threads.
+fn evaluation_threads(loaded: &LoadedConfig, options: &RunOptions, selected: &Selected) -> usize {
+    let trainer = &loaded.config().trainer;
+    let per_worker = trainer.threads_per_worker.max(1) as usize;
+    if selected.device != device::cpu() {
+        return per_worker;
+    }
+    let workers = options
+        .distributed
+        .as_ref()
+        .and_then(|d| d.workers)
+        .unwrap_or(trainer.max_concurrency)
+        .max(1) as usize;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    (workers * per_worker).min(cores.max(per_worker))
 }
 
 /// The loop's settings, read from the config once.

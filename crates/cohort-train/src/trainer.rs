@@ -538,11 +538,12 @@ impl<M: FederatedModel> Evaluator<M> {
         loaded.map_err(EvalError::Load)
     }
 
-    /// The task's loss and accuracy of `tree` on all of `data`.
+    /// The task's loss and accuracy of `tree` on all of `data`, its batches
+    /// spread over the current rayon pool (see [`score_batches`]).
     pub fn evaluate(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Evaluation, EvalError> {
         let model = self.loaded(tree)?;
         let all: Vec<u32> = (0..data.len() as u32).collect();
-        Ok(score(&model, &*self.task, data, &all, self.batch_size)?.finish())
+        Ok(score_batches(&model, &*self.task, data, &all, self.batch_size)?.finish())
     }
 
     /// The accuracy of [`Evaluator::evaluate`].
@@ -715,6 +716,51 @@ pub fn score<M: FederatedModel>(
         correct: correct.into_scalar::<i64>() as u64,
         rows: rows as u64,
     })
+}
+
+/// [`score`], one batch of `batch_size` samples at a time on the current
+/// rayon pool's threads, each batch on its own copy of `model` (a copy
+/// shares the weights; burn's modules are `Send` but not `Sync`). The
+/// batches' scores are added in batch order, so the result is the same bits
+/// with one thread or many: a test set of 10,000 images is 10 batches of
+/// the default evaluation batch, and a server with idle cores evaluates
+/// them at once instead of one after another.
+pub fn score_batches<M: FederatedModel>(
+    model: &M,
+    task: &dyn Task,
+    data: &Dataset,
+    indices: &[u32],
+    batch_size: usize,
+) -> Result<Score, EvalError> {
+    use rayon::prelude::*;
+    let batch_size = batch_size.max(1);
+    let batches: Vec<(M, usize, &[u32])> = indices
+        .chunks(batch_size)
+        .enumerate()
+        .map(|(number, batch)| (model.clone(), number * batch_size, batch))
+        .collect();
+    let scores: Vec<Result<Score, EvalError>> = batches
+        .into_par_iter()
+        .map(|(model, first, batch)| {
+            score(&model, task, data, batch, batch_size).map_err(|error| match error {
+                EvalError::LabelOutOfRange {
+                    index,
+                    label,
+                    classes,
+                } => EvalError::LabelOutOfRange {
+                    index: first + index,
+                    label,
+                    classes,
+                },
+                other => other,
+            })
+        })
+        .collect();
+    let mut total = Score::default();
+    for batch in scores {
+        total.add(batch?);
+    }
+    Ok(total)
 }
 
 /// Images the native evaluation runs through the network at once: its
@@ -1244,6 +1290,69 @@ mod tests {
         for (x, y) in small.iter().zip(&large[..40]) {
             assert!((x - y).abs() <= 1e-5, "{x} vs {y}");
         }
+    }
+
+    /// `score_batches` of `model` on a pool of `threads`.
+    fn score_on<M: FederatedModel>(model: &M, data: &Dataset, threads: usize) -> Score {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        // Moved in: a model is `Send`, not `Sync`.
+        let model = model.clone();
+        pool.install(move || score_batches(&model, &Classification, data, &all_of(data), 10))
+            .unwrap()
+    }
+
+    fn all_of(data: &Dataset) -> Vec<u32> {
+        (0..data.len() as u32).collect()
+    }
+
+    #[test]
+    fn evaluation_spread_over_threads_is_the_sum_of_its_batches_in_order_on_any_pool() {
+        let (trainer, global) = bn_trainer(1);
+        let burn_path = params::load(trainer.model.clone().unwrap(), &global).unwrap();
+        let native_path = LeNet5::new(10, &crate::device::cpu());
+        let data = dataset(false);
+        // 64 samples in batches of 10: six full batches and a last of four.
+        let by_hand = |model: &dyn Fn(&[u32]) -> Score| {
+            let mut total = Score::default();
+            for batch in all_of(&data).chunks(10) {
+                total.add(model(batch));
+            }
+            total
+        };
+        let burn_alone =
+            by_hand(&|batch| score(&burn_path, &Classification, &data, batch, 10).unwrap());
+        let native_alone =
+            by_hand(&|batch| score(&native_path, &Classification, &data, batch, 10).unwrap());
+        assert_eq!(burn_alone.rows, 64);
+        assert!(burn_alone.loss_sum > 0.0 && native_alone.loss_sum > 0.0);
+        for threads in [1, 3] {
+            let burn = score_on(&burn_path, &data, threads);
+            let native = score_on(&native_path, &data, threads);
+            assert_eq!(
+                burn.loss_sum.to_bits(),
+                burn_alone.loss_sum.to_bits(),
+                "{threads}"
+            );
+            assert_eq!((burn.correct, burn.rows), (burn_alone.correct, 64));
+            assert_eq!(native.loss_sum.to_bits(), native_alone.loss_sum.to_bits());
+            assert_eq!((native.correct, native.rows), (native_alone.correct, 64));
+        }
+        // A bad label in a later batch is named by its sample, not its place
+        // in the batch.
+        let mut bad = dataset(false);
+        bad.labels[43] = 11;
+        let error = score_batches(&burn_path, &Classification, &bad, &all_of(&bad), 10);
+        assert_eq!(
+            error.unwrap_err(),
+            EvalError::LabelOutOfRange {
+                index: 43,
+                label: 11,
+                classes: 10
+            }
+        );
     }
 
     #[test]

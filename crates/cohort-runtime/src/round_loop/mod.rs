@@ -263,6 +263,45 @@ pub(crate) struct RoundLoop<'a> {
     ddg_spent: cohort_core::secagg::DdgAccountant,
 }
 
+/// The privacy spent by a resumed run's rounds under distributed noise,
+/// charged again from their rows: each round that released a sum with the
+/// clients that were in it (`secagg.csv`'s contributors), an aborted round
+/// with nothing, exactly as the uninterrupted run charged them.
+fn replayed_privacy(
+    settings: &LoopSettings,
+    start: &StartPoint,
+) -> anyhow::Result<cohort_core::secagg::DdgAccountant> {
+    let mut spent = cohort_core::secagg::DdgAccountant::default();
+    let Some((secure, noise)) = settings
+        .secure
+        .as_ref()
+        .and_then(|secure| Some((secure, secure.noise.as_ref()?)))
+    else {
+        return Ok(spent);
+    };
+    if start.rows.rounds.is_empty() {
+        return Ok(spent);
+    }
+    let ddg = cohort_core::secagg::resolve_ddg(noise, &secure.params, &start.global)
+        .map_err(|e| anyhow::anyhow!("secure_aggregation.noise: {e}"))?;
+    for row in &start.rows.rounds {
+        match &row.secagg {
+            Some(costs) if costs.contributors > 0 => {
+                spent.record(&ddg, costs.contributors as usize)
+            }
+            Some(_) => {}
+            // Rounds in the clear would have released each update: no
+            // accountant could say what they spent.
+            None => anyhow::bail!(
+                "--resume with secure_aggregation.noise: round {} of the checkpoint was not \
+                 securely aggregated, so the privacy it spent is unknown",
+                row.round
+            ),
+        }
+    }
+    Ok(spent)
+}
+
 impl<'a> RoundLoop<'a> {
     /// The loop over its parts; nothing here reads a config.
     pub(crate) fn new(parts: LoopParts<'a>, start: StartPoint) -> anyhow::Result<Self> {
@@ -273,21 +312,7 @@ impl<'a> RoundLoop<'a> {
             .context(
                 "cannot start the evaluation's compute threads (trainer.threads_per_worker)",
             )?;
-        let noisy = parts
-            .settings
-            .secure
-            .as_ref()
-            .is_some_and(|secure| secure.noise.is_some());
-        if noisy && start.first_round > 1 {
-            // The accountant's history (each round's contributors) is not in
-            // the checkpoint; restarting it would under-report ε.
-            anyhow::bail!(
-                "--resume with secure_aggregation.noise: the privacy spent by rounds 1..{} \
-                 is not in the checkpoint, so ε could not be reported honestly; rerun from \
-                 round 1",
-                start.first_round - 1
-            );
-        }
+        let ddg_spent = replayed_privacy(&parts.settings, &start)?;
         let simulated_before = start.rows.rounds.last().map_or(0.0, |r| r.simulated_time);
         let selector = selector(&parts, &start)?;
         Ok(Self {
@@ -314,7 +339,7 @@ impl<'a> RoundLoop<'a> {
             ranks: parts.ranks,
             devices: parts.devices,
             resumed_async: start.asynchronous,
-            ddg_spent: Default::default(),
+            ddg_spent,
         })
     }
 
