@@ -27,7 +27,7 @@ import safetensors.numpy
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PROTO = os.path.join(HERE, "..", "..", "crates", "cohort-runtime", "proto", "cohort.proto")
 # The protocol version this client speaks (cohort's PROTOCOL_VERSION).
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 CHUNK_BYTES = 1 << 20
 
 sys.path.insert(0, HERE)

@@ -259,7 +259,7 @@ impl SharesSent {
         }
         let mut values = encode(&self.params)?;
         let modulus_mask = self.params.modulus_mask();
-        crypto::apply_mask(&mut values, &self.seed, Sign::Add, modulus_mask);
+        let mut masks = vec![(self.seed, Sign::Add)];
         for &peer in held.keys() {
             let (mask_key, _) = &self.peers[&peer];
             // Checked contributory in `share_keys`.
@@ -270,13 +270,9 @@ impl SharesSent {
             } else {
                 Sign::Subtract
             };
-            crypto::apply_mask(
-                &mut values,
-                &crypto::pairwise_seed(&shared, self.id, peer),
-                sign,
-                modulus_mask,
-            );
+            masks.push((crypto::pairwise_seed(&shared, self.id, peer), sign));
         }
+        crypto::apply_masks(&mut values, &masks, modulus_mask);
         values.iter_mut().for_each(|v| *v &= modulus_mask);
         let message = MaskedInput {
             rejected,

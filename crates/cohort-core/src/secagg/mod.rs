@@ -62,9 +62,12 @@
 //!   result is contributory, so low-order keys are refused), `aes-gcm` (the
 //!   RustCrypto AEAD, already in the lock file through another dependency;
 //!   Flower uses Fernet), `hkdf` + `sha2` for key derivation with a label and
-//!   both ids, and ChaCha20 (`rand_chacha`) as the mask PRG over the full
-//!   32-byte seed. Flower folds the seed to 32 bits and uses NumPy's Mersenne
-//!   Twister, which a server could search; that is not mirrored.
+//!   both ids, and AES-128-CTR (`aes` through `aes-gcm`, and `ctr`) as the
+//!   mask PRG, keyed by the 32-byte seed's halves: hardware AES makes it 5×
+//!   ChaCha20 (`rand_chacha`, the first choice), and the masks are nearly
+//!   all of the protocol's compute. Flower folds the seed to 32 bits and
+//!   uses NumPy's Mersenne Twister, which a server could search; that is
+//!   not mirrored.
 //! * Shamir sharing is written here ([`shamir`]) over GF(2^61 − 1): the
 //!   maintained crates either work byte-wise in GF(256) (`sharks`, its fork
 //!   `blahaj`), which caps a secret at 255 shares, too few for SecAgg over
@@ -104,6 +107,7 @@
 //!   client authentication of the key advertisements (a real deployment
 //!   binds them to an identity, e.g. the transport's TLS identity).
 
+pub mod aes_ctr;
 pub mod client;
 pub mod crypto;
 pub mod ddg;

@@ -6,7 +6,9 @@
 //! `q(v) = stochastic_round((clip(v, -c, c) + c) · Q / (2c))`, an integer in
 //! `[0, Q]` (`Q = quantization_range`, `c = clipping_range`). Stochastic
 //! rounding rounds up with probability equal to the fraction, so it is
-//! unbiased; its random bits come from the caller's seeded generator.
+//! unbiased to within 2^-32 (the draw is a 32-bit word of a mask stream keyed
+//! by 32 bytes of the caller's seeded generator, so a run stays reproducible
+//! and a million values cost one key, not a million draws from it).
 //!
 //! The server's sum of `n` such vectors gives the total weight
 //! `max_weight · S_0 / Q` and the weighted sum
@@ -22,6 +24,7 @@
 use rand::{Rng, RngCore};
 
 use super::Params;
+use super::crypto::{self, MASK_BLOCK};
 
 /// A client's own input that cannot be quantised.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -59,20 +62,33 @@ pub fn quantize(
     let c = params.clipping_range;
     let ratio = f64::from(weight_q) / q;
     let scale = q / (2.0 * c);
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        let value = values[index];
+        return Err(QuantError::NotFinite { index, value });
+    }
+    let mut rounding = crypto::mask_stream(&rng.random::<[u8; 32]>());
+    let mut bytes = [0u8; MASK_BLOCK * 4];
     let mut out = Vec::with_capacity(values.len() + 1);
     out.push(weight_q);
-    for (index, &value) in values.iter().enumerate() {
-        if !value.is_finite() {
-            return Err(QuantError::NotFinite { index, value });
-        }
-        let scaled = ((ratio * f64::from(value)).clamp(-c, c) + c) * scale;
-        let floor = scaled.floor();
-        let up = rng.random::<f64>() < scaled - floor;
-        // scaled lies in [0, Q], so the result does too.
-        out.push((floor as u32).saturating_add(u32::from(up)).min(q as u32));
+    let top = q as u32;
+    for chunk in values.chunks(MASK_BLOCK) {
+        let draws = crypto::next_words(&mut rounding, &mut bytes, chunk.len()).chunks_exact(4);
+        // Branch-free, so the compiler can vectorise it: the values are
+        // finite (checked above), `max`/`min` rather than `clamp` (whose
+        // argument check would stay in the loop), and scaled lies in
+        // [0, Q] with Q < 2^32, where truncation is the floor.
+        out.extend(chunk.iter().zip(draws).map(|(&value, draw)| {
+            let scaled = ((ratio * f64::from(value)).max(-c).min(c) + c) * scale;
+            let floor = scaled as u32;
+            let draw = f64::from(u32::from_le_bytes([draw[0], draw[1], draw[2], draw[3]]));
+            let up = draw < (scaled - f64::from(floor)) * TWO_POW_32;
+            floor.saturating_add(u32::from(up)).min(top)
+        }));
     }
     Ok(out)
 }
+
+const TWO_POW_32: f64 = 4_294_967_296.0;
 
 /// The total weight and the weighted sum from the unmasked sum `sum` of
 /// `contributors` quantised vectors.

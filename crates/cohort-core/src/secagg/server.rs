@@ -618,18 +618,20 @@ impl Unmasking {
                 *acc = acc.wrapping_add(*v);
             }
         }
+        let mut masks = Vec::new();
         for &owner in &self.contributors {
             let commitment = core.inputs[&owner].seed_commitment;
             let check = |seed: &[u8; 32]| crypto::seed_commitment(seed) == commitment;
             let seed = self.reconstruct(owner, SEED, |r| &r.seed_shares, check)?;
-            crypto::apply_mask(&mut sum, &seed, Sign::Subtract, modulus_mask);
+            masks.push((seed, Sign::Subtract));
         }
         for &owner in &self.dropped {
             let advertised = core.keys[&owner].mask_key;
             let check = |key: &[u8; 32]| KeyPair::from_secret(*key).public == advertised;
             let key = self.reconstruct(owner, KEY, |r| &r.key_shares, check)?;
-            self.remove_pairwise(&mut sum, owner, &KeyPair::from_secret(key))?;
+            self.pairwise_masks(&mut masks, owner, &KeyPair::from_secret(key))?;
         }
+        crypto::apply_masks(&mut sum, &masks, modulus_mask);
         sum.iter_mut().for_each(|v| *v &= modulus_mask);
         let (total_weight, weighted_sum) =
             quant::dequantize(&sum, self.contributors.len(), &core.params);
@@ -642,16 +644,16 @@ impl Unmasking {
         })
     }
 
-    /// Removes the pairwise masks between the dropped `owner` and every
-    /// contributor whose input carries one: the contributor added it when
-    /// its id is the larger, so it is subtracted then, and added otherwise.
-    fn remove_pairwise(
+    /// The pairwise masks between the dropped `owner` and every contributor
+    /// whose input carries one, with the sign that removes them: the
+    /// contributor added it when its id is the larger, so it is subtracted
+    /// then, and added otherwise.
+    fn pairwise_masks(
         &self,
-        sum: &mut [u32],
+        masks: &mut Vec<([u8; 32], Sign)>,
         owner: ClientId,
         key: &KeyPair,
     ) -> Result<(), SecAggError> {
-        let modulus_mask = self.core.params.modulus_mask();
         for (&client, peers) in &self.mask_peers {
             if !peers.contains(&owner) {
                 continue;
@@ -664,12 +666,7 @@ impl Unmasking {
             } else {
                 Sign::Add
             };
-            crypto::apply_mask(
-                sum,
-                &crypto::pairwise_seed(&shared, client, owner),
-                sign,
-                modulus_mask,
-            );
+            masks.push((crypto::pairwise_seed(&shared, client, owner), sign));
         }
         Ok(())
     }

@@ -59,8 +59,9 @@ use proto::server_message::Kind as ServerKind;
 /// Bumped when the messages change incompatibly. 3: own-data registration
 /// (an older server would take an own-data client for an ordinary worker).
 /// 4: secure aggregation's stages (an older client would send its update in
-/// the clear).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// the clear). 5: secure aggregation's masks from AES-128-CTR, no longer
+/// ChaCha20 (the sum of a version-4 client's input would not unmask).
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Payload bytes per chunk message: well under gRPC's 4 MiB default limit.
 pub const CHUNK_BYTES: usize = 1 << 20;
 /// Longest `Register.name` accepted. The name is free text for the log, and
