@@ -11,7 +11,10 @@
 # A rank of more than one reads only the samples of its own clients, so its
 # peak RSS falls as the ranks grow; rank 0 also holds the test set.
 #
-#   COHORT_DATA_DIR=../shared/data [RANKS="1 2 4 8"] bash bench/scaling.sh [ROUNDS]
+#   COHORT_DATA_DIR=../shared/data [RANKS="1 2 4 8"] [REDUCE=partial] bash bench/scaling.sh [ROUNDS]
+# REDUCE sets cluster.reduce (default gather: the model is the one process's
+# bit for bit; partial: one partial sum per rank, equal up to rounding, so
+# the last column then reads DIFFERS where the bits differ).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-4}"
@@ -45,6 +48,9 @@ training_seed = 1
 learning_rate = 0.01
 momentum = 0.9
 EOF
+if [ -n "${REDUCE:-}" ]; then
+  printf '[cluster]\nreduce = "%s"\n' "$REDUCE" >> "$work/scale.toml"
+fi
 
 median_round() {
   # round_time of every round but the first (which also loads and warms up).
@@ -72,7 +78,7 @@ for ranks in ${RANKS:-1 2 3}; do
     done
     for pid in "${pids[@]}"; do wait "$pid"; done
   fi
-  wall=$(echo "$(date +%s.%N) - $start" | bc)
+  wall=$(awk -v end="$(date +%s.%N)" -v start="$start" 'BEGIN { print end - start }')
   run_dir=$(ls -d "$base"/*/)
   rss=$(for ((r = 0; r < ranks; r++)); do echo $(( $(cat "$work/rss-$ranks-$r") / 1024 )); done | paste -sd/)
   if [ "$ranks" = 1 ]; then
