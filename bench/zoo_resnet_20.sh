@@ -5,7 +5,7 @@
 # to 10,000 clients ("Memory of a resnet_20 federation"; iid partitions: a
 # Dirichlet(0.5) draw cannot give each of 10,000 clients a sample).
 #
-#   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
+#   COHORT=path/to/cohort [SEED=N] bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
 #   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh cohort     # cohort's side alone
 #   bash bench/zoo_resnet_20.sh pytorch [cpu|cuda] RUN_DIR PARTS_JSON
 #   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh memory [CLIENTS...]
@@ -24,6 +24,13 @@ mode="${1:-accuracy}"
 # cohort's side on the CPU unless COHORT_DEVICE=--gpu.
 COHORT_DEVICE="${COHORT_DEVICE:---cpu}"
 resnet=(--set trainer.model_name=resnet_20 --set parameters.model.norm=group)
+# SEED (accuracy, cohort): another partition, selection, initial model and
+# training stream on cohort's side, and torch.manual_seed(SEED) on PyTorch's.
+SEED="${SEED:-}"
+if [ -n "$SEED" ]; then
+  resnet+=(--set data.random_seed="$SEED" --set server.random_seed="$SEED"
+    --set trainer.model_seed="$SEED" --set trainer.training_seed="$SEED")
+fi
 
 # Peak resident memory of a command, in MiB (the largest of it and its
 # children: cohort's workers are threads, so this is the cohort process).
@@ -51,7 +58,7 @@ run_cohort() {
 # PyTorch on a finished cohort run folder $1 with its partitions $2.
 run_pytorch() {
   python3 bench/pytorch_fedavg.py --run "$1" --partitions "$2" \
-    --data "$COHORT_DATA_DIR" --device "$device" --threads 10 \
+    --data "$COHORT_DATA_DIR" --device "$device" --threads 10 --seed "${SEED:-0}" \
     --out "$OUT/resnet_20.json" 2> "$OUT/pytorch.log"
   cat "$OUT/resnet_20.json"
 }
