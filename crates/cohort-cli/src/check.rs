@@ -31,7 +31,36 @@ pub fn check(loaded: &LoadedConfig, data_root: Option<&Path>) -> Findings {
     }
     check_data(loaded, data_root, &mut findings);
     check_files(loaded, &mut findings);
+    check_secure_aggregation(loaded, &mut findings);
     findings
+}
+
+/// How much dropout the secure-aggregation graph and threshold survive: a
+/// round aborts when one secret has fewer shares left than the threshold,
+/// and a SecAgg+ graph of small degree reaches that long before half the
+/// clients are gone. Said before the run, since the config alone decides it.
+fn check_secure_aggregation(loaded: &LoadedConfig, findings: &mut Findings) {
+    let config = loaded.config();
+    let Some(secure) = &config.secure_aggregation else {
+        return;
+    };
+    let clients = config.clients.per_round as usize;
+    // An error here is the config's own, reported when it loaded.
+    let Ok(params) = secure.params_for(clients) else {
+        return;
+    };
+    let k = params.shares_for(clients);
+    let t = params.reconstruction_threshold;
+    let tolerance = params.dropout_tolerance(clients, 0.01);
+    let at = |dropout: f64| 100.0 * params.abort_bound(clients, dropout);
+    findings.notes.push(format!(
+        "secure aggregation: {clients} clients a round, {k} shares each, threshold {t}: a \
+         round completes with probability at least 99 % while up to {tolerance} % of its \
+         clients drop out independently (at 10 % dropout at most {:.2} % of rounds abort, \
+         at 30 % at most {:.0} %; binomial tail, union bound over the clients)",
+        at(0.1),
+        at(0.3)
+    ));
 }
 
 /// Prints the findings; fails naming every problem when there is one.
@@ -219,6 +248,39 @@ mod tests {
 
     fn fixture() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")
+    }
+
+    #[test]
+    fn secure_aggregation_says_how_much_dropout_its_rounds_survive() {
+        let job = "[parameters.optimizer]\nlearning_rate = 0.1\n\
+                   [clients]\ntotal_clients = 100\nper_round = 100\n\
+                   [data]\ndatasource = \"FashionMNIST\"\ndownload = false\n\
+                   [secure_aggregation]\nprotocol = \"secaggplus\"\n";
+        let sparse = loaded(&format!(
+            "{job}num_shares = 21\nreconstruction_threshold = 11\n"
+        ));
+        let findings = check(&sparse, Some(&fixture()));
+        let note = findings
+            .notes
+            .iter()
+            .find(|note| note.starts_with("secure aggregation"))
+            .unwrap_or_else(|| panic!("no secure-aggregation note in {findings:?}"));
+        assert!(
+            note.contains("100 clients a round, 21 shares each, threshold 11")
+                && note.contains("up to 15 % of its clients")
+                && note.contains("at 30 % at most 100 %"),
+            "{note}"
+        );
+
+        let plain = loaded(JOB);
+        let findings = check(&plain, Some(&fixture()));
+        assert!(
+            !findings
+                .notes
+                .iter()
+                .any(|note| note.starts_with("secure aggregation")),
+            "{findings:?}"
+        );
     }
 
     #[test]

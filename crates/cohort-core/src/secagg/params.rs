@@ -179,15 +179,105 @@ impl Params {
         }
     }
 
+    /// An upper bound on the probability that a round of `clients` aborts
+    /// because some secret has fewer than `reconstruction_threshold` shares
+    /// left, when each client drops out independently with probability
+    /// `dropout`: a client that stays needs `t − 1` of its `k − 1` peers'
+    /// shares beside its own, one that drops needs `t` of them, and a union
+    /// bound over the clients (at most 1). It is what the random graph and
+    /// the threshold cost in dropout tolerance; dropouts that are not
+    /// independent (a whole site going down) can do worse.
+    pub fn abort_bound(&self, clients: usize, dropout: f64) -> f64 {
+        let dropout = dropout.clamp(0.0, 1.0);
+        let peers = self.shares_for(clients).saturating_sub(1);
+        let t = self.reconstruction_threshold;
+        let stays = binomial_below(peers, 1.0 - dropout, t.saturating_sub(1));
+        let drops = binomial_below(peers, 1.0 - dropout, t);
+        let per_client = (1.0 - dropout) * stays + dropout * drops;
+        (clients as f64 * per_client).min(1.0)
+    }
+
+    /// The largest dropout, in whole percent, at which [`Self::abort_bound`]
+    /// stays at or below `risk` for a round of `clients`.
+    pub fn dropout_tolerance(&self, clients: usize, risk: f64) -> u32 {
+        (0..100)
+            .take_while(|&percent| self.abort_bound(clients, f64::from(percent) / 100.0) <= risk)
+            .last()
+            .unwrap_or(0)
+    }
+
     /// The bit mask that reduces a `u32` modulo `modulus_range`.
     pub(crate) fn modulus_mask(&self) -> u32 {
         (self.modulus_range - 1) as u32
     }
 }
 
+/// `P(X < below)` for `X ~ Binomial(n, p)`, summed in log space, so that a
+/// large `n` (terms like `(1 − p)^n` far below `f64`'s range) stays exact
+/// to rounding.
+fn binomial_below(n: usize, p: f64, below: usize) -> f64 {
+    if below == 0 {
+        return 0.0;
+    }
+    if below > n {
+        return 1.0;
+    }
+    if p <= 0.0 {
+        return 1.0;
+    }
+    if p >= 1.0 {
+        return 0.0;
+    }
+    let (ln_p, ln_q) = (p.ln(), (1.0 - p).ln());
+    let mut ln_choose = 0.0;
+    let mut logs = Vec::with_capacity(below);
+    for j in 0..below {
+        logs.push(ln_choose + j as f64 * ln_p + (n - j) as f64 * ln_q);
+        ln_choose += ((n - j) as f64).ln() - ((j + 1) as f64).ln();
+    }
+    let top = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = logs.iter().map(|l| (l - top).exp()).sum();
+    (top + sum.ln()).exp().min(1.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The binomial tail against sums computed by hand (`scipy.stats.binom`
+    /// gives the same digits), and at sizes where the plain product
+    /// underflows.
+    #[test]
+    fn binomial_tail_matches_hand_sums_and_survives_large_n() {
+        // P(Bin(2, 0.5) < 1) = 0.25; P(Bin(2, 0.5) < 2) = 0.75.
+        assert!((binomial_below(2, 0.5, 1) - 0.25).abs() < 1e-15);
+        assert!((binomial_below(2, 0.5, 2) - 0.75).abs() < 1e-15);
+        // P(Bin(20, 0.7) < 10) = 0.0171448164312584...
+        assert!((binomial_below(20, 0.7, 10) - 0.017_144_816_431_258_4).abs() < 1e-12);
+        assert_eq!(binomial_below(5, 0.3, 0), 0.0);
+        assert_eq!(binomial_below(5, 0.3, 6), 1.0);
+        assert_eq!(binomial_below(5, 1.0, 5), 0.0);
+        // 0.3^2000 is 0 in f64, yet the median's tail is about a half.
+        let half = binomial_below(2000, 0.7, 1400);
+        assert!((0.45..0.55).contains(&half), "{half}");
+    }
+
+    /// The bound of the benchmark's settings: SecAgg+ `k = 21, t = 11` over
+    /// 100 clients aborts most rounds at 30 % dropout and almost none at
+    /// 10 %; the complete graph of SecAgg with `t = 51` tolerates more.
+    #[test]
+    fn dropout_tolerance_follows_the_graph_and_threshold() {
+        let plus = Params::new(NumShares::Neighbours(21), 11);
+        assert!(plus.abort_bound(100, 0.3) > 0.5);
+        assert!(plus.abort_bound(100, 0.1) < 1e-3);
+        assert_eq!(plus.abort_bound(100, 0.0), 0.0);
+        let tolerance = plus.dropout_tolerance(100, 0.01);
+        assert!((10..30).contains(&tolerance), "{tolerance}");
+        let all = Params::new(NumShares::All, 51);
+        assert!(all.dropout_tolerance(100, 0.01) > tolerance);
+        // A larger round with the same k tolerates less.
+        assert!(plus.dropout_tolerance(1000, 0.01) <= tolerance);
+    }
 
     #[test]
     fn flower_defaults_validate() {
