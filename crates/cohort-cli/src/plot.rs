@@ -270,13 +270,19 @@ fn draw_panel(
     for (index, run) in series.iter().enumerate() {
         let color = Palette99::pick(index).to_rgba();
         let line = points(run, axis, metric);
-        let drawn = chart.draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?;
+        // An asynchronous run has a row per aggregation, thousands of them:
+        // a marker on each (and a thick line) would bury the other runs.
+        let dense = line.len() > MARKED_POINTS;
+        let stroke = if dense { 1 } else { 2 };
+        let drawn = chart.draw_series(LineSeries::new(line.clone(), color.stroke_width(stroke)))?;
         if legend {
             drawn.label(run.label.clone()).legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
         }
-        chart.draw_series(line.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        if !dense {
+            chart.draw_series(line.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        }
     }
     if legend {
         chart
@@ -289,6 +295,9 @@ fn draw_panel(
     }
     Ok(())
 }
+
+/// The most points a run may have and still get a marker on each.
+const MARKED_POINTS: usize = 200;
 
 /// A run's points (`axis` of each row, its `metric`). Only finite points are
 /// drawn: one infinite or NaN value (a results.csv edited by hand, or written
