@@ -156,7 +156,7 @@ pub fn write(
     write_with_bases(run_dir, model, history, strategy, &BTreeMap::new())
 }
 
-/// [`write`], with an asynchronous run's base models (named `v<version>`)
+/// [`write()`], with an asynchronous run's base models (named `v<version>`)
 /// in their own file before the sidecar, when `history.asynchronous` is set.
 pub fn write_with_bases(
     run_dir: &Path,

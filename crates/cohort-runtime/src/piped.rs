@@ -14,7 +14,7 @@
 //! little-endian arrays, so the engine never runs anything a worker sends.
 //!
 //! What is checked here, before the round loop's own checks
-//! ([`crate::updates::check_update`]: layout against the global model,
+//! (`updates::check_update`: layout against the global model,
 //! finite values): lengths against `MAX_HEADER_BYTES` and
 //! `server.max_payload_bytes` before anything is allocated, the header's
 //! types, and the tensors as safetensors. A client that raised, answered
