@@ -3,7 +3,8 @@
 //! `cargo bench -p cohort-core --bench secagg` (add `-- --quick` for the
 //! 10-client rows only), or one row:
 //! `-- --row CLIENTS VALUES GRAPH DROPOUT REPEATS` with `GRAPH` `all:T`
-//! (SecAgg, threshold `T`) or `K:T` (SecAgg+), as `bench/secagg.sh` runs it.
+//! (SecAgg, threshold `T`) or `K:T` (SecAgg+), as `bench/secagg.sh` runs it;
+//! `-- --keystream` measures the masks' stream alone.
 //!
 //! Each round aggregates a LeNet-5-sized update (61,706 float32 values) from
 //! 10 or 100 clients, over the complete graph (SecAgg) and a sparse SecAgg+
@@ -127,10 +128,62 @@ fn one_row(args: &[String]) {
     row_of(clients, values, &label, &params, percent, repeats);
 }
 
+/// `--keystream`: the masks' stream alone, one thread, 32 MB in 4 KiB
+/// pieces (a mask block), best of five: the stream in use (VAES where the
+/// CPU has it), RustCrypto's `aes` + `ctr`, and ChaCha20 (`rand_chacha`,
+/// the stream before) for comparison.
+fn keystream() {
+    use cohort_core::secagg::aes_ctr::AesCtr;
+    use rand::{RngCore, SeedableRng};
+    const TOTAL: usize = 32 << 20;
+    let mut piece = [0u8; 4096];
+    let mut best_of = |fill: &mut dyn FnMut(&mut [u8])| {
+        (0..5)
+            .map(|_| {
+                let started = std::time::Instant::now();
+                for _ in 0..TOTAL / piece.len() {
+                    fill(&mut piece);
+                }
+                started.elapsed()
+            })
+            .min()
+            .expect("five runs")
+    };
+    let seed = [7u8; 32];
+    let mut in_use = AesCtr::new(&seed);
+    let mut portable = AesCtr::portable(&seed);
+    let mut chacha = rand_chacha::ChaCha20Rng::from_seed(seed);
+    let rows: [(&str, Duration); 3] = [
+        (
+            "AesCtr::new (VAES where present)",
+            best_of(&mut |b| in_use.fill(b)),
+        ),
+        (
+            "AesCtr::portable (aes + ctr)",
+            best_of(&mut |b| portable.fill(b)),
+        ),
+        (
+            "ChaCha20 (rand_chacha)",
+            best_of(&mut |b| chacha.fill_bytes(b)),
+        ),
+    ];
+    println!("| stream | GB/s |");
+    println!("|---|---|");
+    for (name, time) in rows {
+        println!(
+            "| {name} | {:.1} |",
+            TOTAL as f64 / time.as_secs_f64() / 1e9
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--row") {
         return one_row(&args[at + 1..]);
+    }
+    if args.iter().any(|a| a == "--keystream") {
+        return keystream();
     }
     let quick = args.iter().any(|a| a == "--quick");
     println!(

@@ -3,10 +3,11 @@
 //! has it, else RustCrypto's `ctr` over `aes` (AES-NI, ARMv8's AES, or
 //! constant-time software).
 //!
-//! Why a kernel of our own: masks are nearly all of a client's and the
+//! Why a kernel of our own: masks were nearly all of a client's and the
 //! server's compute in secure aggregation, and `aes` 0.8 encrypts one block
-//! per AES-NI instruction (5.4 GB/s on one core of the 2-core machine);
-//! VAES encrypts four per instruction. Both paths give RustCrypto's bytes,
+//! per AES-NI instruction (9.3 GB/s on one core of the 2-core machine);
+//! VAES encrypts four per instruction (42.4 GB/s; `cargo bench -p
+//! cohort-core --bench secagg -- --keystream`). Both paths give RustCrypto's bytes,
 //! which `the_stream_in_use_is_the_portable_one` checks (the VAES kernel
 //! only on a CPU that has it, as the 2-core build machine does).
 

@@ -63,9 +63,9 @@
 //!   RustCrypto AEAD, already in the lock file through another dependency;
 //!   Flower uses Fernet), `hkdf` + `sha2` for key derivation with a label and
 //!   both ids, and AES-128-CTR (`aes` through `aes-gcm`, and `ctr`) as the
-//!   mask PRG, keyed by the 32-byte seed's halves: hardware AES makes it 5×
-//!   ChaCha20 (`rand_chacha`, the first choice), and the masks are nearly
-//!   all of the protocol's compute. Flower folds the seed to 32 bits and
+//!   mask PRG, keyed by the 32-byte seed's halves: hardware AES makes it
+//!   6× ChaCha20 (`rand_chacha`, the first choice), 30× with VAES, and the
+//!   masks were nearly all of the protocol's compute. Flower folds the seed to 32 bits and
 //!   uses NumPy's Mersenne Twister, which a server could search; that is
 //!   not mirrored.
 //! * Shamir sharing is written here ([`shamir`]) over GF(2^61 − 1): the

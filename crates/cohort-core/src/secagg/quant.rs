@@ -72,7 +72,7 @@ pub fn quantize(
     out.push(weight_q);
     let top = q as u32;
     for chunk in values.chunks(MASK_BLOCK) {
-        let draws = crypto::next_words(&mut rounding, &mut bytes, chunk.len()).chunks_exact(4);
+        let draws = crypto::next_words(&mut rounding, &mut bytes, chunk.len());
         // Branch-free, so the compiler can vectorise it: the values are
         // finite (checked above), `max`/`min` rather than `clamp` (whose
         // argument check would stay in the loop), and scaled lies in
@@ -80,8 +80,7 @@ pub fn quantize(
         out.extend(chunk.iter().zip(draws).map(|(&value, draw)| {
             let scaled = ((ratio * f64::from(value)).max(-c).min(c) + c) * scale;
             let floor = scaled as u32;
-            let draw = f64::from(u32::from_le_bytes([draw[0], draw[1], draw[2], draw[3]]));
-            let up = draw < (scaled - f64::from(floor)) * TWO_POW_32;
+            let up = f64::from(draw) < (scaled - f64::from(floor)) * TWO_POW_32;
             floor.saturating_add(u32::from(up)).min(top)
         }));
     }
