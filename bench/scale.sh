@@ -6,6 +6,9 @@
 # codec, aggregation, result and checkpoint writes; the test-set evaluation,
 # which overlaps the next round's training, separately), and the peak RSS.
 # Usage: bench/scale.sh [DATA_DIR] [CLIENT_COUNTS...]   (default ../shared/data, 100 1000 10000)
+# PER_ROUND (default 100) and PARTITION_SIZE (default 600) change the round:
+# PER_ROUND=1000 PARTITION_SIZE=60 bash bench/scale.sh DATA 100000 is 100,000
+# clients of 60 samples, 1,000 a round (still 60,000 samples a round).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="$(cd "${1:-../shared/data}" && pwd)"
@@ -32,8 +35,8 @@ open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru
 sys.exit(code)' "$OUT/rss-$clients" \
     env COHORT_DATA_DIR="$DATA" "$BIN" run --config configs/fashion_mnist/fedavg_lenet5_r1.toml \
       --cpu --quiet --base "$base" \
-      --set "clients.total_clients=$clients" --set clients.per_round=100 \
-      --set data.sampler=iid_cyclic --set data.partition_size=600 \
+      --set "clients.total_clients=$clients" --set "clients.per_round=${PER_ROUND:-100}" \
+      --set data.sampler=iid_cyclic --set "data.partition_size=${PARTITION_SIZE:-600}" \
       --set "trainer.rounds=$ROUNDS" --set "trainer.max_concurrency=$WORKERS" \
       --set trainer.threads_per_worker=1
   run_dir="$(ls -d "$base"/*/ | head -1)"

@@ -15,6 +15,12 @@
 # REDUCE sets cluster.reduce (default gather: the model is the one process's
 # bit for bit; partial: one partial sum per rank, equal up to rounding, so
 # the last column then reads DIFFERS where the bits differ).
+# CLIENTS, PER_ROUND and PARTITION_SIZE change the job (default 1000, 100,
+# 60; CLIENTS=100000 PER_ROUND=1000 is the 100,000-client job, whose
+# partitions repeat the training set: iid_cyclic). EPOCHS (default 1).
+# LAUNCH=mpirun starts the ranks with `mpirun -n R cohort run` (a build
+# with --features cohort-cli/mpi; MPIRUN names the launcher) instead of
+# the ring plan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-4}"
@@ -22,22 +28,25 @@ cohort="${COHORT_BIN:-target/release/cohort}"
 [ -x "$cohort" ] || { echo "build first: cargo build --release --workspace" >&2; exit 1; }
 [ -d "${COHORT_DATA_DIR:-}" ] || { echo "set COHORT_DATA_DIR" >&2; exit 1; }
 work="$(mktemp -d)"
+sampler=iid
+if [ $(( ${CLIENTS:-1000} * ${PARTITION_SIZE:-60} )) -gt 60000 ]; then sampler=iid_cyclic; fi
 trap 'rm -rf "$work"' EXIT
 
 cat > "$work/scale.toml" <<EOF
 [clients]
-total_clients = 1000
-per_round = 100
+total_clients = ${CLIENTS:-1000}
+per_round = ${PER_ROUND:-100}
 [server]
 random_seed = 1
 payload_timeout = 600
 [data]
 datasource = "FashionMNIST"
 download = false
-partition_size = 60
+partition_size = ${PARTITION_SIZE:-60}
+sampler = "$sampler"
 [trainer]
 rounds = $rounds
-epochs = 1
+epochs = ${EPOCHS:-1}
 batch_size = 32
 max_concurrency = 1
 optimizer = "sgd"
@@ -63,6 +72,10 @@ for ranks in ${RANKS:-1 2 3}; do
   start=$(date +%s.%N)
   if [ "$ranks" = 1 ]; then
     /usr/bin/time -f '%M' -o "$work/rss-1-0" "$cohort" run --config "$work/scale.toml" --base "$base" --cpu --quiet
+  elif [ "${LAUNCH:-ring}" = mpirun ]; then
+    # shellcheck disable=SC2016
+    "${MPIRUN:-mpirun}" -n "$ranks" --bind-to none -x COHORT_DATA_DIR -x W="$work" -x C="$cohort" -x B="$base" -x R="$ranks" \
+      sh -c '/usr/bin/time -f %M -o "$W/rss-$R-$OMPI_COMM_WORLD_RANK" "$C" run --config "$W/scale.toml" --base "$B" --cpu --quiet'
   else
     plan="$work/plan-$ranks"
     # One core per rank: the plan gives each rank one worker.

@@ -2,7 +2,8 @@
 //! plan meet in a TCP ring over loopback, each trains its block of clients,
 //! and the final model equals, bit for bit, the model of the same config run
 //! in one process, for FedAvg and for the median (which cannot be split into
-//! partial sums). A rank that dies mid-run ends the others with an error that
+//! partial sums), and the test set scored in slices, one per rank, gives
+//! the single process's accuracy and loss. A rank that dies mid-run ends the others with an error that
 //! names it, and rank 0's checkpoints let the run resume.
 
 mod common;
@@ -35,6 +36,8 @@ rounds = {rounds}
 epochs = 1
 batch_size = 10
 max_concurrency = 2
+# 7 batches of the 200 test images, so each of three ranks scores its own.
+eval_batch_size = 30
 optimizer = "sgd"
 model_seed = 3
 training_seed = 5
@@ -82,6 +85,16 @@ fn write_ring_plan(
     plan
 }
 
+/// The values of `column` in a results.csv, by its header.
+fn results_column(results: &str, column: &str) -> Vec<String> {
+    let mut lines = results.lines();
+    let header = lines.next().unwrap();
+    let at = header.split(',').position(|name| name == column).unwrap();
+    lines
+        .map(|line| line.split(',').nth(at).unwrap().to_owned())
+        .collect()
+}
+
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
@@ -118,6 +131,18 @@ fn three_ranks_in_a_ring_give_the_single_process_model_bit_for_bit() {
         );
         let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
         assert_eq!(results.lines().count(), 4, "{results}");
+        // The ranks scored a slice of the test set each; their sum is the
+        // single process's evaluation to the last digit.
+        let single =
+            std::fs::read_to_string(only_run_dir(&dir.path().join("single")).join("results.csv"))
+                .unwrap();
+        for column in ["accuracy", "test_loss"] {
+            assert_eq!(
+                results_column(&results, column),
+                results_column(&single, column),
+                "{algorithm}: {column}"
+            );
+        }
         // Every rank trained, with the workers its plan gave it (one_machine:
         // 8 cores over 3 ranks, 3, 3 and 2): workers of rank r are 1000r + i.
         let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();

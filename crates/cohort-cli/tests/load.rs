@@ -12,6 +12,7 @@
 //! lets the test recompute every round.
 
 mod common;
+mod light;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -26,13 +27,9 @@ use cohort_core::codec::{self, DecodeLimits};
 use cohort_core::strategy::{AlgorithmConfig, ClientUpdate, RoundContext};
 use cohort_core::tree::{ArrayData, ParamTree};
 use cohort_runtime::grpc::proto::client_message::Kind;
-use cohort_runtime::grpc::proto::federation_client::FederationClient;
-use cohort_runtime::grpc::proto::server_message::Kind as ServerKind;
-use cohort_runtime::grpc::proto::{self, ClientMessage, ServerMessage};
-use cohort_runtime::grpc::{CHUNK_BYTES, PROTOCOL_VERSION};
+use cohort_runtime::grpc::proto::{self, ClientMessage};
 use common::{fixture_data, free_port, only_run_dir, write_config};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use light::{join, next_task, send_update};
 
 const TOTAL_CLIENTS: u32 = 50;
 const PER_ROUND: u32 = 20;
@@ -105,74 +102,6 @@ fn honest_update(global: &ParamTree, client_id: u32) -> ParamTree {
         }
     }
     flat.unflatten().unwrap()
-}
-
-/// One registered stream to the server.
-struct Session {
-    sender: mpsc::Sender<ClientMessage>,
-    inbound: tonic::Streaming<ServerMessage>,
-}
-
-async fn join(address: &str, name: &str) -> Option<Session> {
-    let mut client = FederationClient::connect(format!("http://{address}"))
-        .await
-        .ok()?;
-    let (sender, receiver) = mpsc::channel(8);
-    let register = Kind::Register(proto::Register {
-        token: String::new(),
-        name: name.to_owned(),
-        protocol: PROTOCOL_VERSION,
-        own_data: None,
-    });
-    sender
-        .send(ClientMessage {
-            kind: Some(register),
-        })
-        .await
-        .ok()?;
-    let inbound = client
-        .join(ReceiverStream::new(receiver))
-        .await
-        .ok()?
-        .into_inner();
-    Some(Session { sender, inbound })
-}
-
-/// The next task with its whole payload; `None` when the stream ends.
-async fn next_task(
-    inbound: &mut tonic::Streaming<ServerMessage>,
-) -> Option<(proto::Task, Vec<u8>)> {
-    let mut task: Option<proto::Task> = None;
-    let mut payload = Vec::new();
-    loop {
-        if let Some(t) = &task
-            && payload.len() as u64 >= t.payload_bytes + t.correction_bytes
-        {
-            return task.map(|t| (t, payload));
-        }
-        match inbound.message().await.ok()??.kind {
-            Some(ServerKind::Task(t)) => {
-                task = Some(t);
-                payload.clear();
-            }
-            Some(ServerKind::Chunk(chunk)) => payload.extend_from_slice(&chunk.data),
-            _ => {}
-        }
-    }
-}
-
-async fn send_update(sender: &mpsc::Sender<ClientMessage>, report: proto::Report, payload: &[u8]) {
-    let _ = sender
-        .send(ClientMessage {
-            kind: Some(Kind::Report(report)),
-        })
-        .await;
-    for chunk in payload.chunks(CHUNK_BYTES) {
-        let chunk = Kind::Chunk(proto::Chunk {
-            data: chunk.to_vec(),
-        });
-        let _ = sender.send(ClientMessage { kind: Some(chunk) }).await;
-    }
 }
 
 fn report(task: &proto::Task, payload_bytes: usize) -> proto::Report {

@@ -180,6 +180,84 @@ fn stateful_strategies_resume_bit_identically() {
     }
 }
 
+/// SCAFFOLD's client variates in a file (a budget of one byte) give the
+/// model they give in memory; each checkpoint copies only the server's
+/// variate, and a run that appended round 3's variates but lost round 3's
+/// checkpoint (killed between the two) resumes from round 2's position in the
+/// file to the same model.
+#[test]
+fn scaffold_variates_in_a_file_give_the_same_model_and_resume_from_their_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &job(&algorithm_section("scaffold"), 4));
+    let in_file = ["--set", "server.client_state_memory_bytes=1"];
+    let memory = dir.path().join("memory");
+    assert!(run_config(&config, &memory, &[]).status.success());
+    let memory = only_run_dir(&memory);
+    let model = |run: &Path| std::fs::read(run.join("model.safetensors")).unwrap();
+
+    let file = dir.path().join("file");
+    assert!(run_config(&config, &file, &in_file).status.success());
+    let file = only_run_dir(&file);
+    assert!(
+        model(&file) == model(&memory),
+        "the file-backed run ends with another model"
+    );
+    assert_eq!(results_without_times(&file), results_without_times(&memory));
+    let logs: Vec<String> = std::fs::read_dir(file.join("client_state/scaffold"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(logs.len(), 1, "older generations are forgotten: {logs:?}");
+    let state = std::fs::read(file.join("checkpoints/round-0004.state.safetensors")).unwrap();
+    let names: Vec<String> = safetensors::SafeTensors::deserialize(&state)
+        .unwrap()
+        .names()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(names, ["server"]);
+
+    let split = dir.path().join("split");
+    let mut args = in_file.to_vec();
+    args.extend(["--rounds", "3"]);
+    assert!(run_config(&config, &split, &args).status.success());
+    let split = only_run_dir(&split);
+    for entry in std::fs::read_dir(split.join("checkpoints")).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("round-0003")
+        {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let resumed = cohort(
+        &[
+            "run",
+            "--resume",
+            split.to_str().unwrap(),
+            "--cpu",
+            "--quiet",
+            "--rounds",
+            "4",
+        ],
+        &fixture_data(),
+    );
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let log = std::fs::read_to_string(split.join("run.log")).unwrap();
+    assert!(log.contains("resuming after round 2"), "{log}");
+    assert!(
+        model(&split) == model(&memory),
+        "the resumed run ends with another model"
+    );
+}
+
 #[test]
 fn a_resumed_stateful_run_needs_its_state() {
     // A checkpoint whose strategy state is gone is not resumed from (it would

@@ -40,3 +40,4 @@ pub mod selection;
 pub mod strategy;
 pub mod suggest;
 pub mod tree;
+pub mod vector_log;

@@ -55,6 +55,14 @@ pub(crate) fn build_and_run(
         Some(strategy) => strategy,
         None => options.registry.strategy_of(loaded)?,
     };
+    if options.distributed.is_none() {
+        // A rank other than 0 has no run folder, and ranks must agree: a
+        // distributed run keeps per-client state in memory.
+        strategy.keep_client_state(
+            &options.run_dir.join("client_state"),
+            loaded.config().server.client_state_memory_bytes,
+        );
+    }
     let leader = options
         .distributed
         .as_ref()
@@ -116,15 +124,8 @@ pub(crate) fn build_and_run(
         ..client_facts(loaded, &data, rows_per_sample, classes)
     };
     let own_workers = parts.transport.is_none() && !external;
-    let (train, mut test, partitions) = data.into_local();
-    if !leader {
-        // Rank 0 alone evaluates; the others would hold the test set for nothing.
-        test = cohort_core::data::Dataset {
-            inputs: Vec::new(),
-            labels: Vec::new(),
-            sample_shape: test.sample_shape,
-        };
-    }
+    let (train, test, partitions) = data.into_local();
+    let (test, test_batches) = test_share(test, evaluator.as_ref(), options.distributed.as_ref())?;
     let (transport, child_clients) = match (parts.transport, &model) {
         (Some(transport), _) => (transport, None),
         (None, Some(model)) => crate::transports::start_transport(
@@ -139,6 +140,10 @@ pub(crate) fn build_and_run(
         (None, None) => bail!("a run of external clients needs the caller's transport"),
     };
     let (transport, ranks) = rank_role(loaded, options, strategy.as_ref(), hooks, transport)?;
+    let ranks = ranks.map(|role| RankRole {
+        test_batches,
+        ..role
+    });
     let mut settings = LoopSettings {
         secure: secure_settings(loaded, options, strategy.as_ref(), hooks, &clients)?,
         ..loop_settings(loaded, options, rows_per_sample)
@@ -497,8 +502,45 @@ fn rank_role(
             peers,
             leader: distributed.leader(),
             partial,
+            test_batches: None,
         }),
     ))
+}
+
+/// The part of the test set this process scores, and, in a distributed run
+/// whose evaluator scores batch by batch, how many batches each rank scores:
+/// each rank keeps only its slice. With an evaluator that scores the set as
+/// a whole, rank 0 keeps all of it and the others none.
+fn test_share(
+    test: cohort_core::data::Dataset,
+    evaluator: &dyn ModelEvaluator,
+    distributed: Option<&DistributedRun>,
+) -> anyhow::Result<(cohort_core::data::Dataset, Option<Vec<usize>>)> {
+    let Some(distributed) = distributed else {
+        return Ok((test, None));
+    };
+    let Some(batch) = evaluator.evaluation_batch() else {
+        let test = match distributed.leader() {
+            true => test,
+            false => cohort_core::data::Dataset {
+                inputs: Vec::new(),
+                labels: Vec::new(),
+                sample_shape: test.sample_shape,
+            },
+        };
+        return Ok((test, None));
+    };
+    let slices = cohort_core::cluster::evaluation_slices(test.len(), batch, distributed.world_size);
+    let batches = slices.iter().map(|s| s.len().div_ceil(batch)).collect();
+    let mine = slices
+        .get(distributed.rank as usize)
+        .cloned()
+        .with_context(|| format!("rank {} of {}", distributed.rank, distributed.world_size))?;
+    let rows: Vec<u32> = (mine.start as u32..mine.end as u32).collect();
+    let slice = test
+        .rows(&rows)
+        .context("this rank's slice of the test set")?;
+    Ok((slice, Some(batches)))
 }
 
 /// Who is drawn each round, from which stream.

@@ -6,8 +6,9 @@
 //! of every rank equal, bit for bit, to a single-process run's, for every
 //! strategy (median and Krum included), at the cost of each rank receiving
 //! every update of the round: the same bytes the star of network mode moves
-//! to its one server. Rank 0 evaluates and writes the results; the others
-//! learn the accuracy from it, so they stop at the same round.
+//! to its one server. Each rank scores its slice of the test set and the
+//! ranks add all slices' scores in batch order (so every rank knows the
+//! accuracy and they stop at the same round); rank 0 writes the results.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -16,7 +17,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use cohort_core::cluster::ClientBlock;
-use cohort_train::trainer::ClientTask;
+use cohort_train::task::Score;
+use cohort_train::trainer::{ClientTask, sum_in_order};
 
 use crate::client::ClientReply;
 use crate::collective::Collective;
@@ -498,9 +500,115 @@ pub fn share_accuracy(collective: &SharedCollective, mine: Option<f64>) -> anyho
     Ok(f64::from_le_bytes(leader))
 }
 
+/// Bytes of one batch's score between ranks: loss sum, correct rows, rows.
+const SCORE_BYTES: usize = 24;
+
+/// Every rank's per-batch test scores (`batches[r]` of them from rank `r`),
+/// added in rank order, which is the batches' order: on every rank, the
+/// single process's sum, bit for bit. A rank whose evaluation failed sends
+/// its error instead and every rank stops with it, so none waits for scores
+/// that will not come.
+pub fn share_scores(
+    collective: &SharedCollective,
+    mine: Result<Vec<Score>, String>,
+    batches: &[usize],
+) -> anyhow::Result<Score> {
+    let most = batches.iter().copied().max().unwrap_or(0);
+    let max_bytes = 1 + (most * SCORE_BYTES).max(MAX_REASON_BYTES);
+    let blocks = collective
+        .borrow_mut()
+        .all_gather(encode_scores(&mine), max_bytes as u64)?;
+    if blocks.len() != batches.len() {
+        bail!(
+            "{} ranks sent test scores, the plan has {}",
+            blocks.len(),
+            batches.len()
+        );
+    }
+    let mut scores = Vec::with_capacity(batches.iter().sum());
+    for (rank, (block, &expected)) in blocks.iter().zip(batches).enumerate() {
+        let rank_scores = decode_scores(block, expected)
+            .map_err(|e| anyhow::anyhow!("rank {rank}'s test-set scores: {e}"))?;
+        scores.extend(rank_scores);
+    }
+    Ok(sum_in_order(scores))
+}
+
+fn encode_scores(scores: &Result<Vec<Score>, String>) -> Vec<u8> {
+    match scores {
+        Ok(scores) => {
+            let mut out = Vec::with_capacity(1 + scores.len() * SCORE_BYTES);
+            out.push(0);
+            for score in scores {
+                out.extend(score.loss_sum.to_le_bytes());
+                out.extend(score.correct.to_le_bytes());
+                out.extend(score.rows.to_le_bytes());
+            }
+            out
+        }
+        Err(message) => {
+            let mut out = vec![1];
+            out.extend(truncated(message, MAX_REASON_BYTES).as_bytes());
+            out
+        }
+    }
+}
+
+fn decode_scores(block: &[u8], batches: usize) -> Result<Vec<Score>, String> {
+    match block.split_first() {
+        Some((0, scores)) if scores.len() == batches * SCORE_BYTES => Ok(scores
+            .chunks_exact(SCORE_BYTES)
+            .map(|s| {
+                let word = |at: usize| <[u8; 8]>::try_from(&s[at..at + 8]).expect("8 bytes");
+                Score {
+                    loss_sum: f64::from_le_bytes(word(0)),
+                    correct: u64::from_le_bytes(word(8)),
+                    rows: u64::from_le_bytes(word(16)),
+                }
+            })
+            .collect()),
+        Some((0, scores)) => Err(format!(
+            "{} bytes, expected {batches} batches of {SCORE_BYTES}",
+            scores.len()
+        )),
+        Some((1, message)) => Err(format!(
+            "it could not evaluate its slice: {}",
+            String::from_utf8_lossy(message)
+        )),
+        _ => Err("not a block of test scores".to_owned()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scores_round_trip_and_bounds_hold() {
+        let scores = vec![
+            Score {
+                loss_sum: 1.25,
+                correct: 3,
+                rows: 4,
+            },
+            Score {
+                loss_sum: f64::NAN,
+                correct: 0,
+                rows: 2,
+            },
+        ];
+        let decoded = decode_scores(&encode_scores(&Ok(scores.clone())), 2).unwrap();
+        assert_eq!(decoded[0], scores[0]);
+        assert!(decoded[1].loss_sum.is_nan() && decoded[1].rows == 2);
+        let wrong_count = decode_scores(&encode_scores(&Ok(scores)), 3).unwrap_err();
+        assert!(wrong_count.contains("expected 3 batches"), "{wrong_count}");
+        let failed = decode_scores(&encode_scores(&Err("label 12".to_owned())), 2).unwrap_err();
+        assert!(
+            failed.contains("could not evaluate its slice: label 12"),
+            "{failed}"
+        );
+        assert!(decode_scores(&[], 0).is_err() && decode_scores(&[7], 0).is_err());
+    }
 
     fn outcome(slot: usize, client_id: u32, payload: Result<Vec<u8>, &str>) -> ClientOutcome {
         ClientOutcome {

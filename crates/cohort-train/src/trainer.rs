@@ -541,9 +541,20 @@ impl<M: FederatedModel> Evaluator<M> {
     /// The task's loss and accuracy of `tree` on all of `data`, its batches
     /// spread over the current rayon pool (see [`score_batches`]).
     pub fn evaluate(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Evaluation, EvalError> {
+        Ok(sum_in_order(self.batch_scores(tree, data)?).finish())
+    }
+
+    /// The score of each evaluation batch of `data`, in order: what
+    /// [`Evaluator::evaluate`] adds up. A distributed run's ranks each
+    /// score their own batches and add everyone's in this order.
+    pub fn batch_scores(
+        &mut self,
+        tree: &ParamTree,
+        data: &Dataset,
+    ) -> Result<Vec<Score>, EvalError> {
         let model = self.loaded(tree)?;
         let all: Vec<u32> = (0..data.len() as u32).collect();
-        Ok(score_batches(&model, &*self.task, data, &all, self.batch_size)?.finish())
+        batch_scores(&model, &*self.task, data, &all, self.batch_size)
     }
 
     /// The accuracy of [`Evaluator::evaluate`].
@@ -732,6 +743,30 @@ pub fn score_batches<M: FederatedModel>(
     indices: &[u32],
     batch_size: usize,
 ) -> Result<Score, EvalError> {
+    Ok(sum_in_order(batch_scores(
+        model, task, data, indices, batch_size,
+    )?))
+}
+
+/// The scores added in their order: the one order every evaluation sums in,
+/// so that any split of the batches over threads or ranks gives the same bits.
+pub fn sum_in_order(scores: impl IntoIterator<Item = Score>) -> Score {
+    let mut total = Score::default();
+    for score in scores {
+        total.add(score);
+    }
+    total
+}
+
+/// [`score_batches`]'s per-batch scores, in batch order, before they are
+/// added.
+pub fn batch_scores<M: FederatedModel>(
+    model: &M,
+    task: &dyn Task,
+    data: &Dataset,
+    indices: &[u32],
+    batch_size: usize,
+) -> Result<Vec<Score>, EvalError> {
     use rayon::prelude::*;
     let batch_size = batch_size.max(1);
     let batches: Vec<(M, usize, &[u32])> = indices
@@ -739,7 +774,7 @@ pub fn score_batches<M: FederatedModel>(
         .enumerate()
         .map(|(number, batch)| (model.clone(), number * batch_size, batch))
         .collect();
-    let scores: Vec<Result<Score, EvalError>> = batches
+    batches
         .into_par_iter()
         .map(|(model, first, batch)| {
             score(&model, task, data, batch, batch_size).map_err(|error| match error {
@@ -755,12 +790,7 @@ pub fn score_batches<M: FederatedModel>(
                 other => other,
             })
         })
-        .collect();
-    let mut total = Score::default();
-    for batch in scores {
-        total.add(batch?);
-    }
-    Ok(total)
+        .collect()
 }
 
 /// Images the native evaluation runs through the network at once: its
@@ -855,6 +885,27 @@ pub trait ModelEvaluator: Send {
     /// See [`Evaluator::evaluate`].
     fn evaluate(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Evaluation, EvalError>;
 
+    /// The batch size [`ModelEvaluator::batch_scores`] scores in, for an
+    /// evaluator whose test set can be split over ranks on batch bounds;
+    /// `None` (the default) for one that scores the test set as a whole,
+    /// which rank 0 then evaluates alone.
+    fn evaluation_batch(&self) -> Option<usize> {
+        None
+    }
+
+    /// The score of each batch of `data`, in order (see
+    /// [`Evaluator::batch_scores`]); only called where
+    /// [`ModelEvaluator::evaluation_batch`] is `Some`.
+    fn batch_scores(
+        &mut self,
+        _tree: &ParamTree,
+        _data: &Dataset,
+    ) -> Result<Vec<Score>, EvalError> {
+        Err(EvalError::Failed(
+            "this evaluator scores the test set only as a whole".to_owned(),
+        ))
+    }
+
     /// See [`Evaluator::predictions`].
     fn predictions(
         &mut self,
@@ -871,6 +922,14 @@ impl<M: FederatedModel> ModelEvaluator for Evaluator<M> {
 
     fn evaluate(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Evaluation, EvalError> {
         Evaluator::evaluate(self, tree, data)
+    }
+
+    fn evaluation_batch(&self) -> Option<usize> {
+        Some(self.batch_size.max(1))
+    }
+
+    fn batch_scores(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Vec<Score>, EvalError> {
+        Evaluator::batch_scores(self, tree, data)
     }
 
     fn predictions(

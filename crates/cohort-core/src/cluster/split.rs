@@ -1,11 +1,13 @@
 //! Splitting a count in proportion to weights: ranks over nodes, cores over a
-//! node's ranks, logical clients over ranks.
+//! node's ranks, logical clients and the test set's batches over ranks.
 //!
 //! Largest remainder (Hamilton's method), in integers so that the same inputs
 //! give the same split on every machine: each part gets the floor of its exact
 //! share, the parts with the largest remainders get one more each (ties to the
 //! earlier part), and a part left at zero takes one from the largest, as exo
 //! does for layers, so that every part gets at least one.
+
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
@@ -98,10 +100,33 @@ pub fn client_blocks(num_clients: u32, capacities: &[u64]) -> Vec<ClientBlock> {
         .collect()
 }
 
+/// The test samples each rank scores: whole evaluation batches of
+/// `batch_size`, the batches split as evenly as they go, in rank order. The
+/// ranks' per-batch scores in rank order are then the single process's
+/// batches in order, so their sum is the same bits.
+pub fn evaluation_slices(samples: usize, batch_size: usize, ranks: u32) -> Vec<Range<usize>> {
+    let batch_size = batch_size.max(1);
+    let batches = samples.div_ceil(batch_size);
+    let ranks = ranks.max(1) as usize;
+    let bound = |rank: usize| (batches * rank / ranks * batch_size).min(samples);
+    (0..ranks)
+        .map(|rank| bound(rank)..bound(rank + 1))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn evaluation_slices_by_hand() {
+        // 10 samples in batches of 3: 4 batches (3, 3, 3, 1) over 3 ranks.
+        assert_eq!(evaluation_slices(10, 3, 3), [0..3, 3..6, 6..10]);
+        // More ranks than batches: some ranks score nothing.
+        assert_eq!(evaluation_slices(4, 4, 2), [0..0, 0..4]);
+        assert_eq!(evaluation_slices(0, 32, 2), [0..0, 0..0]);
+    }
 
     #[test]
     fn largest_remainder_by_hand() {
@@ -136,6 +161,24 @@ mod tests {
             prop_assert_eq!(split.len(), weights.len());
             prop_assert_eq!(split.iter().sum::<u32>(), total);
             prop_assert!(split.iter().all(|&part| part >= 1));
+        }
+
+        #[test]
+        fn evaluation_slices_tile_the_test_set_on_batch_bounds(
+            samples in 0usize..5_000,
+            batch_size in 1usize..300,
+            ranks in 1u32..17,
+        ) {
+            let slices = evaluation_slices(samples, batch_size, ranks);
+            prop_assert_eq!(slices.len(), ranks as usize);
+            prop_assert_eq!(slices[0].start, 0);
+            prop_assert_eq!(slices.last().unwrap().end, samples);
+            let batches: Vec<usize> = slices.iter().map(|s| s.len().div_ceil(batch_size)).collect();
+            prop_assert!(batches.iter().max().unwrap() - batches.iter().min().unwrap() <= 1);
+            for pair in slices.windows(2) {
+                prop_assert_eq!(pair[0].end, pair[1].start);
+                prop_assert!(pair[1].start % batch_size == 0 || pair[1].is_empty());
+            }
         }
     }
 }

@@ -434,6 +434,8 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "results.keep_client_updates",
     // Which old checkpoints stay on disk changes none of the newest.
     "server.checkpoints_kept",
+    // Whether client state is in memory or a file changes none of its bits.
+    "server.client_state_memory_bytes",
     // How long the server waits for a stage changes nothing it computes.
     "secure_aggregation.timeout",
     // An alias that must equal algorithm.type: writing it or not changes nothing.

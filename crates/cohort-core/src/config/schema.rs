@@ -201,6 +201,9 @@ pub struct Server {
     /// deleted once a newer one is written whole). Default: all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoints_kept: Option<u32>,
+    /// Bytes of per-client strategy state (SCAFFOLD's control variates) kept
+    /// in memory; beyond it, that state lives in a file of the run folder.
+    pub client_state_memory_bytes: u64,
     /// Applied by the server to each client's update.
     pub inbound_processors: Vec<String>,
     /// Applied by the server to the global model it sends.
@@ -263,6 +266,7 @@ impl Default for Server {
             simulate_wall_time: true,
             checkpoint_interval: 1,
             checkpoints_kept: None,
+            client_state_memory_bytes: 1 << 30,
             inbound_processors: vec!["safetensor_decode".to_owned()],
             outbound_processors: vec!["safetensor_encode".to_owned()],
             max_payload_bytes: 1 << 30,

@@ -45,6 +45,7 @@ pub mod scaffold;
 pub mod stale;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 pub use flat::{FloatLayout, float_layout};
 pub use registry::{AlgorithmConfig, OptionError, RegisteredAlgorithm, RunShape};
@@ -350,6 +351,18 @@ pub trait Strategy: Send {
     /// The state to checkpoint after a round. Stateless strategies keep none.
     fn state(&self) -> StrategyState {
         StrategyState::default()
+    }
+
+    /// A folder of the run's own where per-client state may go once every
+    /// client's would pass `memory_budget` bytes (`server.client_state_memory`);
+    /// strategies without per-client state ignore it. Given before
+    /// [`Strategy::restore`].
+    fn keep_client_state(&mut self, _folder: &Path, _memory_budget: u64) {}
+
+    /// The state [`Strategy::state`] last gave is in a checkpoint now, so
+    /// nothing older will be restored.
+    fn checkpointed(&mut self) -> Result<(), StrategyError> {
+        Ok(())
     }
 
     /// Continues from a checkpointed state.

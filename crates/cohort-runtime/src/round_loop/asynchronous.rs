@@ -619,6 +619,7 @@ impl RoundLoop<'_> {
             asynchronous: Some(&asynchronous),
         })?;
         if let Some(sidecar) = written {
+            self.strategy_checkpointed(round)?;
             self.observer
                 .on_event(&RunEvent::CheckpointWritten { round, sidecar });
         }

@@ -8,7 +8,9 @@ use cohort_core::results::{ClientRow, RoundRow};
 use cohort_train::task::Evaluation;
 
 use super::{Aggregated, ClientFacts, Dispatched, Packed, RoundLoop};
-use crate::distributed::share_accuracy;
+use anyhow::Context;
+
+use crate::distributed::{share_accuracy, share_scores};
 use crate::events::RunEvent;
 use crate::record::{federated_accuracy, slowest_client, weighted_loss};
 use crate::updates::Arrival;
@@ -23,14 +25,24 @@ impl RoundLoop<'_> {
         aggregated: Aggregated,
         packed: &Packed,
     ) -> anyhow::Result<f64> {
-        if let Some(ranks) = self.ranks.as_ref().filter(|r| !r.leader) {
-            let accuracy = share_accuracy(&ranks.peers, None)?;
+        let sliced = self
+            .ranks
+            .as_ref()
+            .is_some_and(|r| r.test_batches.is_some());
+        if self.ranks.as_ref().is_some_and(|r| !r.leader) {
+            let accuracy = match sliced {
+                true => self.evaluate_slices(round)?.accuracy,
+                false => share_accuracy(&self.peers()?, None)?,
+            };
             self.clock.previous_round_end = Instant::now();
-            tracing::info!(round, accuracy, "round finished (evaluated by rank 0)");
+            tracing::info!(round, accuracy, "round finished (rank 0 writes its rows)");
             return Ok(accuracy);
         }
         let evaluation_started = Instant::now();
-        let evaluation = self.evaluate(round)?;
+        let evaluation = match sliced {
+            true => self.evaluate_slices(round)?,
+            false => self.evaluate(round)?,
+        };
         let evaluation_time = evaluation_started.elapsed().as_secs_f64();
         self.recorder.model(round, &packed.model_bytes)?;
         let row = self.round_row(round, dispatched, &aggregated, &evaluation, evaluation_time);
@@ -66,10 +78,18 @@ impl RoundLoop<'_> {
         let accuracy = row.accuracy;
         self.observer
             .on_event(&RunEvent::RoundFinished { row, privacy });
-        if let Some(ranks) = &self.ranks {
-            share_accuracy(&ranks.peers, Some(accuracy))?;
+        if self.ranks.is_some() && !sliced {
+            share_accuracy(&self.peers()?, Some(accuracy))?;
         }
         Ok(accuracy)
+    }
+
+    fn peers(&self) -> anyhow::Result<crate::distributed::SharedCollective> {
+        let ranks = self
+            .ranks
+            .as_ref()
+            .context("evaluation across ranks without peers")?;
+        Ok(ranks.peers.clone())
     }
 
     /// The global model on the test set, on evaluation's own threads.
@@ -78,13 +98,33 @@ impl RoundLoop<'_> {
         let evaluation = self
             .evaluation_pool
             .install(|| evaluator.evaluate(global, test))?;
-        if !evaluation.loss.is_finite() {
-            tracing::warn!(
-                round,
-                loss = evaluation.loss,
-                "the test loss is not finite; not recorded"
-            );
-        }
+        warn_unless_finite(round, &evaluation);
+        Ok(evaluation)
+    }
+
+    /// The global model on the test set, each rank scoring its slice (the
+    /// loop's test set) and every rank adding all the slices' scores in batch
+    /// order: the single process's evaluation, bit for bit, in a share of its
+    /// time.
+    fn evaluate_slices(&mut self, round: u32) -> anyhow::Result<Evaluation> {
+        let ranks = self
+            .ranks
+            .as_ref()
+            .context("evaluation across ranks without peers")?;
+        let batches = ranks
+            .test_batches
+            .clone()
+            .context("evaluation across ranks without a split of the test set")?;
+        let peers = ranks.peers.clone();
+        let (evaluator, global, test) = (&mut self.evaluator, &self.global, &self.test);
+        let mine = self
+            .evaluation_pool
+            .install(|| evaluator.batch_scores(global, test))
+            .map_err(|e| e.to_string());
+        let evaluation = share_scores(&peers, mine, &batches)
+            .with_context(|| format!("round {round}: the test set's evaluation"))?
+            .finish();
+        warn_unless_finite(round, &evaluation);
         Ok(evaluation)
     }
 
@@ -137,6 +177,17 @@ impl RoundLoop<'_> {
             simulated_start: aggregated.simulated_end.map(|_| dispatched.sim_start),
             candidates: dispatched.candidates.clone(),
         }
+    }
+}
+
+/// A non-finite test loss is left out of `results.csv`; say so.
+fn warn_unless_finite(round: u32, evaluation: &Evaluation) {
+    if !evaluation.loss.is_finite() {
+        tracing::warn!(
+            round,
+            loss = evaluation.loss,
+            "the test loss is not finite; not recorded"
+        );
     }
 }
 

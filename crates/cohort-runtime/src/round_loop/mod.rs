@@ -162,6 +162,10 @@ pub(crate) struct RankRole {
     pub(crate) leader: bool,
     /// `cluster.reduce = partial`: this rank's client block.
     pub(crate) partial: Option<cohort_core::cluster::ClientBlock>,
+    /// Evaluation batches each rank scores, in rank order, where the test
+    /// set is split over the ranks (the loop's test set is then this rank's
+    /// slice); `None`: rank 0 evaluates the whole set alone.
+    pub(crate) test_batches: Option<Vec<usize>>,
 }
 
 /// What the server knows of every client from the partitions it computed.
@@ -345,6 +349,16 @@ impl<'a> RoundLoop<'a> {
 
     /// Whether this process evaluates and writes the run's files (rank 0, or
     /// the only process).
+    /// Tells the strategy its state is in a checkpoint now.
+    fn strategy_checkpointed(&mut self, round: u32) -> anyhow::Result<()> {
+        self.strategy.checkpointed().with_context(|| {
+            format!(
+                "round {round}: {} after its checkpoint",
+                self.strategy.name()
+            )
+        })
+    }
+
     fn leader(&self) -> bool {
         self.ranks.as_ref().is_none_or(|r| r.leader)
     }
@@ -442,6 +456,7 @@ impl<'a> RoundLoop<'a> {
                     asynchronous: None,
                 })?;
                 if let Some(sidecar) = written {
+                    self.strategy_checkpointed(round)?;
                     self.observer
                         .on_event(&RunEvent::CheckpointWritten { round, sidecar });
                 }
