@@ -2,9 +2,10 @@
 //! plan meet in a TCP ring over loopback, each trains its block of clients,
 //! and the final model equals, bit for bit, the model of the same config run
 //! in one process, for FedAvg and for the median (which cannot be split into
-//! partial sums), and the test set scored in slices, one per rank, gives
-//! the single process's accuracy and loss. A rank that dies mid-run ends the others with an error that
-//! names it, and rank 0's checkpoints let the run resume.
+//! partial sums); the test set scored in slices, one per rank, gives the
+//! single process's accuracy and loss. A rank that dies mid-run ends the
+//! others with an error that names it, and rank 0's checkpoints let the run
+//! resume.
 
 mod common;
 
