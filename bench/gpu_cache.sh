@@ -3,11 +3,11 @@
 # shapes filled it. Same setup as bench/gpu.sh (a Vulkan build at .gpu/cohort
 # or .gpu/cohort.xz, Fashion-MNIST under .gpu/data, the loader .debs in .gl/).
 #
-# 1. a reference: K = 100 vectorized clients, 1 round, a fresh cache;
-# 2. a run of other shapes (4,000 clients of 32 samples, K "auto") fills a
+# 1. a run of other shapes (4,000 clients of 32 samples, K "auto") fills a
 #    cache directory;
-# 3. the K = 100 run again with a copy of that whole cache;
-# 4. the K = 100 run with a copy of one top-level entry of it at a time.
+# 2. K = 100 vectorized clients, 1 round, with a copy of that whole cache;
+# 3. the same K = 100 run with a fresh cache: the reference;
+# 4. the K = 100 run with a copy of one store of the filled cache at a time.
 # Prints each run's accuracy and first-round time, and the cache's layout.
 # A run whose accuracy differs from the reference's is what a shared cache
 # breaks. Usage: bench/gpu_cache.sh
@@ -33,12 +33,12 @@ run() {
   awk -F, -v n="$name" 'NR == 2 { printf "%-28s accuracy %s  first round %s s\n", n, $2, $4 }' "$run_dir/results.csv"
 }
 
-run reference "$OUT/cache-fresh" "${k100[@]}"
 run other-shapes "$OUT/cache-shared" "${other[@]}"
 echo "cache filled by the other shapes:"
-(cd "$OUT/cache-shared" && find . -maxdepth 3 | sort | head -40 && du -sh .)
+(cd "$OUT/cache-shared" && find . -maxdepth 4 | sort | head -40 && du -sh .)
 cp -r "$OUT/cache-shared" "$OUT/cache-whole"
 run "after-other-shapes" "$OUT/cache-whole" "${k100[@]}"
+run reference "$OUT/cache-fresh" "${k100[@]}"
 # The stores: the first level of the cache with more than one entry.
 level=.
 while [ "$(find "$OUT/cache-shared/$level" -mindepth 1 -maxdepth 1 | wc -l)" = 1 ]; do

@@ -9,6 +9,9 @@
 # PER_ROUND (default 100) and PARTITION_SIZE (default 600) change the round:
 # PER_ROUND=1000 PARTITION_SIZE=60 bash bench/scale.sh DATA 100000 is 100,000
 # clients of 60 samples, 1,000 a round (still 60,000 samples a round).
+# EXTRA adds --set overrides, e.g. EXTRA="algorithm.type=scaffold
+# parameters.optimizer.momentum=0 server.client_state_memory_bytes=1" for
+# SCAFFOLD with its client variates in a file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="$(cd "${1:-../shared/data}" && pwd)"
@@ -25,6 +28,8 @@ fi
 ROUNDS="${ROUNDS:-4}"
 WORKERS="${WORKERS:-2}"
 OUT="$(mktemp -d)"
+extra=()
+for setting in ${EXTRA:-}; do extra+=(--set "$setting"); done
 printf '%8s %10s %12s %14s %12s %10s\n' clients round_s not_training evaluation_s peak_rss_MiB accuracy
 for clients in "${COUNTS[@]}"; do
   base="$OUT/$clients"
@@ -38,7 +43,7 @@ sys.exit(code)' "$OUT/rss-$clients" \
       --set "clients.total_clients=$clients" --set "clients.per_round=${PER_ROUND:-100}" \
       --set data.sampler=iid_cyclic --set "data.partition_size=${PARTITION_SIZE:-600}" \
       --set "trainer.rounds=$ROUNDS" --set "trainer.max_concurrency=$WORKERS" \
-      --set trainer.threads_per_worker=1
+      --set trainer.threads_per_worker=1 "${extra[@]}"
   run_dir="$(ls -d "$base"/*/ | head -1)"
   python3 - "$run_dir" "$clients" "$(cat "$OUT/rss-$clients")" "$WORKERS" <<'PY'
 import csv, re, sys

@@ -70,6 +70,9 @@ pub(crate) fn build_and_run(
     if leader {
         prepare_run_dir(loaded, options)?;
     }
+    // Kernels tuned and compiled for this configuration only: a cache
+    // shared with runs of other shapes gave wrong results (cubecl 0.11.3).
+    device::key_kernel_cache(&loaded.result_hash());
     let selected = device::select(options.device)?;
     tracing::info!(device = selected.name, "compute device");
     let external = parts.external_clients;

@@ -543,6 +543,8 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     let loaded = server_config(&welcome)?;
     let config = &loaded.config();
     check_secure_aggregation(options, &loaded)?;
+    // The server's configuration decides the shapes this client's kernels see.
+    device::key_kernel_cache(&loaded.result_hash());
     let selected = device::select(options.device)?;
     let holdings = Holdings::prepare(&loaded, options, own, welcome.client_id)?;
     let model = options

@@ -207,6 +207,45 @@ impl KernelCache {
     }
 }
 
+/// The configuration this process's kernels are for: a subdirectory of the
+/// kernel cache of its own (see [`key_kernel_cache`]).
+static CACHE_KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Keys this process's kernel cache by `configuration`, a hash of everything
+/// in the run that can change a kernel (cohort passes the config's result
+/// hash): the cache directory then holds one subdirectory per configuration
+/// and cohort version, so runs of different shapes never share tuning
+/// results or compiled kernels. Call it before the first GPU device starts;
+/// `false` when a key was set already. A process that sets no key keeps no
+/// kernel cache.
+pub fn key_kernel_cache(configuration: &str) -> bool {
+    let safe: String = configuration
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(32)
+        .collect();
+    CACHE_KEY
+        .set(format!("cohort-{}-{safe}", env!("CARGO_PKG_VERSION")))
+        .is_ok()
+}
+
+/// `cache` narrowed to this process's configuration: its key's subdirectory,
+/// or no cache where no key was set.
+#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+fn keyed(cache: KernelCache, key: Option<&str>) -> KernelCache {
+    match (cache, key) {
+        (KernelCache::Directory(root), Some(key)) => KernelCache::Directory(root.join(key)),
+        (KernelCache::Directory(root), None) => {
+            tracing::debug!(
+                root = %root.display(),
+                "no configuration keys this process's kernels; no kernel cache"
+            );
+            KernelCache::Off
+        }
+        (KernelCache::Off, _) => KernelCache::Off,
+    }
+}
+
 /// burn's GPU builds (with its `persistence` feature) would keep autotune
 /// results, throughput probes and records of each tuning on disk, under the
 /// `target/` of whatever cargo workspace holds the working directory, and
@@ -224,7 +263,7 @@ fn configure_kernel_caches(cache: KernelCache) {
     use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let cache = usable(cache);
+        let cache = usable(keyed(cache, CACHE_KEY.get().map(String::as_str)));
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
         let keep = matches!(cache, KernelCache::Directory(_));
         config.compilation.cache = keep;
@@ -307,6 +346,17 @@ mod tests {
             KernelCache::from_env(Some(OsStr::new("/scratch/kernels"))),
             KernelCache::Directory("/scratch/kernels".into())
         );
+    }
+
+    #[test]
+    fn each_configuration_gets_a_cache_directory_of_its_own() {
+        let root = KernelCache::Directory("/scratch/kernels".into());
+        assert_eq!(
+            keyed(root.clone(), Some("cohort-0.1.0-ab12")),
+            KernelCache::Directory("/scratch/kernels/cohort-0.1.0-ab12".into())
+        );
+        assert_eq!(keyed(root, None), KernelCache::Off);
+        assert_eq!(keyed(KernelCache::Off, Some("k")), KernelCache::Off);
     }
 
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
