@@ -283,3 +283,132 @@ fn vectorized_clients_on_the_gpu_equal_each_client_alone() {
         }
     }
 }
+
+/// The `cohort` binary: `COHORT_BIN` where this test runs away from its
+/// build (on a lent GPU machine), else cargo's.
+fn cohort_binary() -> std::path::PathBuf {
+    std::env::var_os("COHORT_BIN")
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_cohort").into())
+}
+
+/// `COHORT_DATA_DIR`, else the repository's fixtures.
+fn data_dir() -> std::path::PathBuf {
+    std::env::var_os("COHORT_DATA_DIR")
+        .map(Into::into)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data")
+        })
+}
+
+/// A vectorized LeNet-5 job of `clients` clients of `samples` samples,
+/// `k` at once, batch `batch`: its shapes differ with each argument.
+fn vectorized_job(clients: u32, samples: u32, batch: u32, k: u32) -> String {
+    format!(
+        r#"
+[clients]
+total_clients = {clients}
+per_round = {clients}
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_size = {samples}
+[trainer]
+rounds = 2
+epochs = 1
+batch_size = {batch}
+eval_batch_size = 100
+optimizer = "sgd"
+model_name = "lenet5"
+model_seed = 1
+training_seed = 1
+vectorized_clients = {k}
+[parameters.optimizer]
+learning_rate = 0.05
+momentum = 0.9
+"#
+    )
+}
+
+/// A GPU run's final model and last results row (accuracy, test loss).
+struct GpuRun {
+    model: Vec<u8>,
+    accuracy: f64,
+    test_loss: f64,
+}
+
+/// `config` run on the GPU under `base`, with `COHORT_KERNEL_CACHE=cache`.
+fn gpu_run(config: &std::path::Path, base: &std::path::Path, cache: &std::path::Path) -> GpuRun {
+    let output = std::process::Command::new(cohort_binary())
+        .args(["run", "--gpu", "--quiet", "--config"])
+        .arg(config)
+        .arg("--base")
+        .arg(base)
+        .env("COHORT_DATA_DIR", data_dir())
+        .env("COHORT_KERNEL_CACHE", cache)
+        .output()
+        .expect("the cohort binary runs");
+    assert!(
+        output.status.success(),
+        "{}: {}",
+        config.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let run = std::fs::read_dir(base).unwrap().next().unwrap().unwrap().path();
+    let results = std::fs::read_to_string(run.join("results.csv")).unwrap();
+    let header: Vec<&str> = results.lines().next().unwrap().split(',').collect();
+    let last: Vec<&str> = results.lines().last().unwrap().split(',').collect();
+    let column = |name: &str| -> f64 {
+        let at = header.iter().position(|h| *h == name).unwrap();
+        last[at].parse().unwrap()
+    };
+    GpuRun {
+        model: std::fs::read(run.join("model.safetensors")).unwrap(),
+        accuracy: column("accuracy"),
+        test_loss: column("test_loss"),
+    }
+}
+
+/// Two runs' results as near as runs of different kernels get: the same
+/// work in another summation order moves the last bits, not the accuracy.
+fn assert_near(left: &GpuRun, right: &GpuRun, what: &str) {
+    assert!(
+        (left.accuracy - right.accuracy).abs() <= 0.02
+            && (left.test_loss - right.test_loss).abs() <= 0.02 * right.test_loss.abs().max(1e-3),
+        "{what}: accuracy {} / {}, test loss {} / {}",
+        left.accuracy,
+        right.accuracy,
+        left.test_loss,
+        right.test_loss
+    );
+}
+
+/// What holds across GPU processes, and that two configurations of
+/// different shapes under one kernel cache each get what a fresh cache gives
+/// (with one cache directory for all shapes, cubecl 0.11.3 gave wrong
+/// results: docs/BENCHMARKS.md). The autotuner picks kernels by timing, so
+/// only processes that share tuning results run the same kernels: a second
+/// process with the first one's cache gives the same bits; processes with
+/// caches of their own give results within rounding of each other.
+#[test]
+fn kernel_caches_give_every_configuration_what_a_fresh_cache_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let small = write("small.toml", vectorized_job(4, 40, 16, 4));
+    let other = write("other.toml", vectorized_job(8, 20, 10, 8));
+    let (base, roots) = (dir.path().join("runs"), dir.path().join("caches"));
+    let fresh = gpu_run(&small, &base.join("fresh"), &roots.join("a"));
+    let cached = gpu_run(&small, &base.join("cached"), &roots.join("a"));
+    assert!(cached.model == fresh.model, "a second process with the first one's cache");
+    let own = gpu_run(&small, &base.join("own"), &roots.join("b"));
+    assert_near(&own, &fresh, "two processes, each with an empty cache");
+    gpu_run(&other, &base.join("other"), &roots.join("shared"));
+    let shared = gpu_run(&small, &base.join("shared"), &roots.join("shared"));
+    assert_near(&shared, &fresh, "after another configuration under the same root");
+    let subdirectories = std::fs::read_dir(roots.join("shared")).unwrap().count();
+    assert_eq!(subdirectories, 2, "one cache directory per configuration");
+}

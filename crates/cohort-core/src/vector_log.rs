@@ -72,7 +72,7 @@ impl VectorLog {
             path: path.clone(),
             problem,
         };
-        if mark.width == 0 || mark.bytes % record != 0 {
+        if mark.width == 0 || mark.width > MAX_WIDTH || mark.bytes % record != 0 {
             return Err(fail(format!(
                 "a mark of {} bytes is not a whole number of records of {} floats",
                 mark.bytes, mark.width
@@ -113,8 +113,8 @@ impl VectorLog {
             path: path.clone(),
             problem,
         };
-        if width == 0 {
-            return Err(fail("vectors of 0 floats".to_owned()));
+        if width == 0 || width > MAX_WIDTH {
+            return Err(fail(format!("vectors of {width} floats (at most {MAX_WIDTH})")));
         }
         std::fs::create_dir_all(folder)
             .map_err(|e| fail(format!("cannot create its folder: {e}")))?;
@@ -312,6 +312,10 @@ impl VectorLog {
             .map_err(|e| self.fail(format!("cannot sync: {e}")))
     }
 }
+
+/// Floats a vector may have: a gigabyte's worth, what a checkpoint's tensors
+/// may hold in all, so a mark read from a file cannot ask for more.
+const MAX_WIDTH: usize = 1 << 28;
 
 fn file_of(folder: &Path, generation: u32) -> PathBuf {
     folder.join(format!("vectors-{generation}.log"))

@@ -371,6 +371,13 @@ impl Strategy for Scaffold {
                 });
             }
         }
+        if mark.is_some() && server.is_none() {
+            // The server's variate is what bounds the width a mark claims.
+            return Err(StrategyError::State {
+                strategy: "scaffold",
+                problem: format!("`{LOG_MARK}` without the server's control variate"),
+            });
+        }
         self.clients = match mark {
             None => Variates::Memory(clients),
             Some(mark) => {
