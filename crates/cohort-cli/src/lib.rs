@@ -543,8 +543,17 @@ fn train_switches() -> cohort_train::switches::TrainSwitches {
         vectorized_autodiff: is("COHORT_VECTORIZED_AUTODIFF", "1"),
         kernel_cache: cohort_train::device::KernelCache::from_env(
             std::env::var_os(cohort_train::device::KERNEL_CACHE_VAR).as_deref(),
+            user_cache_folder().map(|folder| folder.join("cohort").join("kernels")),
         ),
     }
+}
+
+/// `$XDG_CACHE_HOME`, else `~/.cache`; `None` where neither is known.
+fn user_cache_folder() -> Option<PathBuf> {
+    let set = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
+    set("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| set("HOME").map(|home| PathBuf::from(home).join(".cache")))
 }
 
 fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {

@@ -354,7 +354,12 @@ fn gpu_run(config: &std::path::Path, base: &std::path::Path, cache: &std::path::
         config.display(),
         String::from_utf8_lossy(&output.stderr)
     );
-    let run = std::fs::read_dir(base).unwrap().next().unwrap().unwrap().path();
+    let run = std::fs::read_dir(base)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let results = std::fs::read_to_string(run.join("results.csv")).unwrap();
     let header: Vec<&str> = results.lines().next().unwrap().split(',').collect();
     let last: Vec<&str> = results.lines().last().unwrap().split(',').collect();
@@ -403,12 +408,19 @@ fn kernel_caches_give_every_configuration_what_a_fresh_cache_gives() {
     let (base, roots) = (dir.path().join("runs"), dir.path().join("caches"));
     let fresh = gpu_run(&small, &base.join("fresh"), &roots.join("a"));
     let cached = gpu_run(&small, &base.join("cached"), &roots.join("a"));
-    assert!(cached.model == fresh.model, "a second process with the first one's cache");
+    assert!(
+        cached.model == fresh.model,
+        "a second process with the first one's cache"
+    );
     let own = gpu_run(&small, &base.join("own"), &roots.join("b"));
     assert_near(&own, &fresh, "two processes, each with an empty cache");
     gpu_run(&other, &base.join("other"), &roots.join("shared"));
     let shared = gpu_run(&small, &base.join("shared"), &roots.join("shared"));
-    assert_near(&shared, &fresh, "after another configuration under the same root");
+    assert_near(
+        &shared,
+        &fresh,
+        "after another configuration under the same root",
+    );
     let subdirectories = std::fs::read_dir(roots.join("shared")).unwrap().count();
     assert_eq!(subdirectories, 2, "one cache directory per configuration");
 }

@@ -114,7 +114,9 @@ impl VectorLog {
             problem,
         };
         if width == 0 || width > MAX_WIDTH {
-            return Err(fail(format!("vectors of {width} floats (at most {MAX_WIDTH})")));
+            return Err(fail(format!(
+                "vectors of {width} floats (at most {MAX_WIDTH})"
+            )));
         }
         std::fs::create_dir_all(folder)
             .map_err(|e| fail(format!("cannot create its folder: {e}")))?;

@@ -173,7 +173,8 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// A directory where GPU runs keep tuning results and compiled kernels
-/// between processes; unset (or `off`) keeps none.
+/// between processes (a subdirectory per configuration); unset: the user's
+/// cache folder; `off` keeps none.
 pub const KERNEL_CACHE_VAR: &str = "COHORT_KERNEL_CACHE";
 
 /// What `COHORT_KERNEL_CACHE` asks for.
@@ -181,22 +182,29 @@ pub const KERNEL_CACHE_VAR: &str = "COHORT_KERNEL_CACHE";
 /// Without a cache, every process tunes and compiles its kernels again: about
 /// 100 s for a vectorized LeNet-5 run on a fresh H200, 40 s once the driver's
 /// own shader cache is warm. With one, a second run of the same configuration
-/// starts its first round in 1.6 s. It is off unless asked for because
-/// cubecl 0.11.3 computed wrong results (accuracy 0.10 instead of 0.71 after
-/// a round) for a run whose cache had been filled by a run of other shapes
-/// (see docs/BENCHMARKS.md): give each configuration its own directory.
+/// starts its first round in 1.6 s. Each configuration has a subdirectory of
+/// its own ([`key_kernel_cache`]): with one directory for all shapes, cubecl
+/// 0.11.3 computed wrong results (accuracy 0.10 instead of 0.71 after a
+/// round) for a run whose cache a run of other shapes had filled
+/// (docs/BENCHMARKS.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KernelCache {
-    /// Unset, empty, `off`, `0` or `false`: nothing is kept on disk.
+    /// `off`, `0`, `false` or empty: nothing is kept on disk.
     Off,
-    /// Any other value: that directory, for tuning results and kernels alike.
+    /// That directory (by default the user's cache folder's
+    /// `cohort/kernels`), for tuning results and kernels alike.
     Directory(std::path::PathBuf),
 }
 
 impl KernelCache {
-    pub fn from_env(value: Option<&std::ffi::OsStr>) -> KernelCache {
+    /// The cache `COHORT_KERNEL_CACHE`'s `value` asks for; unset, the
+    /// `default` directory (none: no cache).
+    pub fn from_env(
+        value: Option<&std::ffi::OsStr>,
+        default: Option<std::path::PathBuf>,
+    ) -> KernelCache {
         match value {
-            None => KernelCache::Off,
+            None => default.map_or(KernelCache::Off, KernelCache::Directory),
             Some(value)
                 if ["", "off", "0", "false"].contains(&value.to_string_lossy().as_ref()) =>
             {
@@ -335,15 +343,20 @@ mod tests {
     #[test]
     fn kernel_cache_follows_the_environment_variable() {
         use std::ffi::OsStr;
-        assert_eq!(KernelCache::from_env(None), KernelCache::Off);
+        let home = Some(std::path::PathBuf::from("/home/u/.cache/cohort/kernels"));
+        assert_eq!(KernelCache::from_env(None, None), KernelCache::Off);
+        assert_eq!(
+            KernelCache::from_env(None, home.clone()),
+            KernelCache::Directory("/home/u/.cache/cohort/kernels".into())
+        );
         for off in ["", "off", "0", "false"] {
             assert_eq!(
-                KernelCache::from_env(Some(OsStr::new(off))),
+                KernelCache::from_env(Some(OsStr::new(off)), home.clone()),
                 KernelCache::Off
             );
         }
         assert_eq!(
-            KernelCache::from_env(Some(OsStr::new("/scratch/kernels"))),
+            KernelCache::from_env(Some(OsStr::new("/scratch/kernels")), home),
             KernelCache::Directory("/scratch/kernels".into())
         );
     }
