@@ -13,11 +13,13 @@
 #            configuration's cache copied into its own subdirectory (what a
 #            cache shared between shapes did before the subdirectories);
 #            again: the K = 100 run with its own filled cache (what a second
-#            run of one configuration does).
-#   STAGE=2: only-<store>: as "shared", with one store of the other
-#            configuration's cache at a time; one-root: "other" then K = 100
-#            sharing one COHORT_KERNEL_CACHE, as users run them.
-# Usage: OUT=DIR STAGE=1|2 bash bench/gpu_cache.sh   (STAGE=2 reuses STAGE=1's OUT)
+#            run of one configuration does); one-root: "other" then K = 100
+#            under one COHORT_KERNEL_CACHE, as users run them.
+#   STAGE=2: copied: as "shared", with the other configuration's database
+#            (cubecl keeps every store in one default.db) copied through
+#            SQLite; store-N: the same with only the entries of one store.
+# Usage: OUT=DIR STAGE=1|2 bash bench/gpu_cache.sh   (STAGE=2 reuses STAGE=1's
+# OUT, or fills a cache itself; MINE names the K = 100 subdirectory then)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
@@ -59,20 +61,59 @@ if [ "${STAGE:-1}" = 1 ]; then
   run shared "$OUT/root-shared" "${k100[@]}"
   cp -r "$OUT/root-reference" "$OUT/root-again"
   run again "$OUT/root-again" "${k100[@]}"
-else
-  mine=$(basename "$(key_dir "$OUT/root-reference")")
-  theirs=$(key_dir "$OUT/root-other")
-  # The stores: the first level of the cache with more than one entry.
-  level=.
-  while [ "$(find "$theirs/$level" -mindepth 1 -maxdepth 1 | wc -l)" = 1 ]; do
-    level="$level/$(ls "$theirs/$level")"
-  done
-  for entry in "$theirs/$level"/*; do
-    store=$(basename "$entry")
-    mkdir -p "$OUT/root-only-$store/$mine/$level"
-    cp -r "$entry" "$OUT/root-only-$store/$mine/$level/"
-    run "only-$store" "$OUT/root-only-$store" "${k100[@]}"
-  done
   run one-root-other "$OUT/root-one" "${other[@]}"
   run one-root "$OUT/root-one" "${k100[@]}"
+else
+  # The K = 100 configuration's subdirectory name (its config's result hash
+  # and cohort's version), from STAGE=1's reference run or given.
+  mine="${MINE:-$(basename "$(key_dir "$OUT/root-reference")")}"
+  [ -d "$OUT/root-other" ] || run other "$OUT/root-other" "${other[@]}"
+  theirs=$(key_dir "$OUT/root-other")
+  # cubecl keeps every store in one database (default.db): a table of
+  # entries, each named by its store, and a table of metadata. A copy made
+  # through SQLite with everything (the control), then with the entries of
+  # one store at a time.
+  python3 - "$theirs/default.db" "$OUT/stores" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+columns = db.execute("PRAGMA table_info(entries)").fetchall()
+print("entries columns:", [(c[1], c[2]) for c in columns])
+print("meta:", db.execute("SELECT * FROM meta").fetchall())
+best = None
+for column in (c[1] for c in columns):
+    distinct = db.execute(f'SELECT COUNT(DISTINCT "{column}") FROM entries').fetchone()[0]
+    if 1 < distinct <= 40 and best is None:
+        best = column
+groups = []
+if best:
+    groups = db.execute(f'SELECT "{best}", COUNT(*) FROM entries GROUP BY "{best}" ORDER BY COUNT(*) DESC').fetchall()
+    for value, count in groups:
+        print(f"  {best} = {str(value)[:80]!r}: {count} entries")
+with open(sys.argv[2], "w") as out:
+    out.write(f"{best}\n")
+    for value, _ in groups:
+        out.write(f"{value}\n")
+PY
+  copy_db() { # target, column, value ('' keeps every entry)
+    python3 - "$theirs/default.db" "$1" "$2" "$3" <<'PY'
+import sqlite3, sys
+source, target, column, value = sys.argv[1:]
+copy = sqlite3.connect(target)
+sqlite3.connect(source).backup(copy)
+if value:
+    copy.execute(f'DELETE FROM entries WHERE CAST("{column}" AS TEXT) != ?', (value,))
+copy.commit()
+print(target, "keeps", copy.execute("SELECT COUNT(*) FROM entries").fetchone()[0], "entries")
+copy.close()
+PY
+  }
+  column=$(head -1 "$OUT/stores")
+  mkdir -p "$OUT/root-copied/$mine" && copy_db "$OUT/root-copied/$mine/default.db" "$column" ""
+  run copied "$OUT/root-copied" "${k100[@]}"
+  n=0
+  tail -n +2 "$OUT/stores" | while IFS= read -r value; do
+    n=$((n + 1)); [ "$n" -le "${GROUPS:-3}" ] || break
+    mkdir -p "$OUT/root-store-$n/$mine" && copy_db "$OUT/root-store-$n/$mine/default.db" "$column" "$value"
+    run "store-$n" "$OUT/root-store-$n" "${k100[@]}"
+  done
 fi

@@ -9,7 +9,7 @@
 # final model equals the single-process one. Results in docs/SCALING.md.
 #
 # A rank of more than one reads only the samples of its own clients, so its
-# peak RSS falls as the ranks grow; rank 0 also holds the test set.
+# peak RSS falls as the ranks grow; each rank holds its slice of the test set.
 #
 #   COHORT_DATA_DIR=../shared/data [RANKS="1 2 4 8"] [REDUCE=partial] bash bench/scaling.sh [ROUNDS]
 # REDUCE sets cluster.reduce (default gather: the model is the one process's
