@@ -4,16 +4,20 @@
 # and CPU time to admit and aggregate every client's LeNet-5 update, and its
 # peak RSS; with PROFILE=1, a perf profile of the server's second round on.
 #
-#   COHORT_DATA_DIR=../shared/data bash bench/many_clients.sh [CLIENTS] [ROUNDS] [INFLIGHT_MIB]
+#   COHORT_DATA_DIR=../shared/data [COHORT_BIN=<cohort>] [CARGO_PROFILE=dev] \
+#     bash bench/many_clients.sh [CLIENTS] [ROUNDS] [INFLIGHT_MIB]
 #
 # Results in docs/SCALING.md ("1,000 clients of one server").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d "${COHORT_DATA_DIR:-}" ] || { echo "set COHORT_DATA_DIR" >&2; exit 1; }
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cohort-target}"
+# The clients are light; the server is COHORT_BIN when set (an optimised
+# build), so the bench itself may be built in the quick dev profile.
 PROFILE_NAME="${CARGO_PROFILE:-dist}"
 cargo bench --locked --profile "$PROFILE_NAME" -p cohort-cli --bench many_clients --no-run 2>/dev/null
-bench=$(ls -t "$CARGO_TARGET_DIR/$PROFILE_NAME"/deps/many_clients-* | grep -v '\.d$' | head -1)
+dir="$PROFILE_NAME"; [ "$dir" = dev ] && dir=debug
+bench=$(ls -t "$CARGO_TARGET_DIR/$dir"/deps/many_clients-* | grep -v '\.d$' | head -1)
 log="$(mktemp)"
 "$bench" "${1:-1000}" "${2:-4}" ${3:-} | tee "$log" &
 runner=$!

@@ -11,6 +11,7 @@
 //!     cargo bench -p cohort-cli --bench many_clients -- [CLIENTS] [ROUNDS] [INFLIGHT_MIB]
 //!
 //! `COHORT_DATA_DIR` must hold Fashion-MNIST (the server's test set);
+//! `COHORT_BIN` names the server binary (default: this build's).
 //! `bench/many_clients.sh` runs it and profiles the server.
 
 #[path = "../tests/light/mod.rs"]
@@ -24,8 +25,10 @@ use cohort_runtime::grpc::proto;
 use light::{join, next_task, send_update};
 
 fn config(clients: u32, rounds: u32, port: u16, inflight: Option<u64>) -> String {
-    let inflight =
-        inflight.map_or_else(String::new, |bytes| format!("max_inflight_bytes = {bytes}"));
+    // The largest payload may not exceed what may be in flight.
+    let inflight = inflight.map_or_else(String::new, |bytes| {
+        format!("max_inflight_bytes = {bytes}\nmax_payload_bytes = {bytes}")
+    });
     format!(
         r#"
 [clients]
@@ -126,7 +129,12 @@ fn free_port() -> u16 {
 fn start_server(dir: &Path, clients: u32, rounds: u32, port: u16, inflight: Option<u64>) -> Child {
     let path = dir.join("many.toml");
     std::fs::write(&path, config(clients, rounds, port, inflight)).expect("config written");
-    Command::new(env!("CARGO_BIN_EXE_cohort"))
+    // COHORT_BIN: another build's server (an optimised one, with this
+    // bench built quickly in the dev profile).
+    let binary = std::env::var_os("COHORT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_cohort").into());
+    Command::new(binary)
         .args(["run", "--config"])
         .arg(&path)
         .args(["--cpu", "--quiet", "--local-clients", "0", "--base"])

@@ -72,7 +72,7 @@ impl VectorLog {
             path: path.clone(),
             problem,
         };
-        if mark.width == 0 || mark.width > MAX_WIDTH || mark.bytes % record != 0 {
+        if mark.width == 0 || mark.width > MAX_WIDTH || !mark.bytes.is_multiple_of(record) {
             return Err(fail(format!(
                 "a mark of {} bytes is not a whole number of records of {} floats",
                 mark.bytes, mark.width
