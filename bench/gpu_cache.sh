@@ -108,12 +108,25 @@ copy.close()
 PY
   }
   column=$(head -1 "$OUT/stores")
-  mkdir -p "$OUT/root-copied/$mine" && copy_db "$OUT/root-copied/$mine/default.db" "$column" ""
-  run copied "$OUT/root-copied" "${k100[@]}"
-  n=0
-  tail -n +2 "$OUT/stores" | while IFS= read -r value; do
-    n=$((n + 1)); [ "$n" -le "${GROUPS:-3}" ] || break
-    mkdir -p "$OUT/root-store-$n/$mine" && copy_db "$OUT/root-store-$n/$mine/default.db" "$column" "$value"
-    run "store-$n" "$OUT/root-store-$n" "${k100[@]}"
+  if [ -z "${SKIP_COPIED:-}" ]; then
+    mkdir -p "$OUT/root-copied/$mine" && copy_db "$OUT/root-copied/$mine/default.db" "$column" ""
+    run copied "$OUT/root-copied" "${k100[@]}"
+  fi
+  # One store at a time, by the prefix of its namespace: tuning results
+  # (autotune/), compiled SPIR-V (vulkan/), throughput probes (throughput/).
+  for prefix in ${STORES:-autotune/ vulkan/ throughput/}; do
+    name=${prefix%/}
+    mkdir -p "$OUT/root-store-$name/$mine"
+    python3 - "$theirs/default.db" "$OUT/root-store-$name/$mine/default.db" "$prefix" <<'PY'
+import sqlite3, sys
+source, target, prefix = sys.argv[1:]
+copy = sqlite3.connect(target)
+sqlite3.connect(source).backup(copy)
+copy.execute("DELETE FROM entries WHERE substr(namespace, 1, ?) != ?", (len(prefix), prefix))
+copy.commit()
+print(target, "keeps", copy.execute("SELECT COUNT(*) FROM entries").fetchone()[0], "entries")
+copy.close()
+PY
+    run "store-$name" "$OUT/root-store-$name" "${k100[@]}"
   done
 fi
