@@ -404,10 +404,14 @@ struct ClientArgs {
     quiet: bool,
     /// Bring your own data: a folder of IDX files (train-images-idx3-ubyte,
     /// train-labels-idx1-ubyte, optionally t10k-* for held-out evaluation;
-    /// plain or .gz) or a safetensors file with `images` and `labels`
-    /// (optionally `test_images`, `test_labels`). The process claims one
-    /// own-data client of the run (clients.own_data_clients) and trains it on
-    /// this data only.
+    /// plain or .gz), of CIFAR's binary batches (data_batch_N.bin and
+    /// test_batch.bin, or CIFAR-100's train.bin and test.bin) or of LEAF's
+    /// JSON (train/*.json, optionally test/*.json); a safetensors file with
+    /// `images` and `labels` (optionally `test_images`, `test_labels`); a
+    /// .csv file (a header row, numeric features, --label-column) or an .npz
+    /// file (`x`, `y`, optionally `x_test`, `y_test`). The process claims
+    /// one own-data client of the run (clients.own_data_clients) and trains
+    /// it on this data only.
     #[arg(long, value_name = "PATH")]
     data: Option<PathBuf>,
     /// The own-data client to claim, 1..=clients.own_data_clients [default:
@@ -419,6 +423,9 @@ struct ClientArgs {
     /// clients.max_samples refuses more at registration anyway).
     #[arg(long, value_name = "N", default_value_t = 100_000, requires = "data", value_parser = clap::value_parser!(u64).range(1..))]
     max_samples: u64,
+    /// With a --data CSV file: the column that holds the labels.
+    #[arg(long, value_name = "NAME", default_value = "label", requires = "data")]
+    label_column: String,
     /// Refuse to take part in a run whose config has no
     /// [secure_aggregation]: the server would receive this client's updates
     /// unmasked. Checked when the server's config arrives, before any
@@ -1078,6 +1085,7 @@ fn client(args: ClientArgs, registry: &Arc<Registry>) -> anyhow::Result<()> {
             path,
             client_id: args.client_id,
             max_samples: args.max_samples,
+            label_column: args.label_column,
         }),
         registry: Arc::clone(registry),
         require_secure_aggregation: args.require_secure_aggregation,

@@ -376,3 +376,91 @@ fn an_asynchronous_server_admits_own_data_updates_and_refuses_a_lying_one() {
         "{rows:?}"
     );
 }
+
+/// A run of a file data set (CSV) whose clients bring their own CSV files
+/// and hold none of the server's, one with its labels in a column of
+/// another name (`--label-column`). The clients learn the data set's
+/// classes from the config the server sends; the model is their
+/// sample-weighted FedAvg.
+#[test]
+fn own_data_clients_of_a_csv_run_bring_their_own_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let tabular = common::fixture_data().join("../tabular");
+    let server_data = dir.path().join("server-data");
+    std::fs::create_dir_all(&server_data).unwrap();
+    for name in ["train.csv", "test.csv"] {
+        std::fs::copy(tabular.join(name), server_data.join(name)).unwrap();
+    }
+    let text = std::fs::read_to_string(tabular.join("train.csv")).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let rows: Vec<&str> = lines.collect();
+    // Client 1: 100 rows, the label column renamed.
+    let first = dir.path().join("first.csv");
+    let renamed = header.replace("label", "target");
+    std::fs::write(&first, format!("{renamed}\n{}\n", rows[..100].join("\n"))).unwrap();
+    // Client 2: 150 other rows, `label` as the data set names it.
+    let second = dir.path().join("second.csv");
+    std::fs::write(
+        &second,
+        format!("{header}\n{}\n", rows[100..250].join("\n")),
+    )
+    .unwrap();
+    let port = free_port();
+    let config = format!(
+        r#"
+[clients]
+total_clients = 2
+per_round = 2
+own_data_clients = 2
+comm_simulation = false
+
+[server]
+port = {port}
+registration_timeout = 60
+
+[data]
+datasource = "CSV"
+train_file = "train.csv"
+test_file = "test.csv"
+label_column = "label"
+
+[trainer]
+rounds = 2
+epochs = 1
+batch_size = 10
+max_concurrency = 1
+optimizer = "sgd"
+model_name = "multilayer"
+
+[parameters.model]
+hidden = [8]
+
+[parameters.optimizer]
+learning_rate = 0.1
+
+[results]
+keep_client_updates = true
+"#
+    );
+    let (base, server) = server_on(dir.path(), &config, &[], &server_data);
+    let mut renamed_client = own_data_client(port, &first, Some(1));
+    renamed_client.args(["--label-column", "target"]);
+    let first_client = start(renamed_client);
+    let second_client = start(own_data_client(port, &second, Some(2)));
+    finish(server, "cohort run");
+    finish(first_client, "client 1");
+    finish(second_client, "client 2");
+    let run_dir = common::only_run_dir(&base);
+    let rows = clients_csv(&run_dir);
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for row in &rows {
+        let samples = if row.client == 1 { "100" } else { "150" };
+        assert_eq!(
+            (row.samples.as_str(), row.dropped.as_str()),
+            (samples, ""),
+            "{row:?}"
+        );
+    }
+    assert_fedavg(&run_dir, 2, &rows, 2);
+}

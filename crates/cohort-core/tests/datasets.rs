@@ -440,3 +440,120 @@ fn a_bad_choice_of_rows_is_an_error() {
         }
     }
 }
+
+/// An own-data client (`cohort client --data`) given a data set's own files
+/// holds exactly what the server's loader reads from them: the training
+/// samples, then the test ones, with the same values to the bit after the
+/// data set's normalization.
+#[test]
+fn own_data_in_each_data_sets_format_holds_what_its_loader_reads() {
+    use cohort_core::data::own::{Expected, OwnData};
+    let cases = [
+        (DataSource::Cifar10, "cifar-10-batches-bin"),
+        (DataSource::Cifar100, "cifar-100-binary"),
+        (DataSource::Femnist, "femnist"),
+        (DataSource::Shakespeare, "shakespeare"),
+    ];
+    for (source, folder) in cases {
+        let splits = data::load(source, &fixtures(), &Fetch::Never).unwrap();
+        let own = OwnData::load(&fixtures().join(folder), 100_000)
+            .unwrap_or_else(|e| panic!("{source}: {e}"));
+        assert_eq!(own.train.len(), splits.train.len(), "{source}");
+        assert_eq!(own.test_len(), splits.test.len(), "{source}");
+        let normalization = source.normalization();
+        let shape = source.sample_shape();
+        let held = own
+            .into_dataset(Expected {
+                sample_shape: &shape,
+                classes: source.classes(),
+                normalization: normalization.as_ref(),
+                datasource: folder,
+            })
+            .unwrap_or_else(|e| panic!("{source}: {e}"));
+        let mut inputs = splits.train.inputs.clone();
+        inputs.extend(&splits.test.inputs);
+        let mut labels = splits.train.labels.clone();
+        labels.extend(&splits.test.labels);
+        assert_eq!(held.labels, labels, "{source}");
+        assert_eq!(held.sample_shape, shape, "{source}");
+        let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&held.inputs), bits(&inputs), "{source}");
+    }
+}
+
+/// CSV and NPZ own data read as the file data sets read them: features as
+/// float32, the label column the client names, the NPZ file's own test arrays.
+#[test]
+fn own_data_in_csv_and_npz_files_holds_what_the_file_data_sets_read() {
+    use cohort_core::data::own::OwnData;
+    use cohort_core::data::tabular::{self, FileFormat};
+    let folder = fixtures().join("../tabular");
+    for (file, format) in [
+        ("train.csv", FileFormat::Csv),
+        ("tabular.npz", FileFormat::Npz),
+    ] {
+        let path = folder.join(file);
+        let (train, test) = tabular::read_own(&path, format, "label").unwrap();
+        let own = OwnData::load(&path, 100_000).unwrap();
+        assert_eq!(own.train.values, train.inputs, "{file}");
+        assert_eq!(own.train.labels, train.labels, "{file}");
+        assert_eq!(own.train.shape, train.sample_shape, "{file}");
+        assert_eq!(own.test_len(), test.map_or(0, |t| t.len()), "{file}");
+    }
+    let own = OwnData::load(&folder.join("tabular.npz"), 100_000).unwrap();
+    assert_eq!((own.train.len(), own.test_len()), (300, 60));
+    assert_eq!(own.train.shape, [2, 2]);
+    // Another label column: `client` holds whole numbers too, and `label`
+    // becomes a fifth feature.
+    let by_client = OwnData::load_with(&folder.join("train.csv"), 100_000, "client").unwrap();
+    assert_eq!(by_client.train.shape, [5]);
+    let missing = OwnData::load_with(&folder.join("train.csv"), 100_000, "target").unwrap_err();
+    assert!(missing.to_string().contains("target"), "{missing}");
+}
+
+/// More samples than the client accepts are refused from the files' sizes
+/// and headers, naming the limit, in every format.
+#[test]
+fn own_data_beyond_max_samples_is_refused_in_every_format() {
+    use cohort_core::data::own::OwnData;
+    for path in [
+        fixtures().join("cifar-10-batches-bin"),
+        fixtures().join("cifar-100-binary"),
+        fixtures().join("femnist"),
+        fixtures().join("shakespeare"),
+        fixtures().join("../tabular/train.csv"),
+        fixtures().join("../tabular/tabular.npz"),
+    ] {
+        let refused = OwnData::load(&path, 2).unwrap_err().to_string();
+        assert!(
+            refused.contains("more than the 2 this client accepts"),
+            "{}: {refused}",
+            path.display()
+        );
+    }
+}
+
+/// A folder whose LEAF files hold neither data set's samples, and CIFAR
+/// batches of a wrong size, are refused naming the file.
+#[test]
+fn own_data_folders_of_damaged_files_are_refused_naming_them() {
+    use cohort_core::data::own::OwnData;
+    let dir = tempfile::tempdir().unwrap();
+    let leaf = dir.path().join("leaf");
+    std::fs::create_dir_all(leaf.join("train")).unwrap();
+    std::fs::write(
+        leaf.join("train/a.json"),
+        r#"{"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [7], "y": [1]}}}"#,
+    )
+    .unwrap();
+    let refused = OwnData::load(&leaf, 100).unwrap_err().to_string();
+    assert!(
+        refused.contains("a.json") && refused.contains("neither"),
+        "{refused}"
+    );
+    let cifar = dir.path().join("cifar");
+    std::fs::create_dir_all(&cifar).unwrap();
+    std::fs::write(cifar.join("data_batch_1.bin"), vec![0u8; 100]).unwrap();
+    let refused = OwnData::load(&cifar, 100).unwrap_err().to_string();
+    assert!(refused.contains("data_batch_1.bin"), "{refused}");
+}

@@ -153,7 +153,36 @@ pub(crate) fn start_transport(
         )?;
         return Ok((Box::new(pool), None));
     }
-    start_server(loaded, options, observer)
+    start_server(loaded, options, model.spec.classes, observer)
+}
+
+/// The config the client processes receive. A file data set's classes come
+/// from the server's files, which an own-data client does not hold: they
+/// travel in it as `parameters.model.num_classes`.
+fn config_for_clients(loaded: &LoadedConfig, classes: usize) -> String {
+    let config = loaded.config();
+    let from_file = cohort_core::data::tabular::FileFormat::from_name(&config.data.datasource);
+    if from_file.is_none() || loaded.num_classes_set().is_some() {
+        return toml_text(loaded.merged());
+    }
+    let mut merged = loaded.merged().clone();
+    let model = merged
+        .entry("parameters")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .and_then(|parameters| {
+            parameters
+                .entry("model")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+        });
+    if let Some(model) = model {
+        model.insert(
+            "num_classes".to_owned(),
+            toml::Value::Integer(i64::try_from(classes).unwrap_or(i64::MAX)),
+        );
+    }
+    toml_text(&merged)
 }
 
 /// Network mode: the gRPC server, the client processes this run starts on
@@ -161,6 +190,7 @@ pub(crate) fn start_transport(
 fn start_server(
     loaded: &LoadedConfig,
     options: &RunOptions,
+    classes: usize,
     observer: &mut dyn RunObserver,
 ) -> anyhow::Result<(Box<dyn Transport>, Option<ChildClients>)> {
     let config = &loaded.config();
@@ -173,7 +203,7 @@ fn start_server(
         .with_context(|| format!("server.address / server.port: `{bind}` has no address"))?;
     let grpc = GrpcTransport::start(ServerSettings {
         bind,
-        config_toml: toml_text(loaded.merged()),
+        config_toml: config_for_clients(loaded, classes),
         auth_token: server.auth_token.clone(),
         tls: server.tls_cert.clone().zip(server.tls_key.clone()),
         payload_timeout: std::time::Duration::from_secs_f64(server.payload_timeout),

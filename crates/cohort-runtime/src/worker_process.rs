@@ -25,7 +25,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use cohort_core::config::LoadedConfig;
 use cohort_core::data::Dataset;
 use cohort_core::data::own::{Expected, OwnData};
+use cohort_core::data::tabular::FileFormat;
 use cohort_train::device::{self, DeviceRequest};
+use cohort_train::registry::DatasetEntry;
 use cohort_train::trainer::ClientTask;
 
 use crate::client::{ClientPartitions, ClientReply, ClientRunner, load_data};
@@ -73,13 +75,15 @@ pub struct WorkerOptions {
 /// `cohort client --data PATH [--client-id ID]`.
 #[derive(Debug, Clone)]
 pub struct OwnDataOptions {
-    /// A folder of IDX files or a safetensors file (`cohort_core::data::own`).
+    /// A folder or file in one of the formats of `cohort_core::data::own`.
     pub path: PathBuf,
     /// The own-data client to claim; `None`: the lowest free one.
     pub client_id: Option<u32>,
     /// Most samples the data set may hold in either split, checked before it
     /// is read.
     pub max_samples: u64,
+    /// A CSV file's label column.
+    pub label_column: String,
 }
 
 /// What a worker process did, for its exit message.
@@ -281,7 +285,42 @@ enum Holdings {
         data: Dataset,
         train: Vec<u32>,
         held_out: Vec<u32>,
+        /// The server's data set as this process knows it.
+        dataset: DatasetEntry,
     },
+}
+
+/// The server's data set for an own-data client. A file data set (CSV, NPZ,
+/// Safetensors) is known from the server's file, which such a client need
+/// not hold: then it is known from the client's own samples and the classes
+/// the server's config states (`parameters.model.num_classes`, which the
+/// server fills in for its clients).
+fn own_dataset(
+    loaded: &LoadedConfig,
+    options: &WorkerOptions,
+    own: &OwnData,
+) -> anyhow::Result<DatasetEntry> {
+    let datasource = &loaded.config().data.datasource;
+    let from_files = options
+        .registry
+        .dataset_in(loaded, options.data_root.as_deref());
+    let (Err(errors), Some(format)) = (&from_files, FileFormat::from_name(datasource)) else {
+        return from_files.map_err(|errors| anyhow::anyhow!("{errors}"));
+    };
+    let classes = loaded.num_classes_set().with_context(|| {
+        format!(
+            "the server's file data set `{datasource}` cannot be read here ({errors}), and its              config does not say its classes (parameters.model.num_classes)"
+        )
+    })?;
+    let name = format.name().to_owned();
+    Ok(DatasetEntry::new(
+        format.name(),
+        format.summary(),
+        own.train.shape.clone(),
+        classes,
+        own.train.len(),
+        move |_| Err(format!("an own-data client of `{name}` reads only its own file").into()),
+    ))
 }
 
 impl Holdings {
@@ -317,10 +356,7 @@ impl Holdings {
         let train = u32::try_from(train).unwrap_or(total);
         // Own data takes the shape, normalization and task of the server's
         // data set, as this process's registry knows it.
-        let dataset = options
-            .registry
-            .dataset_in(loaded, options.data_root.as_deref())
-            .map_err(|errors| anyhow::anyhow!("{errors}"))?;
+        let dataset = own_dataset(loaded, options, &own)?;
         let data = own.into_dataset(Expected {
             sample_shape: dataset.sample_shape(),
             classes: dataset.classes(),
@@ -344,6 +380,7 @@ impl Holdings {
             data,
             train: (0..train).collect(),
             held_out,
+            dataset,
         })
     }
 
@@ -366,6 +403,7 @@ impl Holdings {
                 data,
                 train,
                 held_out,
+                ..
             } => {
                 anyhow::ensure!(
                     client_id == *mine,
@@ -527,7 +565,11 @@ impl TaskTrainer for ModelTrainer {
 async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     // Read and checked before connecting: the counts it declares are what it holds.
     let own = match &options.own_data {
-        Some(own) => Some(OwnData::load(&own.path, own.max_samples)?),
+        Some(own) => Some(OwnData::load_with(
+            &own.path,
+            own.max_samples,
+            &own.label_column,
+        )?),
         None => None,
     };
     let declared = own.as_ref().map(|own| proto::OwnData {
@@ -547,14 +589,15 @@ async fn work(options: &WorkerOptions) -> anyhow::Result<WorkerSummary> {
     device::key_kernel_cache(&loaded.result_hash());
     let selected = device::select(options.device)?;
     let holdings = Holdings::prepare(&loaded, options, own, welcome.client_id)?;
-    let model = options
-        .registry
-        .run_model_in(
-            &loaded,
-            options.data_root.as_deref(),
-            holdings.sample_shape().to_vec(),
-        )
-        .context("the server's model")?;
+    let shape = holdings.sample_shape().to_vec();
+    let model = match &holdings {
+        Holdings::Own { dataset, .. } => options.registry.run_model_for(&loaded, dataset, shape),
+        Holdings::Shared { .. } => {
+            let root = options.data_root.as_deref();
+            options.registry.run_model_in(&loaded, root, shape)
+        }
+    }
+    .context("the server's model")?;
     let mut trainer = ModelTrainer {
         holdings,
         runner: ClientRunner::new(&loaded, &model, &selected)?,

@@ -8,6 +8,7 @@ pub mod download;
 pub mod idx;
 pub mod leaf;
 pub mod own;
+mod own_files;
 pub mod survey;
 pub mod tabular;
 

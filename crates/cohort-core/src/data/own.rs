@@ -1,8 +1,10 @@
 //! A client's own data set (`cohort client --data PATH`): what a client that
 //! does not take a partition of the run's shared data trains on.
 //!
-//! Two formats, both checked in full before the client registers, so that the
-//! sample counts it declares are the ones it holds:
+//! Every format of the run's data sets, each checked in full before the
+//! client registers, so that the sample counts it declares are the ones it
+//! holds. IDX and safetensors are read here; CIFAR's binary batches, LEAF's
+//! JSON, CSV and NPZ by their data sets' own readers (`own_files.rs`):
 //!
 //! * **a folder of IDX files**, named as MNIST names them:
 //!   `train-images-idx3-ubyte` and `train-labels-idx1-ubyte`, and for held-out
@@ -13,7 +15,17 @@
 //!   `images` or `inputs` `[N, ...]` and `labels` (uint8 or int64 `[N]`),
 //!   optionally `test_images`/`test_inputs` and `test_labels` of the same
 //!   kinds. Inputs are uint8 pixels (0–255), float32 values, or int64 token
-//!   ids.
+//!   ids;
+//! * **a folder of CIFAR's binary batches**, named as the archives name them:
+//!   CIFAR-10's `data_batch_N.bin` (any number of them) and optionally
+//!   `test_batch.bin`, or CIFAR-100's `train.bin` and optionally `test.bin`;
+//! * **a folder in LEAF's layout**: `train/*.json` and optionally
+//!   `test/*.json`, FEMNIST's or Shakespeare's (told apart by the samples),
+//!   every user's samples this one client's;
+//! * **a `.csv` file** (a header row, a label column, `label` unless
+//!   `cohort client --label-column` names another, numeric features) or an
+//!   **`.npz` file** (`x`, `y`, optionally `x_test`, `y_test`), as the CSV
+//!   and NPZ data sets read them; their features are float32 values.
 //!
 //! The samples must have the shape of the server's data set (`[N, H, W]`
 //! stands for one channel, `[N, 1, H, W]`). Pixels become intensities in
@@ -29,7 +41,13 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use super::idx::{IdxError, read_idx, read_idx_dims};
+use super::own_files;
+use super::tabular::FileFormat;
 use super::{Dataset, Normalization};
+
+/// A CSV file's label column unless the client names another
+/// (`cohort client --label-column`), as `data.label_column`'s default.
+pub const DEFAULT_LABEL_COLUMN: &str = "label";
 
 /// The largest token id held exactly by a float32 sample value.
 const MAX_TOKEN: i64 = 1 << 24;
@@ -101,7 +119,7 @@ pub enum OwnDataError {
     Invalid { path: PathBuf, reason: String },
 }
 
-fn invalid(path: &Path, reason: impl Into<String>) -> OwnDataError {
+pub(super) fn invalid(path: &Path, reason: impl Into<String>) -> OwnDataError {
     OwnDataError::Invalid {
         path: path.to_path_buf(),
         reason: reason.into(),
@@ -114,8 +132,34 @@ impl OwnData {
     /// anything is allocated for them, so a small file that claims millions
     /// of images is refused, not read.
     pub fn load(path: &Path, max_samples: u64) -> Result<Self, OwnDataError> {
+        Self::load_with(path, max_samples, DEFAULT_LABEL_COLUMN)
+    }
+
+    /// [`OwnData::load`], with `label_column` naming a CSV file's labels.
+    /// The format follows the path: a folder of IDX files, of CIFAR's binary
+    /// batches or of LEAF's `train/` (and `test/`) JSON; a `.csv` or `.npz`
+    /// file as the file data sets read them; any other file as safetensors.
+    pub fn load_with(
+        path: &Path,
+        max_samples: u64,
+        label_column: &str,
+    ) -> Result<Self, OwnDataError> {
+        let extension = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_lowercase);
         let loaded = if path.is_dir() {
-            load_idx_folder(path, max_samples)?
+            match own_files::load_cifar_folder(path, max_samples)? {
+                Some(loaded) => loaded,
+                None => match own_files::load_leaf_folder(path, max_samples)? {
+                    Some(loaded) => loaded,
+                    None => load_idx_folder(path, max_samples)?,
+                },
+            }
+        } else if extension.as_deref() == Some("csv") {
+            own_files::load_table(path, FileFormat::Csv, label_column, max_samples)?
+        } else if extension.as_deref() == Some("npz") {
+            own_files::load_table(path, FileFormat::Npz, label_column, max_samples)?
         } else {
             load_safetensors(path, max_samples)?
         };
@@ -312,7 +356,7 @@ fn read_idx_pair(
 }
 
 /// More samples than the client accepts are refused by name.
-fn check_count(path: &Path, count: usize, max_samples: u64) -> Result<(), OwnDataError> {
+pub(super) fn check_count(path: &Path, count: usize, max_samples: u64) -> Result<(), OwnDataError> {
     if count as u64 > max_samples {
         return Err(invalid(
             path,
@@ -339,7 +383,7 @@ fn reserve(path: &Path, count: usize) -> Result<Vec<f32>, OwnDataError> {
 }
 
 /// uint8 pixels as intensities in [0, 1].
-fn pixels(path: &Path, data: &[u8]) -> Result<Vec<f32>, OwnDataError> {
+pub(super) fn pixels(path: &Path, data: &[u8]) -> Result<Vec<f32>, OwnDataError> {
     let mut values = reserve(path, data.len())?;
     values.extend(data.iter().map(|&p| f32::from(p) / 255.0));
     Ok(values)

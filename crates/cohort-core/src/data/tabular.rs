@@ -304,6 +304,34 @@ pub fn survey(spec: &FileSpec) -> Result<FileSurvey, FileError> {
     })
 }
 
+/// One file as an own-data client holds it (`cohort client --data`): its
+/// samples and its own test part, with `label_column` naming a CSV file's
+/// labels; its client ids, if any, are checked but not kept (all of it is
+/// one client's).
+pub fn read_own(
+    path: &Path,
+    format: FileFormat,
+    label_column: &str,
+) -> Result<(Dataset, Option<Dataset>), FileError> {
+    let spec = FileSpec {
+        format,
+        train_file: path.to_path_buf(),
+        test_file: None,
+        label_column: label_column.to_owned(),
+        client_column: None,
+        test_fraction: None,
+        split_seed: 0,
+    };
+    let (part, test) = read_file(&spec, path, true)?;
+    Ok((part.data, test))
+}
+
+/// An NPZ file's training and test sample counts, from its arrays' headers.
+pub fn npz_counts(path: &Path) -> Result<(usize, Option<usize>), FileError> {
+    let ((train, _), test, _) = npz_survey(path)?;
+    Ok((train, test))
+}
+
 /// One file: its training part, and its own test part where the format has
 /// one (`train` false: a test file, whose client ids are ignored).
 fn read_file(
