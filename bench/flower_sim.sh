@@ -46,14 +46,15 @@ measure() {
 import json, os, sys, time
 root, out = int(sys.argv[1]), sys.argv[2]
 def tree(pid):
-    todo, seen = [pid], []
+    # (pid, depth): the depth tells forked processes of one command apart.
+    todo, seen = [(pid, 0)], []
     while todo:
-        p = todo.pop()
-        seen.append(p)
+        p, depth = todo.pop()
+        seen.append((p, depth))
         try:
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
+                    todo.extend((int(c), depth + 1) for c in f.read().split())
         except OSError:
             pass
     return seen
@@ -85,13 +86,13 @@ def name(pid):
 peak_pss = peak_rss = 0
 at_peak = []
 while os.path.exists(f"/proc/{root}") and open(f"/proc/{root}/stat").read().split()[2] != "Z":
-    figures = [(p, memory(p)) for p in tree(root)]
-    pss = sum(f["Pss:"] for _, f in figures)
+    figures = [(p, depth, memory(p)) for p, depth in tree(root)]
+    pss = sum(f["Pss:"] for _, _, f in figures)
     if pss > peak_pss:
         peak_pss = pss
-        at_peak = [dict(pid=p, name=name(p), **{k[:-1]: v // 1024 for k, v in f.items()})
-                   for p, f in figures]
-    peak_rss = max(peak_rss, sum(f["Rss:"] for _, f in figures))
+        at_peak = [dict(pid=p, depth=depth, name=name(p), **{k[:-1]: v // 1024 for k, v in f.items()})
+                   for p, depth, f in figures]
+    peak_rss = max(peak_rss, sum(f["Rss:"] for _, _, f in figures))
     time.sleep(0.2)
 open(out, "w").write(f"{peak_pss / 1024:.0f} {peak_rss / 1024:.0f}")
 json.dump(at_peak, open(out + ".procs", "w"))
@@ -115,8 +116,8 @@ for name, label in (("cohort", "cohort.simulate"), ("flower", "flwr simulation")
     print(f"{label:18} {figures['seconds']:8.1f} {pss:>13} {rss:>13} {figures['accuracy']:9.4f}")
 for name, label in (("cohort", "cohort.simulate"), ("flower", "flwr simulation")):
     print(f"\n{label} at its PSS peak, MiB:")
-    print(f"{'PSS':>6} {'anon':>6} {'file':>6} {'priv':>6} {'RSS':>6}  process")
-    for p in sorted(json.load(open(f"{out}/{name}.peak.procs")), key=lambda p: -p["Pss"]):
+    print(f"{'PSS':>6} {'anon':>6} {'file':>6} {'priv':>6} {'RSS':>6}  depth  process")
+    for p in sorted(json.load(open(f"{out}/{name}.peak.procs")), key=lambda p: (p["depth"], -p["Pss"])):
         private = p["Private_Clean"] + p["Private_Dirty"]
-        print(f"{p['Pss']:6} {p['Pss_Anon']:6} {p['Pss_File']:6} {private:6} {p['Rss']:6}  {p['name']}")
+        print(f"{p['Pss']:6} {p['Pss_Anon']:6} {p['Pss_File']:6} {private:6} {p['Rss']:6}  {p['depth']:5}  {p['name']}")
 PYEOF
