@@ -288,6 +288,10 @@ def test_workers_share_what_the_initial_client_loaded(tmp_path):
     # Frozen before the fork, so that the workers' collections leave the
     # shared objects' pages alone.
     assert all(fit["frozen"] > 0 for fit in fits), fits
+    # Neither the template nor a worker outlives the run.
+    for pid in workers | {built_in}:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_with_initial_parameters_no_client_is_built_before_the_workers(tmp_path):
