@@ -4,12 +4,13 @@
 # through Flower's own simulation (flwr[simulation], Ray), one after the other, with the
 # same number of client processes: wall time to the last round, peak memory of the whole
 # process tree (PSS, and RSS, summed over every process of the run, sampled every 0.2 s)
-# and final test-set accuracy.
+# and final test-set accuracy; then each process's memory at its tree's PSS peak.
 # Usage: bench/flower_sim.sh [DATA_DIR] [WORKERS]   (defaults ../shared/data, 2)
 # Installs into a fresh venv (downloads: torch, flwr[simulation] with Ray);
 # builds the cohort wheel with maturin (CARGO_TARGET_DIR is used).
 # Env: COHORT_WHEEL (a wheel built already, instead of a release build),
 #      SYSTEM_TORCH=1 (the venv sees the system's packages and uses its torch).
+#      FLWR_VERSION (default 1.42.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="$(cd "${1:-../shared/data}" && pwd)"
@@ -26,7 +27,8 @@ if [ -z "${SYSTEM_TORCH:-}" ]; then
   # an index of CPU wheels where one is reachable).
   "$PY" -m pip install --quiet --disable-pip-version-check torch ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 fi
-"$PY" -m pip install --quiet --disable-pip-version-check "flwr[simulation]"
+# The version the figures in docs/BENCHMARKS.md were measured with.
+"$PY" -m pip install --quiet --disable-pip-version-check "flwr[simulation]==${FLWR_VERSION:-1.42.0}"
 if [ -z "${COHORT_WHEEL:-}" ]; then
   (cd python && "$OUT/venv/bin/maturin" build --locked --release --out "$OUT/wheels" >/dev/null)
   COHORT_WHEEL="$(ls "$OUT"/wheels/cohort-*.whl)"
@@ -34,31 +36,34 @@ fi
 "$PY" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$COHORT_WHEEL"
 
 # Runs a command and samples the summed PSS and RSS of it and all its descendants;
-# writes the peaks in MiB to $1.
+# writes the peaks in MiB to $1, and to $1.procs each process's figures at the moment
+# of the PSS peak (where the memory is).
 measure() {
   local peak_file="$1"; shift
   "$@" &
   local root=$!
   "$PY" - "$root" "$peak_file" <<'PYEOF'
-import os, sys, time
+import json, os, sys, time
 root, out = int(sys.argv[1]), sys.argv[2]
 def tree(pid):
-    todo, seen = [pid], []
+    # (pid, depth): the depth tells forked processes of one command apart.
+    todo, seen = [(pid, 0)], []
     while todo:
-        p = todo.pop()
-        seen.append(p)
+        p, depth = todo.pop()
+        seen.append((p, depth))
         try:
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
+                    todo.extend((int(c), depth + 1) for c in f.read().split())
         except OSError:
             pass
     return seen
+KEYS = ("Pss:", "Rss:", "Pss_Anon:", "Pss_File:", "Private_Clean:", "Private_Dirty:")
 def memory(pid):
-    # (PSS, RSS) in KiB. PSS splits each shared page among the processes
-    # that map it, so its sum over the tree is the tree's memory; RSS counts
-    # a page shared by forked workers once per worker.
-    found = {"Pss:": 0, "Rss:": 0}
+    # KiB. PSS splits each shared page among the processes that map it, so
+    # its sum over the tree is the tree's memory; RSS counts a page shared
+    # by forked workers once per worker.
+    found = dict.fromkeys(KEYS, 0)
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
@@ -67,14 +72,30 @@ def memory(pid):
                     found[key] = int(line.split()[1])
     except OSError:
         pass
-    return found["Pss:"], found["Rss:"]
+    return found
+def name(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+    except OSError:
+        return "?"
+    shown = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(args[:3]))
+    return f"{comm}: {shown}"[:70]
 peak_pss = peak_rss = 0
+at_peak = []
 while os.path.exists(f"/proc/{root}") and open(f"/proc/{root}/stat").read().split()[2] != "Z":
-    figures = [memory(p) for p in tree(root)]
-    peak_pss = max(peak_pss, sum(f[0] for f in figures))
-    peak_rss = max(peak_rss, sum(f[1] for f in figures))
+    figures = [(p, depth, memory(p)) for p, depth in tree(root)]
+    pss = sum(f["Pss:"] for _, _, f in figures)
+    if pss > peak_pss:
+        peak_pss = pss
+        at_peak = [dict(pid=p, depth=depth, name=name(p), **{k[:-1]: v // 1024 for k, v in f.items()})
+                   for p, depth, f in figures]
+    peak_rss = max(peak_rss, sum(f["Rss:"] for _, _, f in figures))
     time.sleep(0.2)
 open(out, "w").write(f"{peak_pss / 1024:.0f} {peak_rss / 1024:.0f}")
+json.dump(at_peak, open(out + ".procs", "w"))
 PYEOF
   wait "$root"
 }
@@ -93,4 +114,10 @@ for name, label in (("cohort", "cohort.simulate"), ("flower", "flwr simulation")
     figures = json.load(open(f"{out}/{name}.json"))
     pss, rss = open(f"{out}/{name}.peak").read().split()
     print(f"{label:18} {figures['seconds']:8.1f} {pss:>13} {rss:>13} {figures['accuracy']:9.4f}")
+for name, label in (("cohort", "cohort.simulate"), ("flower", "flwr simulation")):
+    print(f"\n{label} at its PSS peak, MiB:")
+    print(f"{'PSS':>6} {'anon':>6} {'file':>6} {'priv':>6} {'RSS':>6}  depth  process")
+    for p in sorted(json.load(open(f"{out}/{name}.peak.procs")), key=lambda p: (p["depth"], -p["Pss"])):
+        private = p["Private_Clean"] + p["Private_Dirty"]
+        print(f"{p['Pss']:6} {p['Pss_Anon']:6} {p['Pss_File']:6} {private:6} {p['Rss']:6}  {p['depth']:5}  {p['name']}")
 PYEOF

@@ -200,6 +200,12 @@ def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=N
     The model is ``initial_parameters`` (a list of arrays), else what
     ``client_fn("0").get_parameters({})`` returns; its arrays are named
     ``"0"``, ``"1"``, ... in the run's files, or by ``parameter_names``.
+    Client code never runs in this process: ``client_fn("0")`` is built for
+    the initial parameters in a process forked from this one, which then
+    forks the workers, so that what client code keeps at module level (a
+    data set loaded once, as Flower's examples keep theirs) is shared by the
+    workers copy-on-write instead of loaded by each; with
+    ``initial_parameters`` given, each worker loads its own.
     ``evaluate_fn(server_round, parameters, config) -> (loss, metrics)`` is
     called in this process after each round (``metrics["accuracy"]`` is
     ``results.csv``'s accuracy). With ``clients.do_test = true`` each
@@ -232,7 +238,8 @@ def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=N
     bridge = Bridge(strategy) if isinstance(strategy, Strategy) else None
     keys_json = _json(keys)
     resolved = json.loads(_cohort.resolved(path, table, keys_json))
-    workers = Workers(client_fn, int(resolved["trainer"]["max_concurrency"]))
+    workers = Workers(client_fn, int(resolved["trainer"]["max_concurrency"]),
+                      initial_parameters=initial_parameters is None)
     try:
         if initial_parameters is None:
             params = workers.initial_parameters()

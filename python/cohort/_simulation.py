@@ -8,10 +8,13 @@ sharing a GIL.
 Why fork: Flower users define ``client_fn`` in their ``__main__`` script,
 which a spawned interpreter cannot import by reference, and a lambda or a
 closure does not pickle at all. A fork of this interpreter has
-``client_fn`` as it is, whatever it is. The workers are forked at the start
-of ``simulate``, before the engine starts any thread (a fork copies only
-the forking thread, so a fork after that would copy locks held by threads
-that do not exist in the child), and they talk to the engine over pipes.
+``client_fn`` as it is, whatever it is. One process, the template, is
+forked at the start of ``simulate``, before the engine starts any thread (a
+fork copies only the forking thread, so a fork after that would copy locks
+held by threads that do not exist in the child); it builds client ``"0"``
+for the initial parameters and then forks the workers, so that what the
+client code keeps at module level is shared by them, not built once per
+worker. The workers talk to the engine over pipes.
 Where there is no fork (Windows), ``simulate`` refuses to start.
 
 What crosses the pipes (both ways): a JSON header and the arrays as plain
@@ -20,6 +23,7 @@ pickle, so the engine runs nothing a worker sends. The contract is in
 ``crates/cohort-runtime/src/piped.rs``.
 """
 
+import gc
 import json
 import math
 import multiprocessing
@@ -52,20 +56,27 @@ class ClientFailure(Exception):
 # ---------------------------------------------------------------- the wire
 
 
-def _read_exact(stream, count):
-    data = stream.read(count)
-    if data is None or len(data) != count:
-        raise EOFError(f"the pipe ended after {0 if data is None else len(data)} of {count} bytes")
-    return data
+def _read_exact(stream, count, at_start=False):
+    """``count`` bytes, over as many reads as it takes (a socket's reads
+    may return fewer); ``b""`` when the stream ends before the first byte
+    of a message (``at_start``)."""
+    chunks, got = [], 0
+    while got < count:
+        data = stream.read(count - got)
+        if not data:
+            if at_start and got == 0:
+                return b""
+            raise EOFError(f"the pipe ended inside a message, after {got} of {count} bytes")
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
 
 
 def read_message(stream):
     """One message, or ``None`` when the other side closed the pipe."""
-    length = stream.read(8)
+    length = _read_exact(stream, 8, at_start=True)
     if not length:
         return None
-    if len(length) != 8:
-        raise EOFError("the pipe ended inside a message")
     header = json.loads(_read_exact(stream, int.from_bytes(length, "little")))
     tensors = _read_exact(stream, int.from_bytes(_read_exact(stream, 8), "little"))
     return header, tensors
@@ -273,43 +284,98 @@ def _serve(client_fn, requests_fd, answers_fd, inherited):
                 return
 
 
-def _spawner(client_fn, control_fd, inherited):
-    """Forks a fresh worker whenever the engine asks (one whose client
-    overran ``server.payload_timeout`` was killed), and sends its pipe ends
-    and process id back over the control socket. It is forked with the
-    workers, before the engine starts a thread, so that a replacement is
-    as clean a fork as the first workers are: the engine's process never
-    forks once its threads run."""
+def _fork_worker(client_fn, control, children):
+    """Forks one worker and sends its pipe ends and process id over
+    ``control``, the template's socket to the engine's process."""
+    requests_r, requests_w = os.pipe()
+    answers_r, answers_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            control.close()
+            _serve(client_fn, requests_r, answers_w, [requests_w, answers_r])
+        finally:
+            os._exit(0)
+    children.append(pid)
+    os.close(requests_r)
+    os.close(answers_w)
+    socket.send_fds(control, [pid.to_bytes(8, "little")], [answers_r, requests_w])
+    os.close(answers_r)
+    os.close(requests_w)
+
+
+def _template(client_fn, count, initial, control_fd, inherited):
+    """The one process the engine's process forks: it forks every worker.
+
+    With ``initial``, it first asks ``client_fn("0").get_parameters({})``
+    for the initial model, so that whatever the client code loads and keeps
+    at module level (a data set, a cache, as Flower's examples do) is in
+    this process's memory before the workers exist, and each worker, a fork
+    of it, shares those pages copy-on-write instead of building its own
+    copy. ``gc.freeze()`` then moves every object to the permanent
+    generation, so that the workers' garbage collections never write to the
+    pages they share (a collection writes to every object it visits).
+
+    It stays to fork a replacement whenever the engine asks (a worker whose
+    client overran ``server.payload_timeout`` was killed): the engine's
+    process never forks once its threads run, and a replacement is a fork of
+    the same warmed process as the first workers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The kernel reaps the workers this process forks.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     for fd in inherited:
         os.close(fd)
     control = socket.socket(fileno=control_fd)
-    while control.recv(1):
-        requests_r, requests_w = os.pipe()
-        answers_r, answers_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
+    children = []
+    try:
+        if initial:
+            header, tensors = _answer(client_fn, {"op": "get_parameters", "cid": "0", "config": {}}, b"")
+            with control.makefile("wb") as stream:
+                write_message(stream, header, tensors)
+            if not header.get("ok"):
+                return
+        gc.freeze()
+        for _ in range(count):
+            _fork_worker(client_fn, control, children)
+        while control.recv(1):
+            _fork_worker(client_fn, control, children)
+    except OSError:
+        # The engine's process closed its end: nothing more to fork.
+        pass
+    finally:
+        # Each worker exits once the engine has closed its pipes; one still
+        # training a client the engine no longer waits for is stopped.
+        deadline = time.monotonic() + 5.0
+        while children and time.monotonic() < deadline:
+            children = [pid for pid in children if _alive(pid)]
+            time.sleep(0.05)
+        for pid in children:
             try:
-                control.close()
-                _serve(client_fn, requests_r, answers_w, [requests_w, answers_r])
-            finally:
-                os._exit(0)
-        os.close(requests_r)
-        os.close(answers_w)
-        socket.send_fds(control, [pid.to_bytes(8, "little")], [answers_r, requests_w])
-        os.close(answers_r)
-        os.close(requests_w)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 # ------------------------------------------------------------- the engine
 
 
 class Workers:
-    """The worker processes, forked now, and the engine's ends of their pipes."""
+    """The worker processes and the engine's ends of their pipes.
 
-    def __init__(self, client_fn, count):
+    This process forks one child, the template (``_template``), which forks
+    the workers; with ``initial_parameters=True`` the template first gets
+    the initial model from ``client_fn("0")``, so the workers share what
+    building that client loaded. This process runs no client code."""
+
+    def __init__(self, client_fn, count, initial_parameters=False):
         if "fork" not in multiprocessing.get_all_start_methods():
             raise RuntimeError(
                 "cohort.simulate forks its worker processes (so that a client_fn defined in "
@@ -317,51 +383,55 @@ class Workers:
             )
         context = multiprocessing.get_context("fork")
         self.ends = []
-        self.processes = []
         self.handed_over = False
         self.control = None
-        self.spawner = None
+        self.template = None
         self.pids = []
+        self.initial = None
         try:
-            self.control, spawner_end = socket.socketpair()
-            self.spawner = context.Process(
-                target=_spawner, args=(client_fn, spawner_end.fileno(), [self.control.fileno()]),
-                name="cohort-client-spawner", daemon=True,
+            self.control, template_end = socket.socketpair()
+            self.template = context.Process(
+                target=_template,
+                args=(client_fn, count, initial_parameters, template_end.fileno(),
+                      [self.control.fileno()]),
+                name="cohort-client-template", daemon=True,
             )
-            self.spawner.start()
-            spawner_end.close()
-            for index in range(count):
-                requests_r, requests_w = os.pipe()
-                answers_r, answers_w = os.pipe()
-                inherited = [fd for pair in self.ends for fd in pair] + [
-                    requests_w, answers_r, self.control.fileno()]
-                process = context.Process(
-                    target=_serve,
-                    args=(client_fn, requests_r, answers_w, inherited),
-                    name=f"cohort-client-worker{index}",
-                    daemon=True,
-                )
-                self.ends.append((answers_r, requests_w))
-                process.start()
-                self.processes.append(process)
-                self.pids.append(process.pid)
-                os.close(requests_r)
-                os.close(answers_w)
+            self.template.start()
+            template_end.close()
+            if initial_parameters:
+                # Unbuffered: a buffer would read past the message into
+                # the workers' messages, whose descriptors it would lose.
+                with self.control.makefile("rb", buffering=0) as stream:
+                    message = read_message(stream)
+                if message is None:
+                    raise RuntimeError(
+                        "the worker template process exited before it gave the initial parameters"
+                    )
+                self.initial = message
+                if not message[0].get("ok"):
+                    return
+            for _ in range(count):
+                self.ends.append(self._receive())
         except BaseException:
             self.close()
             raise
 
+    def _receive(self):
+        """A new worker's pipe ends ``(from the worker, to the worker)``
+        from the template, and its process id."""
+        message, fds, _, _ = socket.recv_fds(self.control, 8, 2)
+        if len(message) != 8 or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError("the worker template process has exited")
+        self.pids.append(int.from_bytes(message, "little"))
+        return fds[0], fds[1]
+
     def initial_parameters(self):
-        """``client_fn("0").get_parameters({})``, asked of the first worker
-        (client code runs in the workers only, never in this process)."""
-        answers_fd, requests_fd = self.ends[0]
-        with os.fdopen(requests_fd, "wb", closefd=False) as requests, \
-                os.fdopen(answers_fd, "rb", closefd=False) as answers:
-            write_message(requests, {"op": "get_parameters", "cid": "0", "config": {}})
-            message = read_message(answers)
-        if message is None:
-            raise RuntimeError("the worker process exited before it gave the initial parameters")
-        header, tensors = message
+        """What ``client_fn("0").get_parameters({})`` returned in the
+        template (client code runs in the template and the workers, never
+        in this process)."""
+        header, tensors = self.initial
         if not header.get("ok"):
             raise RuntimeError(
                 f"cannot get the initial parameters from client_fn('0').get_parameters({{}}): "
@@ -378,17 +448,13 @@ class Workers:
             pass
 
     def spawn(self, index):
-        """A fresh worker in place of worker ``index``, from the spawner:
+        """A fresh worker in place of worker ``index``, from the template:
         its pipe ends ``(from the worker, to the worker)``, the engine's to
         close."""
         self.control.sendall(b"w")
-        message, fds, _, _ = socket.recv_fds(self.control, 8, 2)
-        if len(message) != 8 or len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            raise RuntimeError("the worker spawner has exited")
-        self.pids[index] = int.from_bytes(message, "little")
-        return fds[0], fds[1]
+        ends = self._receive()
+        self.pids[index] = self.pids.pop()
+        return ends
 
     def hand_over(self):
         """The pipe ends, now the engine's to close."""
@@ -402,17 +468,12 @@ class Workers:
                     os.close(fd)
             self.handed_over = True
         if self.control is not None:
-            # The spawner exits when its socket closes; so do its workers
-            # once the engine has closed their pipes.
+            # The template exits when its socket closes, once its workers
+            # have (they exit when the engine has closed their pipes).
             self.control.close()
             self.control = None
-        # Each worker exits once the engine has closed its pipes; one still
-        # training a client the engine no longer waits for is stopped.
-        deadline = time.monotonic() + 5.0
-        processes = self.processes + ([self.spawner] if self.spawner is not None else [])
-        for process in processes:
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=1.0)
+        if self.template is not None:
+            self.template.join(timeout=7.0)
+            if self.template.is_alive():
+                self.template.terminate()
+                self.template.join(timeout=1.0)

@@ -1,6 +1,9 @@
 """cohort.simulate: Flower-style NumPy clients on cohort's round loop."""
 
 import csv
+import gc
+import json
+import os
 import time
 
 import numpy as np
@@ -227,3 +230,84 @@ def test_a_client_that_hangs_is_dropped_after_the_timeout_and_its_worker_replace
     with open(tmp_path / "run" / "clients.csv") as f:
         rows = list(csv.DictReader(f))
     assert sum("did not return within 1 s" in row["dropped"] for row in rows) == 1
+
+
+# What client code keeps at module level, as Flower's examples keep their
+# data set: built by whichever process first builds a client.
+_KEPT = {}
+_KEPT_MIB = 96
+
+
+def private_dirty_mib():
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no Private_Dirty line in /proc/self/smaps_rollup")
+
+
+class KeepsData(Regression):
+    """Builds a 96 MiB array at module level once per process and, in fit,
+    writes down which process built it and what its own process holds."""
+
+    def __init__(self, cid, log):
+        super().__init__(cid)
+        self.log = log
+        if "data" not in _KEPT:
+            # Written, so that every page of it is resident.
+            _KEPT["data"] = np.ones(_KEPT_MIB << 20, np.uint8)
+            _KEPT["built_in"] = os.getpid()
+
+    def fit(self, parameters, config):
+        with open(self.log, "a") as f:
+            f.write(json.dumps({"worker": os.getpid(), "built_in": _KEPT["built_in"],
+                                "private_mib": private_dirty_mib(),
+                                "frozen": gc.get_freeze_count()}) + "\n")
+        return super().fit(parameters, config)
+
+
+def fits_of(log):
+    with open(log) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_workers_share_what_the_initial_client_loaded(tmp_path):
+    log = tmp_path / "fits.jsonl"
+    cohort.simulate(lambda cid: KeepsData(cid, log), 4, config(rounds=2, per_round=4),
+                    max_concurrency=2, run_dir=tmp_path / "run")
+    fits = fits_of(log)
+    workers = {fit["worker"] for fit in fits}
+    assert len(fits) == 8 and len(workers) <= 2, fits
+    # Built once, by the process that asked client "0" for the initial
+    # parameters and then forked both workers: neither this process nor a
+    # worker.
+    (built_in,) = {fit["built_in"] for fit in fits}
+    assert built_in not in workers and built_in != os.getpid(), fits
+    # Shared copy-on-write: no worker holds a private copy of the 96 MiB.
+    assert all(fit["private_mib"] < _KEPT_MIB / 2 for fit in fits), fits
+    # Frozen before the fork, so that the workers' collections leave the
+    # shared objects' pages alone.
+    assert all(fit["frozen"] > 0 for fit in fits), fits
+    # Neither the template nor a worker outlives the run.
+    for pid in workers | {built_in}:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_with_initial_parameters_no_client_is_built_before_the_workers(tmp_path):
+    log = tmp_path / "fits.jsonl"
+    cohort.simulate(lambda cid: KeepsData(cid, log), 4, config(rounds=2, per_round=4),
+                    max_concurrency=2, initial_parameters=[np.zeros(3), np.zeros(1)],
+                    run_dir=tmp_path / "run")
+    fits = fits_of(log)
+    assert len(fits) == 8 and all(fit["built_in"] == fit["worker"] for fit in fits), fits
+
+
+def test_a_template_that_dies_while_building_client_0_is_an_error(tmp_path):
+    class Exits(Shifted):
+        def get_parameters(self, config):
+            os._exit(3)
+
+    with pytest.raises(RuntimeError, match="the worker template process exited before it gave "
+                                           "the initial parameters"):
+        cohort.simulate(Exits, 2, config(rounds=1), run_dir=tmp_path / "run")

@@ -1,9 +1,10 @@
 //! `cohort.simulate`: Flower-style Python clients in worker processes the
 //! Python side forked, on cohort's round loop.
 //!
-//! The Python side (`cohort/_simulation.py`) forks the workers before any
-//! of the engine's threads exist, asks one of them for the initial
-//! parameters, and hands this function its ends of the pipes. From here on
+//! The Python side (`cohort/_simulation.py`) forks a template process
+//! before any of the engine's threads exist; the template asks client
+//! `"0"` for the initial parameters and forks the workers, and this
+//! function gets the engine's ends of their pipes. From here on
 //! it is `cohort_runtime::piped::PipedClients` (the transport) and the
 //! round loop, assembled by `RunBuilder::external_clients`: no data set,
 //! no model of the registry. Evaluation on the server is the user's
@@ -129,8 +130,8 @@ fn links_of(fds: Vec<(i32, i32)>) -> PyResult<Vec<WorkerLink>> {
 
 /// The Python side's `Workers`: a worker whose client overran
 /// `server.payload_timeout` is killed, and a fresh one forked by the
-/// spawner process (forked with the workers, before the engine's threads)
-/// takes its place.
+/// template process (forked before the engine's threads; it forked the
+/// first workers too) takes its place.
 struct PythonRespawn {
     workers: Py<PyAny>,
 }
@@ -157,7 +158,7 @@ impl Respawn for PythonRespawn {
         let mut links = links_of(vec![fds]).map_err(|error| anyhow::anyhow!("{error}"))?;
         links
             .pop()
-            .ok_or_else(|| anyhow::anyhow!("the spawner gave no pipes"))
+            .ok_or_else(|| anyhow::anyhow!("the worker template process gave no pipes"))
     }
 }
 
