@@ -311,3 +311,36 @@ def test_a_template_that_dies_while_building_client_0_is_an_error(tmp_path):
     with pytest.raises(RuntimeError, match="the worker template process exited before it gave "
                                            "the initial parameters"):
         cohort.simulate(Exits, 2, config(rounds=1), run_dir=tmp_path / "run")
+
+
+class Sleepy(Shifted):
+    """fit notes its process and when it ran in a file of the test's,
+    after sleeping long enough that two fits that run at once overlap."""
+
+    log = None
+
+    def fit(self, parameters, config):
+        started = time.monotonic()
+        time.sleep(0.5)
+        with open(Sleepy.log, "a") as f:
+            f.write(f"{config['server_round']} {self.cid} {os.getpid()} "
+                    f"{started} {time.monotonic()}\n")
+        return super().fit(parameters, config)
+
+
+def test_clients_of_a_round_train_at_once_in_processes_of_their_own(tmp_path):
+    Sleepy.log = str(tmp_path / "fits.log")
+    result = cohort.simulate(Sleepy, 4, config(rounds=2, per_round=2), max_concurrency=2,
+                             run_dir=tmp_path / "run")
+    assert all(c["dropped"] is None for c in result.clients)
+    fits = [line.split() for line in open(Sleepy.log).read().splitlines()]
+    assert len(fits) == 4
+    for round_ in ("1", "2"):
+        pair = [f for f in fits if f[0] == round_]
+        assert len(pair) == 2
+        # Two interpreters, neither of them this one, each with its own GIL.
+        pids = {int(f[2]) for f in pair}
+        assert len(pids) == 2 and os.getpid() not in pids
+        # monotonic clocks of one machine: the two fits were under way at once.
+        (_, _, _, start_a, end_a), (_, _, _, start_b, end_b) = pair
+        assert max(float(start_a), float(start_b)) < min(float(end_a), float(end_b)), pair

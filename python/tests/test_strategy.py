@@ -83,20 +83,28 @@ def test_builtin_strategies_by_name_with_options_in_run_and_simulate(tmp_path):
 KILLED_RUN = """
 import sys
 sys.path.insert(0, {here!r})
-from strategies_support import NumpyFedAvgM, SlowWide, simulate
-simulate(NumpyFedAvgM(momentum=0.5), {run_dir!r}, rounds=6, client=SlowWide)
+from strategies_support import NumpyFedAvg, NumpyFedAvgM, SlowWide, simulate
+simulate({strategy}, {run_dir!r}, rounds=6, client=SlowWide)
 """
 
+# Plain FedAvg (the round loop's own state alone) and FedAvgM (state of the
+# strategy's own as well): as the child process's script builds it, and as
+# this process does.
+KILLED_STRATEGIES = [
+    ("NumpyFedAvg()", NumpyFedAvg),
+    ("NumpyFedAvgM(momentum=0.5)", lambda: NumpyFedAvgM(momentum=0.5)),
+]
 
-def test_a_stateful_strategy_killed_and_resumed_equals_the_uninterrupted_run(tmp_path):
-    uninterrupted = NumpyFedAvgM(momentum=0.5)
+
+@pytest.mark.parametrize("strategy, make", KILLED_STRATEGIES)
+def test_a_python_strategy_killed_and_resumed_equals_the_uninterrupted_run(
+        tmp_path, strategy, make):
+    uninterrupted = make()
     whole = simulate(uninterrupted, tmp_path / "whole", rounds=6, client=Wide)
 
     run_dir = tmp_path / "killed"
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_RUN.format(here=str(HERE), run_dir=str(run_dir))],
-        start_new_session=True,
-    )
+    script = KILLED_RUN.format(here=str(HERE), run_dir=str(run_dir), strategy=strategy)
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     checkpoint = run_dir / "checkpoints" / "round-0002.json"
     deadline = time.monotonic() + 120
     while not checkpoint.exists() and child.poll() is None and time.monotonic() < deadline:
@@ -106,17 +114,21 @@ def test_a_stateful_strategy_killed_and_resumed_equals_the_uninterrupted_run(tmp
     assert child.wait() == -signal.SIGKILL
     assert checkpoint.exists(), "the run ended before its second checkpoint"
     assert not (run_dir / "checkpoints" / "round-0006.json").exists(), "the run was not cut"
-    # The state in the checkpoint is arrays and scalars, as stored.
-    assert (run_dir / "checkpoints" / "round-0002.state.safetensors").exists()
-
-    resumed_strategy = NumpyFedAvgM(momentum=0.5)
+    resumed_strategy = make()
     resumed = simulate(resumed_strategy, run_dir, rounds=6, client=SlowWide, resume=True)
     same_bits(resumed.parameters, whole.parameters)
+    assert [r["round"] for r in resumed.rounds] == list(range(1, 7))
+    if isinstance(uninterrupted, NumpyFedAvgM):
+        assert_same_momentum_state(run_dir, resumed_strategy, uninterrupted)
+
+
+def assert_same_momentum_state(run_dir, resumed_strategy, uninterrupted):
+    # The state in the checkpoint is arrays and scalars, as stored.
+    assert (run_dir / "checkpoints" / "round-0002.state.safetensors").exists()
     same_bits(resumed_strategy.velocity, uninterrupted.velocity)
     assert resumed_strategy.steps == uninterrupted.steps == 6
     assert type(resumed_strategy.steps) is int
     assert resumed_strategy.last_step.hex() == uninterrupted.last_step.hex()
-    assert [r["round"] for r in resumed.rounds] == list(range(1, 7))
 
 
 class Keeps(cohort.Strategy):
