@@ -266,6 +266,9 @@ class InMemoryGrid(Grid):
         self.inside_cpu = 0.0
         self.up = [0]
         self.down = [0]
+        self.delivered = 0
+        self.clients = 0
+        self.server_so_far = lambda: (0.0, 0.0)
 
     # The abstract parts of Grid the workflow does not use.
     def set_run(self, run):
@@ -324,9 +327,24 @@ class InMemoryGrid(Grid):
             CLOCK.mod[nid] = CLOCK.mod.get(nid, 0.0) + elapsed
             CLOCK.current = None
             replies.append(transport(reply, self.up))
+            self.delivered += 1
+            if self.delivered % 100 == 0:
+                progress(stage, self.clients, self.server_so_far())
         self.inside += time.perf_counter() - entered
         self.inside_cpu += time.process_time() - entered_cpu
         return replies
+
+
+def progress(where: str, clients: int, server: tuple[float, float]) -> None:
+    """A line of what a round has cost so far, so that a row cut off by its
+    time limit still says at least how long its clients and server took."""
+    print(json.dumps({
+        "progress": str(where),
+        "client_ms": sum(CLOCK.core.values()) / clients * 1e3,
+        "client_cpu_ms": CLOCK.core_cpu / clients * 1e3,
+        "server_ms": server[0] * 1e3,
+        "server_cpu_ms": server[1] * 1e3,
+    }), flush=True)
 
 
 def one_round(clients: int, values: int, num_shares: int, threshold: int, percent: int, seed: int):
@@ -342,6 +360,7 @@ def one_round(clients: int, values: int, num_shares: int, threshold: int, percen
     ids = list(range(1, clients + 1))  # node ids; client i uses cohort's seed i - 1
     gone = dropouts(ids, percent)
     grid = InMemoryGrid(values, gone)
+    grid.clients = clients
     strategy = SampleAll(ids)
     base = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
     context = LegacyContext(base, strategy=strategy)
@@ -366,9 +385,13 @@ def one_round(clients: int, values: int, num_shares: int, threshold: int, percen
     for stage in stages:
         inside_before, inside_cpu_before = grid.inside, grid.inside_cpu
         started, started_cpu = time.perf_counter(), time.process_time()
+        # Server time of the stages before this one (within a stage it is
+        # not known until the stage ends).
+        grid.server_so_far = lambda done=(server, server_cpu): done
         ok = stage(grid, context, state)
         server += time.perf_counter() - started - (grid.inside - inside_before)
         server_cpu += time.process_time() - started_cpu - (grid.inside_cpu - inside_cpu_before)
+        progress(stage.__name__, clients, (server, server_cpu))
         if not ok:
             return {"aborted": f"{stage.__name__} halted (too few neighbours left)"}
 
@@ -431,6 +454,18 @@ def measure(clients: int, values: int, graph: str, percent: int, repeats: int) -
     return best
 
 
+def cut_off_at(stdout) -> dict:
+    """What a row's last progress line says it had cost when its time limit
+    cut it off: lower bounds of Flower's figures (CPU time, which other work
+    on the machine does not inflate)."""
+    text = stdout.decode() if isinstance(stdout, bytes) else (stdout or "")
+    lines = [line for line in text.splitlines() if '"progress"' in line]
+    if not lines:
+        return {}
+    last = json.loads(lines[-1])
+    return {"at_least": last}
+
+
 def merged_row(args, cohort_line: str, limit: float) -> str:
     """Runs the Flower row in a child process with a time limit and prints
     one markdown row with cohort's figures, Flower's and their ratios."""
@@ -439,10 +474,11 @@ def merged_row(args, cohort_line: str, limit: float) -> str:
     command = [sys.executable, __file__, "--row", *args.row]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=limit, check=False)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        lines = [line for line in done.stdout.splitlines()
+                 if line.startswith("{") and '"progress"' not in line]
         flower = json.loads(lines[-1]) if lines else {"aborted": "failed: " + done.stderr.strip()[-200:]}
-    except subprocess.TimeoutExpired:
-        flower = {"aborted": f"> {limit:.0f} s"}
+    except subprocess.TimeoutExpired as cut:
+        flower = {"aborted": f"> {limit:.0f} s", **cut_off_at(cut.stdout)}
     cohort_ok = len(cells) == 9 and not cells[4].startswith("aborted")
     if not cohort_ok:
         # cohort refused or aborted the round: its reason, then Flower's figures.
@@ -452,6 +488,17 @@ def merged_row(args, cohort_line: str, limit: float) -> str:
         return (f"| {head} | {reason} | {flower['client_ms']:.1f} ({flower['client_cpu_ms']:.1f}) | "
                 f"| | {flower['server_ms']:.1f} ({flower['server_cpu_ms']:.1f}) | "
                 f"| / {flower['up_mb']:.2f} | / {flower['down_mb']:.2f} | / {flower['in_sum']} |")
+    if "aborted" in flower and "at_least" in flower:
+        # Cut off: Flower's CPU time so far, a lower bound of each figure.
+        least = flower["at_least"]
+        client, server = float(cells[4]), float(cells[5])
+        return (
+            f"| {head} | {client:.1f} | {flower['aborted']}: ≥ {least['client_cpu_ms']:.1f} CPU "
+            f"by {least['progress']} | ≥ {least['client_cpu_ms'] / client:.0f}× "
+            f"| {server:.1f} | ≥ {least['server_cpu_ms']:.1f} CPU | "
+            f"≥ {least['server_cpu_ms'] / server:.0f}× "
+            f"| {cells[6]} / | {cells[7]} / | {cells[8]} / |"
+        )
     if "aborted" in flower:
         return (f"| {head} | {cells[4]} | {flower['aborted']} | | {cells[5]} | | "
                 f"| {cells[6]} / | {cells[7]} / | {cells[8]} / |")
