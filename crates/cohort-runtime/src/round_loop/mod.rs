@@ -575,8 +575,9 @@ impl<'a> RoundLoop<'a> {
         })
     }
 
-    /// Waits for every dispatched task; keeps the updates that unpack. The
-    /// whole round (`dispatched`, not a rank's part of it) is timed on the
+    /// Waits for every dispatched task; keeps the updates that unpack and
+    /// pass their checks, each checked as it arrives (before a round that
+    /// folds its updates may move it to disk). The whole round (`dispatched`, not a rank's part of it) is timed on the
     /// simulated clock and must have `min_per_round` updates.
     fn collect(
         &mut self,
