@@ -590,11 +590,10 @@ impl<'a> RoundLoop<'a> {
             clients: clients.len(),
         });
         let masked = self.masked_by_clients();
-        let mut store = self
-            .folds_updates()
-            .then(|| self.settings.spill.as_ref())
-            .flatten()
-            .map(|spill| UpdateStore::new(spill, round));
+        let mut store = match &self.settings.spill {
+            Some(spill) if self.folds_updates() => Some(UpdateStore::new(spill, round)),
+            _ => None,
+        };
         let (settings, facts, global) = (&self.settings, &self.clients, &self.global);
         let check = |arrived: &Arrived| {
             let max_seconds = settings.max_report_seconds;
