@@ -492,3 +492,58 @@ fn fedprox_and_scaffold_give_the_same_model_over_the_network() {
         }
     }
 }
+
+/// Past `server.max_inflight_bytes` of decoded updates, a fedavg or fedprox
+/// round keeps the rest of its updates on disk and folds every update into
+/// the mean one at a time: the model is still the simulation's, bit for
+/// bit, and no spill file outlives its round.
+#[test]
+fn updates_past_the_inflight_budget_wait_on_disk_and_give_the_simulations_model() {
+    // One LeNet-5 update (247 KB) fits in 300,000 bytes, two do not.
+    let job = |port: u16, comm_simulation: bool, algorithm: &str| {
+        strategy_job(port, comm_simulation, algorithm)
+            .replace(
+                "total_clients = 2\nper_round = 2",
+                "total_clients = 4\nper_round = 4",
+            )
+            .replace("[300, 100]", "[300, 100, 50, 7]")
+            .replace(
+                "registration_timeout = 60",
+                "registration_timeout = 60\nmax_payload_bytes = 300000\nmax_inflight_bytes = 300000",
+            )
+            .replace("keep_client_updates = true", "keep_client_updates = false")
+    };
+    for algorithm in ["type = \"fedavg\"", "type = \"fedprox\"\nmu = 0.5"] {
+        let network_dir = tempfile::tempdir().unwrap();
+        let (base, output) =
+            run_to_completion(network_dir.path(), &job(free_port(), false, algorithm), &[]);
+        assert!(
+            output.status.success(),
+            "{algorithm}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let network_run = only_run_dir(&base);
+        let log = std::fs::read_to_string(network_run.join("run.log")).unwrap();
+        assert_eq!(
+            log.matches("wait on disk for aggregation").count(),
+            2,
+            "{algorithm}: every round spilled: {log}"
+        );
+        assert!(log.contains("spilled=3"), "{algorithm}: {log}");
+        let left: Vec<_> = std::fs::read_dir(&network_run)
+            .unwrap()
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".spill"))
+            .collect();
+        assert!(left.is_empty(), "{algorithm}: {left:?}");
+        let local_dir = tempfile::tempdir().unwrap();
+        let (base, output) =
+            run_to_completion(local_dir.path(), &job(free_port(), true, algorithm), &[]);
+        assert!(output.status.success(), "{algorithm}");
+        assert_eq!(
+            std::fs::read(network_run.join("model.safetensors")).unwrap(),
+            std::fs::read(only_run_dir(&base).join("model.safetensors")).unwrap(),
+            "{algorithm}: network and simulation differ"
+        );
+    }
+}

@@ -25,8 +25,14 @@
 //! * **Boolean leaves** are not averaged: all clients with a non-zero weight
 //!   must agree, and the agreed value is taken. Disagreement is an error.
 //! * **Zero total weight** leaves the global model unchanged: no update, no error.
+//!
+//! [`MeanFold`] computes the same bits one update at a time, for a server
+//! that keeps a round's updates on disk rather than in memory.
 
 use rayon::prelude::*;
+
+mod fold;
+pub use fold::MeanFold;
 
 use crate::tree::{
     Array, ArrayData, DType, DTypeRule, FlatTree, ParamTree, SchemaMismatch, TreePath, check_schema,

@@ -102,6 +102,10 @@ impl Recorder for Capture {
     fn updates(&mut self, round: u32, payloads: &[ReceivedPayload]) -> anyhow::Result<()> {
         self.folder.updates(round, payloads)
     }
+
+    fn keeps_updates(&self) -> bool {
+        self.folder.keeps_updates()
+    }
 }
 
 /// A fresh run folder where `cohort run` would make one: under

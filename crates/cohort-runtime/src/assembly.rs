@@ -191,10 +191,15 @@ fn data_and_model(
     let total_clients = loaded.config().clients.total_clients;
     let was_given = given.is_some();
     // A rank trains only its block's clients, so it reads only their samples.
-    let block = options
-        .distributed
-        .as_ref()
-        .map(|distributed| distributed.clients.first..=distributed.clients.last);
+    // A network-mode server trains none (its clients read their own), so it
+    // reads only the labels: what it must know of every client comes from
+    // them, and its memory then does not grow with the training images.
+    let block = match &options.distributed {
+        Some(distributed) => Some(distributed.clients.first..=distributed.clients.last),
+        #[allow(clippy::reversed_empty_ranges)]
+        None if !loaded.config().clients.comm_simulation => Some(1..=0),
+        None => None,
+    };
     let data = match given {
         Some((splits, partitions)) => LoadedData {
             splits,
@@ -703,6 +708,13 @@ fn loop_settings(
         evaluation_threads: trainer.threads_per_worker as usize,
         secure: None,
         round_deadline: server.round_deadline,
+        // The same budget as the bytes in flight: a network server's memory
+        // for a round's updates is then bounded by twice it plus the model,
+        // whatever the number of clients.
+        spill: (!clients.comm_simulation).then(|| crate::spill::SpillSettings {
+            budget: loaded.max_inflight_bytes(),
+            folder: options.run_dir.clone(),
+        }),
         asynchronous: (!server.synchronous).then_some(AsyncSettings {
             buffer: server.minimum_clients_aggregated as usize,
             staleness_bound: server.staleness_bound,
@@ -913,6 +925,9 @@ fn data_facts(loaded: &LoadedConfig, options: &RunOptions, data: &LoadedData) ->
         )
     } else {
         let held = match &data.held {
+            Some(_) if options.distributed.is_none() => {
+                " (their labels only: the clients read their own samples)".to_owned()
+            }
             Some(held) => format!(" (this rank holds its clients' {})", held.rows.len()),
             None => String::new(),
         };
@@ -927,5 +942,83 @@ fn data_facts(loaded: &LoadedConfig, options: &RunOptions, data: &LoadedData) ->
                 format!("{smallest} to {largest} samples")
             }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    const JOB: &str = r#"
+[clients]
+total_clients = 4
+per_round = 2
+comm_simulation = COMM
+[data]
+datasource = "FashionMNIST"
+download = false
+partition_size = 100
+[trainer]
+rounds = 1
+epochs = 2
+batch_size = 30
+optimizer = "sgd"
+[parameters.optimizer]
+learning_rate = 0.05
+"#;
+
+    /// A network-mode server trains no client, so it reads the labels and
+    /// no training sample; what it knows of each client (label histograms,
+    /// the reports it expects) is what a simulation of the same config
+    /// knows, with and without held-out samples on the clients.
+    #[test]
+    fn a_network_server_holds_no_training_samples_and_knows_its_clients_as_a_simulation() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data");
+        let dir = tempfile::tempdir().unwrap();
+        let options = RunOptions {
+            data_root: Some(root),
+            ..RunOptions::new(dir.path().join("run"))
+        };
+        for extra in ["", "do_test = true\ntest_fraction = 0.25"] {
+            let job = |comm: &str| {
+                let text = JOB.replace("COMM", comm);
+                let text = match extra {
+                    "" => text,
+                    _ => text.replace("per_round = 2", &format!("per_round = 2\n{extra}")),
+                };
+                cohort_core::config::from_str(&text, Path::new("job.toml")).unwrap()
+            };
+            let (simulated, network) = (job("true"), job("false"));
+            let (sim, _) = data_and_model(&simulated, &options, None).unwrap();
+            let (net, _) = data_and_model(&network, &options, None).unwrap();
+            assert!(!sim.splits.train.is_empty());
+            assert!(net.splits.train.is_empty() && net.splits.train.inputs.is_empty());
+            assert_eq!(net.splits.test, sim.splits.test);
+            assert_eq!(net.partitions, sim.partitions);
+            assert_eq!(net.train_samples(), sim.train_samples());
+            let facts =
+                |loaded: &LoadedConfig, data: &LoadedData| client_facts(loaded, data, 1, 10);
+            let (sim_facts, net_facts) = (facts(&simulated, &sim), facts(&network, &net));
+            assert_eq!(net_facts.expected, sim_facts.expected, "{extra}");
+            assert_eq!(net_facts.histograms, sim_facts.histograms, "{extra}");
+            assert!(sim_facts.expected.iter().all(|e| e.train_samples > 0));
+            assert_eq!(
+                sim_facts.expected.iter().any(|e| e.test_samples > 0),
+                !extra.is_empty()
+            );
+            let said = data_facts(&network, &options, &net);
+            assert!(said.contains("their labels only"), "{said}");
+            let (train, _, partitions) = net.into_local();
+            assert!(train.is_empty());
+            assert!(
+                partitions
+                    .train
+                    .iter()
+                    .chain(&partitions.test)
+                    .all(Vec::is_empty)
+            );
+        }
     }
 }

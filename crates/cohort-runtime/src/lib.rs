@@ -25,6 +25,7 @@ mod record;
 mod round_loop;
 mod run;
 pub mod secure_client;
+mod spill;
 mod start;
 pub mod transport;
 mod transports;

@@ -89,6 +89,15 @@ pub trait Recorder {
         let _ = (round, payloads);
         Ok(())
     }
+
+    /// Whether [`Recorder::updates`] does anything with the updates. Where
+    /// it does not, a network-mode server may fold a round's updates into
+    /// the mean one at a time, keeping those past `server.max_inflight_bytes`
+    /// on disk instead of all of them in memory, and never calls it. Yes by
+    /// default, so a recorder that keeps updates never misses one.
+    fn keeps_updates(&self) -> bool {
+        true
+    }
 }
 
 /// A recorder lent for the run, to be read once it is over.
@@ -112,6 +121,10 @@ impl<R: Recorder + ?Sized> Recorder for &mut R {
 
     fn updates(&mut self, round: u32, payloads: &[ReceivedPayload]) -> anyhow::Result<()> {
         (**self).updates(round, payloads)
+    }
+
+    fn keeps_updates(&self) -> bool {
+        (**self).keeps_updates()
     }
 }
 
@@ -211,6 +224,10 @@ impl Recorder for RunFolder {
             keep_updates(&self.run_dir, round, payloads)?;
         }
         Ok(())
+    }
+
+    fn keeps_updates(&self) -> bool {
+        self.keep_client_updates
     }
 }
 

@@ -20,6 +20,7 @@ use cohort_train::trainer::ClientTask;
 
 use crate::client::ClientPartitions;
 use crate::events::{RunEvent, RunObserver};
+use crate::spill::UpdateStore;
 use crate::transport::{ClientOutcome, Declared, Delivered, TaskInstructions, TaskSpec, Transport};
 
 /// What the server asks of an own-data client's report (`cohort client
@@ -93,6 +94,9 @@ impl std::fmt::Display for Dropped {
 #[derive(Debug, Default)]
 pub(crate) struct Collected {
     pub(crate) updates: Vec<Arrived>,
+    /// Where the updates wait when the round folds them into the mean one
+    /// at a time: some of their trees are on disk, not in `updates`.
+    pub(crate) store: Option<UpdateStore>,
     pub(crate) failures: Vec<Dropped>,
     pub(crate) bytes_to_server: u64,
     /// When the round ended on the simulated clock, with a `[clients.profile]`.
@@ -174,19 +178,33 @@ pub(crate) fn plan_tasks(
         .collect()
 }
 
-/// One outcome per dispatched task, in any order; the updates that unpack,
-/// put back in selection (slot) order.
+/// How a round takes in what arrives: each update unpacked through
+/// `inbound` within `limits` (or, `masked`, its report alone), held by
+/// `check` against what the server knows, then given to `store`, which may
+/// move it to disk.
+pub(crate) struct Intake<'a> {
+    pub(crate) inbound: &'a cohort_core::processors::Pipeline,
+    pub(crate) limits: &'a DecodeLimits,
+    pub(crate) masked: bool,
+    pub(crate) check: &'a dyn Fn(&Arrived) -> Result<(), String>,
+    pub(crate) store: Option<&'a mut UpdateStore>,
+}
+
+/// One outcome per dispatched task, in any order; the updates that unpack
+/// and pass the intake's check, put back in selection (slot) order. Each is
+/// checked as it arrives, before the store keeps it, so an update on disk
+/// has passed every check an update in memory has. The dropped come in
+/// arrival order, then the refused in slot order.
 pub(crate) fn collect_updates(
     transport: &mut dyn Transport,
     tasks: usize,
-    inbound: &cohort_core::processors::Pipeline,
-    limits: &DecodeLimits,
+    mut intake: Intake<'_>,
     observer: &mut dyn RunObserver,
     round: u32,
-    masked: bool,
 ) -> anyhow::Result<Collected> {
     let mut collected = Collected::default();
     let mut arrived = Vec::with_capacity(tasks);
+    let mut refused = Vec::new();
     for _ in 0..tasks {
         let outcome = transport.next_outcome()?;
         let client_id = outcome.task.client_id;
@@ -194,9 +212,18 @@ pub(crate) fn collect_updates(
         if let Ok(delivered) = &outcome.result {
             collected.bytes_to_server += delivered.reply.payload.len() as u64;
         }
-        match unpack_or_masked(outcome, inbound, limits, masked) {
-            Ok(update) => {
+        match unpack_or_masked(outcome, intake.inbound, intake.limits, intake.masked) {
+            Ok(mut update) => {
                 observer.on_event(&RunEvent::ClientFinished { round, client_id });
+                if let Err(reason) = (intake.check)(&update) {
+                    let dropped =
+                        dropped_update(round, &update, "update refused", reason, observer);
+                    refused.push((update.slot, dropped));
+                    continue;
+                }
+                if let Some(store) = intake.store.as_deref_mut() {
+                    store.keep(&mut update)?;
+                }
                 arrived.push(update);
             }
             Err(dropped) => {
@@ -216,8 +243,43 @@ pub(crate) fn collect_updates(
         }
     }
     arrived.sort_by_key(|a| a.slot);
+    refused.sort_by_key(|(slot, _)| *slot);
+    collected
+        .failures
+        .extend(refused.into_iter().map(|(_, dropped)| dropped));
     collected.updates = arrived;
     Ok(collected)
+}
+
+/// `arrived`'s client is out of the round: `what` happened, `detail` says
+/// why; logged and told to the observer.
+pub(crate) fn dropped_update(
+    round: u32,
+    arrived: &Arrived,
+    what: &str,
+    detail: String,
+    observer: &mut dyn RunObserver,
+) -> Dropped {
+    let client_id = arrived.report.client_id;
+    tracing::warn!(
+        round,
+        client = client_id,
+        "{what}, client dropped: {detail}"
+    );
+    let reason = format!("{what}: {detail}");
+    observer.on_event(&RunEvent::ClientDropped {
+        round,
+        client_id,
+        reason: reason.clone(),
+    });
+    Dropped {
+        client_id,
+        worker: Some(arrived.report.worker),
+        reason,
+        simulated: arrived.arrival.simulated,
+        staleness: arrived.arrival.staleness,
+        wall: arrived.arrival.wall,
+    }
 }
 
 /// One outcome's update, unpacked through the inbound pipeline, with its
@@ -641,14 +703,19 @@ pub(crate) mod tests {
             &["safetensor_decode".to_owned()],
         )
         .unwrap();
+        let intake = Intake {
+            inbound: &inbound,
+            limits: &DecodeLimits::default(),
+            masked: false,
+            check: &|_| Ok(()),
+            store: None,
+        };
         collect_updates(
             &mut transport,
             tasks,
-            &inbound,
-            &DecodeLimits::default(),
+            intake,
             &mut crate::events::Unobserved,
             1,
-            false,
         )
         .unwrap()
     }

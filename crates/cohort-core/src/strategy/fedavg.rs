@@ -55,6 +55,10 @@ impl Strategy for FedAvg {
         true
     }
 
+    fn aggregates_by_fedavg_mean(&self) -> bool {
+        true
+    }
+
     fn aggregate_mean(
         &mut self,
         _ctx: &RoundContext,
@@ -124,5 +128,56 @@ pub(crate) mod tests {
             .aggregate(&ctx(1), &tree(&[0.0]), &updates(&trees, &[0]))
             .unwrap();
         assert_eq!(out.model, None);
+    }
+
+    /// The strategies that say their aggregation is FedAvg's mean step
+    /// from the folded mean to the model their own aggregation gives, bit
+    /// for bit; those that step from a mean of their own say no.
+    #[test]
+    fn strategies_of_fedavgs_mean_step_from_the_fold_bit_for_bit() {
+        use crate::aggregate::{FedAvgOutcome, MeanFold};
+        use crate::strategy::AlgorithmConfig;
+        let global = tree(&[0.5, -1.0, 2.0]);
+        let trees = [
+            tree(&[0.1, 0.2, 0.3]),
+            tree(&[1.0, -7.25, 1e-7]),
+            tree(&[3.0, 0.0, -0.0]),
+        ];
+        let samples = [7, 0, 13];
+        let configs = [
+            AlgorithmConfig::Fedavg(Default::default()),
+            AlgorithmConfig::Fedprox(Default::default()),
+        ];
+        for config in configs {
+            let (mut whole, mut folded) = (config.build().unwrap(), config.build().unwrap());
+            assert!(folded.aggregates_by_fedavg_mean(), "{}", folded.name());
+            let expected = whole
+                .aggregate(&ctx(1), &global, &updates(&trees, &samples))
+                .unwrap();
+            let weights = (1..).zip(samples.iter().map(|&n| n as f64)).collect();
+            let mut fold = MeanFold::new(&global, weights).unwrap();
+            trees.iter().for_each(|t| fold.add(t).unwrap());
+            let mean = match fold.finish().unwrap() {
+                FedAvgOutcome::Updated(mean) => Some(mean),
+                FedAvgOutcome::Unchanged => None,
+            };
+            let got = folded.aggregate_mean(&ctx(1), &global, mean).unwrap();
+            let bits = |tree: &ParamTree| -> Vec<u32> {
+                values(tree).iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(
+                bits(got.model.as_ref().unwrap()),
+                bits(expected.model.as_ref().unwrap()),
+                "{}",
+                folded.name()
+            );
+        }
+        for config in [
+            AlgorithmConfig::Fedavgm(Default::default()),
+            AlgorithmConfig::Fedadam(Default::default()),
+            AlgorithmConfig::Median(Default::default()),
+        ] {
+            assert!(!config.build().unwrap().aggregates_by_fedavg_mean());
+        }
     }
 }

@@ -85,6 +85,10 @@ impl Strategy for FedProx {
         true
     }
 
+    fn aggregates_by_fedavg_mean(&self) -> bool {
+        true
+    }
+
     fn aggregate_mean(
         &mut self,
         ctx: &RoundContext,

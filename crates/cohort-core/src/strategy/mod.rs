@@ -302,6 +302,16 @@ pub trait Strategy: Send {
         })
     }
 
+    /// Whether [`Strategy::aggregate`] is [`Strategy::aggregate_mean`] of
+    /// FedAvg's mean of the updates ([`crate::aggregate::fedavg`]) bit for
+    /// bit, so a server may fold the updates into that mean one at a time
+    /// ([`crate::aggregate::MeanFold`]) instead of holding them all. The
+    /// server optimizers aggregate by a mean computed in float64 over flat
+    /// vectors, whose bits differ, so they say no.
+    fn aggregates_by_fedavg_mean(&self) -> bool {
+        false
+    }
+
     /// Whether this strategy can aggregate updates trained from older global
     /// models (`server.synchronous = false`), and if not, why. By default
     /// those that [`aggregates_by_mean`] can, after [`stale::rebase`].

@@ -64,6 +64,9 @@ use proto::server_message::Kind as ServerKind;
 pub const PROTOCOL_VERSION: u32 = 5;
 /// Payload bytes per chunk message: well under gRPC's 4 MiB default limit.
 pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// Room held against `server.max_inflight_bytes` (in KiB permits).
+type Room = tokio::sync::OwnedSemaphorePermit;
 /// Longest `Register.name` accepted. The name is free text for the log, and
 /// gRPC alone would let it be 4 MB: logged on every refusal and kept for
 /// every registered process, that floods `run.log` and the server's memory
@@ -170,7 +173,7 @@ struct Shared {
     /// Ordinary worker processes registered so far, and connected now.
     ordinary: AtomicUsize,
     alive: AtomicUsize,
-    outcomes: Mutex<mpsc::Sender<ClientOutcome>>,
+    outcomes: Mutex<mpsc::Sender<(ClientOutcome, Option<Room>)>>,
     /// Room for uploads in flight, in KiB.
     inflight: Arc<tokio::sync::Semaphore>,
     /// Refusals of registrations, so that a peer retrying a wrong token (or
@@ -194,9 +197,17 @@ impl Shared {
     }
 
     fn push_outcome(&self, outcome: ClientOutcome) {
+        self.push_received(outcome, None);
+    }
+
+    /// An outcome with the room its update's bytes hold against
+    /// `server.max_inflight_bytes`: the room is freed only once the round
+    /// loop has taken the update in, so updates received faster than the
+    /// loop unpacks them wait in the clients' uploads, not in memory.
+    fn push_received(&self, outcome: ClientOutcome, room: Option<Room>) {
         if let Ok(sender) = self.outcomes.lock() {
             // The round loop may be gone already (run over); nothing to tell then.
-            let _ = sender.send(outcome);
+            let _ = sender.send((outcome, room));
         }
     }
 
@@ -358,7 +369,11 @@ fn server_builder(tls: Option<&(PathBuf, PathBuf)>) -> anyhow::Result<tonic::tra
 /// The server side of the network transport.
 pub struct GrpcTransport {
     shared: Arc<Shared>,
-    outcomes: mpsc::Receiver<ClientOutcome>,
+    outcomes: mpsc::Receiver<(ClientOutcome, Option<Room>)>,
+    /// The room of the outcome handed out last, freed when the loop asks
+    /// for the next one: by then it has unpacked, checked and kept (or
+    /// spilled) that update.
+    handed: Option<Room>,
     local_addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     serving: Option<tokio::task::JoinHandle<()>>,
@@ -422,6 +437,7 @@ impl GrpcTransport {
         Ok(Self {
             shared,
             outcomes,
+            handed: None,
             local_addr,
             stop: Some(stop),
             serving: Some(serving),
@@ -561,10 +577,14 @@ impl Transport for GrpcTransport {
     }
 
     fn next_outcome(&mut self) -> anyhow::Result<ClientOutcome> {
+        self.handed = None;
         let mut orphaned_since: Option<Instant> = None;
         loop {
             match self.outcomes.recv_timeout(Duration::from_millis(100)) {
-                Ok(outcome) => return Ok(outcome),
+                Ok((outcome, room)) => {
+                    self.handed = room;
+                    return Ok(outcome);
+                }
                 Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the gRPC server stopped"),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }

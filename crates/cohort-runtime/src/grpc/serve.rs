@@ -3,6 +3,7 @@
 //! `server.payload_timeout`, bounded by the announced size and the room in
 //! flight), until it leaves or breaks.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use cohort_train::trainer::ClientTask;
@@ -11,7 +12,7 @@ use tonic::{Status, Streaming};
 use super::proto::client_message::Kind as ClientKind;
 use super::proto::server_message::Kind as ServerKind;
 use super::proto::{self, ClientMessage, ServerMessage};
-use super::{CHUNK_BYTES, Job, Lane, Shared, kib, message};
+use super::{CHUNK_BYTES, Job, Lane, Room, Shared, kib, message};
 use crate::client::ClientReply;
 use crate::transport::{ClientOutcome, Declared, Delivered, MAX_REASON_BYTES, truncated};
 
@@ -69,8 +70,10 @@ pub(super) async fn serve_worker(
             run_task(shared, &sender, &mut inbound, &job),
         )
         .await;
+        let mut room = None;
         let (result, keep_worker) = match attempt {
-            Ok(Ok((reply, transfer))) => {
+            Ok(Ok((reply, transfer, held))) => {
+                room = Some(held);
                 let comm_time = transfer.comm_time(started.elapsed().as_secs_f64());
                 let declared = process.declared;
                 (
@@ -101,12 +104,15 @@ pub(super) async fn serve_worker(
                 "client dropped from the round: {reason}"
             );
         }
-        shared.push_outcome(ClientOutcome {
-            slot: job.spec.slot,
-            task,
-            worker,
-            result,
-        });
+        shared.push_received(
+            ClientOutcome {
+                slot: job.spec.slot,
+                task,
+                worker,
+                result,
+            },
+            room,
+        );
         if !keep_worker {
             break;
         }
@@ -142,11 +148,11 @@ async fn run_task(
     sender: &tokio::sync::mpsc::Sender<Result<ServerMessage, Status>>,
     inbound: &mut Streaming<ClientMessage>,
     job: &Job,
-) -> Result<(ClientReply, Transfer), TaskError> {
+) -> Result<(ClientReply, Transfer, Room), TaskError> {
     send_task(sender, job).await?;
     let report = answer(inbound, job.spec.task).await?;
     let upload_started = Instant::now();
-    let payload = receive_update(shared, inbound, &report).await?;
+    let (payload, room) = receive_update(shared, inbound, &report).await?;
     let transfer = Transfer {
         download: report.download_time,
         upload: upload_started.elapsed().as_secs_f64(),
@@ -161,7 +167,7 @@ async fn run_task(
         test_correct: report.test_correct.min(report.test_samples),
         payload,
     };
-    Ok((reply, transfer))
+    Ok((reply, transfer, room))
 }
 
 fn gone() -> TaskError {
@@ -239,12 +245,13 @@ async fn answer(
 }
 
 /// The update `report` announces, within `server.max_payload_bytes` and
-/// the room in flight.
+/// the room in flight, with that room: it stays taken until the round loop
+/// has taken the update in.
 async fn receive_update(
     shared: &Shared,
     inbound: &mut Streaming<ClientMessage>,
     report: &proto::Report,
-) -> Result<Vec<u8>, TaskError> {
+) -> Result<(Vec<u8>, Room), TaskError> {
     let size = usize::try_from(report.payload_bytes).unwrap_or(usize::MAX);
     if size > shared.settings.max_payload_bytes {
         return Err(malformed(&format!(
@@ -254,9 +261,8 @@ async fn receive_update(
     }
     // Room is reserved for the announced size before anything is buffered,
     // and the buffer grows only as bytes arrive.
-    let _room = shared
-        .inflight
-        .acquire_many(kib(size))
+    let room = Arc::clone(&shared.inflight)
+        .acquire_many_owned(kib(size))
         .await
         .map_err(|_| TaskError::Broken("the server is stopping".to_owned()))?;
     let mut payload = Vec::with_capacity(size.min(CHUNK_BYTES));
@@ -269,7 +275,7 @@ async fn receive_update(
             _ => return Err(malformed("the update payload ended early")),
         }
     }
-    Ok(payload)
+    Ok((payload, room))
 }
 
 fn malformed(what: &str) -> TaskError {

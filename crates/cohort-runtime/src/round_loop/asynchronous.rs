@@ -530,6 +530,7 @@ impl RoundLoop<'_> {
             updates: buffered.into_iter().map(|b| b.arrived).collect(),
             failures: Vec::new(),
             simulated_end: Some(run.now),
+            store: None,
         };
         let (payloads, arrivals) =
             hooked_payloads(round, collected, &mut *self.hooks, &self.global)?;

@@ -55,11 +55,13 @@ use cohort_train::trainer::ModelEvaluator;
 use crate::distributed::SharedCollective;
 use crate::events::{RunEvent, RunObserver};
 use crate::record::{CheckpointState, Recorder, SimulatedWallTime};
+use crate::spill::{SpillSettings, UpdateStore};
 use crate::start::StartPoint;
 use crate::transport::Transport;
 use crate::updates::{
-    Arrival, Arrived, Collected, Dropped, ExpectedReport, OwnDataRules, check_report, check_update,
-    collect_updates, hooked_payloads, own_data_expectation, plan_tasks, self_reported_expectation,
+    Arrival, Arrived, Collected, Dropped, ExpectedReport, Intake, OwnDataRules, check_report,
+    check_update, collect_updates, dropped_update, hooked_payloads, own_data_expectation,
+    plan_tasks, self_reported_expectation,
 };
 pub(crate) use asynchronous::AsyncSettings;
 use candidates::Selected;
@@ -106,6 +108,9 @@ pub(crate) struct LoopSettings {
     pub(crate) asynchronous: Option<AsyncSettings>,
     /// `server.round_deadline`: simulated seconds a synchronous round waits.
     pub(crate) round_deadline: Option<f64>,
+    /// Network mode: past `server.max_inflight_bytes` of decoded updates, a
+    /// round whose updates are folded one at a time keeps the rest on disk.
+    pub(crate) spill: Option<SpillSettings>,
 }
 
 /// Who is drawn each round.
@@ -570,8 +575,9 @@ impl<'a> RoundLoop<'a> {
         })
     }
 
-    /// Waits for every dispatched task; keeps the updates that unpack. The
-    /// whole round (`dispatched`, not a rank's part of it) is timed on the
+    /// Waits for every dispatched task; keeps the updates that unpack and
+    /// pass their checks, each checked as it arrives (before a round that
+    /// folds its updates may move it to disk). The whole round (`dispatched`, not a rank's part of it) is timed on the
     /// simulated clock and must have `min_per_round` updates.
     fn collect(
         &mut self,
@@ -584,38 +590,47 @@ impl<'a> RoundLoop<'a> {
             clients: clients.len(),
         });
         let masked = self.masked_by_clients();
+        let mut store = match &self.settings.spill {
+            Some(spill) if self.folds_updates() => Some(UpdateStore::new(spill, round)),
+            _ => None,
+        };
+        let (settings, facts, global) = (&self.settings, &self.clients, &self.global);
+        let check = |arrived: &Arrived| {
+            let max_seconds = settings.max_report_seconds;
+            expected_of(facts, &settings.own_data, arrived).and_then(|expected| {
+                if masked {
+                    check_report(arrived, &expected, max_seconds)
+                } else {
+                    check_update(arrived, &expected, global, max_seconds)
+                }
+            })
+        };
+        let intake = Intake {
+            inbound: &settings.inbound,
+            limits: &settings.limits,
+            masked,
+            check: &check,
+            store: store.as_mut(),
+        };
+        // One bad client is dropped from its round, never the end of the run.
         let mut collected = collect_updates(
             self.transport.as_mut(),
             clients.len(),
-            &self.settings.inbound,
-            &self.settings.limits,
+            intake,
             &mut *self.observer,
             round,
-            masked,
         )?;
-        // One bad client is dropped from its round, never the end of the run.
-        let mut kept = Vec::with_capacity(collected.updates.len());
-        for arrived in std::mem::take(&mut collected.updates) {
-            let max_seconds = self.settings.max_report_seconds;
-            let verdict = self.expected_report(&arrived).and_then(|expected| {
-                if masked {
-                    check_report(&arrived, &expected, max_seconds)
-                } else {
-                    check_update(&arrived, &expected, &self.global, max_seconds)
-                }
-            });
-            match verdict {
-                Ok(()) => kept.push(arrived),
-                Err(reason) => self.drop_update(
-                    round,
-                    &arrived,
-                    "update refused",
-                    reason,
-                    &mut collected.failures,
-                ),
-            }
+        if let Some(store) = &store
+            && store.spilled() > 0
+        {
+            tracing::info!(
+                round,
+                spilled = store.spilled(),
+                file = %store.path().display(),
+                "updates past server.max_inflight_bytes wait on disk for aggregation"
+            );
         }
-        collected.updates = kept;
+        collected.store = store;
         if let Some(dispatched) = dispatched {
             collected.simulated_end = self.time_round(round, dispatched, &mut collected);
         }
@@ -654,26 +669,32 @@ impl<'a> RoundLoop<'a> {
         detail: String,
         failures: &mut Vec<Dropped>,
     ) {
-        let client_id = arrived.report.client_id;
-        tracing::warn!(
+        failures.push(dropped_update(
             round,
-            client = client_id,
-            "{what}, client dropped: {detail}"
-        );
-        let reason = format!("{what}: {detail}");
-        self.observer.on_event(&RunEvent::ClientDropped {
-            round,
-            client_id,
-            reason: reason.clone(),
-        });
-        failures.push(Dropped {
-            client_id,
-            worker: Some(arrived.report.worker),
-            reason,
-            simulated: arrived.arrival.simulated,
-            staleness: arrived.arrival.staleness,
-            wall: arrived.arrival.wall,
-        });
+            arrived,
+            what,
+            detail,
+            &mut *self.observer,
+        ));
+    }
+
+    /// Whether this round's updates are folded into the mean one at a time
+    /// as they are read back ([`RoundLoop::aggregate_folded`]), so that past
+    /// the budget they wait on disk: only where nothing needs them all in
+    /// memory at once. Hooks, kept updates, norm screening, attacks and
+    /// strategies of their own arithmetic see every update; ranks, secure
+    /// aggregation and asynchronous rounds have their own paths.
+    fn folds_updates(&self) -> bool {
+        let settings = &self.settings;
+        settings.spill.is_some()
+            && self.ranks.is_none()
+            && settings.secure.is_none()
+            && settings.asynchronous.is_none()
+            && settings.max_update_norm_ratio.is_none()
+            && settings.attack.attackers_per_round == 0
+            && self.hooks.passes_through()
+            && !self.recorder.keeps_updates()
+            && self.strategy.aggregates_by_fedavg_mean()
     }
 
     /// `clients.attack`: the round's first slots replace their updates.
@@ -730,22 +751,9 @@ impl<'a> RoundLoop<'a> {
         collected.updates = kept;
     }
 
-    /// What `arrived`'s report must say: the numbers of the partition the
-    /// server computed, or for an own-data client what its declaration allows.
+    /// What `arrived`'s report must say ([`expected_of`]).
     fn expected_report(&self, arrived: &Arrived) -> Result<ExpectedReport, String> {
-        let client_id = arrived.report.client_id;
-        if let Some(max_samples) = self.clients.self_reported {
-            return self_reported_expectation(&arrived.report, &arrived.arrival, max_samples);
-        }
-        let rules = &self.settings.own_data;
-        if (1..=rules.clients).contains(&client_id) {
-            return own_data_expectation(arrived.report.num_samples, arrived.declared, rules);
-        }
-        (client_id as usize)
-            .checked_sub(1)
-            .and_then(|index| self.clients.expected.get(index))
-            .copied()
-            .ok_or_else(|| "no such client".to_owned())
+        expected_of(&self.clients, &self.settings.own_data, arrived)
     }
 
     /// Fewer than `clients.min_per_round` updates stop the run.
@@ -858,6 +866,9 @@ impl<'a> RoundLoop<'a> {
 
     /// Server hooks under their contract, then the strategy's aggregation.
     fn aggregate(&mut self, round: u32, mut collected: Collected) -> anyhow::Result<Aggregated> {
+        if let Some(store) = collected.store.take() {
+            return self.aggregate_folded(round, collected, store);
+        }
         let dropped = std::mem::take(&mut collected.failures);
         let simulated_end = collected.simulated_end;
         let (payloads, arrivals) =
@@ -891,6 +902,27 @@ impl<'a> RoundLoop<'a> {
             simulated_end,
         })
     }
+}
+
+/// What `arrived`'s report must say: the numbers of the partition the
+/// server computed, or for an own-data client what its declaration allows.
+fn expected_of(
+    clients: &ClientFacts,
+    rules: &OwnDataRules,
+    arrived: &Arrived,
+) -> Result<ExpectedReport, String> {
+    let client_id = arrived.report.client_id;
+    if let Some(max_samples) = clients.self_reported {
+        return self_reported_expectation(&arrived.report, &arrived.arrival, max_samples);
+    }
+    if (1..=rules.clients).contains(&client_id) {
+        return own_data_expectation(arrived.report.num_samples, arrived.declared, rules);
+    }
+    (client_id as usize)
+        .checked_sub(1)
+        .and_then(|index| clients.expected.get(index))
+        .copied()
+        .ok_or_else(|| "no such client".to_owned())
 }
 
 /// The run's selector: the start point's stream, and its policy fresh or as
@@ -997,6 +1029,7 @@ mod asynchronous;
 mod candidates;
 mod devices;
 mod evaluate;
+mod folded;
 mod partial;
 mod realtime;
 mod secure;

@@ -153,6 +153,7 @@ fn settings(last_round: u32, min_per_round: usize) -> LoopSettings {
         secure: None,
         asynchronous: None,
         round_deadline: None,
+        spill: None,
     }
 }
 
