@@ -115,6 +115,10 @@ pub enum OwnDataError {
     },
     #[error(transparent)]
     Idx(#[from] IdxError),
+    #[error(transparent)]
+    Cifar(#[from] super::cifar::CifarError),
+    #[error(transparent)]
+    Leaf(#[from] super::leaf::LeafError),
     #[error("{path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
 }

@@ -76,18 +76,14 @@ fn cifar_samples(
     files: &[PathBuf],
     max_samples: u64,
 ) -> Result<Samples, OwnDataError> {
-    let cifar_error = |error: cifar::CifarError| OwnDataError::Invalid {
-        path: files.first().cloned().unwrap_or_default(),
-        reason: error.to_string(),
-    };
     let mut count = 0usize;
     for file in files {
-        count = count.saturating_add(kind.records_of(file).map_err(cifar_error)?);
+        count = count.saturating_add(kind.records_of(file)?);
     }
     check_count(&files[0], count, max_samples)?;
     let (mut bytes, mut labels) = (Vec::new(), Vec::new());
     for file in files {
-        cifar::read_batch(kind, file, &mut bytes, &mut labels).map_err(cifar_error)?;
+        cifar::read_batch(kind, file, &mut bytes, &mut labels)?;
     }
     Ok(Samples {
         values: pixels(&files[0], &bytes)?,
@@ -156,12 +152,11 @@ fn leaf_kind(folder: &Path) -> Result<Leaf, OwnDataError> {
 }
 
 fn leaf_samples(kind: Leaf, folder: &Path, max_samples: u64) -> Result<Samples, OwnDataError> {
-    let leaf_error = |error: leaf::LeafError| invalid(folder, error.to_string());
-    let count = leaf::count_samples(folder).map_err(leaf_error)?;
+    let count = leaf::count_samples(folder)?;
     check_count(folder, count, max_samples)?;
     // Unnormalized: the server's data set's normalization is applied to own
     // data in one place, `OwnData::into_dataset`.
-    let split = leaf::read_split(kind, folder, None).map_err(leaf_error)?;
+    let split = leaf::read_split(kind, folder, None)?;
     let encoding = match kind {
         Leaf::Femnist => Encoding::Floats,
         Leaf::Shakespeare => Encoding::Tokens,
