@@ -13,15 +13,28 @@ as cohort does), and the global model becomes the sample-weighted mean of
 their models (every floating-point tensor of the state dict, BatchNorm's
 running statistics included; its integer counters take the clients' sum).
 
-The two frameworks draw their own initial weights and shuffles, so the runs
-agree in distribution, not bit for bit: the comparison is the final accuracy.
+The initial model: the file `--initial-model` names, else the run's own
+`trainer.initial_model` when its config.toml sets one (a relative path is
+taken from the current folder, as cohort took it from its own), loaded
+into the PyTorch twin with `load_state_dict(strict=True)`; then both sides
+start from the same weights bit for bit. Without either, PyTorch draws its
+own after `torch.manual_seed(--seed)`. `--write-initial FILE` writes that
+draw as a model file in PyTorch's layout and exits, so cohort can be given
+it (`--set trainer.initial_model=FILE`) before it runs. The shuffles stay
+each framework's own, so the runs agree in distribution, not bit for bit:
+the comparison is the final accuracy.
 
 Usage:
+  cohort check --config job.toml > job-full.toml    # optional: a shared start
+  python3 bench/pytorch_fedavg.py --write-initial initial.safetensors \
+      --config job-full.toml [--seed N]
+  cohort run --config job.toml --set trainer.initial_model=initial.safetensors
   cohort partitions --config RUN/config.toml --json parts.json
   python3 bench/pytorch_fedavg.py --run RUN --partitions parts.json \
-      --data DATA_DIR [--device cpu|cuda] [--threads N] [--out result.json]
-Needs torch and numpy (pip install torch numpy); the models are
-examples/pytorch/models.py.
+      --data DATA_DIR [--initial-model FILE] [--device cpu|cuda] [--threads N] \
+      [--seed N] [--out result.json]
+Needs torch and numpy (pip install torch numpy), not the safetensors
+package; the models are examples/pytorch/models.py.
 """
 
 import argparse
@@ -39,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "pytorch"))
+from compare_logits import read_safetensors  # noqa: E402
 from models import build  # noqa: E402
 
 # cohort reads these IDX files for its MNIST-family data sets, and
@@ -70,6 +84,58 @@ def load_split(root, datasource, prefix):
     labels = read_idx(find("labels", 1)).astype(np.int64)
     x = torch.from_numpy((images - MEAN) / STD).unsqueeze(1)
     return x, torch.from_numpy(labels)
+
+
+# The model's sample shape, by data set (the ones this script reads).
+SAMPLE_SHAPE = {"FashionMNIST": [1, 28, 28], "MNIST": [1, 28, 28]}
+SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64"}
+
+
+def build_model(config):
+    """The PyTorch twin of the run's `trainer.model_name` with its
+    `[parameters.model]` options, drawn from torch's global generator."""
+    model_options = dict(config.get("parameters", {}).get("model", {}))
+    classes = model_options.pop("num_classes", 10)
+    name = config["trainer"].get("model_name", "lenet5")
+    datasource = config["data"]["datasource"]
+    if datasource not in SAMPLE_SHAPE:
+        raise SystemExit(f"data.datasource = {datasource!r} is not read by this script")
+    shape = SAMPLE_SHAPE[datasource]
+    return name, build(name, num_classes=classes, sample_shape=shape, **model_options)
+
+
+def write_safetensors(path, state):
+    """`state` (a state dict) as a safetensors file, with numpy alone: a
+    little-endian u64 header length, the JSON header padded with spaces to 8
+    bytes, then the tensors' little-endian bytes back to back in order."""
+    header, blobs, offset = {}, [], 0
+    for name, tensor in state.items():
+        array = np.ascontiguousarray(tensor.detach().cpu().numpy())
+        if array.dtype not in SAFETENSORS_DTYPES:
+            raise SystemExit(f"{name}: {array.dtype} is not written by this script")
+        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[array.dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for data in blobs:
+            f.write(data)
+
+
+def load_initial(model, path):
+    """The model file at `path` loaded into `model` with strict=True (every
+    name and shape the twin's, nothing more)."""
+    state = {k: torch.from_numpy(v) for k, v in read_safetensors(path).items()}
+    model.load_state_dict(state, strict=True)
+    return len(state)
 
 
 def optimizer_of(config, params):
@@ -147,9 +213,23 @@ def accuracy(model, x, y, device, batch=1000):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", required=True, help="a finished cohort run folder")
-    parser.add_argument("--partitions", required=True, help="cohort partitions --json output")
-    parser.add_argument("--data", required=True, help="the data folder cohort read")
+    parser.add_argument("--run", help="a finished cohort run folder")
+    parser.add_argument("--partitions", help="cohort partitions --json output")
+    parser.add_argument("--data", help="the data folder cohort read")
+    parser.add_argument(
+        "--initial-model",
+        help="start from this model file (safetensors, PyTorch's layout); "
+        "default: the run's trainer.initial_model, if set",
+    )
+    parser.add_argument(
+        "--write-initial",
+        metavar="FILE",
+        help="write the twin drawn after torch.manual_seed(--seed) to FILE and exit "
+        "(needs --config)",
+    )
+    parser.add_argument(
+        "--config", help="with --write-initial: a cohort config with every default (cohort check)"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -157,6 +237,18 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.write_initial:
+        if not args.config:
+            parser.error("--write-initial needs --config")
+        with open(args.config, "rb") as f:
+            config = tomllib.load(f)
+        name, model = build_model(config)
+        write_safetensors(args.write_initial, model.state_dict())
+        print(f"{args.write_initial}: {name}, torch.manual_seed({args.seed})", file=sys.stderr)
+        return
+    missing = [f"--{k}" for k in ("run", "partitions", "data") if getattr(args, k) is None]
+    if missing:
+        parser.error(f"{', '.join(missing)} required")
     with open(os.path.join(args.run, "config.toml"), "rb") as f:
         config = tomllib.load(f)
     with open(args.partitions) as f:
@@ -169,12 +261,16 @@ def main():
     train_x, train_y = load_split(args.data, datasource, "train")
     test_x, test_y = load_split(args.data, datasource, "t10k")
     partitions = {c["client_id"]: c["train"] for c in assignment["clients"]}
-    model_options = dict(config.get("parameters", {}).get("model", {}))
-    classes = model_options.pop("num_classes", 10)
-    name = config["trainer"].get("model_name", "lenet5")
     device = torch.device(args.device)
-    model = build(name, num_classes=classes, sample_shape=[1, 28, 28], **model_options).to(device)
+    name, model = build_model(config)
+    initial = args.initial_model or config["trainer"].get("initial_model")
+    if initial:
+        tensors = load_initial(model, initial)
+        print(f"initial model: {initial} ({tensors} tensors, strict load)", file=sys.stderr)
+    model = model.to(device)
     generator = torch.Generator().manual_seed(args.seed)
+    initial_accuracy = accuracy(model, test_x, test_y, device)
+    print(f"round 0: accuracy {initial_accuracy:.4f}", file=sys.stderr)
     ours = []
     started = time.perf_counter()
     for round_clients in selected_clients(args.run):
@@ -191,10 +287,12 @@ def main():
     theirs = cohort_accuracies(args.run)
     result = {
         "model": name,
+        "initial_model": initial,
         "rounds": len(ours),
         "pytorch_final": ours[-1],
         "cohort_final": theirs[-1],
         "difference_points": 100 * (theirs[-1] - ours[-1]),
+        "pytorch_initial_accuracy": initial_accuracy,
         "pytorch_accuracy": ours,
         "cohort_accuracy": theirs,
         "pytorch_seconds": time.perf_counter() - started,

@@ -5,14 +5,15 @@
 # to 10,000 clients ("Memory of a resnet_20 federation"; iid partitions: a
 # Dirichlet(0.5) draw cannot give each of 10,000 clients a sample).
 #
-#   COHORT=path/to/cohort [SEED=N] bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
-#   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh cohort     # cohort's side alone
+#   COHORT=path/to/cohort [SEED=N] [SAME_INIT=1] bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
+#   COHORT=path/to/cohort [SAME_INIT=1] bash bench/zoo_resnet_20.sh cohort   # cohort's side alone
 #   bash bench/zoo_resnet_20.sh pytorch [cpu|cuda] RUN_DIR PARTS_JSON
 #   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh memory [CLIENTS...]
 #
 # accuracy: bench/zoo_accuracy.toml with resnet_20 and group norm, 30 rounds
 # of 10 of 100 clients, cohort on the CPU (10 workers of one thread each),
-# then PyTorch with the given device. memory: one round of 10 clients from
+# then PyTorch with the given device. SAME_INIT=1: both sides start from one
+# initial model (below). memory: one round of 10 clients from
 # federations of 100, 1,000 and 10,000 clients; peak RSS of the cohort
 # process from getrusage. Needs COHORT_DATA_DIR with Fashion-MNIST; results
 # go to $OUT.
@@ -20,6 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 COHORT="${COHORT:-cohort}"
 OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 mode="${1:-accuracy}"
 # cohort's side on the CPU unless COHORT_DEVICE=--gpu.
 COHORT_DEVICE="${COHORT_DEVICE:---cpu}"
@@ -31,6 +34,14 @@ if [ -n "$SEED" ]; then
   resnet+=(--set data.random_seed="$SEED" --set server.random_seed="$SEED"
     --set trainer.model_seed="$SEED" --set trainer.training_seed="$SEED")
 fi
+# SAME_INIT=1 (accuracy, cohort): one initial model for both sides. PyTorch's
+# twin drawn after torch.manual_seed(SEED, default 0), the model PyTorch's
+# side starts from without it, is written to $OUT/initial.safetensors and
+# given to cohort as trainer.initial_model (in place of trainer.model_seed's
+# draw); bench/pytorch_fedavg.py reads that key from the run's config.toml
+# and loads the file with strict=True. Both evaluate it before round 1.
+SAME_INIT="${SAME_INIT:-}"
+initial=()
 
 # Peak resident memory of a command, in MiB (the largest of it and its
 # children: cohort's workers are threads, so this is the cohort process).
@@ -44,15 +55,29 @@ print(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f}")
 PY
 }
 
+# The shared initial model of SAME_INIT=1, drawn for the job's model and
+# options as `cohort check` prints them.
+write_initial() {
+  "$COHORT" check --config bench/zoo_accuracy.toml "${resnet[@]}" > "$OUT/job.toml"
+  python3 bench/pytorch_fedavg.py --write-initial "$OUT/initial.safetensors" \
+    --config "$OUT/job.toml" --seed "${SEED:-0}"
+  initial=(--set trainer.initial_model="$OUT/initial.safetensors")
+}
+
 run_cohort() {
+  [ -z "$SAME_INIT" ] || write_initial
   start=$(date +%s.%N)
   "$COHORT" run --config bench/zoo_accuracy.toml "$COHORT_DEVICE" --quiet --base "$OUT/runs" \
-    "${resnet[@]}" --set trainer.max_concurrency=10
+    "${resnet[@]}" ${initial[@]+"${initial[@]}"} --set trainer.max_concurrency=10
   end=$(date +%s.%N)
   echo "== cohort resnet_20: $(awk "BEGIN { printf \"%.1f\", $end - $start }") s end to end"
   run=$(ls -d "$OUT"/runs/*/ | head -1)
   tail -3 "$run/results.csv"
   "$COHORT" partitions --config "$run/config.toml" --json "$OUT/parts.json" > /dev/null
+  if [ -n "$SAME_INIT" ]; then
+    echo "== cohort on the initial model (PyTorch's: round 0 in pytorch.log and the JSON)"
+    "$COHORT" evaluate --config "$run/config.toml" --model "$OUT/initial.safetensors" "$COHORT_DEVICE"
+  fi
 }
 
 # PyTorch on a finished cohort run folder $1 with its partitions $2.
