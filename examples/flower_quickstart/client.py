@@ -111,7 +111,10 @@ def test(net, data):
     images, labels = data
     net.eval()
     with torch.no_grad():
-        logits = torch.cat([net(to_input(images[i:i + 1000])) for i in range(0, len(labels), 1000)])
+        # In batches of the training's size, as the quickstart's test loader:
+        # a convolution's workspace grows with the batch (about 50 MiB at 1,000).
+        logits = torch.cat([net(to_input(images[i:i + BATCH_SIZE]))
+                            for i in range(0, len(labels), BATCH_SIZE)])
     loss = F.cross_entropy(logits, labels).item()
     accuracy = (logits.argmax(1) == labels).float().mean().item()
     return loss, accuracy
