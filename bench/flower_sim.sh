@@ -97,11 +97,15 @@ def torch_library(pids):
     return None
 def foreign_users(library, pids):
     # Processes outside the run that map the same file: PSS splits the pages
-    # they share with the run, so the run's figure is lowered by them.
+    # they share with the run, so the run's figure is lowered by them. One of
+    # the run's own process group is the run's, even where the walk of
+    # /proc's children missed it.
     found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) not in pids:
             try:
+                if os.getpgid(int(entry)) == group:
+                    continue
                 with open(f"/proc/{entry}/maps") as f:
                     if library in f.read():
                         found[entry] = name(int(entry))
@@ -111,6 +115,7 @@ def foreign_users(library, pids):
 peak_pss = peak_rss = 0
 at_peak = []
 library, foreign, samples = None, {}, 0
+group = os.getpgid(root)
 while os.path.exists(f"/proc/{root}") and open(f"/proc/{root}/stat").read().split()[2] != "Z":
     figures = [(p, depth, memory(p)) for p, depth in tree(root)]
     if samples % 10 == 0:
