@@ -11,6 +11,8 @@
 # Env: COHORT_WHEEL (a wheel built already, instead of a release build),
 #      SYSTEM_TORCH=1 (the venv sees the system's packages and uses its torch).
 #      FLWR_VERSION (default 1.42.0).
+# Warns when a process outside a run maps the same torch library file while it runs
+# (PSS splits shared pages, so that run's figure would be too low).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="$(cd "${1:-../shared/data}" && pwd)"
