@@ -11,6 +11,8 @@
 # Env: COHORT_WHEEL (a wheel built already, instead of a release build),
 #      SYSTEM_TORCH=1 (the venv sees the system's packages and uses its torch).
 #      FLWR_VERSION (default 1.42.0).
+# Warns when a process outside a run maps the same torch library file while it runs
+# (PSS splits shared pages, so that run's figure would be too low).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="$(cd "${1:-../shared/data}" && pwd)"
@@ -37,7 +39,8 @@ fi
 
 # Runs a command and samples the summed PSS and RSS of it and all its descendants;
 # writes the peaks in MiB to $1, and to $1.procs each process's figures at the moment
-# of the PSS peak (where the memory is).
+# of the PSS peak (where the memory is), and to $1.foreign the processes outside the
+# run that mapped the same torch library file while it ran (every 2 s).
 measure() {
   local peak_file="$1"; shift
   "$@" &
@@ -83,10 +86,46 @@ def name(pid):
         return "?"
     shown = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(args[:3]))
     return f"{comm}: {shown}"[:70]
+def torch_library(pids):
+    # The path of the libtorch_cpu.so the run maps, once one of its processes has imported torch.
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/maps") as f:
+                for line in f:
+                    if line.rstrip().endswith("/libtorch_cpu.so"):
+                        return line.split()[-1]
+        except OSError:
+            pass
+    return None
+def foreign_users(library, pids):
+    # Processes outside the run that map the same file: PSS splits the pages
+    # they share with the run, so the run's figure is lowered by them. One of
+    # the run's own process group is the run's, even where the walk of
+    # /proc's children missed it.
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in pids:
+            try:
+                if os.getpgid(int(entry)) == group:
+                    continue
+                with open(f"/proc/{entry}/maps") as f:
+                    if library in f.read():
+                        found[entry] = name(int(entry))
+            except OSError:
+                pass
+    return found
 peak_pss = peak_rss = 0
 at_peak = []
+library, foreign, samples = None, {}, 0
+group = os.getpgid(root)
 while os.path.exists(f"/proc/{root}") and open(f"/proc/{root}/stat").read().split()[2] != "Z":
     figures = [(p, depth, memory(p)) for p, depth in tree(root)]
+    if samples % 10 == 0:
+        pids = {p for p, _, _ in figures}
+        library = library or torch_library(pids)
+        if library:
+            foreign.update(foreign_users(library, pids))
+    samples += 1
     pss = sum(f["Pss:"] for _, _, f in figures)
     if pss > peak_pss:
         peak_pss = pss
@@ -96,6 +135,7 @@ while os.path.exists(f"/proc/{root}") and open(f"/proc/{root}/stat").read().spli
     time.sleep(0.2)
 open(out, "w").write(f"{peak_pss / 1024:.0f} {peak_rss / 1024:.0f}")
 json.dump(at_peak, open(out + ".procs", "w"))
+json.dump(foreign, open(out + ".foreign", "w"))
 PYEOF
   wait "$root"
 }
@@ -120,4 +160,11 @@ for name, label in (("cohort", "cohort.simulate"), ("flower", "flwr simulation")
     for p in sorted(json.load(open(f"{out}/{name}.peak.procs")), key=lambda p: (p["depth"], -p["Pss"])):
         private = p["Private_Clean"] + p["Private_Dirty"]
         print(f"{p['Pss']:6} {p['Pss_Anon']:6} {p['Pss_File']:6} {private:6} {p['Rss']:6}  {p['depth']:5}  {p['name']}")
+for name, label in (("cohort", "cohort.simulate"), ("flower", "flwr simulation")):
+    foreign = json.load(open(f"{out}/{name}.peak.foreign"))
+    if foreign:
+        print(f"\nwarning: while {label} ran, {len(foreign)} process(es) outside it mapped the same "
+              f"torch library ({'; '.join(f'{p} {n}' for p, n in sorted(foreign.items()))}); PSS "
+              "splits the pages they share with the run, so its figure is too low: measure again "
+              "when they are gone, or without SYSTEM_TORCH (the venv's own copy of torch)")
 PYEOF

@@ -61,14 +61,22 @@ _CACHE = {}
 
 
 def split(kind):
-    """``train`` or ``test``: images normalized to [-1, 1] (the quickstart's
-    ``Normalize((0.5,), (0.5,))``) and labels."""
+    """``train`` or ``test``: the images as they are stored (uint8, shaped
+    N×1×28×28) and the labels. Like the quickstart's transforms, which run
+    per batch, the images are normalized one batch at a time (``to_input``),
+    so the data set is held once, as bytes, not as float32."""
     if kind not in _CACHE:
         prefix = "train" if kind == "train" else "t10k"
-        images = _idx(f"{prefix}-images-idx3-ubyte.gz").astype(np.float32) / 255.0
+        images = _idx(f"{prefix}-images-idx3-ubyte.gz")
         labels = _idx(f"{prefix}-labels-idx1-ubyte.gz").astype(np.int64)
-        _CACHE[kind] = (torch.from_numpy((images - 0.5) / 0.5).unsqueeze(1), torch.from_numpy(labels))
+        _CACHE[kind] = (images[:, None], torch.from_numpy(labels))
     return _CACHE[kind]
+
+
+def to_input(pixels):
+    """A batch of uint8 pixels as the model's input: the quickstart's
+    ``ToTensor()`` (to [0, 1]) and ``Normalize((0.5,), (0.5,))`` (to [-1, 1])."""
+    return torch.from_numpy((pixels.astype(np.float32) / 255.0 - 0.5) / 0.5)
 
 
 def load_partition(partition_id):
@@ -92,7 +100,7 @@ def train(net, data, epochs, learning_rate, seed):
         for start in range(0, len(order), BATCH_SIZE):
             batch = order[start:start + BATCH_SIZE]
             optimizer.zero_grad()
-            loss = F.cross_entropy(net(images[batch]), labels[batch])
+            loss = F.cross_entropy(net(to_input(images[batch.numpy()])), labels[batch])
             loss.backward()
             optimizer.step()
             total += loss.item() * len(batch)
@@ -103,7 +111,10 @@ def test(net, data):
     images, labels = data
     net.eval()
     with torch.no_grad():
-        logits = torch.cat([net(images[i:i + 1000]) for i in range(0, len(labels), 1000)])
+        # In batches of the training's size, as the quickstart's test loader:
+        # a convolution's workspace grows with the batch (about 50 MiB at 1,000).
+        logits = torch.cat([net(to_input(images[i:i + BATCH_SIZE]))
+                            for i in range(0, len(labels), BATCH_SIZE)])
     loss = F.cross_entropy(logits, labels).item()
     accuracy = (logits.argmax(1) == labels).float().mean().item()
     return loss, accuracy

@@ -205,7 +205,11 @@ def simulate(client_fn, num_clients, config=None, strategy=None, *, num_rounds=N
     forks the workers, so that what client code keeps at module level (a
     data set loaded once, as Flower's examples keep theirs) is shared by the
     workers copy-on-write instead of loaded by each; with
-    ``initial_parameters`` given, each worker loads its own.
+    ``initial_parameters`` given, each worker loads its own. Before it forks
+    the workers, that process also imports what an imported library loads
+    lazily on a first use every worker makes (with torch, ``torch._dynamo``,
+    which the first ``torch.optim`` optimizer imports), so the workers share
+    it too.
     ``evaluate_fn(server_round, parameters, config) -> (loss, metrics)`` is
     called in this process after each round (``metrics["accuracy"]`` is
     ``results.csv``'s accuracy). With ``clients.do_test = true`` each

@@ -24,12 +24,14 @@ pickle, so the engine runs nothing a worker sends. The contract is in
 """
 
 import gc
+import importlib
 import json
 import math
 import multiprocessing
 import os
 import signal
 import socket
+import sys
 import time
 import traceback
 
@@ -304,6 +306,33 @@ def _fork_worker(client_fn, control, children):
     os.close(requests_w)
 
 
+# What a library the client code has imported loads lazily, on a first use
+# that every worker makes: the template imports it before it forks the
+# workers, so they share one copy of those modules' objects instead of each
+# building its own in its first fit. Only where the client code (or the
+# caller) has imported the library already: cohort depends on none of them.
+_LAZY_IMPORTS = {
+    # torch.optim's optimizers are wrapped in torch._disable_dynamo, which
+    # imports torch._dynamo (and with it sympy, mpmath and triton's Python
+    # side: about 900 modules, 80 MiB) when the first optimizer is built.
+    "torch": ("torch._dynamo",),
+}
+
+
+def _import_lazy_modules():
+    """Imports ``_LAZY_IMPORTS``' modules of the libraries already in
+    ``sys.modules``; one that fails to import is left to fail (or not) where
+    the client code would have imported it."""
+    for library, modules in _LAZY_IMPORTS.items():
+        if library not in sys.modules:
+            continue
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the client's own import would fail alike
+                pass
+
+
 def _template(client_fn, count, initial, control_fd, inherited):
     """The one process the engine's process forks: it forks every worker.
 
@@ -312,9 +341,13 @@ def _template(client_fn, count, initial, control_fd, inherited):
     at module level (a data set, a cache, as Flower's examples do) is in
     this process's memory before the workers exist, and each worker, a fork
     of it, shares those pages copy-on-write instead of building its own
-    copy. ``gc.freeze()`` then moves every object to the permanent
-    generation, so that the workers' garbage collections never write to the
-    pages they share (a collection writes to every object it visits).
+    copy. It then imports what the client code's libraries would import
+    lazily in each worker's first ``fit`` (``_LAZY_IMPORTS``: with torch,
+    ``torch._dynamo``, which the first optimizer imports), so the workers
+    share those modules too. ``gc.freeze()`` then moves every object to the
+    permanent generation, so that the workers' garbage collections never
+    write to the pages they share (a collection writes to every object it
+    visits).
 
     It stays to fork a replacement whenever the engine asks (a worker whose
     client overran ``server.payload_timeout`` was killed): the engine's
@@ -334,6 +367,7 @@ def _template(client_fn, count, initial, control_fd, inherited):
                 write_message(stream, header, tensors)
             if not header.get("ok"):
                 return
+        _import_lazy_modules()
         gc.freeze()
         for _ in range(count):
             _fork_worker(client_fn, control, children)
@@ -388,6 +422,15 @@ class Workers:
         self.template = None
         self.pids = []
         self.initial = None
+        # The template is a fork of this process: each page of objects is
+        # shared by the two until one of them writes to it, and a garbage
+        # collection writes to every object it visits. Frozen before the
+        # fork, the objects that exist now are visited by neither process's
+        # collections (the template's, while it builds client "0" and
+        # imports, are the ones that run); this process's are unfrozen when
+        # the run ends, unless something else had frozen objects already.
+        self.unfreeze = gc.get_freeze_count() == 0
+        gc.freeze()
         try:
             self.control, template_end = socket.socketpair()
             self.template = context.Process(
@@ -462,6 +505,9 @@ class Workers:
         return list(self.ends)
 
     def close(self):
+        if self.unfreeze:
+            gc.unfreeze()
+            self.unfreeze = False
         if not self.handed_over:
             for pair in self.ends:
                 for fd in pair:

@@ -2,14 +2,17 @@
 
 import csv
 import gc
+import importlib
 import json
 import os
+import sys
 import time
 
 import numpy as np
 import pytest
 
 import cohort
+from cohort import _simulation
 
 # Features and targets of each client's linear regression: client `cid`
 # holds 10 * (cid + 1) samples of y = x·[1, -2, 0.5] + 0.3 with noise.
@@ -292,6 +295,78 @@ def test_workers_share_what_the_initial_client_loaded(tmp_path):
     for pid in workers | {built_in}:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+class NotesFrozen(Regression):
+    """get_parameters notes its process and how many objects it finds frozen."""
+
+    def __init__(self, cid, log):
+        super().__init__(cid)
+        self.log = log
+
+    def get_parameters(self, config):
+        with open(self.log, "a") as f:
+            f.write(json.dumps({"template": os.getpid(), "frozen": gc.get_freeze_count()}) + "\n")
+        return super().get_parameters(config)
+
+
+class NotesLazyImports(NotesFrozen):
+    """fit imports a module of a stand-in library, as torch.optim imports
+    torch._dynamo, and notes where it was imported and whether the absent
+    library's was."""
+
+    def fit(self, parameters, config):
+        lazy = importlib.import_module("cohort_test_library.lazy")
+        with open(self.log, "a") as f:
+            f.write(json.dumps({"worker": os.getpid(), "imported_in": lazy.IMPORTED_IN,
+                                "absent": "cohort_test_absent.lazy" in sys.modules}) + "\n")
+        return super().fit(parameters, config)
+
+
+def test_the_template_imports_what_the_clients_libraries_import_lazily(tmp_path, monkeypatch):
+    for library in ("cohort_test_library", "cohort_test_absent"):
+        (tmp_path / library).mkdir()
+        (tmp_path / library / "__init__.py").write_text("")
+        (tmp_path / library / "lazy.py").write_text("import os\nIMPORTED_IN = os.getpid()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_simulation, "_LAZY_IMPORTS", {
+        "cohort_test_library": ("cohort_test_library.lazy",),
+        "cohort_test_absent": ("cohort_test_absent.lazy",),
+        # One that cannot be imported is left alone.
+        "json": ("json.no_such_module",),
+    })
+    # The client code has imported the library, not the other one.
+    importlib.import_module("cohort_test_library")
+    try:
+        log = tmp_path / "log.jsonl"
+        cohort.simulate(lambda cid: NotesLazyImports(cid, log), 4, config(rounds=1, per_round=4),
+                        max_concurrency=2, run_dir=tmp_path / "run")
+    finally:
+        for name in ("cohort_test_library", "cohort_test_library.lazy"):
+            sys.modules.pop(name, None)
+    notes = fits_of(log)
+    (template,) = [note["template"] for note in notes if "template" in note]
+    fits = [note for note in notes if "worker" in note]
+    assert len(fits) == 4, notes
+    # Imported once, by the template, before it forked the workers: each
+    # worker shares it instead of importing its own.
+    assert all(fit["imported_in"] == template != fit["worker"] for fit in fits), notes
+    # Only for a library already imported: cohort imports none of its own accord.
+    assert not any(fit["absent"] for fit in fits), notes
+
+
+def test_the_callers_objects_are_frozen_while_the_template_shares_them(tmp_path):
+    assert gc.get_freeze_count() == 0
+    log = tmp_path / "log.jsonl"
+    cohort.simulate(lambda cid: NotesFrozen(cid, log), 2, config(rounds=1, per_round=2),
+                    max_concurrency=1, run_dir=tmp_path / "run")
+    (note,) = [note for note in fits_of(log) if "template" in note]
+    # Frozen in this process before the template was forked, so the
+    # template's collections (while it builds client "0") do not write to
+    # the pages it shares with this process...
+    assert note["frozen"] > 0, note
+    # ...and unfrozen here once the run is over.
+    assert gc.get_freeze_count() == 0
 
 
 def test_with_initial_parameters_no_client_is_built_before_the_workers(tmp_path):
