@@ -215,20 +215,45 @@ fn missing_cifar_files_are_named_with_the_archive_to_fetch() {
     assert_eq!(missing, ["train.bin"]);
 }
 
+/// With downloading off, EMNIST's error says which files to put where and
+/// where they are: the folder of NIST's zip, its size and its SHA-256.
+#[test]
+fn missing_emnist_files_are_named_with_the_zip_they_are_in() {
+    let empty = tempfile::tempdir().unwrap();
+    let error = data::load(DataSource::Emnist, empty.path(), &Fetch::Never)
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        "EMNIST data files are missing from",
+        "  emnist-balanced-train-images-idx3-ubyte.gz\n",
+        "  emnist-balanced-train-labels-idx1-ubyte.gz\n",
+        "  emnist-balanced-test-images-idx3-ubyte.gz\n",
+        "  emnist-balanced-test-labels-idx1-ubyte.gz\n",
+        "Downloading is off (data.download = false).",
+        "(they are in the `gzip/` folder of https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip, \
+         561753746 bytes, SHA-256 fb9bb67e33772a9cc0b895e4ecf36d2cf35be8b709693c3564cea2a019fcda8e)",
+        "or point data.data_path or COHORT_DATA_DIR at a folder that has a `emnist/` subfolder",
+    ] {
+        assert!(error.contains(needle), "{needle}: {error}");
+    }
+    assert!(listing_is_empty(empty.path()), "nothing is made");
+    let error = data::load_test(DataSource::Emnist, empty.path(), &Fetch::Never)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("emnist-balanced-test-labels-idx1-ubyte.gz") && !error.contains("train-"),
+        "{error}"
+    );
+}
+
+fn listing_is_empty(folder: &Path) -> bool {
+    std::fs::read_dir(folder).unwrap().next().is_none()
+}
+
 #[test]
 fn files_that_cannot_be_downloaded_say_where_they_come_from() {
     let empty = tempfile::tempdir().unwrap();
     let fetch = Fetch::FromMirrors(Vec::new());
-    let error = data::load(DataSource::Emnist, empty.path(), &fetch)
-        .unwrap_err()
-        .to_string();
-    for needle in [
-        "emnist-balanced-train-images-idx3-ubyte.gz",
-        "They cannot be downloaded",
-        "https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip",
-    ] {
-        assert!(error.contains(needle), "{needle}: {error}");
-    }
     for source in [DataSource::Femnist, DataSource::Shakespeare] {
         let error = data::load(source, empty.path(), &fetch)
             .unwrap_err()

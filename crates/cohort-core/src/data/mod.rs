@@ -14,7 +14,7 @@ pub mod tabular;
 
 use std::path::{Path, PathBuf};
 
-pub use download::{DownloadError, Fetch};
+pub use download::{DownloadError, Fetch, KnownZip};
 
 use cifar::{Cifar, CifarError};
 use idx::{IdxError, read_idx_gz};
@@ -61,6 +61,9 @@ pub enum Obtain {
     EachFile,
     /// One archive from the mirrors, holding the files.
     Archive(DataFile),
+    /// One zip from the mirrors, of known size, holding the files in one of
+    /// its folders among others; streamed to disk, not held in memory.
+    Zip(KnownZip),
     /// By hand only: no mirror is known whose files have a published
     /// SHA-256 cohort could check; the text says where they come from.
     ByHand(&'static str),
@@ -78,6 +81,22 @@ pub struct DataFile {
     pub name: &'static str,
     pub sha256: &'static str,
 }
+
+/// NIST's zip of all six EMNIST splits, with the size and SHA-256 TensorFlow
+/// Datasets records for it (`url_checksums/emnist.txt`); the `balanced`
+/// split's four files are in its `gzip/` folder.
+pub const EMNIST_ZIP: KnownZip = KnownZip {
+    name: "gzip.zip",
+    size: 561_753_746,
+    sha256: "fb9bb67e33772a9cc0b895e4ecf36d2cf35be8b709693c3564cea2a019fcda8e",
+    folder: "gzip/",
+    // The largest of the four, the training images, is 112,800 images of
+    // 28 × 28 bytes and a 16-byte header (88,435,216 bytes) before gzip,
+    // which adds a few bytes per 64 KiB at worst: far below 128 MiB.
+    max_member_bytes: 128 << 20,
+    // Six splits of four files and a mapping each, and the folder: about 31.
+    max_entries: 256,
+};
 
 /// EMNIST's four files of the `balanced` split, as they are in the
 /// `gzip/` folder of NIST's `gzip.zip`.
@@ -141,7 +160,8 @@ impl DataSource {
                 &["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"]
             }
             DataSource::Cifar10 | DataSource::Cifar100 => &["https://www.cs.toronto.edu/~kriz/"],
-            DataSource::Emnist | DataSource::Femnist | DataSource::Shakespeare => &[],
+            DataSource::Emnist => &["https://biometrics.nist.gov/cs_links/EMNIST/"],
+            DataSource::Femnist | DataSource::Shakespeare => &[],
         }
     }
 
@@ -151,15 +171,7 @@ impl DataSource {
             DataSource::Mnist | DataSource::FashionMnist => Obtain::EachFile,
             DataSource::Cifar10 => Obtain::Archive(Cifar::Ten.archive()),
             DataSource::Cifar100 => Obtain::Archive(Cifar::Hundred.archive()),
-            // TensorFlow Datasets records gzip.zip as 561,753,746 bytes with
-            // SHA-256 fb9bb67e33772a9cc0b895e4ecf36d2cf35be8b709693c3564cea2a019fcda8e;
-            // it is a zip of all six EMNIST splits, larger than a download's
-            // bound, so cohort does not fetch it.
-            DataSource::Emnist => Obtain::ByHand(
-                "the four files are in the gzip/ folder of NIST's EMNIST archive, \
-                 https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip (SHA-256 \
-                 fb9bb67e33772a9cc0b895e4ecf36d2cf35be8b709693c3564cea2a019fcda8e)",
-            ),
+            DataSource::Emnist => Obtain::Zip(EMNIST_ZIP),
             DataSource::Femnist => Obtain::ByHand(Leaf::Femnist.how_to_make()),
             DataSource::Shakespeare => Obtain::ByHand(Leaf::Shakespeare.how_to_make()),
         }
@@ -171,7 +183,7 @@ impl DataSource {
     /// whose files are every `.json` of `train/` and `test/`. `sha256` is
     /// each file's published digest, and empty where none is published for
     /// the file itself (CIFAR's are covered by their archive's, EMNIST's by
-    /// NIST's zip, which cohort does not fetch).
+    /// NIST's zip's).
     pub fn files(self) -> Vec<DataFile> {
         let f = |name, sha256| DataFile { name, sha256 };
         match self {
@@ -747,6 +759,15 @@ fn fetch_missing(
                 .collect();
             download::fetch_archive(&mirrors, &archive, &members, root).map_err(failed)?;
         }
+        Obtain::Zip(zip) => {
+            // The whole zip comes down for any one file, so every file of the
+            // data set not yet here is taken from it, not only `files`.
+            let absent: Vec<&str> = (source.files().into_iter())
+                .map(|f| f.name)
+                .filter(|name| !folder.join(name).is_file())
+                .collect();
+            download::fetch_zip(&mirrors, &zip, &absent, &folder).map_err(failed)?;
+        }
         Obtain::ByHand(how) => {
             return Err(DataError::Missing(missing_message(
                 source,
@@ -875,6 +896,14 @@ fn missing_message(
             archive.name,
             archive.sha256,
             source.folder()
+        ),
+        Obtain::Zip(zip) => format!(
+            " (they are in the `{}` folder of {}{}, {} bytes, SHA-256 {})",
+            zip.folder,
+            source.mirrors().first().copied().unwrap_or_default(),
+            zip.name,
+            zip.size,
+            zip.sha256
         ),
         Obtain::EachFile => format!(" (from {})", source.mirrors().join(" or ")),
         Obtain::ByHand(_) => String::new(),
