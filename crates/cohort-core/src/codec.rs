@@ -13,9 +13,10 @@
 //! error. bfloat16 is refused at this boundary in both directions: nothing is
 //! ever cast silently.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView, View};
 
 use crate::tree::{Array, ArrayData, DType, FlatTree, ParamTree, Skeleton};
 
@@ -129,11 +130,36 @@ fn from_safetensors_dtype(name: &str, dtype: Dtype) -> Result<DType, CodecError>
     })
 }
 
+/// One leaf as safetensors writes it: the leaf's own storage, borrowed, so
+/// the payload is the one copy of the values that encoding makes.
+struct LeafView<'a> {
+    dtype: Dtype,
+    array: &'a Array,
+}
+
+impl View for LeafView<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.array.shape()
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        self.array.data().le_bytes()
+    }
+
+    fn data_len(&self) -> usize {
+        self.array.size_in_bytes()
+    }
+}
+
 /// Encodes a tree as safetensors bytes.
 pub fn encode(tree: &ParamTree) -> Result<Vec<u8>, CodecError> {
     let skeleton = tree.skeleton();
     let leaves = tree.leaves();
-    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::with_capacity(leaves.len());
+    let mut views = Vec::with_capacity(leaves.len());
     let mut seen = std::collections::HashSet::new();
     for (path, array) in &leaves {
         let name = path.to_string();
@@ -143,21 +169,9 @@ pub fn encode(tree: &ParamTree) -> Result<Vec<u8>, CodecError> {
         if !seen.insert(name.clone()) {
             return Err(CodecError::DuplicateName(name));
         }
-        owned.push((
-            name,
-            to_safetensors_dtype(array.dtype()),
-            array.shape().to_vec(),
-            array.data().to_le_bytes(),
-        ));
+        let dtype = to_safetensors_dtype(array.dtype());
+        views.push((name, LeafView { dtype, array }));
     }
-    let views = owned
-        .iter()
-        .map(|(name, dtype, shape, bytes)| {
-            TensorView::new(*dtype, shape.clone(), bytes)
-                .map(|view| (name.clone(), view))
-                .map_err(|e| CodecError::Malformed(e.to_string()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     // One metadata entry only: safetensors writes its metadata map in hash
     // order, and equal models must give equal bytes.
     let metadata = HashMap::from([(
@@ -502,6 +516,59 @@ mod tests {
             error,
             CodecError::MetadataMismatch("no tensor named `other`".to_owned())
         );
+    }
+
+    /// Every dtype's elements, written the portable way, one byte at a time.
+    fn portable_le_bytes(data: &ArrayData) -> Vec<u8> {
+        match data {
+            ArrayData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ArrayData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ArrayData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ArrayData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ArrayData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ArrayData::U8(v) => v.clone(),
+            ArrayData::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+        }
+    }
+
+    #[test]
+    fn payloads_hold_each_dtypes_little_endian_bytes_and_decode_back() {
+        use half::f16;
+        let arrays = [
+            ArrayData::F32(vec![1.5, -0.0, f32::MIN_POSITIVE, 3.0e38]),
+            ArrayData::F16(vec![f16::from_f32(0.5), f16::from_f32(-2.0)]),
+            ArrayData::I64(vec![-1, i64::MAX, 7]),
+            ArrayData::I32(vec![i32::MIN, 1]),
+            ArrayData::U8(vec![0, 255, 9]),
+            ArrayData::Bool(vec![true, false, true]),
+        ];
+        let tree = ParamTree::from_dotted(arrays.iter().enumerate().map(|(i, data)| {
+            let array = Array::new(vec![data.len()], data.clone()).unwrap();
+            (format!("leaf{i}.values"), array)
+        }));
+        let bytes = encode(&tree).unwrap();
+        let tensors = SafeTensors::deserialize(&bytes).unwrap();
+        for (i, data) in arrays.iter().enumerate() {
+            let view = tensors.tensor(&format!("leaf{i}.values")).unwrap();
+            assert_eq!(view.data(), portable_le_bytes(data), "leaf {i}");
+            assert_eq!(
+                ArrayData::from_le_bytes(data.dtype(), view.data()).as_ref(),
+                Some(data)
+            );
+        }
+        assert_eq!(decode(&bytes, &DecodeLimits::default()).unwrap(), tree);
+        // A misaligned slice of values parses as an aligned one does.
+        let shifted: Vec<u8> = [0u8]
+            .iter()
+            .chain(&portable_le_bytes(&arrays[2]))
+            .copied()
+            .collect();
+        assert_eq!(
+            ArrayData::from_le_bytes(DType::I64, &shifted[1..]),
+            Some(arrays[2].clone())
+        );
+        assert_eq!(ArrayData::from_le_bytes(DType::F32, &[0; 6]), None);
+        assert_eq!(ArrayData::from_le_bytes(DType::Bool, &[0, 2]), None);
     }
 
     proptest! {

@@ -10,6 +10,7 @@
 //! leaves were) plus the leaves in depth-first order, and rebuild from the two
 //! losslessly: container kinds and empty containers survive the round trip.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -102,8 +103,22 @@ impl ArrayData {
 
     /// Little-endian bytes of the elements, as safetensors stores them.
     pub fn to_le_bytes(&self) -> Vec<u8> {
-        fn le<T: Copy, const N: usize>(values: &[T], to: impl Fn(T) -> [u8; N]) -> Vec<u8> {
-            values.iter().flat_map(|&v| to(v)).collect()
+        self.le_bytes().into_owned()
+    }
+
+    /// The elements' little-endian bytes: on a little-endian machine the
+    /// storage itself, so a payload is written with one copy, not two.
+    pub fn le_bytes(&self) -> Cow<'_, [u8]> {
+        #[cfg(target_endian = "little")]
+        fn le<T: bytemuck::NoUninit, const N: usize>(
+            values: &[T],
+            _: impl Fn(T) -> [u8; N],
+        ) -> Cow<'_, [u8]> {
+            Cow::Borrowed(bytemuck::cast_slice(values))
+        }
+        #[cfg(not(target_endian = "little"))]
+        fn le<T: Copy, const N: usize>(values: &[T], to: impl Fn(T) -> [u8; N]) -> Cow<'_, [u8]> {
+            Cow::Owned(values.iter().flat_map(|&v| to(v)).collect())
         }
         match self {
             ArrayData::F32(v) => le(v, f32::to_le_bytes),
@@ -111,14 +126,30 @@ impl ArrayData {
             ArrayData::BF16(v) => le(v, bf16::to_le_bytes),
             ArrayData::I64(v) => le(v, i64::to_le_bytes),
             ArrayData::I32(v) => le(v, i32::to_le_bytes),
-            ArrayData::U8(v) => v.clone(),
-            ArrayData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+            ArrayData::U8(v) => Cow::Borrowed(v),
+            // `bool` is one byte, 0 or 1, which is safetensors' BOOL.
+            ArrayData::Bool(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
         }
     }
 
     /// Parses little-endian bytes; `None` when the byte count is not a multiple
     /// of the element size or a boolean byte is neither 0 nor 1.
     pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Option<ArrayData> {
+        // On a little-endian machine the bytes are the values: one copy into
+        // the new storage, whatever the payload's alignment.
+        #[cfg(target_endian = "little")]
+        fn parse<T: bytemuck::Pod, const N: usize>(
+            bytes: &[u8],
+            _: impl Fn([u8; N]) -> T,
+        ) -> Option<Vec<T>> {
+            if !bytes.len().is_multiple_of(N) {
+                return None;
+            }
+            let mut values = vec![T::zeroed(); bytes.len() / N];
+            bytemuck::cast_slice_mut::<T, u8>(&mut values).copy_from_slice(bytes);
+            Some(values)
+        }
+        #[cfg(not(target_endian = "little"))]
         fn parse<T, const N: usize>(bytes: &[u8], from: impl Fn([u8; N]) -> T) -> Option<Vec<T>> {
             if !bytes.len().is_multiple_of(N) {
                 return None;
