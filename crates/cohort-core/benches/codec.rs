@@ -1,7 +1,8 @@
 //! The payload codec (`codec::encode`, `codec::decode`) against a plain
 //! memcpy of the same bytes into a fresh buffer, in one run.
 //!
-//! `cargo bench -p cohort-core --bench codec`
+//! `cargo bench -p cohort-core --bench codec` (add `-- --quick` to skip the
+//! 100 MB row).
 //!
 //! Every simulated client decodes the global model and encodes its update,
 //! and the server decodes each update: three passes over the model per
@@ -71,12 +72,15 @@ fn best_of(repeats: usize, mut work: impl FnMut()) -> f64 {
 }
 
 fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
     println!("| tree | encode µs | decode µs | memcpy µs | encode / memcpy | decode / memcpy |");
     println!("|---|---|---|---|---|---|");
-    for (label, tree, repeats) in [
-        ("LeNet-5 (247 KB)", lenet5_like(), 2_000),
-        ("100 MB", hundred_mb(), 5),
-    ] {
+    let rows: [(&str, fn() -> ParamTree, usize); 2] = [
+        ("LeNet-5 (247 KB)", lenet5_like, 2_000),
+        ("100 MB", hundred_mb, 5),
+    ];
+    for (label, make, repeats) in rows.into_iter().take(if quick { 1 } else { 2 }) {
+        let tree = make();
         let bytes = codec::encode(&tree).unwrap();
         let limits = DecodeLimits::default();
         assert_eq!(codec::decode(&bytes, &limits).unwrap(), tree);
