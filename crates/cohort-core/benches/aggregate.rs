@@ -8,32 +8,17 @@
 //! least any aggregation must do is read each client's bytes once.
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use cohort_core::aggregate::{Contribution, fedavg};
 use cohort_core::tree::{Array, ParamTree};
 
+mod common;
+
+use common::best_of;
+
 /// LeNet-5's parameter layout (61,706 float32 values).
 fn lenet5_like(seed: u32) -> ParamTree {
-    let shapes: [(&str, &[usize]); 10] = [
-        ("conv1.weight", &[6, 1, 5, 5]),
-        ("conv1.bias", &[6]),
-        ("conv2.weight", &[16, 6, 5, 5]),
-        ("conv2.bias", &[16]),
-        ("conv3.weight", &[120, 16, 5, 5]),
-        ("conv3.bias", &[120]),
-        ("fc4.weight", &[120, 84]),
-        ("fc4.bias", &[84]),
-        ("fc5.weight", &[84, 10]),
-        ("fc5.bias", &[10]),
-    ];
-    ParamTree::from_dotted(shapes.iter().map(|(name, shape)| {
-        let len: usize = shape.iter().product();
-        (
-            name.to_string(),
-            Array::f32(shape.to_vec(), filled(len, seed)).unwrap(),
-        )
-    }))
+    common::lenet5_like(|i| filled_value(i, seed))
 }
 
 /// 100 MB of float32 in four large leaves.
@@ -48,20 +33,11 @@ fn hundred_mb(seed: u32) -> ParamTree {
 }
 
 fn filled(len: usize, seed: u32) -> Vec<f32> {
-    (0..len)
-        .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 * 1e-9)
-        .collect()
+    (0..len).map(|i| filled_value(i, seed)).collect()
 }
 
-/// Best of `repeats` timings, in seconds.
-fn best_of(repeats: usize, mut work: impl FnMut()) -> f64 {
-    (0..repeats)
-        .map(|_| {
-            let started = Instant::now();
-            work();
-            started.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
+fn filled_value(i: usize, seed: u32) -> f32 {
+    ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 * 1e-9
 }
 
 fn main() {

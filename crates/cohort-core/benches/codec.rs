@@ -12,26 +12,17 @@
 //! least either direction must do.
 
 use std::hint::black_box;
-use std::time::Instant;
 
 use cohort_core::codec::{self, DecodeLimits};
 use cohort_core::tree::{Array, ParamTree};
 
+mod common;
+
+use common::best_of;
+
 /// LeNet-5's parameter layout (61,706 float32 values).
 fn lenet5_like() -> ParamTree {
-    let shapes: [(&str, &[usize]); 10] = [
-        ("conv1.weight", &[6, 1, 5, 5]),
-        ("conv1.bias", &[6]),
-        ("conv2.weight", &[16, 6, 5, 5]),
-        ("conv2.bias", &[16]),
-        ("conv3.weight", &[120, 16, 5, 5]),
-        ("conv3.bias", &[120]),
-        ("fc4.weight", &[120, 84]),
-        ("fc4.bias", &[84]),
-        ("fc5.weight", &[84, 10]),
-        ("fc5.bias", &[10]),
-    ];
-    tree_of(&shapes)
+    common::lenet5_like(|i| (i as u32).wrapping_mul(2_654_435_761) as f32 * 1e-9)
 }
 
 /// 100 MB of float32 in four large leaves.
@@ -60,22 +51,13 @@ fn tree_of(shapes: &[(&str, &[usize])]) -> ParamTree {
     }))
 }
 
-/// Best of `repeats` timings, in seconds.
-fn best_of(repeats: usize, mut work: impl FnMut()) -> f64 {
-    (0..repeats)
-        .map(|_| {
-            let started = Instant::now();
-            work();
-            started.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     println!("| tree | encode µs | decode µs | memcpy µs | encode / memcpy | decode / memcpy |");
     println!("|---|---|---|---|---|---|");
-    let rows: [(&str, fn() -> ParamTree, usize); 2] = [
+    // (label, the tree, timings to take the best of)
+    type Row = (&'static str, fn() -> ParamTree, usize);
+    let rows: [Row; 2] = [
         ("LeNet-5 (247 KB)", lenet5_like, 2_000),
         ("100 MB", hundred_mb, 5),
     ];
