@@ -40,6 +40,11 @@ use crate::tree::{
 
 /// Leaves at least this large are split across threads.
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
+/// Smaller leaves of more than one block are split too once their
+/// multiply-adds (elements × clients) reach this: a LeNet-5 leaf of 48,000
+/// values over 1,000 clients is 48 million of them, which one core takes
+/// about 15 ms for while the workers wait for the new model.
+const PARALLEL_MIN_WORK: usize = 1 << 20;
 /// Elements per block: small enough that the output block stays in cache while
 /// every client's matching block streams past it.
 const BLOCK_ELEMENTS: usize = 1 << 13;
@@ -346,7 +351,9 @@ fn accumulate_floats(accumulator: &mut [f32], inputs: &[(u32, f64, &Array)]) {
             }
         }
     };
-    if accumulator.len() >= PARALLEL_MIN_ELEMENTS {
+    let work = accumulator.len().saturating_mul(inputs.len());
+    let blocks = accumulator.len().div_ceil(BLOCK_ELEMENTS);
+    if accumulator.len() >= PARALLEL_MIN_ELEMENTS || (blocks > 1 && work >= PARALLEL_MIN_WORK) {
         accumulator
             .par_chunks_mut(BLOCK_ELEMENTS)
             .enumerate()
@@ -544,6 +551,43 @@ mod tests {
         for i in [0, 1, BLOCK_ELEMENTS, n - 1] {
             let expected = 0.75f32 * a[i] + 0.25f32 * b[i];
             assert_eq!(out[i], expected, "element {i}");
+        }
+    }
+
+    #[test]
+    fn many_clients_split_a_leaf_of_a_few_blocks_with_the_serial_bits() {
+        // 2 blocks and a bit, 128 clients: past PARALLEL_MIN_WORK, below
+        // PARALLEL_MIN_ELEMENTS.
+        let n = BLOCK_ELEMENTS * 2 + 5;
+        let clients = 128;
+        assert!(n < PARALLEL_MIN_ELEMENTS && n * clients >= PARALLEL_MIN_WORK);
+        let trees: Vec<ParamTree> = (0..clients)
+            .map(|c| {
+                let values = (0..n).map(|i| ((i * 31 + c * 17) % 97) as f32 * 0.013 - 0.6);
+                tree(&values.collect::<Vec<_>>())
+            })
+            .collect();
+        let weights: Vec<f64> = (0..clients).map(|c| 1.0 + (c % 7) as f64).collect();
+        let out = values(fedavg(&tree(&vec![0.0; n]), &contributions(&trees, &weights)).unwrap());
+        let total: f64 = weights.iter().sum();
+        for i in [
+            0,
+            1,
+            BLOCK_ELEMENTS - 1,
+            BLOCK_ELEMENTS,
+            2 * BLOCK_ELEMENTS + 4,
+        ] {
+            let mut expected = 0.0f32;
+            for (c, t) in trees.iter().enumerate() {
+                let coefficient = (weights[c] / total) as f32;
+                let x = t.leaves()[0].1.as_f32().unwrap()[i];
+                expected = if c == 0 {
+                    coefficient * x
+                } else {
+                    expected + coefficient * x
+                };
+            }
+            assert_eq!(out[i].to_bits(), expected.to_bits(), "element {i}");
         }
     }
 
