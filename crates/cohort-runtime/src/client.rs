@@ -4,6 +4,7 @@
 //! `clients.outbound_processors`.
 
 use std::path::Path;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -340,6 +341,19 @@ pub struct ClientRunner {
     inbound: Pipeline,
     outbound: Pipeline,
     limits: DecodeLimits,
+    last_global: LastGlobal,
+}
+
+/// The global model a worker unpacked last, and which shared payload it came
+/// from: a round's tasks on one worker share one payload, so
+/// [`ClientRunner::run_shared`] unpacks it once a round, not once a client
+/// (the inbound processors are functions of the bytes alone). The payload is
+/// named by its allocation, held weakly: nothing is compared, and while the
+/// `Weak` lives no other payload can take that address.
+#[derive(Default)]
+struct LastGlobal {
+    payload: Weak<Vec<u8>>,
+    tree: Option<ParamTree>,
 }
 
 impl ClientRunner {
@@ -354,6 +368,7 @@ impl ClientRunner {
             inbound: pipelines.client_inbound,
             outbound: pipelines.client_outbound,
             limits: loaded.decode_limits(),
+            last_global: LastGlobal::default(),
         })
     }
 
@@ -361,19 +376,54 @@ impl ClientRunner {
     /// empty), then trains on `partition`.
     pub fn run(
         &mut self,
-        task: ClientTask,
-        instructions: &TaskInstructions,
+        task: &BatchTask<'_>,
         global_payload: &[u8],
         data: &Dataset,
-        partition: &[u32],
-        held_out: &[u32],
     ) -> Result<ClientReply, ClientError> {
         let unpacking = Instant::now();
-        let plan = self.plan(instructions)?;
+        let plan = self.plan(task.instructions)?;
         let global = self.unpack(global_payload)?;
         let processing_time = unpacking.elapsed().as_secs_f64();
-        let test = self.held_out(&global, data, held_out)?;
-        let update = self.trainer.train(task, &global, data, partition, &plan)?;
+        self.train_from(task, &plan, &global, data, processing_time)
+    }
+
+    /// [`ClientRunner::run`] from a payload that the round's other tasks
+    /// share: unpacked only when it is not the one this worker unpacked last.
+    pub fn run_shared(
+        &mut self,
+        task: &BatchTask<'_>,
+        global_payload: &Arc<Vec<u8>>,
+        data: &Dataset,
+    ) -> Result<ClientReply, ClientError> {
+        let unpacking = Instant::now();
+        let plan = self.plan(task.instructions)?;
+        let last = std::mem::take(&mut self.last_global);
+        let global = match last.tree {
+            Some(tree) if Weak::ptr_eq(&last.payload, &Arc::downgrade(global_payload)) => tree,
+            // The last round's model goes before this one is unpacked.
+            _ => self.unpack(global_payload)?,
+        };
+        let processing_time = unpacking.elapsed().as_secs_f64();
+        let reply = self.train_from(task, &plan, &global, data, processing_time);
+        self.last_global = LastGlobal {
+            payload: Arc::downgrade(global_payload),
+            tree: Some(global),
+        };
+        reply
+    }
+
+    fn train_from(
+        &mut self,
+        task: &BatchTask<'_>,
+        plan: &LocalPlan,
+        global: &ParamTree,
+        data: &Dataset,
+        processing_time: f64,
+    ) -> Result<ClientReply, ClientError> {
+        let test = self.held_out(global, data, task.held_out)?;
+        let update = self
+            .trainer
+            .train(task.task, global, data, task.partition, plan)?;
         self.reply(update, processing_time, test)
     }
 
@@ -450,7 +500,8 @@ impl ClientRunner {
     }
 }
 
-/// One task of a vectorized batch: the client, its instructions, its data.
+/// One task: the client, its instructions, its data (alone, or one of a
+/// vectorized batch).
 pub struct BatchTask<'a> {
     pub task: ClientTask,
     pub instructions: &'a TaskInstructions,

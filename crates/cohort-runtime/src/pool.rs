@@ -77,44 +77,29 @@ impl Runner {
     fn run(
         &mut self,
         specs: &[TaskSpec],
-        payload: &[u8],
+        payload: &Arc<Vec<u8>>,
         data: &Dataset,
         partitions: &ClientPartitions,
     ) -> Vec<Result<ClientReply, String>> {
-        let data_of = |spec: &TaskSpec| {
+        let tasks = specs.iter().map(|spec| {
             let index = spec.task.client_id as usize - 1;
-            (&partitions.train[index][..], &partitions.test[index][..])
-        };
+            BatchTask {
+                task: spec.task,
+                instructions: &spec.instructions,
+                partition: &partitions.train[index],
+                held_out: &partitions.test[index],
+            }
+        });
         match self {
-            Runner::One(runner) => specs
-                .iter()
-                .map(|spec| {
-                    let (partition, held_out) = data_of(spec);
+            Runner::One(runner) => tasks
+                .map(|task| {
                     runner
-                        .run(
-                            spec.task,
-                            &spec.instructions,
-                            payload,
-                            data,
-                            partition,
-                            held_out,
-                        )
+                        .run_shared(&task, payload, data)
                         .map_err(|error| error.to_string())
                 })
                 .collect(),
             Runner::Batch(runner) => {
-                let tasks: Vec<BatchTask<'_>> = specs
-                    .iter()
-                    .map(|spec| {
-                        let (partition, held_out) = data_of(spec);
-                        BatchTask {
-                            task: spec.task,
-                            instructions: &spec.instructions,
-                            partition,
-                            held_out,
-                        }
-                    })
-                    .collect();
+                let tasks: Vec<BatchTask<'_>> = tasks.collect();
                 runner
                     .run(&tasks, payload, data)
                     .into_iter()

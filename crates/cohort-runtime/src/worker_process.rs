@@ -30,7 +30,7 @@ use cohort_train::device::{self, DeviceRequest};
 use cohort_train::registry::DatasetEntry;
 use cohort_train::trainer::ClientTask;
 
-use crate::client::{ClientPartitions, ClientReply, ClientRunner, load_data};
+use crate::client::{BatchTask, ClientPartitions, ClientReply, ClientRunner, load_data};
 use crate::grpc::proto::client_message::Kind as ClientKind;
 use crate::grpc::proto::federation_client::FederationClient;
 use crate::grpc::proto::server_message::Kind as ServerKind;
@@ -555,9 +555,13 @@ impl TaskTrainer for ModelTrainer {
     ) -> anyhow::Result<Result<ClientReply, String>> {
         let (data, partition, held_out) = self.holdings.client(task.client_id)?;
         let runner = &mut self.runner;
-        let outcome = self
-            .compute
-            .install(|| runner.run(task, instructions, payload, data, partition, held_out));
+        let task = BatchTask {
+            task,
+            instructions,
+            partition,
+            held_out,
+        };
+        let outcome = self.compute.install(|| runner.run(&task, payload, data));
         Ok(outcome.map_err(|error| error.to_string()))
     }
 }
