@@ -66,7 +66,11 @@ if [ "${STAGE:-1}" = 1 ]; then
 else
   # The K = 100 configuration's subdirectory name (its config's result hash
   # and cohort's version), from STAGE=1's reference run or given.
+  # Without STAGE=1's OUT or MINE, the reference run names it (and gives
+  # this stage's accuracy to compare with).
+  [ -n "${MINE:-}" ] || [ -d "$OUT/root-reference" ] || run reference "$OUT/root-reference" "${k100[@]}"
   mine="${MINE:-$(basename "$(key_dir "$OUT/root-reference")")}"
+  [ -n "$mine" ] || { echo "error: no K = 100 cache subdirectory to copy into (set MINE)" >&2; exit 1; }
   [ -d "$OUT/root-other" ] || run other "$OUT/root-other" "${other[@]}"
   theirs=$(key_dir "$OUT/root-other")
   # cubecl keeps every store in one database (default.db): a table of
