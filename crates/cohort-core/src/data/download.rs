@@ -2,7 +2,7 @@
 //!
 //! Three shapes of download: a single file ([`fetch_verified`]), a
 //! gzip-compressed tar whose named members are taken ([`fetch_archive`]),
-//! both held in memory up to [`MAX_DOWNLOAD_BYTES`]; and a zip archive of
+//! both held in memory up to `MAX_DOWNLOAD_BYTES` (256 MiB); and a zip archive of
 //! known size and digest ([`KnownZip`], [`fetch_zip`]) too large for memory,
 //! streamed to a temporary file beside its files, checked whole, then opened.
 //! Whatever the shape, the SHA-256 is checked before anything is read out of
