@@ -400,8 +400,11 @@ impl ClientRunner {
         let last = std::mem::take(&mut self.last_global);
         let global = match last.tree {
             Some(tree) if Weak::ptr_eq(&last.payload, &Arc::downgrade(global_payload)) => tree,
-            // The last round's model goes before this one is unpacked.
-            _ => self.unpack(global_payload)?,
+            stale => {
+                // The last round's model goes before this one is unpacked.
+                drop(stale);
+                self.unpack(global_payload)?
+            }
         };
         let processing_time = unpacking.elapsed().as_secs_f64();
         let reply = self.train_from(task, &plan, &global, data, processing_time);
