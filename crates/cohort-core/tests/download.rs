@@ -431,7 +431,7 @@ fn an_emnist_zip_without_a_file_is_refused_naming_it() {
 fn an_emnist_zip_with_a_hostile_or_oversized_entry_is_refused() {
     let target = tempfile::tempdir().unwrap();
     let folder = target.path().join("data/emnist");
-    for name in ["gzip/../../escape.gz", "../escape.gz", "/tmp/escape.gz"] {
+    for name in ["gzip/../../escape.gz", "../escape.gz", "/escape.gz"] {
         let (served, digest, size) = emnist_zip(&[(name, b"never")], "");
         let mirror = serve(served.path().to_path_buf());
         let error = fetch_zip(&[mirror], &known(digest, size), &balanced(), &folder)
