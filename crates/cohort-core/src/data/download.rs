@@ -313,25 +313,19 @@ fn download_to_file(
             "announces {announced} bytes, more than the {size} it should have"
         )));
     }
-    let mut body = response.into_body().into_reader().take(size + 1);
+    let mut body = response.into_body().into_reader();
     let mut file = BufWriter::new(std::fs::File::create(path).map_err(write)?);
     let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; 1 << 16];
-    let mut received = 0u64;
-    loop {
-        let count = match body.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(count) => count,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(http(format!("reading the body failed: {e}"))),
-        };
-        received += count as u64;
-        if received > size {
-            return Err(http(format!("body exceeds {size} bytes")));
-        }
-        hasher.update(&buffer[..count]);
-        file.write_all(&buffer[..count]).map_err(write)?;
-    }
+    let received = copy_at_most(
+        &mut body,
+        size,
+        |chunk| {
+            hasher.update(chunk);
+            file.write_all(chunk).map_err(write)
+        },
+        |e| http(format!("reading the body failed: {e}")),
+    )?
+    .ok_or_else(|| http(format!("body exceeds {size} bytes")))?;
     file.flush().map_err(write)?;
     if received != size {
         return Err(http(format!(
@@ -347,6 +341,34 @@ fn download_to_file(
         });
     }
     Ok(())
+}
+
+/// Copies `reader` into `sink` a buffer at a time until it ends: the bytes
+/// copied, or `None` once more than `limit` came (reading stops there, so a
+/// lying length or an endless stream costs at most `limit` bytes). A read
+/// error becomes `read_failed`'s.
+fn copy_at_most(
+    reader: &mut impl Read,
+    limit: u64,
+    mut sink: impl FnMut(&[u8]) -> Result<(), DownloadError>,
+    read_failed: impl Fn(std::io::Error) -> DownloadError,
+) -> Result<Option<u64>, DownloadError> {
+    let mut bounded = reader.take(limit.saturating_add(1));
+    let mut buffer = vec![0u8; 1 << 16];
+    let mut copied = 0u64;
+    loop {
+        let count = match bounded.read(&mut buffer) {
+            Ok(0) => return Ok(Some(copied)),
+            Ok(count) => count,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_failed(e)),
+        };
+        copied += count as u64;
+        if copied > limit {
+            return Ok(None);
+        }
+        sink(&buffer[..count])?;
+    }
 }
 
 /// Writes the `members` of `zip.folder` in the zip at `archive` (downloaded
@@ -441,26 +463,19 @@ fn extract_zip_members(
             let declared = entry.size();
             staged.push((temporary.clone(), target));
             let mut out = BufWriter::new(std::fs::File::create(&temporary).map_err(write)?);
-            let mut bounded = (&mut entry).take(zip.max_member_bytes + 1);
-            let mut buffer = vec![0u8; 1 << 16];
-            let mut written = 0u64;
-            loop {
-                let count = match bounded.read(&mut buffer) {
-                    Ok(0) => break,
-                    Ok(count) => count,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(broken(format!("{name}: {e}"))),
-                };
-                written += count as u64;
-                if written > zip.max_member_bytes {
-                    return Err(broken(format!(
-                        "{name} unpacks to more than the {} bytes a file of it may \
-                         (its entry declares {declared})",
-                        zip.max_member_bytes
-                    )));
-                }
-                out.write_all(&buffer[..count]).map_err(write)?;
-            }
+            let written = copy_at_most(
+                &mut entry,
+                zip.max_member_bytes,
+                |chunk| out.write_all(chunk).map_err(write),
+                |e| broken(format!("{name}: {e}")),
+            )?
+            .ok_or_else(|| {
+                broken(format!(
+                    "{name} unpacks to more than the {} bytes a file of it may \
+                     (its entry declares {declared})",
+                    zip.max_member_bytes
+                ))
+            })?;
             if written != declared {
                 return Err(broken(format!(
                     "{name} unpacks to {written} bytes, but its entry declares {declared}"
