@@ -173,6 +173,11 @@ fn output_and_gradients_match_burns_on_a_spread_of_shapes() {
         square(1, 6, 16, 14, 5),
         square(3, 4, 8, 11, 5).stride(2).pad(1),
         square(2, 2, 3, 3, 3).pad(2).stride(2),
+        // 196 positions: groups of 3 images, the last of 2.
+        square(5, 3, 8, 14, 3).pad(1),
+        square(5, 4, 6, 14, 1),
+        // 529 positions: one image a product, pointwise without a copy.
+        square(3, 4, 6, 23, 1),
     ];
     for (i, case) in cases.into_iter().enumerate() {
         compare(case, i as u64).unwrap();

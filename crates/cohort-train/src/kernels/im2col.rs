@@ -1,17 +1,20 @@
 //! A general 2-D convolution on host buffers (any kernel size, stride and
 //! zero padding, per side; dilation 1, one group), NCHW as burn and PyTorch:
 //! forward, input gradient and weight and bias gradients, each an im2col or
-//! col2im of one image and one matrix product ([`super::gemm`]).
+//! col2im and one matrix product ([`super::gemm`]) per group of images.
 //!
 //! Per image, the column matrix is `[C_in·kh·kw, P]` (`P = out_h · out_w`),
-//! so the forward product `W · col` (`[C_out, P]`) is already the image's
-//! NCHW output and `Wᵀ · d_out` is the column gradient col2im folds back.
-//! The weight gradient `Σ_b d_out_b · col_bᵀ` is accumulated image after
-//! image in batch order, and the bias gradient likewise: one thread, an
-//! order fixed by the shapes, the same bits on every run.
+//! so the forward product `W · col` (`[C_out, P]`) is the image's NCHW
+//! output and `Wᵀ · d_out` is the column gradient col2im folds back. Where
+//! an image has few positions, the column matrices of several images lie
+//! side by side (`[K, images·P]`) so one product serves them all
+//! ([`images_per_product`]); the outputs are then scattered back to NCHW.
+//! The weight gradient `Σ_b d_out_b · col_bᵀ` is accumulated group after
+//! group in batch order, and the bias gradient image after image: one
+//! thread, an order fixed by the shapes, the same bits on every run.
 //!
-//! The column matrix of one image lives in a buffer reused from call to call
-//! (per thread), so a training step allocates only the tensors it returns.
+//! The column matrix of a group lives in a buffer reused from call to call
+//! (per thread).
 
 use std::cell::RefCell;
 
@@ -129,14 +132,15 @@ fn for_each_line(g: &Geometry, mut run: impl FnMut(usize, usize, Option<usize>, 
     }
 }
 
-/// One image (`[C_in, H, W]`) as its column matrix `[C_in·kh·kw, P]`.
+/// One image (`[C_in, H, W]`) as its column matrix `[C_in·kh·kw, P]`,
+/// row `r` at `col[r * ld..][..P]` (`ld ≥ P`: the images of a group of
+/// [`images_per_product`] lie side by side).
 #[inline(always)]
-fn im2col(g: &Geometry, image: &[f32], col: &mut [f32]) {
+fn im2col(g: &Geometry, image: &[f32], col: &mut [f32], ld: usize) {
     let [_, out_w] = g.output().expect("a valid geometry");
-    let p = g.positions();
     let sw = g.stride[1];
     for_each_line(g, |row, oy, source, (lo, hi)| {
-        let line = &mut col[row * p + oy * out_w..][..out_w];
+        let line = &mut col[row * ld + oy * out_w..][..out_w];
         let Some(start) = source else {
             line.fill(0.0);
             return;
@@ -154,17 +158,16 @@ fn im2col(g: &Geometry, image: &[f32], col: &mut [f32]) {
     });
 }
 
-/// The adjoint of [`im2col`]: every column entry added to the input element
-/// it read. Overwrites `d_image` (`[C_in, H, W]`).
+/// The adjoint of [`im2col`] (same `ld`): every column entry added to the
+/// input element it read. Overwrites `d_image` (`[C_in, H, W]`).
 #[inline(always)]
-fn col2im(g: &Geometry, d_col: &[f32], d_image: &mut [f32]) {
+fn col2im(g: &Geometry, d_col: &[f32], ld: usize, d_image: &mut [f32]) {
     let [_, out_w] = g.output().expect("a valid geometry");
-    let p = g.positions();
     let sw = g.stride[1];
     d_image.fill(0.0);
     for_each_line(g, |row, oy, source, (lo, hi)| {
         let Some(start) = source else { return };
-        let line = &d_col[row * p + oy * out_w..][lo..hi];
+        let line = &d_col[row * ld + oy * out_w..][lo..hi];
         if sw == 1 {
             for (d, s) in d_image[start..][..hi - lo].iter_mut().zip(line) {
                 *d += s;
@@ -175,6 +178,48 @@ fn col2im(g: &Geometry, d_col: &[f32], d_image: &mut [f32]) {
             }
         }
     });
+}
+
+/// How many images share one matrix product: enough that the product has
+/// about [`COLUMNS_PER_PRODUCT`] columns. With one image a product, a late
+/// layer's few positions (VGG's 2×2, a ResNet's 4×4 or 8×8) left gemm's
+/// vector lanes mostly empty and repacked the whole weight for every image.
+fn images_per_product(g: &Geometry) -> usize {
+    COLUMNS_PER_PRODUCT
+        .div_ceil(g.positions().max(1))
+        .clamp(1, g.batch.max(1))
+}
+
+/// Columns a product aims at (one image of more positions is one product).
+const COLUMNS_PER_PRODUCT: usize = 512;
+
+/// The batch in groups of [`images_per_product`]: `(first image, images)`.
+fn groups(g: &Geometry) -> impl Iterator<Item = (usize, usize)> {
+    let (batch, size) = (g.batch, images_per_product(g));
+    (0..batch)
+        .step_by(size)
+        .map(move |first| (first, size.min(batch - first)))
+}
+
+/// The column matrix of `images` images from `first` on: `[K, images·P]`,
+/// image `j`'s columns at `j·P`. One image of a pointwise convolution is its
+/// own column matrix, returned without a copy.
+fn columns<'a>(
+    g: &Geometry,
+    input: &'a [f32],
+    (first, images): (usize, usize),
+    col: &'a mut [f32],
+) -> &'a [f32] {
+    let (len, p) = (g.input_len(), g.positions());
+    if images == 1 && g.pointwise() {
+        return &input[first * len..][..len];
+    }
+    let ld = images * p;
+    for j in 0..images {
+        let image = &input[(first + j) * len..][..len];
+        im2col(g, image, &mut col[j * p..], ld);
+    }
+    &col[..g.patch() * ld]
 }
 
 /// `out = conv(input, weight) + bias`: `input` `[B, C_in, H, W]`, `weight`
@@ -192,24 +237,33 @@ pub(crate) fn forward(
         data: weight,
         strides: Strides::row_major(k),
     };
-    let images = input.chunks_exact(g.input_len().max(1));
-    let outputs = out.chunks_exact_mut(g.output_len().max(1));
-    with_columns(if g.pointwise() { 0 } else { k * p }, |col| {
-        for (image, dst) in images.zip(outputs) {
-            let columns = if g.pointwise() {
-                image
-            } else {
-                im2col(g, image, col);
-                &*col
-            };
+    let most = images_per_product(g);
+    // A group's product `[C_out, images·P]`, scattered to NCHW after.
+    let mut product = vec![0.0f32; if most > 1 { m * most * p } else { 0 }];
+    with_columns(k * most * p, |col| {
+        for (first, images) in groups(g) {
+            let ld = images * p;
             let rhs = MatRef {
-                data: columns,
-                strides: Strides::row_major(p),
+                data: columns(g, input, (first, images), col),
+                strides: Strides::row_major(ld),
             };
-            matmul((m, p, k), dst, Strides::row_major(p), false, w, rhs);
+            let dst = &mut out[first * g.output_len()..][..images * g.output_len()];
+            if images == 1 {
+                matmul((m, p, k), dst, Strides::row_major(p), false, w, rhs);
+            } else {
+                let product = &mut product[..m * ld];
+                matmul((m, ld, k), product, Strides::row_major(ld), false, w, rhs);
+                for (co, row) in product.chunks_exact(ld).enumerate() {
+                    for (j, plane) in row.chunks_exact(p).enumerate() {
+                        dst[j * g.output_len() + co * p..][..p].copy_from_slice(plane);
+                    }
+                }
+            }
             if let Some(bias) = bias {
-                for (plane, b) in dst.chunks_exact_mut(p).zip(bias) {
-                    plane.iter_mut().for_each(|v| *v += b);
+                for image in dst.chunks_exact_mut(g.output_len()) {
+                    for (plane, b) in image.chunks_exact_mut(p).zip(bias) {
+                        plane.iter_mut().for_each(|v| *v += b);
+                    }
                 }
             }
         }
@@ -243,10 +297,6 @@ pub(crate) fn backward(
     if let Some(d_bias) = d_bias {
         bias_backward(g, d_out, d_bias);
     }
-    let row_major = |data, cols| MatRef {
-        data,
-        strides: Strides::row_major(cols),
-    };
     let w_t = MatRef {
         data: weight,
         strides: Strides::row_major(k).t(),
@@ -259,38 +309,54 @@ pub(crate) fn backward(
     // the product at a sixth of its speed (`cargo bench -p cohort-train
     // --bench gemm_layouts`).
     let mut d_weight_t = d_weight.is_some().then(|| vec![0.0f32; g.weight_len()]);
-    with_columns(if g.pointwise() { 0 } else { k * p }, |col| {
-        for b in 0..g.batch {
-            let image = &input[b * g.input_len()..][..g.input_len()];
-            let grad = row_major(&d_out[b * g.output_len()..][..g.output_len()], p);
+    let most = images_per_product(g);
+    // A group's output gradient as one `[C_out, images·P]` matrix.
+    let mut grad_rows = vec![0.0f32; if most > 1 { m * most * p } else { 0 }];
+    with_columns(k * most * p, |col| {
+        for (first, images) in groups(g) {
+            let ld = images * p;
+            let d_out = &d_out[first * g.output_len()..][..images * g.output_len()];
+            let grad_data = if images == 1 {
+                d_out
+            } else {
+                for (j, image) in d_out.chunks_exact(g.output_len()).enumerate() {
+                    for (co, plane) in image.chunks_exact(p).enumerate() {
+                        grad_rows[co * ld + j * p..][..p].copy_from_slice(plane);
+                    }
+                }
+                &grad_rows[..m * ld]
+            };
+            let grad = MatRef {
+                data: grad_data,
+                strides: Strides::row_major(ld),
+            };
             if let Some(dst) = d_weight_t.as_deref_mut() {
-                let columns = if g.pointwise() {
-                    image
-                } else {
-                    im2col(g, image, col);
-                    &*col
-                };
                 let cols_t = MatRef {
-                    data: columns,
-                    strides: Strides::row_major(p).t(),
+                    data: columns(g, input, (first, images), col),
+                    strides: Strides::row_major(ld).t(),
                 };
+                let accumulate = first > 0;
                 matmul(
-                    (m, k, p),
+                    (m, k, ld),
                     dst,
                     Strides::row_major(m).t(),
-                    b > 0,
+                    accumulate,
                     grad,
                     cols_t,
                 );
             }
-            if let Some(d_input) = d_input.as_deref_mut() {
-                let d_image = &mut d_input[b * g.input_len()..][..g.input_len()];
-                if g.pointwise() {
-                    matmul((k, p, m), d_image, Strides::row_major(p), false, w_t, grad);
-                } else {
-                    matmul((k, p, m), col, Strides::row_major(p), false, w_t, grad);
-                    col2im(g, col, d_image);
-                }
+            let Some(d_input) = d_input.as_deref_mut() else {
+                continue;
+            };
+            let d_images = &mut d_input[first * g.input_len()..][..images * g.input_len()];
+            if images == 1 && g.pointwise() {
+                matmul((k, p, m), d_images, Strides::row_major(p), false, w_t, grad);
+                continue;
+            }
+            let d_col = &mut col[..k * ld];
+            matmul((k, ld, m), d_col, Strides::row_major(ld), false, w_t, grad);
+            for (j, d_image) in d_images.chunks_exact_mut(g.input_len()).enumerate() {
+                col2im(g, &d_col[j * p..], ld, d_image);
             }
         }
     });
@@ -357,9 +423,9 @@ mod tests {
             let x = random(g.input_len());
             let c = random(g.patch() * g.positions());
             let mut col = vec![f32::NAN; c.len()];
-            im2col(&g, &x, &mut col);
+            im2col(&g, &x, &mut col, g.positions());
             let mut back = vec![f32::NAN; x.len()];
-            col2im(&g, &c, &mut back);
+            col2im(&g, &c, g.positions(), &mut back);
             let lhs: f64 = col.iter().zip(&c).map(|(a, b)| (a * b) as f64).sum();
             let rhs: f64 = x.iter().zip(&back).map(|(a, b)| (a * b) as f64).sum();
             assert!(
