@@ -7,8 +7,9 @@
 //! and `y = γ_c · x̂ + β_c`. The way back, with `ĝ = γ_c · dy`:
 //! `dx = (ĝ − mean(ĝ) − x̂ · mean(ĝ · x̂)) / √(σ² + ε)`,
 //! `dγ_c = Σ dy · x̂`, `dβ_c = Σ dy` (over images and positions). The
-//! statistics are summed in f64 (one thread, fixed order) and recomputed in
-//! the backward pass from the saved input rather than kept.
+//! statistics are summed in f64 and recomputed in the backward pass from the
+//! saved input rather than kept; every sum runs in [`LANES`] interleaved
+//! partial sums, so it vectorizes in an order fixed by the shapes.
 
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -36,15 +37,36 @@ impl Shape {
     }
 }
 
+/// Partial sums kept side by side, so a sum vectorizes while its order
+/// stays fixed by the length alone.
+const LANES: usize = 16;
+
+/// `Σ term(v)` over `values`, in [`LANES`] interleaved partial sums added
+/// in lane order at the end.
+#[inline(always)]
+fn lane_sum<T: Copy + Default + std::ops::Add<Output = T>>(
+    values: &[f32],
+    term: impl Fn(f32) -> T,
+) -> T {
+    let mut lanes = [T::default(); LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = *lane + term(v);
+        }
+    }
+    for (lane, &v) in lanes.iter_mut().zip(tail) {
+        *lane = *lane + term(v);
+    }
+    lanes.into_iter().fold(T::default(), |sum, lane| sum + lane)
+}
+
 /// Mean and `1/√(σ² + ε)` of one group's values.
 fn statistics(values: &[f32], epsilon: f64) -> (f32, f32) {
     let n = values.len().max(1) as f64;
-    let mean = values.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = values
-        .iter()
-        .map(|&v| (v as f64 - mean).powi(2))
-        .sum::<f64>()
-        / n;
+    let mean = lane_sum(values, |v| v as f64) / n;
+    let var = lane_sum(values, |v| (v as f64 - mean).powi(2)) / n;
     (mean as f32, (1.0 / (var + epsilon).sqrt()) as f32)
 }
 
@@ -104,12 +126,18 @@ pub(crate) fn backward(
             .chunks_exact(s.spatial)
             .zip(dy.chunks_exact(s.spatial));
         for ((src, dy), c) in rows.zip(channels.clone()) {
-            let (mut dy_sum, mut dyx_sum) = (0.0f32, 0.0f32);
-            for (&v, &d) in src.iter().zip(dy) {
-                let xhat = (v - mean) * rstd;
-                dy_sum += d;
-                dyx_sum += d * xhat;
+            let dy_sum = lane_sum(dy, |d| d);
+            let (mut lanes, mut tail) = ([0.0f32; LANES], 0.0f32);
+            let (src_chunks, dy_chunks) = (src.chunks_exact(LANES), dy.chunks_exact(LANES));
+            for (&v, &d) in src_chunks.remainder().iter().zip(dy_chunks.remainder()) {
+                tail += d * ((v - mean) * rstd);
             }
+            for (src, dy) in src_chunks.zip(dy_chunks) {
+                for ((lane, &v), &d) in lanes.iter_mut().zip(src).zip(dy) {
+                    *lane += d * ((v - mean) * rstd);
+                }
+            }
+            let dyx_sum = lanes.into_iter().fold(tail, |sum, lane| sum + lane);
             d_beta[c] += dy_sum;
             d_gamma[c] += dyx_sum;
             sum_g += (gamma[c] * dy_sum) as f64;
