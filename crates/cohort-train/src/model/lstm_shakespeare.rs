@@ -79,7 +79,7 @@ impl FederatedModel for LstmShakespeare {
         let x = self
             .lstm
             .iter()
-            .fold(x, |x, layer| layer.forward(x, None).0);
+            .fold(x, |x, layer| crate::kernels::lstm(layer, x));
         let [batch, length, hidden] = x.dims();
         let x = if self.every_position {
             x.reshape([batch * length, hidden])
