@@ -148,7 +148,9 @@ fn a_report_for_another_client_is_malformed() {
 
 #[test]
 fn more_bytes_than_announced_is_malformed() {
-    let chunk = Kind::Chunk(proto::Chunk { data: vec![0; 20] });
+    let chunk = Kind::Chunk(proto::Chunk {
+        data: vec![0; 20].into(),
+    });
     let reason = failure_of(
         vec![report(4, 10), chunk],
         Duration::from_secs(2),
@@ -291,7 +293,7 @@ fn silent_connections_are_capped_and_closed_and_honest_clients_still_register() 
 
 fn chunk(byte: u8, len: usize) -> Kind {
     Kind::Chunk(proto::Chunk {
-        data: vec![byte; len],
+        data: vec![byte; len].into(),
     })
 }
 
