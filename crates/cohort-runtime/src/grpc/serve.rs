@@ -342,7 +342,33 @@ async fn next_message(inbound: &mut Streaming<ClientMessage>) -> Result<ClientKi
 
 #[cfg(test)]
 mod tests {
-    use super::Transfer;
+    use super::{Bytes, CHUNK_BYTES, Received, Transfer};
+
+    #[test]
+    fn an_update_of_one_chunk_is_kept_as_that_chunk() {
+        let decoded = Bytes::from(vec![7u8; 1000]);
+        let mut received = Received::default();
+        received.push(decoded.slice(10..990), 980);
+        let kept = received.into_bytes();
+        // The memory tonic decoded the message in, not a copy of it.
+        assert_eq!(kept.as_ptr(), decoded[10..].as_ptr());
+        assert_eq!(kept.len(), 980);
+    }
+
+    #[test]
+    fn an_update_of_several_chunks_is_gathered_in_order() {
+        let size = 2 * CHUNK_BYTES + 3;
+        let mut received = Received::default();
+        for (byte, len) in [(1u8, CHUNK_BYTES), (2, CHUNK_BYTES), (3, 3)] {
+            received.push(Bytes::from(vec![byte; len]), size);
+        }
+        assert_eq!(received.len(), size);
+        let kept = received.into_bytes();
+        assert_eq!(kept[0], 1);
+        assert_eq!(kept[CHUNK_BYTES], 2);
+        assert_eq!(kept[2 * CHUNK_BYTES..], [3, 3, 3]);
+        assert!(Received::default().into_bytes().is_empty());
+    }
 
     #[test]
     fn comm_time_is_download_plus_upload_bounded_by_the_task() {
