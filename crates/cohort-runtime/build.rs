@@ -9,6 +9,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // environment concurrently.
         unsafe { std::env::set_var("PROTOC", protoc) };
     }
-    tonic_prost_build::configure().compile_protos(&["proto/cohort.proto"], &["proto"])?;
+    // A chunk's bytes as `bytes::Bytes`: the server sends every client slices
+    // of one shared global model, and a received chunk is a slice of the
+    // buffer it was decoded from (grpc/wire.rs). The wire is the same.
+    tonic_prost_build::configure()
+        .bytes(".cohort.v1.Chunk.data")
+        .compile_protos(&["proto/cohort.proto"], &["proto"])?;
     Ok(())
 }

@@ -134,7 +134,7 @@ async fn answer(
     let _ = sender.send(ClientMessage { kind: Some(report) }).await;
     for chunk in update.chunks(CHUNK_BYTES) {
         let chunk = Kind::Chunk(proto::Chunk {
-            data: chunk.to_vec(),
+            data: chunk.to_vec().into(),
         });
         let _ = sender.send(ClientMessage { kind: Some(chunk) }).await;
     }

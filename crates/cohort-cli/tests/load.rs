@@ -182,7 +182,7 @@ async fn garbage(address: String, index: u32, done: Arc<AtomicBool>) {
                     send_update(&session.sender, wrong, &[]).await
                 }
                 _ => {
-                    let chunk = Kind::Chunk(proto::Chunk { data: noise });
+                    let chunk = Kind::Chunk(proto::Chunk { data: noise.into() });
                     let _ = session
                         .sender
                         .send(ClientMessage { kind: Some(chunk) })

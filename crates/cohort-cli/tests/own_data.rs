@@ -252,7 +252,7 @@ async fn over_reporting_client(address: String, every_task: bool) {
             .await
             .unwrap();
         let chunk = Kind::Chunk(proto::Chunk {
-            data: std::mem::take(&mut payload),
+            data: std::mem::take(&mut payload).into(),
         });
         sender
             .send(ClientMessage { kind: Some(chunk) })

@@ -459,7 +459,9 @@ async fn rogue_client(address: String, rogue: Rogue) {
                 };
                 let _ = sender.send(send(Kind::Report(report))).await;
                 if !update.is_empty() {
-                    let chunk = proto::Chunk { data: update };
+                    let chunk = proto::Chunk {
+                        data: update.into(),
+                    };
                     let _ = sender.send(send(Kind::Chunk(chunk))).await;
                 }
             }
@@ -478,7 +480,7 @@ async fn rogue_client(address: String, rogue: Rogue) {
                 };
                 let _ = sender.send(send(Kind::Secagg(answer))).await;
                 if !body.is_empty() {
-                    let chunk = proto::Chunk { data: body };
+                    let chunk = proto::Chunk { data: body.into() };
                     let _ = sender.send(send(Kind::Chunk(chunk))).await;
                 }
             }

@@ -37,8 +37,10 @@ pub struct ClientReply {
     /// (`clients.do_test`), and how many it got right; 0 and 0 without.
     pub test_samples: u64,
     pub test_correct: u64,
-    /// The update, as it goes on the wire.
-    pub payload: Vec<u8>,
+    /// The update, as it goes on the wire. `Bytes`, so that the network
+    /// server keeps a received update as the slice tonic decoded it into,
+    /// and a client process sends it in slices, neither copying it.
+    pub payload: bytes::Bytes,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -498,7 +500,7 @@ impl ClientRunner {
             local_steps: update.local_steps,
             test_samples: test.rows,
             test_correct: test.correct,
-            payload,
+            payload: payload.into(),
         })
     }
 }

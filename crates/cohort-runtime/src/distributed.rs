@@ -278,7 +278,7 @@ fn read_delivered(reader: &mut Reader<'_>, max_payload_bytes: u64) -> Result<Del
             "an update of {length} bytes, over server.max_payload_bytes = {max_payload_bytes}"
         ));
     }
-    let payload = reader.take(length as usize)?.to_vec();
+    let payload = bytes::Bytes::copy_from_slice(reader.take(length as usize)?);
     Ok(Delivered {
         reply: ClientReply {
             num_samples,
@@ -628,7 +628,7 @@ mod tests {
                         local_steps: 3,
                         test_samples: 4,
                         test_correct: 2,
-                        payload,
+                        payload: payload.into(),
                     },
                     comm_time: 0.5,
                     declared: None,
@@ -647,7 +647,7 @@ mod tests {
         let back = decode_outcomes(&bytes, 2, 3).unwrap();
         assert_eq!(back.len(), 2);
         let delivered = back[0].result.as_ref().unwrap();
-        assert_eq!(delivered.reply.payload, [1, 2, 3]);
+        assert_eq!(delivered.reply.payload, [1, 2, 3][..]);
         assert_eq!(
             (delivered.reply.num_samples, delivered.reply.loss),
             (12, 0.25)

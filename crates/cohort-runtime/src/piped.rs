@@ -630,7 +630,7 @@ fn reply_of(settings: &Settings, header: &Value, tensors: &[u8]) -> Result<Clien
         local_steps,
         test_samples,
         test_correct,
-        payload,
+        payload: payload.into(),
     })
 }
 

@@ -683,7 +683,7 @@ pub(crate) mod tests {
                         local_steps: 3,
                         test_samples: 4,
                         test_correct: 3,
-                        payload,
+                        payload: payload.into(),
                     },
                     comm_time: 0.0,
                     declared: None,

@@ -35,7 +35,7 @@ use crate::grpc::proto::client_message::Kind as ClientKind;
 use crate::grpc::proto::federation_client::FederationClient;
 use crate::grpc::proto::server_message::Kind as ServerKind;
 use crate::grpc::proto::{self, ClientMessage, ServerMessage};
-use crate::grpc::{CHUNK_BYTES, MAX_CLIENT_NAME_BYTES, PROTOCOL_VERSION};
+use crate::grpc::{MAX_CLIENT_NAME_BYTES, PROTOCOL_VERSION};
 use crate::secure_client::{Reply, SecureClient};
 use crate::transport::{TaskInstructions, truncated};
 
@@ -701,7 +701,7 @@ fn withhold_update(
 ) {
     let Ok(reply) = outcome else { return };
     match secure.trained(task.client_id, task.round, global_payload, reply) {
-        Ok(()) => reply.payload = Vec::new(),
+        Ok(()) => reply.payload = bytes::Bytes::new(),
         Err(reason) => *outcome = Err(reason),
     }
 }
@@ -731,11 +731,9 @@ async fn answer_stage(
             refused,
         })))
         .await?;
-    for chunk in body.chunks(CHUNK_BYTES) {
+    for data in crate::grpc::chunks(&body.into()) {
         sender
-            .send(send(ClientKind::Chunk(proto::Chunk {
-                data: chunk.to_vec(),
-            })))
+            .send(send(ClientKind::Chunk(proto::Chunk { data })))
             .await?;
     }
     Ok(())
@@ -809,11 +807,9 @@ async fn answer(
             download_time,
         })))
         .await?;
-    for chunk in reply.payload.chunks(CHUNK_BYTES) {
+    for data in crate::grpc::chunks(&reply.payload) {
         sender
-            .send(send(ClientKind::Chunk(proto::Chunk {
-                data: chunk.to_vec(),
-            })))
+            .send(send(ClientKind::Chunk(proto::Chunk { data })))
             .await?;
     }
     Ok(())

@@ -165,7 +165,7 @@ impl cohort_runtime::transport::Transport for EchoClients {
                     local_steps: 1,
                     test_samples: 0,
                     test_correct: 0,
-                    payload: self.payload.to_vec(),
+                    payload: self.payload.to_vec().into(),
                 },
                 comm_time: 0.0,
                 declared: None,

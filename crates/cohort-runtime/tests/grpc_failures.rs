@@ -148,7 +148,9 @@ fn a_report_for_another_client_is_malformed() {
 
 #[test]
 fn more_bytes_than_announced_is_malformed() {
-    let chunk = Kind::Chunk(proto::Chunk { data: vec![0; 20] });
+    let chunk = Kind::Chunk(proto::Chunk {
+        data: vec![0; 20].into(),
+    });
     let reason = failure_of(
         vec![report(4, 10), chunk],
         Duration::from_secs(2),
@@ -291,7 +293,7 @@ fn silent_connections_are_capped_and_closed_and_honest_clients_still_register() 
 
 fn chunk(byte: u8, len: usize) -> Kind {
     Kind::Chunk(proto::Chunk {
-        data: vec![byte; len],
+        data: vec![byte; len].into(),
     })
 }
 
@@ -478,4 +480,140 @@ fn honest_client(
         require_secure_aggregation: false,
         secagg_fault: None,
     }
+}
+
+/// The Join method's path; the route (`grpc/wire.rs`) answers only this one.
+const JOIN: &str = "/cohort.v1.Federation/Join";
+
+/// A call's outbox and response stream, or the status it was refused with
+/// before any stream.
+type Call = Result<
+    (
+        tokio::sync::mpsc::Sender<ClientMessage>,
+        tonic::Streaming<proto::ServerMessage>,
+    ),
+    tonic::Status,
+>;
+
+/// A call of `path` on a connection of its own whose first message is a
+/// valid Register, sent with `grpc-encoding: encoding` where given (the
+/// frames themselves uncompressed): the call's outbox and its response
+/// stream, or the status it was refused with before any stream (tonic's
+/// client fails the call itself only on a `grpc-status` in the response's
+/// headers, a trailers-only response).
+async fn call(
+    address: std::net::SocketAddr,
+    path: &'static str,
+    encoding: Option<&'static str>,
+) -> Call {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let (sender, receiver) = tokio::sync::mpsc::channel(1);
+    sender
+        .send(ClientMessage {
+            kind: Some(Kind::Register(proto::Register {
+                token: String::new(),
+                name: "caller".into(),
+                protocol: PROTOCOL_VERSION,
+                own_data: None,
+            })),
+        })
+        .await
+        .unwrap();
+    let mut request = tonic::Request::new(ReceiverStream::new(receiver));
+    if let Some(encoding) = encoding {
+        request
+            .metadata_mut()
+            .insert("grpc-encoding", encoding.parse().unwrap());
+    }
+    let codec = tonic_prost::ProstCodec::<ClientMessage, proto::ServerMessage>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+    let inbound = grpc.streaming(request, path, codec).await?.into_inner();
+    Ok((sender, inbound))
+}
+
+/// The worker index a call that must register was welcomed as.
+async fn welcomed(call: Call) -> u32 {
+    let (_outbox, mut inbound) = call.unwrap_or_else(|status| panic!("refused: {status:?}"));
+    match inbound.message().await.unwrap().and_then(|m| m.kind) {
+        Some(ServerKind::Welcome(welcome)) => welcome.worker,
+        other => panic!("expected a welcome, got {other:?}"),
+    }
+}
+
+/// The status a call that must be refused before its stream was refused with.
+fn refused(call: Call, what: &str) -> tonic::Status {
+    match call {
+        Ok(_) => panic!("{what}: the call was answered with a stream"),
+        Err(status) => status,
+    }
+}
+
+/// As tonic's generated server did: a method other than Join, with a valid
+/// Register as its first message, is `Unimplemented`, whether the route
+/// sees it (a path under the service) or tonic's router does (another
+/// service), and registers no process.
+#[test]
+fn another_method_is_unimplemented() {
+    let transport = GrpcTransport::start(settings(Duration::from_secs(10))).unwrap();
+    let address = transport.local_addr();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        for path in [
+            "/cohort.v1.Federation/Nope",
+            "/cohort.v1.Federation/join",
+            "/cohort.v1.Federation/Join/",
+            "/cohort.v1.Other/Join",
+        ] {
+            let status = refused(call(address, path, None).await, path);
+            assert_eq!(
+                status.code(),
+                tonic::Code::Unimplemented,
+                "{path}: {status:?}"
+            );
+        }
+        let status = refused(
+            call(address, "/cohort.v1.Federation/Nope", None).await,
+            "Nope",
+        );
+        assert_eq!(status.message(), "no method /cohort.v1.Federation/Nope");
+        // The same call on Join registers, as the first process: what was
+        // refused was the path, and the refused calls took no place.
+        assert_eq!(welcomed(call(address, JOIN, None).await).await, 0);
+    });
+}
+
+/// Compression is refused, as tonic's generated server (built without any
+/// encoding) refused it: a Join call that announces an encoding other than
+/// `identity` is `Unimplemented`, naming the encoding, before its stream;
+/// `identity`, no compression, registers.
+#[test]
+fn a_compressed_join_is_refused_naming_its_encoding() {
+    let transport = GrpcTransport::start(settings(Duration::from_secs(10))).unwrap();
+    let address = transport.local_addr();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        for encoding in ["gzip", "zstd", "deflate"] {
+            let status = refused(call(address, JOIN, Some(encoding)).await, encoding);
+            assert_eq!(
+                status.code(),
+                tonic::Code::Unimplemented,
+                "{encoding}: {status:?}"
+            );
+            assert_eq!(
+                status.message(),
+                format!("message compression \"{encoding}\" is not supported by this server")
+            );
+        }
+        assert_eq!(
+            welcomed(call(address, JOIN, Some("identity")).await).await,
+            0
+        );
+        assert_eq!(welcomed(call(address, JOIN, None).await).await, 1);
+    });
 }

@@ -78,7 +78,7 @@ pub async fn send_update(
         .await;
     for chunk in payload.chunks(CHUNK_BYTES) {
         let chunk = Kind::Chunk(proto::Chunk {
-            data: chunk.to_vec(),
+            data: chunk.to_vec().into(),
         });
         let _ = sender.send(ClientMessage { kind: Some(chunk) }).await;
     }

@@ -44,6 +44,7 @@ use crate::transport::{ClientOutcome, Declared, TaskSpec, Transport};
 mod join;
 mod secure;
 mod serve;
+mod wire;
 
 use join::Service;
 pub use secure::{stage_from, stage_of};
@@ -53,7 +54,6 @@ pub mod proto {
 }
 
 use proto::ServerMessage;
-use proto::federation_server::FederationServer;
 use proto::server_message::Kind as ServerKind;
 
 /// Bumped when the messages change incompatibly. 3: own-data registration
@@ -64,6 +64,14 @@ use proto::server_message::Kind as ServerKind;
 pub const PROTOCOL_VERSION: u32 = 5;
 /// Payload bytes per chunk message: well under gRPC's 4 MiB default limit.
 pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// `bytes` as payload chunks of at most [`CHUNK_BYTES`], each a slice of
+/// it (no copy).
+pub(crate) fn chunks(bytes: &bytes::Bytes) -> impl Iterator<Item = bytes::Bytes> + '_ {
+    (0..bytes.len())
+        .step_by(CHUNK_BYTES)
+        .map(|start| bytes.slice(start..bytes.len().min(start + CHUNK_BYTES)))
+}
 
 /// Room held against `server.max_inflight_bytes` (in KiB permits).
 type Room = tokio::sync::OwnedSemaphorePermit;
@@ -134,7 +142,25 @@ const REGISTER_WITHIN: Duration = Duration::from_secs(10);
 
 struct Job {
     spec: TaskSpec,
-    payload: Arc<Vec<u8>>,
+    /// The round's global model, shared by every task: its chunks go out as
+    /// slices of it (`wire.rs`), never a copy per client.
+    payload: bytes::Bytes,
+}
+
+/// Shared bytes (a round's global model, a correction) as the owner of a
+/// [`bytes::Bytes`], so that slices of them need no copy.
+struct SharedBytes(Arc<Vec<u8>>);
+
+impl SharedBytes {
+    fn bytes(bytes: Arc<Vec<u8>>) -> bytes::Bytes {
+        bytes::Bytes::from_owner(Self(bytes))
+    }
+}
+
+impl AsRef<[u8]> for SharedBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
 }
 
 /// Where a client process takes its tasks from.
@@ -417,9 +443,11 @@ impl GrpcTransport {
             refusals: Mutex::default(),
             mailboxes: Mutex::default(),
         });
-        let service = FederationServer::new(Service {
-            shared: Arc::clone(&shared),
-        });
+        let service = wire::JoinRoute {
+            service: Arc::new(Service {
+                shared: Arc::clone(&shared),
+            }),
+        };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = builder.add_service(service);
         let serving = runtime.spawn(async move {
@@ -539,6 +567,7 @@ impl Transport for GrpcTransport {
         tasks: Vec<TaskSpec>,
     ) -> anyhow::Result<()> {
         let own_data = self.shared.settings.own_data.clients;
+        let global_payload = SharedBytes::bytes(global_payload);
         let mut absent = Vec::new();
         {
             let mut queues = self
@@ -550,7 +579,7 @@ impl Transport for GrpcTransport {
                 let id = spec.task.client_id;
                 let job = Job {
                     spec,
-                    payload: Arc::clone(&global_payload),
+                    payload: global_payload.clone(),
                 };
                 if id == 0 || id > own_data {
                     queues.shared.push_back(job);

@@ -6,13 +6,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::{Bytes, BytesMut};
 use cohort_train::trainer::ClientTask;
 use tonic::{Status, Streaming};
 
 use super::proto::client_message::Kind as ClientKind;
 use super::proto::server_message::Kind as ServerKind;
 use super::proto::{self, ClientMessage, ServerMessage};
-use super::{CHUNK_BYTES, Job, Lane, Room, Shared, kib, message};
+use super::{CHUNK_BYTES, Job, Lane, Room, Shared, SharedBytes, chunks, kib, message};
 use crate::client::ClientReply;
 use crate::transport::{ClientOutcome, Declared, Delivered, MAX_REASON_BYTES, truncated};
 
@@ -182,10 +183,10 @@ async fn send_task(
 ) -> Result<(), TaskError> {
     let ClientTask { client_id, round } = job.spec.task;
     let instructions = &job.spec.instructions;
-    let correction: &[u8] = instructions
+    let correction = instructions
         .correction
-        .as_deref()
-        .map_or(&[], Vec::as_slice);
+        .clone()
+        .map_or_else(Bytes::new, SharedBytes::bytes);
     sender
         .send(message(ServerKind::Task(proto::Task {
             client_id,
@@ -198,15 +199,11 @@ async fn send_task(
         })))
         .await
         .map_err(|_| gone())?;
-    for chunk in job
-        .payload
-        .chunks(CHUNK_BYTES)
-        .chain(correction.chunks(CHUNK_BYTES))
-    {
+    // Slices of the shared model (and of the client's correction): the
+    // bytes go out uncopied (`wire.rs`).
+    for data in chunks(&job.payload).chain(chunks(&correction)) {
         sender
-            .send(message(ServerKind::Chunk(proto::Chunk {
-                data: chunk.to_vec(),
-            })))
+            .send(message(ServerKind::Chunk(proto::Chunk { data })))
             .await
             .map_err(|_| gone())?;
     }
@@ -251,7 +248,7 @@ async fn receive_update(
     shared: &Shared,
     inbound: &mut Streaming<ClientMessage>,
     report: &proto::Report,
-) -> Result<(Vec<u8>, Room), TaskError> {
+) -> Result<(Bytes, Room), TaskError> {
     let size = usize::try_from(report.payload_bytes).unwrap_or(usize::MAX);
     if size > shared.settings.max_payload_bytes {
         return Err(malformed(&format!(
@@ -265,17 +262,64 @@ async fn receive_update(
         .acquire_many_owned(kib(size))
         .await
         .map_err(|_| TaskError::Broken("the server is stopping".to_owned()))?;
-    let mut payload = Vec::with_capacity(size.min(CHUNK_BYTES));
+    let mut payload = Received::default();
     while payload.len() < size {
         match next_message(inbound).await? {
             ClientKind::Chunk(chunk) if payload.len() + chunk.data.len() <= size => {
-                payload.extend_from_slice(&chunk.data)
+                payload.push(chunk.data, size)
             }
             ClientKind::Chunk(_) => return Err(malformed("more payload bytes than announced")),
             _ => return Err(malformed("the update payload ended early")),
         }
     }
-    Ok((payload, room))
+    Ok((payload.into_bytes(), room))
+}
+
+/// An update's bytes as they arrive. A chunk is a slice of the buffer tonic
+/// decoded its message in, so an update of one chunk (any update up to
+/// [`CHUNK_BYTES`]) is kept as that slice, with no copy beside tonic's; a
+/// longer one is gathered into one buffer, which grows only as bytes arrive.
+#[derive(Default)]
+enum Received {
+    #[default]
+    Nothing,
+    One(Bytes),
+    Gathered(BytesMut),
+}
+
+impl Received {
+    fn len(&self) -> usize {
+        match self {
+            Self::Nothing => 0,
+            Self::One(bytes) => bytes.len(),
+            Self::Gathered(bytes) => bytes.len(),
+        }
+    }
+
+    /// Appends `chunk` to an update announced as `size` bytes.
+    fn push(&mut self, chunk: Bytes, size: usize) {
+        *self = match std::mem::take(self) {
+            Self::Nothing => Self::One(chunk),
+            Self::One(first) => {
+                let mut gathered = BytesMut::with_capacity(size.min(4 * CHUNK_BYTES));
+                gathered.extend_from_slice(&first);
+                gathered.extend_from_slice(&chunk);
+                Self::Gathered(gathered)
+            }
+            Self::Gathered(mut gathered) => {
+                gathered.extend_from_slice(&chunk);
+                Self::Gathered(gathered)
+            }
+        };
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Self::Nothing => Bytes::new(),
+            Self::One(bytes) => bytes,
+            Self::Gathered(bytes) => bytes.freeze(),
+        }
+    }
 }
 
 fn malformed(what: &str) -> TaskError {
@@ -298,7 +342,33 @@ async fn next_message(inbound: &mut Streaming<ClientMessage>) -> Result<ClientKi
 
 #[cfg(test)]
 mod tests {
-    use super::Transfer;
+    use super::{Bytes, CHUNK_BYTES, Received, Transfer};
+
+    #[test]
+    fn an_update_of_one_chunk_is_kept_as_that_chunk() {
+        let decoded = Bytes::from(vec![7u8; 1000]);
+        let mut received = Received::default();
+        received.push(decoded.slice(10..990), 980);
+        let kept = received.into_bytes();
+        // The memory tonic decoded the message in, not a copy of it.
+        assert_eq!(kept.as_ptr(), decoded[10..].as_ptr());
+        assert_eq!(kept.len(), 980);
+    }
+
+    #[test]
+    fn an_update_of_several_chunks_is_gathered_in_order() {
+        let size = 2 * CHUNK_BYTES + 3;
+        let mut received = Received::default();
+        for (byte, len) in [(1u8, CHUNK_BYTES), (2, CHUNK_BYTES), (3, 3)] {
+            received.push(Bytes::from(vec![byte; len]), size);
+        }
+        assert_eq!(received.len(), size);
+        let kept = received.into_bytes();
+        assert_eq!(kept[0], 1);
+        assert_eq!(kept[CHUNK_BYTES], 2);
+        assert_eq!(kept[2 * CHUNK_BYTES..], [3, 3, 3]);
+        assert!(Received::default().into_bytes().is_empty());
+    }
 
     #[test]
     fn comm_time_is_download_plus_upload_bounded_by_the_task() {

@@ -79,7 +79,7 @@ impl Transport for AddingClients {
                     local_steps: 1,
                     test_samples: 0,
                     test_correct: 0,
-                    payload: codec::encode(&update)?,
+                    payload: codec::encode(&update)?.into(),
                 },
                 comm_time: 0.0,
                 declared: None,
