@@ -17,10 +17,10 @@
 //! * **No allocation in the kernels.** Buffers live in a [`lenet::Workspace`]
 //!   reused from step to step; only the gradient tensors handed to burn are new.
 //!
-//! Beside the LeNets' whole-network path, four layers for any model, each a
+//! Beside the LeNets' whole-network path, five layers for any model, each a
 //! burn operation with its own backward pass ([`conv2d()`], [`group_norm()`],
-//! [`max_pool2d()`] and [`lstm()`]): the zoo models call them in place of
-//! burn's layers.
+//! [`max_pool2d()`], [`linear()`] and [`lstm()`]): the zoo models call them
+//! in place of burn's layers.
 //!
 //! The kernels run on burn's CPU device only (a GPU keeps burn's path), and
 //! `TrainSwitches::native_kernels` (`COHORT_NATIVE_KERNELS=0` for the
@@ -32,12 +32,14 @@ mod gemm;
 mod group_norm;
 mod im2col;
 mod lenet;
+mod linear;
 mod lstm;
 mod max_pool;
 mod simd;
 
 pub use conv2d::conv2d;
 pub use group_norm::group_norm;
+pub use linear::linear;
 pub use lstm::lstm;
 pub use max_pool::max_pool2d;
 

@@ -18,7 +18,9 @@ use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
-use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness, conv2d, max_pool2d};
+use super::{
+    FederatedModel, Inputs, ModelError, ModelSpec, Randomness, conv2d, linear, max_pool2d,
+};
 
 /// See the module documentation.
 #[derive(Module, Debug)]
@@ -67,7 +69,7 @@ impl FederatedModel for Cnn {
     fn forward(&self, inputs: Inputs, _randomness: &mut Randomness<'_>) -> Tensor<2> {
         let x = max_pool2d(&self.pool, relu(conv2d(&self.conv1, inputs.images())));
         let x = max_pool2d(&self.pool, relu(conv2d(&self.conv2, x))).flatten::<2>(1, 3);
-        self.fc2.forward(relu(self.fc1.forward(x)))
+        linear(&self.fc2, relu(linear(&self.fc1, x)))
     }
 }
 

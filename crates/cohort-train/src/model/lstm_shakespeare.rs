@@ -87,7 +87,7 @@ impl FederatedModel for LstmShakespeare {
             x.slice([0..batch, length - 1..length, 0..hidden])
                 .reshape([batch, hidden])
         };
-        self.fc.forward(x)
+        super::linear(&self.fc, x)
     }
 
     fn rows_per_sample(&self, sample_shape: &[usize]) -> usize {

@@ -20,7 +20,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::{relu, tanh};
 use burn::tensor::{Device, Tensor};
 
-use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness};
+use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness, linear};
 
 /// The nonlinearity after each hidden layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,13 +88,13 @@ impl FederatedModel for Multilayer {
     fn forward(&self, inputs: Inputs, _randomness: &mut Randomness<'_>) -> Tensor<2> {
         let (output, hidden) = self.layers.split_last().expect("at least the output layer");
         let x = hidden.iter().fold(inputs.features(), |x, layer| {
-            let x = layer.forward(x);
+            let x = linear(layer, x);
             match self.activation {
                 Activation::Tanh => tanh(x),
                 Activation::Relu => relu(x),
             }
         });
-        output.forward(x)
+        linear(output, x)
     }
 }
 

@@ -23,7 +23,9 @@ use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
 use super::blocks::{Norm, NormKind, global_average};
-use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness, conv2d, max_pool2d};
+use super::{
+    FederatedModel, Inputs, ModelError, ModelSpec, Randomness, conv2d, linear, max_pool2d,
+};
 
 /// VGG-11's plan: output channels of each convolution, `None` a pooling.
 const PLAN: [Option<usize>; 12] = [
@@ -109,7 +111,7 @@ impl FederatedModel for Vgg11 {
                 VggLayer::Conv(module) => relu(module.bn.forward(conv2d(&module.conv, x))),
                 VggLayer::Pool(pool) => max_pool2d(pool, x),
             });
-        self.fc.forward(global_average(x))
+        linear(&self.fc, global_average(x))
     }
 }
 
