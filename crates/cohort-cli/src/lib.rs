@@ -446,6 +446,9 @@ struct ClientArgs {
 /// exit code. Call it first in `main`: it sets the process's SIGPIPE
 /// disposition and logging.
 pub fn main_with(registry: Registry) -> ExitCode {
+    // This process is the `cohort` program itself (a host such as Python
+    // keeps its own allocator settings).
+    cohort_train::memory::retain_freed_memory();
     main_with_args(registry, std::env::args_os())
 }
 

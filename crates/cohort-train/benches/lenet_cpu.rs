@@ -63,6 +63,7 @@ fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
 }
 
 fn main() {
+    cohort_train::memory::retain_freed_memory();
     let reps = if std::env::args().any(|a| a == "--quick") {
         1
     } else {

@@ -182,6 +182,7 @@ fn measure(
 
 fn main() {
     let args = args();
+    cohort_train::memory::retain_freed_memory();
     cohort_train::switches::set(cohort_train::switches::TrainSwitches {
         native_kernels: !args.burn,
         ..Default::default()

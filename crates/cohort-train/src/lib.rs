@@ -11,6 +11,7 @@ pub mod device;
 pub mod init;
 mod kernels;
 pub mod local;
+pub mod memory;
 pub mod model;
 pub mod optim;
 pub mod params;

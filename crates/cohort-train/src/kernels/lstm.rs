@@ -15,9 +15,8 @@
 //!   over all steps at the end.
 //!
 //! The activated gates and cell states of the forward pass are kept for the
-//! backward pass (`5·B·T·H` floats). The exponential is a polynomial that
-//! vectorizes ([`exp`]): a few ulps from libm's, and the same bits on every
-//! run.
+//! backward pass (`5·B·T·H` floats). The activations use
+//! [`super::math`]'s exponential, which vectorizes.
 
 use std::sync::Arc;
 
@@ -33,6 +32,7 @@ use burn::nn::{GateController, Lstm};
 use burn::tensor::{DType, Tensor, TensorData};
 
 use super::gemm::{MatRef, Strides, matmul};
+use super::math::{sigmoid, tanh};
 
 /// The sizes of one layer's run: `batch` sequences of `steps` inputs of
 /// `input` values, `hidden` units.
@@ -62,47 +62,6 @@ pub(crate) struct Trace {
     cells: Vec<f32>,
     /// Hidden states `[B·T, H]`: the layer's output.
     hidden: Vec<f32>,
-}
-
-/// `e^x` for `x` in float32's range: Cody–Waite reduction to `r ∈ [−ln2/2,
-/// ln2/2]` and a degree-6 polynomial (Cephes' `expf` coefficients), scaled by
-/// `2^n` through the exponent bits. Branch-free, so loops of it vectorize;
-/// within 2 ulps of the exact value. Overflow saturates to `f32::MAX·2`.
-#[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Rounding by adding and taking away 1.5·2²³ (|x·log₂e| < 2²²): plain
-    // additions, so the loop vectorizes on any x86-64 (`floor` would call libm
-    // without SSE4.1).
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.336_54, 88.376_26);
-    let n = (x * LOG2E + ROUND) - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.987_569_1e-4;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
-    // n ∈ [−126, 128): 2^n as float bits, n = 128 split in two.
-    let n = n as i32;
-    let half = n / 2;
-    let scale = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
-    e * scale(half) * scale(n - half)
-}
-
-#[inline(always)]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
-}
-
-#[inline(always)]
-fn tanh(x: f32) -> f32 {
-    // 1 − 2/(e^{2x} + 1): exact at the saturated ends, a few ulps near 0.
-    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
 
 fn row_major(data: &[f32], cols: usize) -> MatRef<'_> {
@@ -549,29 +508,12 @@ impl<C: CheckpointStrategy> NativeLstm for Autodiff<Flex, C> {
 mod tests {
     //! Against burn-nn's `Lstm` under autodiff on random inputs and weights:
     //! outputs and every gradient within `2e-5` of the largest magnitude of
-    //! burn's values, and the exponential against libm's.
+    //! burn's values.
 
     use burn::nn::{Lstm, LstmConfig};
     use burn::tensor::{Tensor, TensorData};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-
-    #[test]
-    fn exp_is_within_two_ulps_of_libms_over_floats_range() {
-        let mut worst = 0u32;
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let (ours, libm) = (super::exp(x), x.exp());
-            worst = worst.max(ours.to_bits().abs_diff(libm.to_bits()));
-            x += 0.000_37;
-        }
-        assert!(worst <= 2, "{worst} ulps");
-        // Beyond float32's range the input saturates instead of wrapping.
-        assert!(super::exp(-200.0) < 1.2e-38 && super::exp(-200.0) >= 0.0);
-        assert!(super::exp(100.0) > 1e38);
-        assert_eq!(super::tanh(30.0), 1.0);
-        assert_eq!(super::tanh(-30.0), -1.0);
-    }
 
     fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         t.into_data().try_to_vec::<f32>().unwrap()

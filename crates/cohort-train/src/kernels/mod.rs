@@ -19,13 +19,14 @@
 //!
 //! Beside the LeNets' whole-network path, five layers for any model, each a
 //! burn operation with its own backward pass ([`conv2d()`], [`group_norm()`],
-//! [`max_pool2d()`], [`linear()`] and [`lstm()`]): the zoo models call them
-//! in place of burn's layers.
+//! [`max_pool2d()`], [`linear()`], [`lstm()`] and [`tanh()`]): the zoo
+//! models call them in place of burn's layers.
 //!
 //! The kernels run on burn's CPU device only (a GPU keeps burn's path), and
 //! `TrainSwitches::native_kernels` (`COHORT_NATIVE_KERNELS=0` for the
 //! `cohort` command) turns them off, for comparing against burn.
 
+mod activation;
 mod conv;
 mod conv2d;
 mod gemm;
@@ -34,9 +35,11 @@ mod im2col;
 mod lenet;
 mod linear;
 mod lstm;
+mod math;
 mod max_pool;
 mod simd;
 
+pub use activation::tanh;
 pub use conv2d::conv2d;
 pub use group_norm::group_norm;
 pub use linear::linear;

@@ -17,8 +17,10 @@
 
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::activation::{relu, tanh};
+use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
+
+use crate::kernels::tanh;
 
 use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness, linear};
 
