@@ -76,10 +76,7 @@ impl LstmShakespeare {
 impl FederatedModel for LstmShakespeare {
     fn forward(&self, inputs: Inputs, _randomness: &mut Randomness<'_>) -> Tensor<2> {
         let x = self.embedding.forward(inputs.tokens());
-        let x = self
-            .lstm
-            .iter()
-            .fold(x, |x, layer| crate::kernels::lstm(layer, x));
+        let x = self.lstm.iter().fold(x, |x, layer| super::lstm(layer, x));
         let [batch, length, hidden] = x.dims();
         let x = if self.every_position {
             x.reshape([batch * length, hidden])

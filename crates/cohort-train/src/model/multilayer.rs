@@ -20,9 +20,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
-use crate::kernels::tanh;
-
-use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness, linear};
+use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness, linear, tanh};
 
 /// The nonlinearity after each hidden layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
