@@ -8,7 +8,9 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTensor};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
+
+use super::flex::{host, tensor};
 
 /// tanh on burn's CPU backend, with or without autodiff.
 #[backend_extension(Flex, Autodiff)]
@@ -28,12 +30,6 @@ pub fn tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     Tensor::from_dispatch(<B as NativeTanh>::native_tanh(x.into_dispatch()))
 }
 
-fn host(tensor: &FlexTensor) -> &[f32] {
-    tensor
-        .as_slice::<f32>()
-        .expect("a contiguous float32 tensor")
-}
-
 /// `tanh` of every element of `values`, in place.
 fn forward(values: &mut [f32]) {
     super::simd::dispatch(|| {
@@ -49,7 +45,7 @@ impl NativeTanh for Flex {
         let x = x.to_contiguous();
         let mut values = host(&x).to_vec();
         forward(&mut values);
-        FlexTensor::from_data(TensorData::new(values, shape))
+        tensor(values, shape)
     }
 }
 
@@ -77,10 +73,7 @@ impl Backward<Flex, 1> for TanhBackward {
             }
         });
         let shape = output.layout().shape().to_vec();
-        grads.register::<Flex>(
-            parent.id,
-            FlexTensor::from_data(TensorData::new(d_x, shape)),
-        );
+        grads.register::<Flex>(parent.id, tensor(d_x, shape));
     }
 }
 

@@ -23,8 +23,9 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTensor};
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
 
+use super::flex::{host, tensor};
 use super::im2col::{self, Geometry, Grads};
 
 /// The convolution on burn's CPU backend, with or without autodiff. Two
@@ -162,16 +163,6 @@ fn geometry(
 /// The values of a float32 tensor, contiguous.
 fn values(tensor: &FlexTensor) -> FlexTensor {
     tensor.to_contiguous()
-}
-
-fn host(tensor: &FlexTensor) -> &[f32] {
-    tensor
-        .as_slice::<f32>()
-        .expect("a contiguous float32 tensor")
-}
-
-fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
 }
 
 impl NativeConv2d for Flex {

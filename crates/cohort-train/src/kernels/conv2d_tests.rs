@@ -130,12 +130,7 @@ fn assert_close(a: &[f32], b: &[f32], what: &str) -> Result<(), String> {
     if a.len() != b.len() {
         return Err(format!("{what}: {} values against {}", a.len(), b.len()));
     }
-    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-    let worst = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
+    let (worst, scale) = super::flex::testing::difference(a, b);
     if worst.is_nan() || worst > 2e-5 * scale {
         return Err(format!(
             "{what}: largest difference {worst} against scale {scale}"

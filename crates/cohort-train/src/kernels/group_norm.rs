@@ -19,7 +19,9 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTensor};
 use burn::nn::GroupNorm;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
+
+use super::flex::{host, tensor};
 
 /// The shapes of one GroupNorm: `[batch, channels, spatial]` in `groups`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -210,16 +212,6 @@ fn shape_of(x: &FlexTensor, groups: usize, epsilon: f64) -> (Shape, Vec<usize>) 
     (shape, vec![batch, channels, h, w])
 }
 
-fn host(tensor: &FlexTensor) -> &[f32] {
-    tensor
-        .as_slice::<f32>()
-        .expect("a contiguous float32 tensor")
-}
-
-fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
-}
-
 impl NativeGroupNorm for Flex {
     fn native_group_norm(
         x: FlexTensor,
@@ -332,6 +324,7 @@ mod tests {
     //! magnitude of burn's values (the sums differ only in order and in the
     //! f64 statistics), and the same bits twice.
 
+    use crate::kernels::flex::testing::{assert_close, values as host};
     use burn::module::Param;
     use burn::nn::GroupNormConfig;
     use burn::tensor::{Tensor, TensorData};
@@ -340,10 +333,6 @@ mod tests {
 
     fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
         (0..len).map(|_| rng.random_range(-2.0f32..2.0)).collect()
-    }
-
-    fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().unwrap()
     }
 
     /// Output, input, γ and β gradients of one GroupNorm through `native` or burn's.
@@ -402,15 +391,11 @@ mod tests {
             .iter()
             .zip(ours.iter().zip(&theirs))
             {
-                let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-                let worst = a
-                    .iter()
-                    .zip(b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
-                assert!(
-                    worst <= 2e-5 * scale,
-                    "{what} of {shape:?} in {groups} groups: difference {worst}, scale {scale}"
+                assert_close(
+                    a,
+                    b,
+                    2e-5,
+                    &format!("{what} of {shape:?} in {groups} groups"),
                 );
             }
         }

@@ -17,8 +17,9 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTensor};
 use burn::nn::Linear;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
 
+use super::flex::{host, tensor};
 use super::gemm::{MatRef, Strides, matmul};
 
 /// `rows` rows of `input` values through an `[input, output]` weight.
@@ -174,16 +175,6 @@ fn dims_of(x: &FlexTensor, weight: &FlexTensor) -> Dims {
     }
 }
 
-fn host(tensor: &FlexTensor) -> &[f32] {
-    tensor
-        .as_slice::<f32>()
-        .expect("a contiguous float32 tensor")
-}
-
-fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
-}
-
 impl NativeLinear for Flex {
     fn native_linear(x: FlexTensor, weight: FlexTensor, bias: FlexTensor) -> FlexTensor {
         let d = dims_of(&x, &weight);
@@ -264,14 +255,11 @@ mod tests {
     //! Against burn-nn's `Linear` under autodiff on random inputs: output
     //! and every gradient within `2e-5` of the largest magnitude of burn's.
 
+    use crate::kernels::flex::testing::{assert_close, values as host};
     use burn::nn::LinearConfig;
     use burn::tensor::{Tensor, TensorData};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-
-    fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().unwrap()
-    }
 
     #[test]
     fn output_and_gradients_match_burns_linear() {
@@ -304,15 +292,11 @@ mod tests {
                 ]
             });
             for (what, (a, b)) in results[0].iter().zip(&results[1]).enumerate() {
-                let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-                let worst = a
-                    .iter()
-                    .zip(b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
-                assert!(
-                    worst <= 2e-5 * scale,
-                    "tensor {what} of {rows}×{input}→{output}: difference {worst}, scale {scale}"
+                assert_close(
+                    a,
+                    b,
+                    2e-5,
+                    &format!("tensor {what} of {rows}×{input}→{output}"),
                 );
             }
         }

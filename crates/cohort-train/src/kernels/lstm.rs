@@ -29,8 +29,9 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTensor};
 use burn::nn::activation::Activation;
 use burn::nn::{GateController, Lstm};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
 
+use super::flex::{host, tensor};
 use super::gemm::{MatRef, Strides, matmul};
 use super::math::{sigmoid, tanh};
 
@@ -378,16 +379,6 @@ fn dims_of(x: &FlexTensor, w_hh: &FlexTensor) -> Dims {
     }
 }
 
-fn host(tensor: &FlexTensor) -> &[f32] {
-    tensor
-        .as_slice::<f32>()
-        .expect("a contiguous float32 tensor")
-}
-
-fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
-}
-
 /// The forward pass of contiguous copies of the operands.
 fn run_forward(
     x: &FlexTensor,
@@ -510,14 +501,11 @@ mod tests {
     //! outputs and every gradient within `2e-5` of the largest magnitude of
     //! burn's values.
 
+    use crate::kernels::flex::testing::{assert_close, values as host};
     use burn::nn::{Lstm, LstmConfig};
     use burn::tensor::{Tensor, TensorData};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-
-    fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-        t.into_data().try_to_vec::<f32>().unwrap()
-    }
 
     /// A layer, an input and an output gradient for `dims` (`[B, T, I, H]`).
     fn case(dims: [usize; 4], seed: u64) -> (Lstm, Vec<f32>, Vec<f32>) {
@@ -578,16 +566,7 @@ mod tests {
             let ours = run(&layer, dims, &x, &r, true);
             let burns = run(&layer, dims, &x, &r, false);
             for (what, (a, b)) in ours.iter().zip(&burns).enumerate() {
-                let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-                let worst = a
-                    .iter()
-                    .zip(b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
-                assert!(
-                    worst <= 2e-5 * scale,
-                    "tensor {what} of {dims:?}: difference {worst}, scale {scale}"
-                );
+                assert_close(a, b, 2e-5, &format!("tensor {what} of {dims:?}"));
             }
         }
     }

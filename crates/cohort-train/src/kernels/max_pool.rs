@@ -16,7 +16,9 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTensor};
 use burn::nn::PaddingConfig2d;
 use burn::nn::pool::MaxPool2d;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
+
+use super::flex::{host, tensor};
 
 /// The shapes of one pooling: `planes` images × channels of `height × width`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,19 +157,13 @@ fn window_of(x: &FlexTensor, kernel: [usize; 2], stride: [usize; 2]) -> (Window,
     (window, [batch, channels, oh, ow])
 }
 
-fn host(tensor: &FlexTensor) -> &[f32] {
-    tensor
-        .as_slice::<f32>()
-        .expect("a contiguous float32 tensor")
-}
-
 impl NativeMaxPool2d for Flex {
     fn native_max_pool2d(x: FlexTensor, kernel: [usize; 2], stride: [usize; 2]) -> FlexTensor {
         let (window, dims) = window_of(&x, kernel, stride);
         let x = x.to_contiguous();
         let mut out = vec![0.0f32; dims.iter().product()];
         super::simd::dispatch(|| forward(&window, host(&x), &mut out));
-        FlexTensor::from_data(TensorData::new(out, dims))
+        tensor(out, dims.to_vec())
     }
 }
 
@@ -195,7 +191,7 @@ impl Backward<Flex, 1> for MaxPoolBackward {
         super::simd::dispatch(|| backward(&window, host(&x), host(&grad), &mut d_x));
         let [node_x] = ops.parents;
         if let Some(node) = node_x {
-            grads.register::<Flex>(node.id, FlexTensor::from_data(TensorData::new(d_x, dims)));
+            grads.register::<Flex>(node.id, tensor(d_x, dims));
         }
     }
 }

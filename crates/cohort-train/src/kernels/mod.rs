@@ -29,6 +29,7 @@
 mod activation;
 mod conv;
 mod conv2d;
+mod flex;
 mod gemm;
 mod group_norm;
 mod im2col;

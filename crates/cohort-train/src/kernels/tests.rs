@@ -10,6 +10,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::Native;
 use super::conv::{ConvShape, col2im, im2col, pad};
+use super::flex::testing::assert_close;
 use crate::model::{CnnBn, FederatedModel, Inputs, LeNet5, LeNet5Compact, Randomness};
 
 fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
@@ -46,21 +47,6 @@ fn collect<M: Module>(model: &M, grads: &GradientsParams) -> Vec<Vec<f32>> {
     };
     model.visit(&mut visitor);
     visitor.out
-}
-
-/// `a` equals `b` up to `tolerance` of `b`'s largest magnitude.
-fn assert_close(a: &[f32], b: &[f32], tolerance: f32, what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: length");
-    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-    let worst = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
-    assert!(
-        worst <= tolerance * scale,
-        "{what}: largest difference {worst} against scale {scale}"
-    );
 }
 
 fn logits<M: FederatedModel>(

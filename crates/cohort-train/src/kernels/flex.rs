@@ -1,0 +1,54 @@
+//! What every native layer does at burn flex's boundary: read a float32
+//! tensor's values, and make a tensor of computed values.
+
+use burn::backend::flex::FlexTensor;
+use burn::tensor::TensorData;
+
+/// The values of a contiguous float32 tensor.
+///
+/// # Panics
+/// When the tensor is not contiguous float32 (the callers make it so with
+/// `to_contiguous` on float32 inputs, which their entry points check).
+pub(super) fn host(tensor: &FlexTensor) -> &[f32] {
+    tensor
+        .as_slice::<f32>()
+        .expect("a contiguous float32 tensor")
+}
+
+/// A tensor of `shape` holding `values`.
+pub(super) fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// Helpers of the layers' tests against burn's own layers.
+#[cfg(test)]
+pub(super) mod testing {
+    use burn::tensor::Tensor;
+
+    /// A tensor's values on the host.
+    pub(in crate::kernels) fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec::<f32>().unwrap()
+    }
+
+    /// The largest difference between `a` and `b` and `b`'s largest
+    /// magnitude (at least 1e-30), the scale a tolerance is relative to.
+    pub(in crate::kernels) fn difference(a: &[f32], b: &[f32]) -> (f32, f32) {
+        let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        (worst, scale)
+    }
+
+    /// `a` equals `b` up to `tolerance` of `b`'s largest magnitude.
+    pub(in crate::kernels) fn assert_close(a: &[f32], b: &[f32], tolerance: f32, what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}: length");
+        let (worst, scale) = difference(a, b);
+        assert!(
+            worst <= tolerance * scale,
+            "{what}: largest difference {worst} against scale {scale}"
+        );
+    }
+}
