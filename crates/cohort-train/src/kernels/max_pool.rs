@@ -61,12 +61,44 @@ impl Window {
     }
 }
 
+impl Window {
+    /// 2×2 windows at stride 2, every model's pooling: a pass over two rows
+    /// at a time instead of [`Window::winner`]'s general loops.
+    fn halving(&self) -> bool {
+        self.kernel == [2, 2] && self.stride == [2, 2]
+    }
+}
+
+/// The first maximum of `a[0], a[1], b[0], b[1]` (a 2×2 window's rows) and
+/// its place in that order.
+#[inline(always)]
+fn first_max(a: &[f32], b: &[f32]) -> (f32, usize) {
+    let (mut best, mut at) = (a[0], 0);
+    for (k, v) in [(1, a[1]), (2, b[0]), (3, b[1])] {
+        if v > best {
+            (best, at) = (v, k);
+        }
+    }
+    (best, at)
+}
+
 /// Each window's maximum: `x` `[planes, H, W]` into `out` `[planes, oh, ow]`.
 pub(crate) fn forward(w: &Window, x: &[f32], out: &mut [f32]) {
     let [oh, ow] = w.output().expect("a valid pooling window");
     let plane_len = w.height * w.width;
     assert_eq!(x.len(), w.planes * plane_len, "input length");
     assert_eq!(out.len(), w.planes * oh * ow, "output length");
+    if w.halving() {
+        for (index, line) in out.chunks_exact_mut(ow.max(1)).enumerate() {
+            let start = ((index / oh) * w.height + 2 * (index % oh)) * w.width;
+            let (top, bottom) = x[start..start + 2 * w.width].split_at(w.width);
+            let pairs = top.chunks_exact(2).zip(bottom.chunks_exact(2));
+            for (d, (a, b)) in line.iter_mut().zip(pairs) {
+                *d = first_max(a, b).0;
+            }
+        }
+        return;
+    }
     for (plane, dst) in x
         .chunks_exact(plane_len.max(1))
         .zip(out.chunks_exact_mut((oh * ow).max(1)))
@@ -88,6 +120,26 @@ pub(crate) fn backward(w: &Window, x: &[f32], d_out: &[f32], d_x: &mut [f32]) {
     assert_eq!(d_x.len(), x.len(), "input gradient length");
     assert_eq!(d_out.len(), w.planes * oh * ow, "output gradient length");
     d_x.fill(0.0);
+    if w.halving() {
+        // Rows and columns past the last window (odd sides) keep their zeros.
+        for (index, line) in d_out.chunks_exact(ow.max(1)).enumerate() {
+            let start = ((index / oh) * w.height + 2 * (index % oh)) * w.width;
+            let (top, bottom) = x[start..start + 2 * w.width].split_at(w.width);
+            let rows = &mut d_x[start..start + 2 * w.width];
+            let (d_top, d_bottom) = rows.split_at_mut(w.width);
+            let pairs = top.chunks_exact(2).zip(bottom.chunks_exact(2));
+            let d_pairs = d_top.chunks_exact_mut(2).zip(d_bottom.chunks_exact_mut(2));
+            for ((g, (a, b)), (d_a, d_b)) in line.iter().zip(pairs).zip(d_pairs) {
+                match first_max(a, b).1 {
+                    0 => d_a[0] = *g,
+                    1 => d_a[1] = *g,
+                    2 => d_b[0] = *g,
+                    _ => d_b[1] = *g,
+                }
+            }
+        }
+        return;
+    }
     let planes = x
         .chunks_exact(plane_len.max(1))
         .zip(d_x.chunks_exact_mut(plane_len.max(1)))
@@ -262,6 +314,8 @@ mod tests {
         let cases = [
             ([2, 3, 8, 8], [2, 2], [2, 2]),
             ([1, 4, 7, 9], [2, 2], [2, 2]),
+            ([2, 3, 14, 14], [2, 2], [2, 2]),
+            ([1, 2, 5, 3], [2, 2], [2, 2]),
             ([2, 2, 9, 9], [3, 3], [2, 2]),
             ([1, 1, 5, 6], [3, 2], [1, 2]),
             ([3, 2, 4, 4], [4, 4], [4, 4]),
@@ -296,5 +350,16 @@ mod tests {
         let mut d_x = [9.0; 8];
         super::backward(&window, &x, &[1.0, 2.0], &mut d_x);
         assert_eq!(d_x, [0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        // The general path (one 2×4 window) picks the same first maximum.
+        let whole = super::Window {
+            kernel: [2, 4],
+            stride: [2, 4],
+            ..window
+        };
+        let mut out = [0.0; 1];
+        super::forward(&whole, &x, &mut out);
+        assert_eq!(out, [3.0]);
+        super::backward(&whole, &x, &[5.0], &mut d_x);
+        assert_eq!(d_x, [0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
     }
 }
