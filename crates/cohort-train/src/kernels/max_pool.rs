@@ -74,10 +74,14 @@ impl Window {
 #[inline(always)]
 fn first_max(a: &[f32], b: &[f32]) -> (f32, usize) {
     let (mut best, mut at) = (a[0], 0);
-    for (k, v) in [(1, a[1]), (2, b[0]), (3, b[1])] {
-        if v > best {
-            (best, at) = (v, k);
-        }
+    if a[1] > best {
+        (best, at) = (a[1], 1);
+    }
+    if b[0] > best {
+        (best, at) = (b[0], 2);
+    }
+    if b[1] > best {
+        (best, at) = (b[1], 3);
     }
     (best, at)
 }
@@ -130,12 +134,18 @@ pub(crate) fn backward(w: &Window, x: &[f32], d_out: &[f32], d_x: &mut [f32]) {
             let pairs = top.chunks_exact(2).zip(bottom.chunks_exact(2));
             let d_pairs = d_top.chunks_exact_mut(2).zip(d_bottom.chunks_exact_mut(2));
             for ((g, (a, b)), (d_a, d_b)) in line.iter().zip(pairs).zip(d_pairs) {
-                match first_max(a, b).1 {
-                    0 => d_a[0] = *g,
-                    1 => d_a[1] = *g,
-                    2 => d_b[0] = *g,
-                    _ => d_b[1] = *g,
-                }
+                // The first maximum is the value above every earlier one and
+                // not below any later one: comparisons and selects, no branch
+                // on the winner (which is random, so mispredicted).
+                let [p, q, r, t] = [a[0], a[1], b[0], b[1]];
+                let wins = [
+                    (p >= q) & (p >= r) & (p >= t),
+                    (q > p) & (q >= r) & (q >= t),
+                    (r > p) & (r > q) & (r >= t),
+                    (t > p) & (t > q) & (t > r),
+                ];
+                let pick = |k: usize| if wins[k] { *g } else { 0.0 };
+                (d_a[0], d_a[1], d_b[0], d_b[1]) = (pick(0), pick(1), pick(2), pick(3));
             }
         }
         return;
