@@ -132,6 +132,46 @@ fn for_each_line(g: &Geometry, mut run: impl FnMut(usize, usize, Option<usize>, 
     }
 }
 
+/// `dst = src` for the short lines of a column matrix (a feature map's
+/// width, often 32 floats or fewer), in 8-float moves the compiler inlines:
+/// `copy_from_slice` calls `memmove` for every line, and the calls were a
+/// tenth of resnet_20's step.
+#[inline(always)]
+fn copy_short(dst: &mut [f32], src: &[f32]) {
+    let len = dst.len();
+    assert_eq!(len, src.len(), "line lengths");
+    if len < 8 {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = *s;
+        }
+        return;
+    }
+    let mut at = 0;
+    while at + 8 <= len {
+        let block: [f32; 8] = src[at..at + 8].try_into().expect("8 floats");
+        dst[at..at + 8].copy_from_slice(&block);
+        at += 8;
+    }
+    if at < len {
+        // The last 8, overlapping what was copied: no loop of the rest.
+        let block: [f32; 8] = src[len - 8..].try_into().expect("8 floats");
+        dst[len - 8..].copy_from_slice(&block);
+    }
+}
+
+/// Zeroes a line's padding (a kernel's overhang: one or two floats for
+/// 3×3 and 5×5 kernels) without a `memset` call, which a loop would become.
+#[inline(always)]
+fn zero_short(values: &mut [f32]) {
+    match values {
+        [] => {}
+        [a] => *a = 0.0,
+        [a, b] => (*a, *b) = (0.0, 0.0),
+        [a, b, c] => (*a, *b, *c) = (0.0, 0.0, 0.0),
+        longer => longer.fill(0.0),
+    }
+}
+
 /// One image (`[C_in, H, W]`) as its column matrix `[C_in·kh·kw, P]`,
 /// row `r` at `col[r * ld..][..P]` (`ld ≥ P`: the images of a group of
 /// [`images_per_product`] lie side by side).
@@ -145,11 +185,11 @@ fn im2col(g: &Geometry, image: &[f32], col: &mut [f32], ld: usize) {
             line.fill(0.0);
             return;
         };
-        line[..lo].fill(0.0);
-        line[hi..].fill(0.0);
+        zero_short(&mut line[..lo]);
+        zero_short(&mut line[hi..]);
         let dst = &mut line[lo..hi];
         if sw == 1 {
-            dst.copy_from_slice(&image[start..][..hi - lo]);
+            copy_short(dst, &image[start..][..hi - lo]);
         } else {
             for (i, d) in dst.iter_mut().enumerate() {
                 *d = image[start + i * sw];
