@@ -4,7 +4,7 @@
 #     per core) against ../shared/bench/torch_r1.py --threads 1: wall time, peak RSS,
 #     local-training samples/s per core, test-set evaluation time, final accuracy;
 #  2. LeNet-5 on one core (crates/cohort-train/benches/lenet_cpu.rs against
-#     bench/torch_lenet_cpu.py): training samples/s and evaluation time, in thread CPU time.
+#     bench/torch_lenet_cpu.py): training samples/s and evaluation time, in process CPU time.
 # Usage: bench/compare.sh [DATA_DIR]   (default ../shared/data)
 # Env: COHORT_BIN (a release `cohort` to use instead of building one), CARGO_FLAGS (extra
 #      cargo flags for the builds), SKIP_KERNELS=1 (R1 only).
@@ -60,7 +60,7 @@ printf '%-34s %12s %12s\n' "final accuracy" "$c_acc" "$t_acc"
 printf '%-34s %12s %12s\n' "peak RSS (MiB)" "$(rss "$OUT/cohort.time")" "$(rss "$OUT/torch.time")"
 
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
-  echo "== LeNet-5 on one core (thread CPU time, best of 3)"
+  echo "== LeNet-5 on one core (process CPU time, best of 3)"
   # shellcheck disable=SC2086
   cargo bench --locked -p cohort-train ${CARGO_FLAGS:-} --bench lenet_cpu 2>/dev/null | grep -E "samples|evaluation"
   python3 bench/torch_lenet_cpu.py
