@@ -356,15 +356,9 @@ pub(crate) fn backward(
         for (first, images) in groups(g) {
             let ld = images * p;
             let d_out = &d_out[first * g.output_len()..][..images * g.output_len()];
-            let grad_data = if images == 1 {
-                d_out
-            } else {
-                for (j, image) in d_out.chunks_exact(g.output_len()).enumerate() {
-                    for (co, plane) in image.chunks_exact(p).enumerate() {
-                        grad_rows[co * ld + j * p..][..p].copy_from_slice(plane);
-                    }
-                }
-                &grad_rows[..m * ld]
+            let grad_data = match images {
+                1 => d_out,
+                _ => side_by_side(g, d_out, &mut grad_rows[..m * ld]),
             };
             let grad = MatRef {
                 data: grad_data,
@@ -410,6 +404,19 @@ pub(crate) fn backward(
     if g.batch == 0 {
         d_input.iter_mut().for_each(|d| d.fill(0.0));
     }
+}
+
+/// The output gradients of a group's images (`[images, C_out, P]`) as one
+/// `[C_out, images·P]` matrix, image `j`'s columns at `j·P`.
+fn side_by_side<'a>(g: &Geometry, d_out: &[f32], rows: &'a mut [f32]) -> &'a [f32] {
+    let p = g.positions();
+    let ld = rows.len() / g.c_out.max(1);
+    for (j, image) in d_out.chunks_exact(g.output_len()).enumerate() {
+        for (co, plane) in image.chunks_exact(p).enumerate() {
+            rows[co * ld + j * p..][..p].copy_from_slice(plane);
+        }
+    }
+    rows
 }
 
 /// `d_bias[co] = Σ_b Σ_p d_out[b, co, p]`, in batch then position order.

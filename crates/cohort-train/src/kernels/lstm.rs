@@ -134,38 +134,59 @@ pub(crate) fn forward(d: &Dims, x: &[f32], w_ih: &[f32], w_hh: &[f32], bias: &[f
             );
         }
         for b in 0..d.batch {
-            let row = b * d.steps + t;
-            let gate = &mut gates[row * g4..][..g4];
-            let (ifo, rest) = gate.split_at_mut(2 * h);
-            let (g, o) = rest.split_at_mut(h);
-            ifo.iter_mut()
-                .chain(o.iter_mut())
-                .for_each(|v| *v = sigmoid(*v));
-            g.iter_mut().for_each(|v| *v = tanh(*v));
-            let (i, f) = ifo.split_at(h);
-            // Row b·T + t − 1 is the same sequence's previous step.
-            let (done, now) = cells.split_at_mut(row * h);
-            let cell = &mut now[..h];
-            if t == 0 {
-                for ((c, &i), &g) in cell.iter_mut().zip(i.iter()).zip(g.iter()) {
-                    *c = i * g;
-                }
-            } else {
-                let prev = &done[(row - 1) * h..][..h];
-                for k in 0..h {
-                    cell[k] = f[k] * prev[k] + i[k] * g[k];
-                }
-            }
-            let out = &mut hidden[row * h..][..h];
-            for ((out, &o), &c) in out.iter_mut().zip(o.iter()).zip(cell.iter()) {
-                *out = o * tanh(c);
-            }
+            activate(
+                d,
+                b * d.steps + t,
+                t == 0,
+                &mut gates,
+                &mut cells,
+                &mut hidden,
+            );
         }
     }
     Trace {
         gates,
         cells,
         hidden,
+    }
+}
+
+/// One row's gates activated in place, its cell state from the row before
+/// (the same sequence's previous step; zero at `first`) and its hidden
+/// state.
+#[inline(always)]
+fn activate(
+    d: &Dims,
+    row: usize,
+    first: bool,
+    gates: &mut [f32],
+    cells: &mut [f32],
+    hidden: &mut [f32],
+) {
+    let h = d.hidden;
+    let gate = &mut gates[row * d.gates()..][..d.gates()];
+    let (ifo, rest) = gate.split_at_mut(2 * h);
+    let (g, o) = rest.split_at_mut(h);
+    ifo.iter_mut()
+        .chain(o.iter_mut())
+        .for_each(|v| *v = sigmoid(*v));
+    g.iter_mut().for_each(|v| *v = tanh(*v));
+    let (i, f) = ifo.split_at(h);
+    let (done, now) = cells.split_at_mut(row * h);
+    let cell = &mut now[..h];
+    if first {
+        for ((c, &i), &g) in cell.iter_mut().zip(i.iter()).zip(g.iter()) {
+            *c = i * g;
+        }
+    } else {
+        let prev = &done[(row - 1) * h..][..h];
+        for k in 0..h {
+            cell[k] = f[k] * prev[k] + i[k] * g[k];
+        }
+    }
+    let out = &mut hidden[row * h..][..h];
+    for ((out, &o), &c) in out.iter_mut().zip(o.iter()).zip(cell.iter()) {
+        *out = o * tanh(c);
     }
 }
 
@@ -199,37 +220,21 @@ pub(crate) fn backward(
     let w_hh_t = transposed(w_hh, h, g4);
     for t in (0..d.steps).rev() {
         for b in 0..d.batch {
-            let row = b * d.steps + t;
-            let gate = &trace.gates[row * g4..][..g4];
-            let (i, f, g, o) = (
-                &gate[..h],
-                &gate[h..2 * h],
-                &gate[2 * h..3 * h],
-                &gate[3 * h..],
-            );
-            let cell = &trace.cells[row * h..][..h];
+            let (row, at) = (b * d.steps + t, b * h..(b + 1) * h);
             let c_prev = match t {
                 0 => &zeros[..],
                 _ => &trace.cells[(row - 1) * h..][..h],
             };
-            let d_h = &d_out[row * h..][..h];
-            let d_h_next = &d_hidden_next[b * h..][..h];
-            let d_c_next = &mut d_cell_next[b * h..][..h];
-            let dst = &mut d_gates[row * g4..][..g4];
-            let (d_i, rest) = dst.split_at_mut(h);
-            let (d_f, rest) = rest.split_at_mut(h);
-            let (d_g, d_o) = rest.split_at_mut(h);
-            for k in 0..h {
-                let dh = d_h[k] + d_h_next[k];
-                let tanh_c = tanh(cell[k]);
-                let dc = dh * o[k] * (1.0 - tanh_c * tanh_c) + d_c_next[k];
-                let c_prev = c_prev[k];
-                d_o[k] = dh * tanh_c * o[k] * (1.0 - o[k]);
-                d_i[k] = dc * g[k] * i[k] * (1.0 - i[k]);
-                d_f[k] = dc * c_prev * f[k] * (1.0 - f[k]);
-                d_g[k] = dc * i[k] * (1.0 - g[k] * g[k]);
-                d_c_next[k] = dc * f[k];
-            }
+            let next = (&d_hidden_next[at.clone()], &mut d_cell_next[at]);
+            gate_gradients(
+                d,
+                trace,
+                row,
+                c_prev,
+                &d_out[row * h..][..h],
+                next,
+                &mut d_gates,
+            );
         }
         if t > 0 {
             let step = MatRef {
@@ -244,7 +249,58 @@ pub(crate) fn backward(
             matmul((d.batch, h, g4), dst, Strides::row_major(h), false, step, w);
         }
     }
-    let all = row_major(&d_gates, g4);
+    parameter_gradients(d, x, w_ih, trace, &d_gates)
+}
+
+/// Row `row`'s gradients of the gates' pre-activations, from the output's
+/// gradient there (`d_h`), the next step's hidden and cell gradients and
+/// the previous cell state; the cell gradient is passed back in place.
+#[inline(always)]
+fn gate_gradients(
+    d: &Dims,
+    trace: &Trace,
+    row: usize,
+    c_prev: &[f32],
+    d_h: &[f32],
+    (d_h_next, d_c_next): (&[f32], &mut [f32]),
+    d_gates: &mut [f32],
+) {
+    let (h, g4) = (d.hidden, d.gates());
+    let gate = &trace.gates[row * g4..][..g4];
+    let (i, f, g, o) = (
+        &gate[..h],
+        &gate[h..2 * h],
+        &gate[2 * h..3 * h],
+        &gate[3 * h..],
+    );
+    let cell = &trace.cells[row * h..][..h];
+    let dst = &mut d_gates[row * g4..][..g4];
+    let (d_i, rest) = dst.split_at_mut(h);
+    let (d_f, rest) = rest.split_at_mut(h);
+    let (d_g, d_o) = rest.split_at_mut(h);
+    for k in 0..h {
+        let dh = d_h[k] + d_h_next[k];
+        let tanh_c = tanh(cell[k]);
+        let dc = dh * o[k] * (1.0 - tanh_c * tanh_c) + d_c_next[k];
+        d_o[k] = dh * tanh_c * o[k] * (1.0 - o[k]);
+        d_i[k] = dc * g[k] * i[k] * (1.0 - i[k]);
+        d_f[k] = dc * c_prev[k] * f[k] * (1.0 - f[k]);
+        d_g[k] = dc * i[k] * (1.0 - g[k] * g[k]);
+        d_c_next[k] = dc * f[k];
+    }
+}
+
+/// The weights', bias's and input's gradients from every row's gate
+/// gradients: three products over all steps and a column sum.
+fn parameter_gradients(
+    d: &Dims,
+    x: &[f32],
+    w_ih: &[f32],
+    trace: &Trace,
+    d_gates: &[f32],
+) -> LstmGrads {
+    let (rows, h, g4) = (d.rows(), d.hidden, d.gates());
+    let all = row_major(d_gates, g4);
     // h_{t−1} for every row (zero at t = 0), for W_hh's gradient.
     let mut previous = vec![0.0f32; rows * h];
     for b in 0..d.batch {
