@@ -5,7 +5,7 @@
 # peak RSS; with PROFILE=1, a perf profile of the server's second round on.
 #
 #   COHORT_DATA_DIR=../shared/data [COHORT_BIN=<cohort>] [CARGO_PROFILE=dev] \
-#     bash bench/many_clients.sh [CLIENTS] [ROUNDS] [INFLIGHT_MIB]
+#     bash bench/many_clients.sh [CLIENTS] [ROUNDS] [INFLIGHT_MIB] [WINDOW_BYTES]
 #
 # Results in docs/SCALING.md ("1,000 clients of one server").
 set -euo pipefail
@@ -19,7 +19,7 @@ cargo bench --locked --profile "$PROFILE_NAME" -p cohort-cli --bench many_client
 dir="$PROFILE_NAME"; [ "$dir" = dev ] && dir=debug
 bench=$(ls -t "$CARGO_TARGET_DIR/$dir"/deps/many_clients-* | grep -v '\.d$' | head -1)
 log="$(mktemp)"
-"$bench" "${1:-1000}" "${2:-4}" ${3:-} | tee "$log" &
+"$bench" "${1:-1000}" "${2:-4}" ${3:-} ${4:-} | tee "$log" &
 runner=$!
 if [ "${PROFILE:-0}" = 1 ]; then
   # The server's pid is the bench's first line; profile from the second

@@ -24,10 +24,13 @@ use std::time::{Duration, Instant};
 use cohort_runtime::grpc::proto;
 use light::{join, next_task, send_update};
 
-fn config(clients: u32, rounds: u32, port: u16, inflight: Option<u64>) -> String {
+fn config(clients: u32, rounds: u32, port: u16, limits: Limits) -> String {
     // The largest payload may not exceed what may be in flight.
-    let inflight = inflight.map_or_else(String::new, |bytes| {
+    let inflight = limits.inflight.map_or_else(String::new, |bytes| {
         format!("max_inflight_bytes = {bytes}\nmax_payload_bytes = {bytes}")
+    });
+    let window = limits.window.map_or_else(String::new, |bytes| {
+        format!("stream_window_bytes = {bytes}")
     });
     format!(
         r#"
@@ -42,6 +45,7 @@ payload_timeout = 120
 random_seed = 1
 max_connections_per_address = {connections}
 {inflight}
+{window}
 [data]
 datasource = "FashionMNIST"
 download = false
@@ -126,9 +130,16 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-fn start_server(dir: &Path, clients: u32, rounds: u32, port: u16, inflight: Option<u64>) -> Child {
+/// The server's memory limits the bench sets, where given.
+#[derive(Clone, Copy)]
+struct Limits {
+    inflight: Option<u64>,
+    window: Option<u32>,
+}
+
+fn start_server(dir: &Path, clients: u32, rounds: u32, port: u16, limits: Limits) -> Child {
     let path = dir.join("many.toml");
-    std::fs::write(&path, config(clients, rounds, port, inflight)).expect("config written");
+    std::fs::write(&path, config(clients, rounds, port, limits)).expect("config written");
     // COHORT_BIN: another build's server (an optimised one, with this
     // bench built quickly in the dev profile).
     let binary = std::env::var_os("COHORT_BIN")
@@ -157,11 +168,15 @@ fn main() {
         .collect();
     let clients: u32 = args.first().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let rounds: u32 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(4);
-    // `server.max_inflight_bytes`, in MiB; default: the server's.
-    let inflight: Option<u64> = args
-        .get(2)
-        .and_then(|a| a.parse::<u64>().ok())
-        .map(|mib| mib << 20);
+    // `server.max_inflight_bytes`, in MiB, and `server.stream_window_bytes`;
+    // default: the server's.
+    let limits = Limits {
+        inflight: args
+            .get(2)
+            .and_then(|a| a.parse::<u64>().ok())
+            .map(|mib| mib << 20),
+        window: args.get(3).and_then(|a| a.parse().ok()),
+    };
     if std::env::var_os("COHORT_DATA_DIR").is_none() {
         eprintln!("set COHORT_DATA_DIR to a folder with fashion-mnist/");
         std::process::exit(2);
@@ -169,7 +184,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let port = free_port();
     let started = Instant::now();
-    let mut server = start_server(dir.path(), clients, rounds, port, inflight);
+    let mut server = start_server(dir.path(), clients, rounds, port, limits);
     let pid = server.id();
     println!("server pid {pid}");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -208,9 +223,15 @@ fn main() {
         eprintln!("the server failed:\n{log}");
         std::process::exit(1);
     }
-    let limit = inflight.map_or_else(|| "default".to_owned(), |b| format!("{} MiB", b >> 20));
+    let limit = limits
+        .inflight
+        .map_or_else(|| "default".to_owned(), |b| format!("{} MiB", b >> 20));
+    let window = limits
+        .window
+        .map_or_else(|| "default".to_owned(), |b| b.to_string());
     println!(
-        "clients {clients}, rounds {rounds}, max_inflight_bytes {limit}, server peak RSS {peak:.1} MiB"
+        "clients {clients}, rounds {rounds}, max_inflight_bytes {limit}, stream_window_bytes \
+         {window}, server peak RSS {peak:.1} MiB"
     );
     println!("{:>6} {:>8} {:>12}", "round", "wall_s", "server_cpu_s");
     for pair in marks.windows(2) {

@@ -24,6 +24,7 @@ fn settings(timeout: Duration) -> ServerSettings {
         registration_timeout: Duration::from_secs(20),
         max_payload_bytes: 1000,
         max_inflight_bytes: 1 << 20,
+        stream_window_bytes: None,
         admission: Default::default(),
         own_data: Default::default(),
     }
@@ -616,4 +617,34 @@ fn a_compressed_join_is_refused_naming_its_encoding() {
         );
         assert_eq!(welcomed(call(address, JOIN, None).await).await, 1);
     });
+}
+
+/// With HTTP/2's smallest window (`server.stream_window_bytes`), an update
+/// four times the window arrives whole: the client sends what the window
+/// allows, and the server's window updates carry the rest.
+#[test]
+fn a_small_stream_window_still_carries_an_update_larger_than_it() {
+    const UPDATE: usize = 4 * 65_535;
+    let mut settings = settings(Duration::from_secs(20));
+    settings.max_payload_bytes = UPDATE;
+    settings.stream_window_bytes = Some(65_535);
+    let mut transport = GrpcTransport::start(settings).unwrap();
+    let script = |id| {
+        vec![
+            (Duration::ZERO, report(id, UPDATE as u64)),
+            (Duration::ZERO, chunk(0xCC, UPDATE)),
+        ]
+    };
+    scripted_client(transport.local_addr(), Duration::from_secs(10), script);
+    transport.wait_for_clients(1).unwrap();
+    transport
+        .dispatch(Arc::new(vec![1, 2, 3]), vec![task(1)])
+        .unwrap();
+    let delivered = transport
+        .next_outcome()
+        .unwrap()
+        .result
+        .expect("an honest upload");
+    assert_eq!(delivered.reply.payload.len(), UPDATE);
+    assert!(delivered.reply.payload.iter().all(|&b| b == 0xCC));
 }

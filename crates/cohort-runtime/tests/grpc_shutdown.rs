@@ -25,6 +25,7 @@ fn settings() -> ServerSettings {
         registration_timeout: Duration::from_secs(20),
         max_payload_bytes: 1000,
         max_inflight_bytes: 1 << 20,
+        stream_window_bytes: None,
         admission: Admission {
             register_within: Duration::from_millis(50),
             ..Admission::default()

@@ -33,6 +33,7 @@ fn settings(admission: Admission, payload_timeout: Duration) -> ServerSettings {
         registration_timeout: Duration::from_secs(20),
         max_payload_bytes: 1 << 20,
         max_inflight_bytes: 1 << 20,
+        stream_window_bytes: None,
         admission,
         own_data: Default::default(),
     }

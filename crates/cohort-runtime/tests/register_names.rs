@@ -57,6 +57,7 @@ fn start(token: Option<&str>) -> GrpcTransport {
         registration_timeout: Duration::from_secs(5),
         max_payload_bytes: 1000,
         max_inflight_bytes: 1 << 20,
+        stream_window_bytes: None,
         admission: Default::default(),
         own_data: Default::default(),
     })
@@ -235,6 +236,7 @@ fn own_data_ids_are_claimed_by_their_own_tokens() {
         registration_timeout: Duration::from_secs(5),
         max_payload_bytes: 1000,
         max_inflight_bytes: 1 << 20,
+        stream_window_bytes: None,
         admission: Default::default(),
         own_data: cohort_runtime::grpc::OwnDataSettings {
             clients: 2,

@@ -405,6 +405,10 @@ fn as_table(config: &Config) -> Result<toml::Table, toml::ser::Error> {
     Ok(table)
 }
 
+/// HTTP/2's smallest and largest flow-control windows (RFC 9113, 6.9.2).
+const MIN_STREAM_WINDOW: u32 = 65_535;
+const MAX_STREAM_WINDOW: u32 = (1 << 31) - 1;
+
 /// Keys that do not change what a run computes: where files go, where data
 /// comes from, and how many rounds to run (so a finished run can be extended).
 pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
@@ -431,6 +435,7 @@ pub const RESULT_NEUTRAL_KEYS: &[&str] = &[
     "server.tls_key",
     "server.max_payload_bytes",
     "server.max_inflight_bytes",
+    "server.stream_window_bytes",
     "results.keep_client_updates",
     // Which old checkpoints stay on disk changes none of the newest.
     "server.checkpoints_kept",
@@ -1402,6 +1407,17 @@ fn validate_server(config: &Config, fail: Fail) {
                 "{room} is below server.max_payload_bytes = {}: one largest update could never \
                  be received",
                 server.max_payload_bytes
+            ),
+        );
+    }
+    if let Some(window) = server.stream_window_bytes
+        && !(MIN_STREAM_WINDOW..=MAX_STREAM_WINDOW).contains(&window)
+    {
+        fail(
+            "server.stream_window_bytes",
+            format!(
+                "{window} is outside HTTP/2's window sizes, {MIN_STREAM_WINDOW} to \
+                 {MAX_STREAM_WINDOW} bytes"
             ),
         );
     }

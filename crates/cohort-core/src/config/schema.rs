@@ -213,6 +213,13 @@ pub struct Server {
     /// Update bytes all clients together may have in flight to the server;
     /// default: 4 GiB, or `max_payload_bytes` when that is larger.
     pub max_inflight_bytes: Option<u64>,
+    /// HTTP/2 flow-control window of each connection and stream (network
+    /// mode): bytes a client may send before the server has read them.
+    /// Default: hyper's (1 MiB a stream). Smaller bounds what waiting
+    /// uploads hold in memory (connections × window), at the cost of upload
+    /// speed over links with a long round trip (window / round trip).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_window_bytes: Option<u32>,
     /// Seconds a client may take for one task (download, train, upload) before
     /// it is dropped from the round.
     pub payload_timeout: f64,
@@ -271,6 +278,7 @@ impl Default for Server {
             outbound_processors: vec!["safetensor_encode".to_owned()],
             max_payload_bytes: 1 << 30,
             max_inflight_bytes: None,
+            stream_window_bytes: None,
             payload_timeout: 600.0,
             registration_timeout: 120.0,
             max_connections_per_address: 64,

@@ -657,6 +657,25 @@ fn inflight_room_must_hold_one_largest_update() {
 }
 
 #[test]
+fn a_stream_window_must_be_one_http2_allows() {
+    for window in [0u64, 65_534, 1 << 31] {
+        let error = error_of(&format!(
+            "[parameters.optimizer]\nlearning_rate = 0.1\n[server]\nstream_window_bytes = {window}\n"
+        ));
+        assert_eq!(
+            error.key.as_deref(),
+            Some("server.stream_window_bytes"),
+            "{window}"
+        );
+    }
+    let loaded = load_text(&format!(
+        "{MINIMAL}\n[server]\nstream_window_bytes = 65535\n"
+    ))
+    .unwrap();
+    assert_eq!(loaded.config.server.stream_window_bytes, Some(65_535));
+}
+
+#[test]
 fn cluster_section_is_optional_and_loads_every_key() {
     assert_eq!(
         load_text(MINIMAL).unwrap().config.cluster,

@@ -98,6 +98,9 @@ pub struct ServerSettings {
     /// Update bytes all clients together may have in flight to the server;
     /// a client whose upload would exceed it waits for room.
     pub max_inflight_bytes: usize,
+    /// HTTP/2 flow-control window of each connection and stream; `None`:
+    /// hyper's default.
+    pub stream_window_bytes: Option<u32>,
     /// Limits on connections that have not (yet) registered.
     pub admission: crate::admission::Admission,
     pub own_data: OwnDataSettings,
@@ -364,13 +367,20 @@ fn message(kind: ServerKind) -> Result<ServerMessage, Status> {
 
 /// tonic's server with cohort's HTTP/2 settings, over TLS when given a
 /// certificate and key.
-fn server_builder(tls: Option<&(PathBuf, PathBuf)>) -> anyhow::Result<tonic::transport::Server> {
+fn server_builder(
+    tls: Option<&(PathBuf, PathBuf)>,
+    window: Option<u32>,
+) -> anyhow::Result<tonic::transport::Server> {
     // Pings find peers that vanished without closing; a client needs one
-    // stream, so a few per connection are plenty.
+    // stream, so a few per connection are plenty. A window bounds what an
+    // upload waiting for room holds in the server's buffers: the connection
+    // gets the same, since a client sends on one stream at a time.
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .max_concurrent_streams(Some(4));
+        .max_concurrent_streams(Some(4))
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window);
     if let Some((cert, key)) = tls {
         let read = |path: &PathBuf, what: &str| {
             cohort_core::fsutil::read_bounded(path, MAX_PEM_BYTES).with_context(|| {
@@ -424,7 +434,7 @@ impl GrpcTransport {
                 )
             })?;
         let local_addr = listener.local_addr()?;
-        let mut builder = server_builder(settings.tls.as_ref())?;
+        let mut builder = server_builder(settings.tls.as_ref(), settings.stream_window_bytes)?;
         let admission = settings.admission;
         // One largest update must always fit, or its client would wait forever.
         let room = settings.max_inflight_bytes.max(settings.max_payload_bytes);
