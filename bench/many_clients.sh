@@ -19,7 +19,8 @@ cargo bench --locked --profile "$PROFILE_NAME" -p cohort-cli --bench many_client
 dir="$PROFILE_NAME"; [ "$dir" = dev ] && dir=debug
 bench=$(ls -t "$CARGO_TARGET_DIR/$dir"/deps/many_clients-* | grep -v '\.d$' | head -1)
 log="$(mktemp)"
-"$bench" "${1:-1000}" "${2:-4}" ${3:-} ${4:-} | tee "$log" &
+# An empty INFLIGHT_MIB stays a placeholder, so WINDOW_BYTES keeps its place.
+"$bench" "${1:-1000}" "${2:-4}" "${3:-default}" ${4:+"$4"} | tee "$log" &
 runner=$!
 if [ "${PROFILE:-0}" = 1 ]; then
   # The server's pid is the bench's first line; profile from the second

@@ -161,6 +161,19 @@ fn results_file(base: &Path) -> Option<PathBuf> {
     Some(run.join("results.csv"))
 }
 
+/// A numeric argument, or `None` where it is absent or `default`; anything
+/// else stops the bench naming the argument.
+fn number_or_default<T: std::str::FromStr>(arg: Option<&String>, name: &str) -> Option<T> {
+    let arg = arg.filter(|a| a.as_str() != "default")?;
+    match arg.parse() {
+        Ok(value) => Some(value),
+        Err(_) => {
+            eprintln!("{name} must be a number or `default`, not `{arg}`");
+            std::process::exit(2);
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -171,11 +184,8 @@ fn main() {
     // `server.max_inflight_bytes`, in MiB, and `server.stream_window_bytes`;
     // default: the server's.
     let limits = Limits {
-        inflight: args
-            .get(2)
-            .and_then(|a| a.parse::<u64>().ok())
-            .map(|mib| mib << 20),
-        window: args.get(3).and_then(|a| a.parse().ok()),
+        inflight: number_or_default(args.get(2), "INFLIGHT_MIB").map(|mib: u64| mib << 20),
+        window: number_or_default(args.get(3), "WINDOW_BYTES"),
     };
     if std::env::var_os("COHORT_DATA_DIR").is_none() {
         eprintln!("set COHORT_DATA_DIR to a folder with fashion-mnist/");

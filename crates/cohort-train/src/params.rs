@@ -27,6 +27,8 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{Tensor, TensorData};
 use cohort_core::tree::{Array, DType, ParamTree};
 
+use crate::kernels::transposed;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
     #[error("the model has parameter `{0}` but the tree has no such leaf")]
@@ -183,34 +185,10 @@ impl PathStack {
     }
 }
 
-/// A row-major `[rows, cols]` matrix as row-major `[cols, rows]`.
-///
-/// In 16 × 16 tiles, each output row of a tile (one cache line) written
-/// whole: a linear weight is transposed at every load and store of a
-/// client's model, and with a power-of-two side the plain loop's strided
-/// writes missed the cache on every element (a fifth of `multilayer`'s
-/// training time; 6 ns an element against 0.3–0.5 ns for this one).
-fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    const TILE: usize = 16;
-    let mut out = vec![0.0; values.len()];
-    for r0 in (0..rows).step_by(TILE) {
-        let r1 = (r0 + TILE).min(rows);
-        for c0 in (0..cols).step_by(TILE) {
-            for c in c0..(c0 + TILE).min(cols) {
-                let line = &mut out[c * rows + r0..c * rows + r1];
-                for (i, v) in line.iter_mut().enumerate() {
-                    *v = values[(r0 + i) * cols + c];
-                }
-            }
-        }
-    }
-    out
-}
-
 /// A burn parameter of `shape` as the tree holds it.
 fn to_external(shape: Vec<usize>, values: Vec<f32>, linear_weight: bool) -> Array {
     let (shape, values) = match (linear_weight, shape.as_slice()) {
-        (true, &[input, output]) => (vec![output, input], transpose(&values, input, output)),
+        (true, &[input, output]) => (vec![output, input], transposed(&values, input, output)),
         _ => (shape, values),
     };
     Array::f32(shape, values).expect("burn tensors hold shape-product elements")
@@ -242,7 +220,7 @@ pub(crate) fn to_burn(
         });
     };
     Ok(match (linear_weight, model_shape) {
-        (true, &[input, output]) => transpose(values, output, input),
+        (true, &[input, output]) => transposed(values, output, input),
         _ => values.to_vec(),
     })
 }
@@ -444,24 +422,6 @@ pub fn load<M: Module>(module: M, tree: &ParamTree) -> Result<M, LoadError> {
 mod tests {
     use super::*;
     use crate::model::{CnnBn, LeNet5, LeNet5Compact};
-
-    #[test]
-    fn tiled_transpose_moves_every_element_of_ragged_shapes() {
-        for (rows, cols) in [(1, 1), (1, 70), (70, 1), (33, 70), (64, 32), (100, 37)] {
-            let values: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
-            let out = transpose(&values, rows, cols);
-            for r in 0..rows {
-                for c in 0..cols {
-                    assert_eq!(
-                        out[c * rows + r],
-                        values[r * cols + c],
-                        "{rows}x{cols} at {r},{c}"
-                    );
-                }
-            }
-            assert_eq!(transpose(&out, cols, rows), values, "{rows}x{cols} back");
-        }
-    }
 
     #[test]
     fn extract_load_round_trip_and_names() {

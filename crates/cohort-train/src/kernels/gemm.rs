@@ -43,6 +43,51 @@ pub(crate) struct MatRef<'a> {
     pub strides: Strides,
 }
 
+impl<'a> MatRef<'a> {
+    /// `data` as a row-major matrix with `cols` columns.
+    pub(crate) fn row_major(data: &'a [f32], cols: usize) -> Self {
+        Self {
+            data,
+            strides: Strides::row_major(cols),
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` matrix written into `out` as row-major
+/// `[cols, rows]`.
+///
+/// In 16 × 16 tiles, each output row of a tile (one cache line) written
+/// whole: with a power-of-two side the plain loop's strided writes missed
+/// the cache on every element (6 ns an element against 0.3–0.5 ns; a fifth
+/// of `multilayer`'s step when linear weights were transposed that way).
+pub(crate) fn transpose_into(values: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    const TILE: usize = 16;
+    assert_eq!(
+        values.len(),
+        rows * cols,
+        "values of a {rows}×{cols} matrix"
+    );
+    assert_eq!(out.len(), values.len(), "room for the transpose");
+    for r0 in (0..rows).step_by(TILE) {
+        let r1 = (r0 + TILE).min(rows);
+        for c0 in (0..cols).step_by(TILE) {
+            for c in c0..(c0 + TILE).min(cols) {
+                let line = &mut out[c * rows + r0..c * rows + r1];
+                for (i, v) in line.iter_mut().enumerate() {
+                    *v = values[(r0 + i) * cols + c];
+                }
+            }
+        }
+    }
+}
+
+/// [`transpose_into`] a new buffer.
+pub(crate) fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; values.len()];
+    transpose_into(values, rows, cols, &mut out);
+    out
+}
+
 /// `dst = lhs · rhs` (`[m, k] · [k, n]`), or `dst += lhs · rhs` with `accumulate`.
 ///
 /// # Panics
@@ -161,6 +206,24 @@ mod tests {
             for (x, y) in acc.iter().zip(&expected) {
                 assert!((x - y - 1.0).abs() <= 1e-5, "{x} vs {y} + 1");
             }
+        }
+    }
+
+    #[test]
+    fn tiled_transpose_moves_every_element_of_ragged_shapes() {
+        for (rows, cols) in [(1, 1), (1, 70), (70, 1), (33, 70), (64, 32), (100, 37)] {
+            let values: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+            let out = transposed(&values, rows, cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(
+                        out[c * rows + r],
+                        values[r * cols + c],
+                        "{rows}x{cols} at {r},{c}"
+                    );
+                }
+            }
+            assert_eq!(transposed(&out, cols, rows), values, "{rows}x{cols} back");
         }
     }
 

@@ -18,7 +18,7 @@
 
 use std::cell::RefCell;
 
-use super::gemm::{MatRef, Strides, matmul};
+use super::gemm::{MatRef, Strides, matmul, transpose_into};
 
 /// The shapes of one convolution. `pad` is `[(top, bottom), (left, right)]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,11 +395,7 @@ pub(crate) fn backward(
         }
     });
     if let (Some(d_weight), Some(transposed)) = (d_weight, d_weight_t) {
-        for (kk, row) in transposed.chunks_exact(m.max(1)).enumerate() {
-            for (co, &v) in row.iter().enumerate() {
-                d_weight[co * k + kk] = v;
-            }
-        }
+        transpose_into(&transposed, k, m, &mut d_weight[..g.weight_len()]);
     }
     if g.batch == 0 {
         d_input.iter_mut().for_each(|d| d.fill(0.0));

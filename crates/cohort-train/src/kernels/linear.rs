@@ -20,7 +20,7 @@ use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
 use super::flex::{host, tensor};
-use super::gemm::{MatRef, Strides, matmul};
+use super::gemm::{MatRef, Strides, matmul, transpose_into};
 
 /// `rows` rows of `input` values through an `[input, output]` weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,13 +28,6 @@ pub(crate) struct Dims {
     pub rows: usize,
     pub input: usize,
     pub output: usize,
-}
-
-fn row_major(data: &[f32], cols: usize) -> MatRef<'_> {
-    MatRef {
-        data,
-        strides: Strides::row_major(cols),
-    }
 }
 
 /// `x · w + bias`.
@@ -46,7 +39,10 @@ pub(crate) fn forward(d: &Dims, x: &[f32], w: &[f32], bias: &[f32]) -> Vec<f32> 
     for row in out.chunks_exact_mut(d.output.max(1)) {
         row.copy_from_slice(bias);
     }
-    let (x, w) = (row_major(x, d.input), row_major(w, d.output));
+    let (x, w) = (
+        MatRef::row_major(x, d.input),
+        MatRef::row_major(w, d.output),
+    );
     let shape = (d.rows, d.output, d.input);
     matmul(shape, &mut out, Strides::row_major(d.output), true, x, w);
     out
@@ -69,7 +65,7 @@ pub(crate) fn backward(
     wants: [bool; 3],
 ) -> LinearGrads {
     assert_eq!(d_out.len(), d.rows * d.output, "output gradient length");
-    let dy = row_major(d_out, d.output);
+    let dy = MatRef::row_major(d_out, d.output);
     let input = wants[0].then(|| {
         // `dxᵀ` `[in, B]`: the batch contiguous, then transposed.
         let mut d_x_t = vec![0.0f32; d.input * d.rows];
@@ -87,11 +83,7 @@ pub(crate) fn backward(
             w_t,
         );
         let mut d_x = vec![0.0f32; d.rows * d.input];
-        for (i, column) in d_x_t.chunks_exact(d.rows.max(1)).enumerate() {
-            for (r, &v) in column.iter().enumerate() {
-                d_x[r * d.input + i] = v;
-            }
-        }
+        transpose_into(&d_x_t, d.input, d.rows, &mut d_x);
         d_x
     });
     let weight = wants[1].then(|| {

@@ -32,7 +32,7 @@ use burn::nn::{GateController, Lstm};
 use burn::tensor::{DType, Tensor};
 
 use super::flex::{host, tensor};
-use super::gemm::{MatRef, Strides, matmul};
+use super::gemm::{MatRef, Strides, matmul, transposed};
 use super::math::{sigmoid, tanh};
 
 /// The sizes of one layer's run: `batch` sequences of `steps` inputs of
@@ -65,24 +65,6 @@ pub(crate) struct Trace {
     hidden: Vec<f32>,
 }
 
-fn row_major(data: &[f32], cols: usize) -> MatRef<'_> {
-    MatRef {
-        data,
-        strides: Strides::row_major(cols),
-    }
-}
-
-/// A row-major `[rows, cols]` matrix transposed.
-fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; values.len()];
-    for (r, row) in values.chunks_exact(cols.max(1)).enumerate() {
-        for (c, &v) in row.iter().enumerate() {
-            out[c * rows + r] = v;
-        }
-    }
-    out
-}
-
 /// The layer over `x` (`[B, T, I]`) from zero states: `w_ih` `[I, 4H]`,
 /// `w_hh` `[H, 4H]`, `bias` `[4H]` (both of burn's biases summed).
 ///
@@ -99,7 +81,7 @@ pub(crate) fn forward(d: &Dims, x: &[f32], w_ih: &[f32], w_hh: &[f32], bias: &[f
     for row in gates.chunks_exact_mut(g4) {
         row.copy_from_slice(bias);
     }
-    let (x_rows, w_ih) = (row_major(x, d.input), row_major(w_ih, g4));
+    let (x_rows, w_ih) = (MatRef::row_major(x, d.input), MatRef::row_major(w_ih, g4));
     matmul(
         (rows, g4, d.input),
         &mut gates,
@@ -130,7 +112,7 @@ pub(crate) fn forward(d: &Dims, x: &[f32], w_ih: &[f32], w_hh: &[f32], bias: &[f
                 step_rows,
                 true,
                 previous,
-                row_major(w_hh, g4),
+                MatRef::row_major(w_hh, g4),
             );
         }
         for b in 0..d.batch {
@@ -244,7 +226,7 @@ pub(crate) fn backward(
                     cols: 1,
                 },
             };
-            let w = row_major(&w_hh_t, h);
+            let w = MatRef::row_major(&w_hh_t, h);
             let dst = &mut d_hidden_next;
             matmul((d.batch, h, g4), dst, Strides::row_major(h), false, step, w);
         }
@@ -300,7 +282,7 @@ fn parameter_gradients(
     d_gates: &[f32],
 ) -> LstmGrads {
     let (rows, h, g4) = (d.rows(), d.hidden, d.gates());
-    let all = row_major(d_gates, g4);
+    let all = MatRef::row_major(d_gates, g4);
     // h_{t−1} for every row (zero at t = 0), for W_hh's gradient.
     let mut previous = vec![0.0f32; rows * h];
     for b in 0..d.batch {
@@ -335,7 +317,7 @@ fn parameter_gradients(
     );
     let mut d_input = vec![0.0f32; rows * d.input];
     let w_ih_t = transposed(w_ih, d.input, g4);
-    let w = row_major(&w_ih_t, d.input);
+    let w = MatRef::row_major(&w_ih_t, d.input);
     matmul(
         (rows, d.input, g4),
         &mut d_input,

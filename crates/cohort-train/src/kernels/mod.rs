@@ -42,6 +42,7 @@ mod simd;
 
 pub use activation::tanh;
 pub use conv2d::conv2d;
+pub(crate) use gemm::transposed;
 pub use group_norm::group_norm;
 pub use linear::linear;
 pub use lstm::lstm;
