@@ -32,11 +32,14 @@ pub fn tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 
 /// `tanh` of every element of `values`, in place.
 fn forward(values: &mut [f32]) {
-    super::simd::dispatch(|| {
-        for v in values.iter_mut() {
-            *v = super::math::tanh(*v);
-        }
-    });
+    super::simd::dispatch(
+        #[inline(always)]
+        || {
+            for v in values.iter_mut() {
+                *v = super::math::tanh(*v);
+            }
+        },
+    );
 }
 
 impl NativeTanh for Flex {
@@ -67,11 +70,14 @@ impl Backward<Flex, 1> for TanhBackward {
         let Some(parent) = parent else { return };
         let output = ops.state.output;
         let mut d_x = host(&grad).to_vec();
-        super::simd::dispatch(|| {
-            for (d, &y) in d_x.iter_mut().zip(host(&output)) {
-                *d *= 1.0 - y * y;
-            }
-        });
+        super::simd::dispatch(
+            #[inline(always)]
+            || {
+                for (d, &y) in d_x.iter_mut().zip(host(&output)) {
+                    *d *= 1.0 - y * y;
+                }
+            },
+        );
         let shape = output.layout().shape().to_vec();
         grads.register::<Flex>(parent.id, tensor(d_x, shape));
     }

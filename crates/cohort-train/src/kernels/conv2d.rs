@@ -198,15 +198,18 @@ fn flex_forward(
     let (x, weight) = (values(&x), values(&weight));
     let bias = bias.as_ref().map(values);
     let mut out = vec![0.0f32; g.batch * g.output_len()];
-    super::simd::dispatch(|| {
-        im2col::forward(
-            &g,
-            host(&x),
-            host(&weight),
-            bias.as_ref().map(host),
-            &mut out,
-        )
-    });
+    super::simd::dispatch(
+        #[inline(always)]
+        || {
+            im2col::forward(
+                &g,
+                host(&x),
+                host(&weight),
+                bias.as_ref().map(host),
+                &mut out,
+            )
+        },
+    );
     tensor(out, vec![g.batch, g.c_out, out_h, out_w])
 }
 
@@ -246,19 +249,22 @@ fn backward_into(
     let mut d_input = wants(0).then(|| vec![0.0f32; g.batch * g.input_len()]);
     let mut d_weight = wants(1).then(|| vec![0.0f32; g.weight_len()]);
     let mut d_bias = wants(2).then(|| vec![0.0f32; g.c_out]);
-    super::simd::dispatch(|| {
-        im2col::backward(
-            &g,
-            host(&x),
-            host(&weight),
-            host(&grad),
-            Grads {
-                input: d_input.as_deref_mut(),
-                weight: d_weight.as_deref_mut(),
-                bias: d_bias.as_deref_mut(),
-            },
-        )
-    });
+    super::simd::dispatch(
+        #[inline(always)]
+        || {
+            im2col::backward(
+                &g,
+                host(&x),
+                host(&weight),
+                host(&grad),
+                Grads {
+                    input: d_input.as_deref_mut(),
+                    weight: d_weight.as_deref_mut(),
+                    bias: d_bias.as_deref_mut(),
+                },
+            )
+        },
+    );
     let shapes = [
         vec![g.batch, g.c_in, g.height, g.width],
         vec![g.c_out, g.c_in, g.kernel[0], g.kernel[1]],

@@ -227,7 +227,10 @@ impl NativeGroupNorm for Flex {
             beta.to_contiguous(),
         );
         let mut out = vec![0.0f32; host(&x).len()];
-        super::simd::dispatch(|| forward(&s, host(&x), host(&gamma), host(&beta), &mut out));
+        super::simd::dispatch(
+            #[inline(always)]
+            || forward(&s, host(&x), host(&gamma), host(&beta), &mut out),
+        );
         tensor(out, dims)
     }
 }
@@ -255,17 +258,20 @@ impl Backward<Flex, 3> for GroupNormBackward {
         let (x, gamma) = (x.to_contiguous(), gamma.to_contiguous());
         let mut d_x = vec![0.0f32; host(&x).len()];
         let (mut d_gamma, mut d_beta) = (vec![0.0f32; s.channels], vec![0.0f32; s.channels]);
-        super::simd::dispatch(|| {
-            backward(
-                &s,
-                host(&x),
-                host(&gamma),
-                host(&grad),
-                &mut d_x,
-                &mut d_gamma,
-                &mut d_beta,
-            )
-        });
+        super::simd::dispatch(
+            #[inline(always)]
+            || {
+                backward(
+                    &s,
+                    host(&x),
+                    host(&gamma),
+                    host(&grad),
+                    &mut d_x,
+                    &mut d_gamma,
+                    &mut d_beta,
+                )
+            },
+        );
         let [node_x, node_gamma, node_beta] = ops.parents;
         let outputs = [
             (node_x, d_x, dims),

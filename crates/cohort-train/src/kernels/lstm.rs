@@ -431,8 +431,10 @@ fn run_forward(
         w_hh.to_contiguous(),
         bias.to_contiguous(),
     );
-    let trace =
-        super::simd::dispatch(|| forward(&d, host(&x), host(&w_ih), host(&w_hh), host(&bias)));
+    let trace = super::simd::dispatch(
+        #[inline(always)]
+        || forward(&d, host(&x), host(&w_ih), host(&w_hh), host(&bias)),
+    );
     (d, trace)
 }
 
@@ -474,16 +476,19 @@ impl Backward<Flex, 4> for LstmBackward {
             w_ih.to_contiguous(),
             w_hh.to_contiguous(),
         );
-        let g = super::simd::dispatch(|| {
-            backward(
-                &d,
-                host(&x),
-                host(&w_ih),
-                host(&w_hh),
-                &saved.trace,
-                host(&grad),
-            )
-        });
+        let g = super::simd::dispatch(
+            #[inline(always)]
+            || {
+                backward(
+                    &d,
+                    host(&x),
+                    host(&w_ih),
+                    host(&w_hh),
+                    &saved.trace,
+                    host(&grad),
+                )
+            },
+        );
         let outputs = [
             (g.input, vec![d.batch, d.steps, d.input]),
             (g.w_ih, vec![d.input, d.gates()]),

@@ -224,7 +224,10 @@ impl NativeMaxPool2d for Flex {
         let (window, dims) = window_of(&x, kernel, stride);
         let x = x.to_contiguous();
         let mut out = vec![0.0f32; dims.iter().product()];
-        super::simd::dispatch(|| forward(&window, host(&x), &mut out));
+        super::simd::dispatch(
+            #[inline(always)]
+            || forward(&window, host(&x), &mut out),
+        );
         tensor(out, dims.to_vec())
     }
 }
@@ -250,7 +253,10 @@ impl Backward<Flex, 1> for MaxPoolBackward {
         let dims = x.layout().shape().to_vec();
         let x = x.to_contiguous();
         let mut d_x = vec![0.0f32; host(&x).len()];
-        super::simd::dispatch(|| backward(&window, host(&x), host(&grad), &mut d_x));
+        super::simd::dispatch(
+            #[inline(always)]
+            || backward(&window, host(&x), host(&grad), &mut d_x),
+        );
         let [node_x] = ops.parents;
         if let Some(node) = node_x {
             grads.register::<Flex>(node.id, tensor(d_x, dims));
