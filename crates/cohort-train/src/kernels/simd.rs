@@ -6,7 +6,9 @@
 //! loops are vectorized eight lanes wide there. The loops add, compare and
 //! copy, never multiply-add, so both builds give the same bits.
 
-/// `f()`, compiled for AVX2 when the CPU has AVX2.
+/// `f()`, compiled for AVX2 when the CPU has AVX2. Pass the closure as
+/// `#[inline(always)] || …`: a closure left to the inliner's judgment stays a
+/// function of its own, compiled for baseline x86-64.
 #[inline(always)]
 pub(crate) fn dispatch<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
