@@ -20,9 +20,15 @@ into the PyTorch twin with `load_state_dict(strict=True)`; then both sides
 start from the same weights bit for bit. Without either, PyTorch draws its
 own after `torch.manual_seed(--seed)`. `--write-initial FILE` writes that
 draw as a model file in PyTorch's layout and exits, so cohort can be given
-it (`--set trainer.initial_model=FILE`) before it runs. The shuffles stay
-each framework's own, so the runs agree in distribution, not bit for bit:
-the comparison is the final accuracy.
+it (`--set trainer.initial_model=FILE`) before it runs.
+
+The sample order: when the partitions file was written with
+`cohort partitions --sample-orders`, each client here visits its samples in
+the very order cohort's trainer drew for that client, round and epoch, so
+with a shared initial model both frameworks train the same batches from the
+same weights and differ only by floating-point rounding. Otherwise each
+framework shuffles with its own generator, and the runs agree in
+distribution, not step for step.
 
 Usage:
   cohort check --config job.toml > job-full.toml    # optional: a shared start
@@ -158,14 +164,15 @@ def optimizer_of(config, params):
 
 
 def selected_clients(run_dir):
-    """Each round's clients whose updates cohort aggregated, in file order."""
+    """(round, its clients whose updates cohort aggregated, in file order),
+    by round."""
     rounds = {}
     with open(os.path.join(run_dir, "clients.csv")) as f:
         for row in csv.DictReader(f):
             if row["dropped"]:
                 continue
             rounds.setdefault(int(row["round"]), []).append(int(row["client_id"]))
-    return [rounds[r] for r in sorted(rounds)]
+    return [(r, rounds[r]) for r in sorted(rounds)]
 
 
 def cohort_accuracies(run_dir):
@@ -173,14 +180,41 @@ def cohort_accuracies(run_dir):
         return [float(row["accuracy"]) for row in csv.DictReader(f)]
 
 
-def train_client(model, config, x, y, indices, device, generator):
+def sample_orders(assignment, config):
+    """Each client's cohort-drawn orders (`orders[round - 1][epoch - 1]`),
+    or None when the partitions file has none; refused when they were drawn
+    for other settings than the run's."""
+    drawn = assignment.get("sample_orders")
+    if drawn is None:
+        return None
+    trainer = config["trainer"]
+    run = {
+        "training_seed": trainer.get("training_seed"),
+        "epochs": trainer.get("epochs", 1),
+        "batch_size": trainer.get("batch_size", 32),
+    }
+    for key, value in run.items():
+        if drawn[key] != value:
+            raise SystemExit(
+                f"the partitions' sample orders were drawn for {key} = {drawn[key]}, "
+                f"the run has {value}"
+            )
+    return {c["client_id"]: c["orders"] for c in assignment["clients"]}
+
+
+def train_client(model, config, x, y, indices, device, generator, orders=None):
+    """One client's local training: in `orders[epoch]` (cohort's) when given,
+    else shuffled each epoch by `generator`."""
     trainer = config["trainer"]
     batch = trainer.get("batch_size", 32)
     optimizer = optimizer_of(config, model.parameters())
     model.train()
     order = torch.tensor(indices, dtype=torch.int64)
-    for _ in range(trainer.get("epochs", 1)):
-        order = order[torch.randperm(len(order), generator=generator)]
+    for epoch in range(trainer.get("epochs", 1)):
+        if orders is None:
+            order = order[torch.randperm(len(order), generator=generator)]
+        else:
+            order = torch.tensor(orders[epoch], dtype=torch.int64)
         for start in range(0, len(order), batch):
             step = order[start : start + batch]
             inputs, targets = x[step].to(device), y[step].to(device)
@@ -261,6 +295,11 @@ def main():
     train_x, train_y = load_split(args.data, datasource, "train")
     test_x, test_y = load_split(args.data, datasource, "t10k")
     partitions = {c["client_id"]: c["train"] for c in assignment["clients"]}
+    orders = sample_orders(assignment, config)
+    print(
+        "sample order: " + ("cohort's (--sample-orders)" if orders else "PyTorch's own shuffles"),
+        file=sys.stderr,
+    )
     device = torch.device(args.device)
     name, model = build_model(config)
     initial = args.initial_model or config["trainer"].get("initial_model")
@@ -273,13 +312,18 @@ def main():
     print(f"round 0: accuracy {initial_accuracy:.4f}", file=sys.stderr)
     ours = []
     started = time.perf_counter()
-    for round_clients in selected_clients(args.run):
+    for round_number, round_clients in selected_clients(args.run):
         global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         states, weights = [], []
         for client in round_clients:
             model.load_state_dict(global_state)
             indices = partitions[client]
-            states.append(train_client(model, config, train_x, train_y, indices, device, generator))
+            client_orders = orders[client][round_number - 1] if orders else None
+            states.append(
+                train_client(
+                    model, config, train_x, train_y, indices, device, generator, client_orders
+                )
+            )
             weights.append(len(indices))
         model.load_state_dict(fedavg(states, weights))
         ours.append(accuracy(model, test_x, test_y, device))
@@ -288,6 +332,7 @@ def main():
     result = {
         "model": name,
         "initial_model": initial,
+        "sample_order": "cohort" if orders else "own",
         "rounds": len(ours),
         "pytorch_final": ours[-1],
         "cohort_final": theirs[-1],

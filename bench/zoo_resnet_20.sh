@@ -5,13 +5,13 @@
 # to 10,000 clients ("Memory of a resnet_20 federation"; iid partitions: a
 # Dirichlet(0.5) draw cannot give each of 10,000 clients a sample).
 #
-#   COHORT=path/to/cohort [SEED=N] [SAME_INIT=1] bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
+#   COHORT=path/to/cohort [SEED=N] [SAME_INIT=1] [SAME_ORDER=1] [THREADS=N] bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
 #   COHORT=path/to/cohort [SAME_INIT=1] bash bench/zoo_resnet_20.sh cohort   # cohort's side alone
 #   bash bench/zoo_resnet_20.sh pytorch [cpu|cuda] RUN_DIR PARTS_JSON
 #   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh memory [CLIENTS...]
 #
 # accuracy: bench/zoo_accuracy.toml with resnet_20 and group norm, 30 rounds
-# of 10 of 100 clients, cohort on the CPU (10 workers of one thread each),
+# of 10 of 100 clients, cohort on the CPU (THREADS workers of one thread each, default 10),
 # then PyTorch with the given device. SAME_INIT=1: both sides start from one
 # initial model (below). memory: one round of 10 clients from
 # federations of 100, 1,000 and 10,000 clients; peak RSS of the cohort
@@ -42,6 +42,14 @@ fi
 # and loads the file with strict=True. Both evaluate it before round 1.
 SAME_INIT="${SAME_INIT:-}"
 initial=()
+# SAME_ORDER=1 (accuracy): the partitions file carries cohort's sample order
+# for every client, round and epoch (`cohort partitions --sample-orders`), and
+# bench/pytorch_fedavg.py trains its batches in that order; with SAME_INIT=1
+# the two sides then differ by floating-point rounding alone.
+SAME_ORDER="${SAME_ORDER:-}"
+# THREADS: cohort's workers (trainer.max_concurrency, one thread each) and
+# PyTorch's intra-op threads.
+THREADS="${THREADS:-10}"
 
 # Peak resident memory of a command, in MiB (the largest of it and its
 # children: cohort's workers are threads, so this is the cohort process).
@@ -68,12 +76,13 @@ run_cohort() {
   [ -z "$SAME_INIT" ] || write_initial
   start=$(date +%s.%N)
   "$COHORT" run --config bench/zoo_accuracy.toml "$COHORT_DEVICE" --quiet --base "$OUT/runs" \
-    "${resnet[@]}" ${initial[@]+"${initial[@]}"} --set trainer.max_concurrency=10
+    "${resnet[@]}" ${initial[@]+"${initial[@]}"} --set trainer.max_concurrency="$THREADS"
   end=$(date +%s.%N)
   echo "== cohort resnet_20: $(awk "BEGIN { printf \"%.1f\", $end - $start }") s end to end"
   run=$(ls -d "$OUT"/runs/*/ | head -1)
   tail -3 "$run/results.csv"
-  "$COHORT" partitions --config "$run/config.toml" --json "$OUT/parts.json" > /dev/null
+  "$COHORT" partitions --config "$run/config.toml" --json "$OUT/parts.json" \
+    ${SAME_ORDER:+--sample-orders} > /dev/null
   if [ -n "$SAME_INIT" ]; then
     echo "== cohort on the initial model (PyTorch's: round 0 in pytorch.log and the JSON)"
     "$COHORT" evaluate --config "$run/config.toml" --model "$OUT/initial.safetensors" "$COHORT_DEVICE"
@@ -83,7 +92,7 @@ run_cohort() {
 # PyTorch on a finished cohort run folder $1 with its partitions $2.
 run_pytorch() {
   python3 bench/pytorch_fedavg.py --run "$1" --partitions "$2" \
-    --data "$COHORT_DATA_DIR" --device "$device" --threads 10 --seed "${SEED:-0}" \
+    --data "$COHORT_DATA_DIR" --device "$device" --threads "$THREADS" --seed "${SEED:-0}" \
     --out "$OUT/resnet_20.json" 2> "$OUT/pytorch.log"
   cat "$OUT/resnet_20.json"
 }

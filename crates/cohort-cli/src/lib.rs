@@ -86,6 +86,12 @@ enum Command {
         /// held-out sample indices, 0-based into the training set) as JSON.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
+        /// With --json: also each client's sample order in every local epoch
+        /// of every round, as its trainer draws them from
+        /// `trainer.training_seed`, so another framework can train the same
+        /// batches.
+        #[arg(long, requires = "json")]
+        sample_orders: bool,
     },
     /// Evaluate a model file on the config's test set.
     ///
@@ -598,10 +604,15 @@ fn execute(cli: Cli, registry: &Arc<Registry>) -> anyhow::Result<()> {
             println!("{summary}");
             Ok(())
         }
-        Command::Partitions { config, png, json } => {
+        Command::Partitions {
+            config,
+            png,
+            json,
+            sample_orders,
+        } => {
             let loaded = config.load(registry)?;
             let data_root = std::env::var_os(DATA_DIR_ENV).map(PathBuf::from);
-            let report = tools::partitions(&loaded, registry, data_root.as_deref())?;
+            let report = tools::partitions(&loaded, registry, data_root.as_deref(), sample_orders)?;
             print!("{}", report.table);
             if let Some(png) = png {
                 plot::draw_partitions(&report.histograms, &png)?;

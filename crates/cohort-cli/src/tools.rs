@@ -254,14 +254,24 @@ pub struct PartitionReport {
 }
 
 /// The config's partitions of its data set: histograms, table and
-/// assignment.
+/// assignment; with `sample_orders`, each client's sample order in every
+/// local epoch of every round.
 pub fn partitions(
     loaded: &LoadedConfig,
     registry: &cohort_train::registry::Registry,
     data_root: Option<&Path>,
+    sample_orders: bool,
 ) -> anyhow::Result<PartitionReport> {
     let config = loaded.config();
     let clients = &config.clients;
+    let training_seed = match (sample_orders, config.trainer.training_seed) {
+        (true, None) => anyhow::bail!(
+            "{}: --sample-orders needs trainer.training_seed: without it each run \
+             shuffles from fresh entropy, so no order can be written ahead",
+            loaded.path().display()
+        ),
+        (_, seed) => seed.filter(|_| sample_orders),
+    };
     if clients.all_own_data() {
         anyhow::bail!(
             "{}: every client brings its own data (clients.own_data_clients = \
@@ -281,7 +291,7 @@ pub fn partitions(
         .map(|part| cohort_core::partition::label_histogram(labels, part, classes))
         .collect();
     let own_data = clients.own_data_clients as usize;
-    let assignment = serde_json::json!({
+    let mut assignment = serde_json::json!({
         "format": 1,
         "config": loaded.path().display().to_string(),
         "config_hash": loaded.result_hash(),
@@ -301,11 +311,50 @@ pub fn partitions(
             }))
             .collect::<Vec<_>>(),
     });
+    if let Some(seed) = training_seed {
+        add_sample_orders(&mut assignment, &partitions.train, seed, &config.trainer)?;
+    }
     Ok(PartitionReport {
         histograms,
         table,
         assignment,
     })
+}
+
+/// `cohort partitions --sample-orders`: each client's `orders[round − 1]
+/// [epoch − 1]`, the sequence its batches are cut from, and the settings they
+/// depend on.
+fn add_sample_orders(
+    assignment: &mut serde_json::Value,
+    train: &[Vec<u32>],
+    training_seed: u64,
+    trainer: &cohort_core::config::Trainer,
+) -> anyhow::Result<()> {
+    assignment["sample_orders"] = serde_json::json!({
+        "training_seed": training_seed,
+        "rounds": trainer.rounds,
+        "epochs": trainer.epochs,
+        "batch_size": trainer.batch_size,
+    });
+    let clients = assignment["clients"]
+        .as_array_mut()
+        .context("the assignment has its clients")?;
+    for ((index, client), partition) in clients.iter_mut().enumerate().zip(train) {
+        let client_id = u32::try_from(index + 1).context("more than u32::MAX clients")?;
+        let orders: Vec<Vec<Vec<u32>>> = (1..=trainer.rounds)
+            .map(|round| {
+                cohort_core::seeds::epoch_orders(
+                    partition,
+                    training_seed,
+                    client_id,
+                    round,
+                    trainer.epochs,
+                )
+            })
+            .collect();
+        client["orders"] = serde_json::json!(orders);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -491,6 +491,80 @@ fn partitions_json_is_the_assignment_the_run_trains_on() {
     assert_eq!(checked, 3 * 2);
 }
 
+/// `--sample-orders` adds each client's order of its samples in every
+/// local epoch of every round: a reshuffle of its partition each epoch, the
+/// same on every call; without `trainer.training_seed` there is no order to
+/// write ahead, and the command says so.
+#[test]
+fn partitions_json_can_carry_every_epochs_sample_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &SMALL_JOB.replace("epochs = 1", "epochs = 2"));
+    let orders_of = |name: &str| {
+        let json = dir.path().join(name);
+        let listed = cohort(
+            &[
+                "partitions",
+                "--config",
+                config.to_str().unwrap(),
+                "--json",
+                json.to_str().unwrap(),
+                "--sample-orders",
+            ],
+            &fixture_data(),
+        );
+        assert!(
+            listed.status.success(),
+            "{}",
+            String::from_utf8_lossy(&listed.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(&json).unwrap()).unwrap()
+    };
+    let assignment = orders_of("a.json");
+    assert_eq!(
+        assignment["sample_orders"],
+        serde_json::json!({"training_seed": 5, "rounds": 3, "epochs": 2, "batch_size": 16})
+    );
+    let numbers = |value: &serde_json::Value| -> Vec<u64> {
+        let list = value.as_array().unwrap().iter();
+        list.map(|i| i.as_u64().unwrap()).collect()
+    };
+    for client in assignment["clients"].as_array().unwrap() {
+        let mut train = numbers(&client["train"]);
+        train.sort_unstable();
+        let rounds = client["orders"].as_array().unwrap();
+        assert_eq!(rounds.len(), 3);
+        for epochs in rounds {
+            let epochs = epochs.as_array().unwrap();
+            assert_eq!(epochs.len(), 2);
+            assert_ne!(epochs[0], epochs[1], "each epoch reshuffles");
+            for order in epochs {
+                let mut sorted = numbers(order);
+                sorted.sort_unstable();
+                assert_eq!(sorted, train);
+            }
+        }
+        assert_ne!(rounds[0], rounds[1], "each round draws its own");
+    }
+    assert_eq!(orders_of("b.json"), assignment);
+
+    let unseeded = write_config(dir.path(), &SMALL_JOB.replace("training_seed = 5\n", ""));
+    let refused = cohort(
+        &[
+            "partitions",
+            "--config",
+            unseeded.to_str().unwrap(),
+            "--json",
+            dir.path().join("c.json").to_str().unwrap(),
+            "--sample-orders",
+        ],
+        &fixture_data(),
+    );
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("trainer.training_seed"), "{stderr}");
+    assert!(!dir.path().join("c.json").exists());
+}
+
 /// `--set` works on the commands that read a config as it does on `run`.
 #[test]
 fn partitions_take_set_overrides_as_run_does() {

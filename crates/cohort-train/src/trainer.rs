@@ -14,13 +14,12 @@ use std::time::Instant;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use rand::seq::SliceRandom;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use cohort_core::data::Dataset;
 use cohort_core::optim::OptimizerSpec;
-use cohort_core::seeds::training_stream;
+use cohort_core::seeds::epoch_rng;
 use cohort_core::tree::ParamTree;
 
 use crate::kernels::{Native, argmax};
@@ -185,7 +184,7 @@ impl<M: FederatedModel> LocalTrainer<M> {
         let mut failure = None;
         'training: for epoch in 1..=self.settings.epochs {
             let mut rng = epoch_stream(self.settings.training_seed, task, epoch);
-            order.shuffle(&mut rng);
+            cohort_core::seeds::shuffle_for_epoch(&mut order, &mut rng);
             let mut crops = augmentation_stream(self.settings.training_seed, task, epoch);
             for (step, batch) in order.chunks(self.settings.batch_size).enumerate() {
                 data.gather(batch, &mut self.images, &mut self.labels);
@@ -313,9 +312,7 @@ impl<M: FederatedModel> LocalTrainer<M> {
 /// (seed, client, round, epoch) so every run draws the same, else fresh.
 fn epoch_stream(seed: Option<u64>, task: ClientTask, epoch: u32) -> ChaCha8Rng {
     match seed {
-        Some(seed) => {
-            ChaCha8Rng::seed_from_u64(training_stream(seed, task.client_id, task.round, epoch))
-        }
+        Some(seed) => epoch_rng(seed, task.client_id, task.round, epoch),
         None => ChaCha8Rng::from_os_rng(),
     }
 }
@@ -1235,6 +1232,52 @@ mod tests {
                 .starts_with("client 7, round 2, epoch 1, step 1: gradient norm is NaN"),
             "{error}"
         );
+    }
+
+    /// Classification that writes down which samples each batch held, by
+    /// the sample number `numbered` puts in its first pixel.
+    #[derive(Debug, Default)]
+    struct RecordsSamples(std::sync::Mutex<Vec<u32>>);
+
+    impl Task for RecordsSamples {
+        fn name(&self) -> &str {
+            "classification, recorded"
+        }
+
+        fn targets(&self, inputs: &[f32], labels: &[i64], shape: &[usize], _: usize) -> Vec<i64> {
+            let size: usize = shape.iter().product();
+            let mut seen = self.0.lock().unwrap();
+            seen.extend(inputs.chunks(size).map(|sample| sample[0] as u32));
+            labels.to_vec()
+        }
+    }
+
+    #[test]
+    fn the_trainer_visits_the_samples_in_the_published_epoch_orders() {
+        let mut data = dataset(false);
+        for (index, sample) in data.inputs.chunks_mut(784).enumerate() {
+            sample[0] = index as f32;
+        }
+        let settings = TrainSettings {
+            epochs: 3,
+            batch_size: 5,
+            ..sgd(None)
+        };
+        let recorder = Arc::new(RecordsSamples::default());
+        let mut trainer =
+            LocalTrainer::new(|d| LeNet5::new(10, d), &crate::device::cpu(), settings)
+                .with_task(recorder.clone());
+        let global = params::extract(trainer.model.as_ref().unwrap());
+        let partition: Vec<u32> = vec![40, 3, 17, 8, 22, 61, 5, 30, 11, 49, 2, 57];
+        let task = ClientTask {
+            client_id: 4,
+            round: 6,
+        };
+        trainer
+            .train(task, &global, &data, &partition, &LocalPlan::plain(0.01))
+            .unwrap();
+        let published = cohort_core::seeds::epoch_orders(&partition, 1, 4, 6, 3).concat();
+        assert_eq!(*recorder.0.lock().unwrap(), published);
     }
 
     #[test]

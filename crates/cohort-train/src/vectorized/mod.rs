@@ -6,7 +6,7 @@
 //! per-client quantity has its own slice of a stacked tensor with a leading
 //! client dimension: parameters, velocity, learning rate, gradient norm and
 //! clipping scale, and its seeded sample order (the same
-//! [`training_stream`] per client, round and epoch as alone). What alone
+//! [`training_stream`](cohort_core::seeds::training_stream) per client, round and epoch as alone). What alone
 //! depends on and stacking could mix is kept apart:
 //!
 //! * **the loss** is each client's mean over its own valid samples (a mask
@@ -39,10 +39,9 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use cohort_core::data::Dataset;
 use cohort_core::optim::OptimizerSpec;
-use cohort_core::seeds::training_stream;
+use cohort_core::seeds::{epoch_rng, shuffle_for_epoch};
 use cohort_core::tree::{Array, ParamTree};
 use rand::SeedableRng;
-use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::local::LocalPlan;
@@ -539,15 +538,10 @@ impl VectorizedTrainer {
         for epoch in 1..=self.settings.epochs {
             for (job, order) in jobs.iter().zip(orders.iter_mut()) {
                 let mut rng = match self.settings.training_seed {
-                    Some(seed) => ChaCha8Rng::seed_from_u64(training_stream(
-                        seed,
-                        job.task.client_id,
-                        job.task.round,
-                        epoch,
-                    )),
+                    Some(seed) => epoch_rng(seed, job.task.client_id, job.task.round, epoch),
                     None => ChaCha8Rng::from_os_rng(),
                 };
-                order.shuffle(&mut rng);
+                shuffle_for_epoch(order, &mut rng);
             }
             let longest = orders
                 .iter()
