@@ -25,9 +25,12 @@ use cohort_runtime::grpc::proto;
 use light::{join, next_task, send_update};
 
 fn config(clients: u32, rounds: u32, port: u16, limits: Limits) -> String {
-    // The largest payload may not exceed what may be in flight.
+    // The largest payload (1 GiB by default) may not exceed what may be in
+    // flight; 1 MiB holds LeNet-5's update of 248 KB, as a deployment would
+    // set it, and leaves the limit's share for kept updates whole.
     let inflight = limits.inflight.map_or_else(String::new, |bytes| {
-        format!("max_inflight_bytes = {bytes}\nmax_payload_bytes = {bytes}")
+        let payload = bytes.min(1 << 20);
+        format!("max_inflight_bytes = {bytes}\nmax_payload_bytes = {payload}")
     });
     let window = limits.window.map_or_else(String::new, |bytes| {
         format!("stream_window_bytes = {bytes}")

@@ -499,7 +499,8 @@ fn fedprox_and_scaffold_give_the_same_model_over_the_network() {
 /// bit, and no spill file outlives its round.
 #[test]
 fn updates_past_the_inflight_budget_wait_on_disk_and_give_the_simulations_model() {
-    // One LeNet-5 update (247 KB) fits in 300,000 bytes, two do not.
+    // Of 600,000 bytes in flight, 300,000 receive (one LeNet-5 update of
+    // 247 KB) and 300,000 keep one decoded update, not two.
     let job = |port: u16, comm_simulation: bool, algorithm: &str| {
         strategy_job(port, comm_simulation, algorithm)
             .replace(
@@ -509,7 +510,7 @@ fn updates_past_the_inflight_budget_wait_on_disk_and_give_the_simulations_model(
             .replace("[300, 100]", "[300, 100, 50, 7]")
             .replace(
                 "registration_timeout = 60",
-                "registration_timeout = 60\nmax_payload_bytes = 300000\nmax_inflight_bytes = 300000",
+                "registration_timeout = 60\nmax_payload_bytes = 300000\nmax_inflight_bytes = 600000",
             )
             .replace("keep_client_updates = true", "keep_client_updates = false")
     };

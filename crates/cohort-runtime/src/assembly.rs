@@ -708,11 +708,11 @@ fn loop_settings(
         evaluation_threads: trainer.threads_per_worker as usize,
         secure: None,
         round_deadline: server.round_deadline,
-        // The same budget as the bytes in flight: a network server's memory
-        // for a round's updates is then bounded by twice it plus the model,
-        // whatever the number of clients.
+        // What the bytes in flight leave of `server.max_inflight_bytes`: a
+        // network server's memory for a round's updates is then bounded by
+        // it, plus the update being unpacked, whatever the number of clients.
         spill: (!clients.comm_simulation).then(|| crate::spill::SpillSettings {
-            budget: loaded.max_inflight_bytes(),
+            budget: loaded.inflight_split().keeping,
             folder: options.run_dir.clone(),
         }),
         asynchronous: (!server.synchronous).then_some(AsyncSettings {

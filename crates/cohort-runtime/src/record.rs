@@ -92,8 +92,8 @@ pub trait Recorder {
 
     /// Whether [`Recorder::updates`] does anything with the updates. Where
     /// it does not, a network-mode server may fold a round's updates into
-    /// the mean one at a time, keeping those past `server.max_inflight_bytes`
-    /// on disk instead of all of them in memory, and never calls it. Yes by
+    /// the mean one at a time, keeping those past their share of
+    /// `server.max_inflight_bytes` on disk instead of all of them in memory, and never calls it. Yes by
     /// default, so a recorder that keeps updates never misses one.
     fn keeps_updates(&self) -> bool {
         true

@@ -1,6 +1,7 @@
 //! Where a round's admitted updates wait for aggregation when the server
 //! folds them into the mean one at a time (`RoundLoop::aggregate_folded`):
-//! in memory up to a budget (`server.max_inflight_bytes`), then in a file of
+//! in memory up to a budget (what the bytes in flight leave of
+//! `server.max_inflight_bytes`), then in a file of
 //! the run folder, so a round of many clients needs no more memory than the
 //! budget whatever its number of updates.
 //!

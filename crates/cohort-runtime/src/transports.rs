@@ -209,7 +209,8 @@ fn start_server(
         payload_timeout: std::time::Duration::from_secs_f64(server.payload_timeout),
         registration_timeout: std::time::Duration::from_secs_f64(server.registration_timeout),
         max_payload_bytes: loaded.decode_limits().max_bytes,
-        max_inflight_bytes: usize::try_from(loaded.max_inflight_bytes()).unwrap_or(usize::MAX),
+        max_inflight_bytes: usize::try_from(loaded.inflight_split().receiving)
+            .unwrap_or(usize::MAX),
         stream_window_bytes: server.stream_window_bytes,
         admission: admission(options, config),
         own_data: crate::grpc::OwnDataSettings {

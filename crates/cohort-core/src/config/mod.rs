@@ -258,12 +258,30 @@ impl LoadedConfig {
         }
     }
 
-    /// Update bytes all clients together may have in flight to the server.
+    /// Bytes of a round's updates a network server may hold at once:
+    /// uploads received but not yet taken in, and the decoded updates it
+    /// keeps for aggregation (see [`LoadedConfig::inflight_split`]).
     pub fn max_inflight_bytes(&self) -> u64 {
         let server = &self.config.server;
         server
             .max_inflight_bytes
             .unwrap_or((1u64 << 32).max(server.max_payload_bytes))
+    }
+
+    /// `server.max_inflight_bytes` shared between its two uses, so that
+    /// together they stay within it: half of it for uploads received but not
+    /// yet taken in by the round loop (one largest payload, at least, or no
+    /// upload could ever start), the rest for decoded updates kept in memory
+    /// until aggregation (the others wait on disk).
+    pub fn inflight_split(&self) -> InflightSplit {
+        let limit = self.max_inflight_bytes();
+        let receiving = (limit / 2)
+            .max(self.config.server.max_payload_bytes)
+            .min(limit);
+        InflightSplit {
+            receiving,
+            keeping: limit - receiving,
+        }
     }
 
     /// Reports a round needs before it aggregates.
@@ -2197,6 +2215,16 @@ fn check_iid_fits(config: &Config, fail: Fail) {
             ),
         );
     }
+}
+
+/// `server.max_inflight_bytes` as a network server spends it
+/// ([`LoadedConfig::inflight_split`]); the two add up to the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InflightSplit {
+    /// Update bytes being received or waiting for the round loop.
+    pub receiving: u64,
+    /// Decoded update bytes a round keeps in memory.
+    pub keeping: u64,
 }
 
 #[cfg(test)]

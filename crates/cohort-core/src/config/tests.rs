@@ -657,6 +657,25 @@ fn inflight_room_must_hold_one_largest_update() {
 }
 
 #[test]
+fn the_inflight_limit_is_split_between_receiving_and_keeping() {
+    let split = |server: &str| {
+        load_text(&format!("{MINIMAL}\n[server]\n{server}\n"))
+            .unwrap()
+            .inflight_split()
+    };
+    let halves = split("max_payload_bytes = 1000\nmax_inflight_bytes = 10001");
+    assert_eq!((halves.receiving, halves.keeping), (5000, 5001));
+    // Room for one largest upload comes first.
+    let one_upload = split("max_payload_bytes = 7000\nmax_inflight_bytes = 10000");
+    assert_eq!((one_upload.receiving, one_upload.keeping), (7000, 3000));
+    let nothing_kept = split("max_payload_bytes = 7000\nmax_inflight_bytes = 7000");
+    assert_eq!((nothing_kept.receiving, nothing_kept.keeping), (7000, 0));
+    let default = split("");
+    assert_eq!(default.receiving + default.keeping, 1 << 32);
+    assert_eq!(default.receiving, 1 << 31);
+}
+
+#[test]
 fn a_stream_window_must_be_one_http2_allows() {
     for window in [0u64, 65_534, 1 << 31] {
         let error = error_of(&format!(

@@ -108,8 +108,9 @@ pub(crate) struct LoopSettings {
     pub(crate) asynchronous: Option<AsyncSettings>,
     /// `server.round_deadline`: simulated seconds a synchronous round waits.
     pub(crate) round_deadline: Option<f64>,
-    /// Network mode: past `server.max_inflight_bytes` of decoded updates, a
-    /// round whose updates are folded one at a time keeps the rest on disk.
+    /// Network mode: past the share of `server.max_inflight_bytes` that
+    /// the bytes in flight leave (`LoadedConfig::inflight_split`), a round
+    /// whose updates are folded one at a time keeps the rest on disk.
     pub(crate) spill: Option<SpillSettings>,
 }
 
@@ -627,7 +628,7 @@ impl<'a> RoundLoop<'a> {
                 round,
                 spilled = store.spilled(),
                 file = %store.path().display(),
-                "updates past server.max_inflight_bytes wait on disk for aggregation"
+                "updates past their share of server.max_inflight_bytes wait on disk for aggregation"
             );
         }
         collected.store = store;
