@@ -20,7 +20,7 @@ import cohort
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lenet5  # noqa: E402  (beside this file)
 import train  # noqa: E402
-from grpc_client import load_data  # noqa: E402  (the format `cohort client --data` reads)
+from own_data import load_data  # noqa: E402  (the format `cohort client --data` reads)
 
 # The server's model tensors, in the order fit's list of arrays has them.
 NAMES = list(lenet5.SHAPES)
