@@ -235,6 +235,28 @@ def fedavg(states, weights):
     return averaged
 
 
+def model_differences(model, path):
+    """Each tensor's largest absolute difference between `model` and
+    cohort's final model file (and the tensor's largest magnitude, its
+    scale); None when the run wrote none. From the same initial model and
+    sample order, these are floating-point rounding, grown over the run."""
+    if not os.path.exists(path):
+        return None
+    theirs = read_safetensors(path)
+    ours = model.state_dict()
+    differences = {}
+    for name, tensor in ours.items():
+        if name not in theirs:
+            raise SystemExit(f"{path} has no tensor {name}")
+        mine = tensor.detach().cpu().double().numpy()
+        other = theirs[name].astype(np.float64)
+        differences[name] = {
+            "max_abs": float(np.max(np.abs(mine - other))) if mine.size else 0.0,
+            "scale": float(np.max(np.abs(other))) if other.size else 0.0,
+        }
+    return differences
+
+
 @torch.no_grad()
 def accuracy(model, x, y, device, batch=1000):
     model.eval()
@@ -329,6 +351,14 @@ def main():
         ours.append(accuracy(model, test_x, test_y, device))
         print(f"round {len(ours)}: accuracy {ours[-1]:.4f}", file=sys.stderr)
     theirs = cohort_accuracies(args.run)
+    differences = model_differences(model, os.path.join(args.run, "model.safetensors"))
+    if differences:
+        worst = max(differences, key=lambda k: differences[k]["max_abs"])
+        print(
+            f"final model against cohort's: largest difference {differences[worst]['max_abs']:.3g} "
+            f"in {worst} (scale {differences[worst]['scale']:.3g})",
+            file=sys.stderr,
+        )
     result = {
         "model": name,
         "initial_model": initial,
@@ -341,6 +371,7 @@ def main():
         "pytorch_accuracy": ours,
         "cohort_accuracy": theirs,
         "pytorch_seconds": time.perf_counter() - started,
+        "final_model_differences": differences,
     }
     print(
         f"| {name} | {len(ours)} | {theirs[-1]:.4f} | {ours[-1]:.4f} | "

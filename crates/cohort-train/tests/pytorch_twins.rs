@@ -13,10 +13,19 @@
 //! inputs in `eval()` mode and reports the largest logit difference, which
 //! must be below 1e-5.
 //!
-//! Needs python3 with torch and numpy, so that test is `#[ignore]`d (run it
-//! with `--include-ignored`, as `.ci/run` does after installing PyTorch's CPU
-//! build; without torch it fails, it never passes having checked nothing). `every_registered_model_has_a_case` needs nothing and
-//! fails when a model is registered without a case here.
+//! Training is held to the twins too: from one random model, each case
+//! trains a few SGD steps (momentum and weight decay, a partial last batch)
+//! through the registry's trainer in the order `seeds::epoch_orders` gives,
+//! and `examples/pytorch/check_training.py` trains the twin on the same
+//! batches in float32 and in float64. Float32 rounding grows over the steps
+//! in either framework, so cohort's model is held to the float64 one as
+//! closely as PyTorch's own float32 model is (within 4 times its distance,
+//! or 1e-5 of the training's step, whichever is larger).
+//!
+//! Needs python3 with torch and numpy, so those tests are `#[ignore]`d (run
+//! them with `--include-ignored`; without torch they fail, they never pass
+//! having checked nothing). `every_registered_model_has_a_case` needs nothing
+//! and fails when a model is registered without a case here.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -339,5 +348,142 @@ fn every_registered_model_gives_its_pytorch_twins_logits() {
     for entry in cases {
         let difference = entry["max_abs_logit_difference"].as_f64().unwrap();
         assert!(difference <= 1e-5, "{entry}");
+    }
+}
+
+/// The cases trained against their twins: all but `cnn_bn`, whose dropout
+/// masks are each framework's own draw.
+fn trains_like_its_twin(case: &Case) -> bool {
+    case.model != "cnn_bn"
+}
+
+/// Samples, optimizer and batches of the training comparison.
+const TRAINING_SAMPLES: usize = 10;
+const TRAINING_BATCH: usize = 4;
+const TRAINING_SEED: u64 = 11;
+
+fn training_optimizer() -> OptimizerSpec {
+    OptimizerSpec::Sgd {
+        learning_rate: 0.05,
+        momentum: 0.9,
+        weight_decay: 5e-4,
+        dampening: 0.0,
+        nesterov: false,
+    }
+}
+
+/// Writes `label.json` (the twin's build and the training's settings and
+/// batch order), `label.initial.safetensors`, `label.data.safetensors`
+/// (inputs and labels) and `label.trained.safetensors` (cohort's model
+/// after the steps), the models in PyTorch's layout.
+fn write_training_case(dir: &Path, index: usize, case: &Case) {
+    let registry = Registry::builtin();
+    let entry = registry.model(case.model).expect("a registered model");
+    let spec = case.spec();
+    let mut rng = ChaCha8Rng::seed_from_u64(200 + index as u64);
+    let initial = random_tree(&entry.template(&spec).unwrap(), &mut rng);
+    let data = samples(case, TRAINING_SAMPLES, &mut rng);
+    let settings = TrainSettings {
+        epochs: 1,
+        batch_size: TRAINING_BATCH,
+        optimizer: training_optimizer(),
+        clip_grad_norm: None,
+        training_seed: Some(TRAINING_SEED),
+        augmentation: None,
+    };
+    let device = cohort_train::device::cpu();
+    let mut trainer = entry
+        .trainer(&spec, &task_of(case), &device, settings)
+        .unwrap();
+    let all: Vec<u32> = (0..TRAINING_SAMPLES as u32).collect();
+    let task = ClientTask {
+        client_id: 1,
+        round: 1,
+    };
+    let update = trainer
+        .train(task, &initial, &data, &all, &LocalPlan::plain(0.05))
+        .unwrap();
+    let order = cohort_core::seeds::epoch_orders(&all, TRAINING_SEED, 1, 1, 1).remove(0);
+
+    let label = case.label(index);
+    let write = |name: String, tree: &ParamTree| {
+        let bytes = cohort_core::codec::encode(tree).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    };
+    let file_layout =
+        |tree: &ParamTree| cohort_core::layout::to_model_file(tree).unwrap_or_else(|| tree.clone());
+    write(
+        format!("{label}.initial.safetensors"),
+        &file_layout(&initial),
+    );
+    write(
+        format!("{label}.trained.safetensors"),
+        &file_layout(&update.tree),
+    );
+    let mut input_shape = vec![TRAINING_SAMPLES];
+    input_shape.extend_from_slice(case.shape);
+    let labels: Vec<f32> = data.labels.iter().map(|&l| l as f32).collect();
+    write(
+        format!("{label}.data.safetensors"),
+        &ParamTree::from_dotted([
+            (
+                "inputs".to_owned(),
+                Array::f32(input_shape, data.inputs.clone()).unwrap(),
+            ),
+            (
+                "labels".to_owned(),
+                Array::f32(vec![TRAINING_SAMPLES], labels).unwrap(),
+            ),
+        ]),
+    );
+    let options: toml::Table = case.options.parse().unwrap();
+    let description = serde_json::json!({
+        "model": case.model,
+        "sample_shape": case.shape,
+        "classes": case.classes,
+        "options": options,
+        "tokens": case.tokens,
+        "next_token_rows": case.options.contains("every"),
+        "learning_rate": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+        "batch_size": TRAINING_BATCH,
+        "order": order,
+    });
+    std::fs::write(dir.join(format!("{label}.json")), description.to_string()).unwrap();
+}
+
+#[test]
+#[ignore = "needs python3 with torch and numpy: run with --include-ignored"]
+fn every_registered_model_trains_as_its_pytorch_twin() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pytorch_training_twins");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut written = 0;
+    for (index, case) in CASES.iter().enumerate() {
+        if trains_like_its_twin(case) {
+            write_training_case(&dir, index, case);
+            written += 1;
+        }
+    }
+    let output = Command::new("python3")
+        .arg(repo_root().join("examples/pytorch/check_training.py"))
+        .arg(&dir)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "check_training.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a report")).expect("a JSON report");
+    let cases = report.as_array().expect("one entry per case");
+    assert_eq!(cases.len(), written, "{report}");
+    for entry in cases {
+        let cohort = entry["cohort_from_float64"].as_f64().unwrap();
+        let pytorch = entry["pytorch_float32_from_float64"].as_f64().unwrap();
+        assert!(cohort <= (4.0 * pytorch).max(1e-5), "{entry}");
     }
 }

@@ -41,12 +41,12 @@ impl Shape {
 
 /// Partial sums kept side by side, so a sum vectorizes while its order
 /// stays fixed by the length alone.
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 /// `Σ term(v)` over `values`, in [`LANES`] interleaved partial sums added
 /// in lane order at the end.
 #[inline(always)]
-fn lane_sum<T: Copy + Default + std::ops::Add<Output = T>>(
+pub(crate) fn lane_sum<T: Copy + Default + std::ops::Add<Output = T>>(
     values: &[f32],
     term: impl Fn(f32) -> T,
 ) -> T {

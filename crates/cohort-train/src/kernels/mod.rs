@@ -27,6 +27,7 @@
 //! `cohort` command) turns them off, for comparing against burn.
 
 mod activation;
+mod batch_norm;
 mod conv;
 mod conv2d;
 mod flex;
@@ -41,6 +42,7 @@ mod max_pool;
 mod simd;
 
 pub use activation::tanh;
+pub use batch_norm::batch_norm;
 pub use conv2d::conv2d;
 pub(crate) use gemm::transposed;
 pub use group_norm::group_norm;

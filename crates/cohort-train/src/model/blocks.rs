@@ -16,7 +16,7 @@ use burn::nn::{BatchNorm, BatchNormConfig, GroupNorm, GroupNormConfig, PaddingCo
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use super::{ModelError, ModelSpec, conv2d, group_norm};
+use super::{ModelError, ModelSpec, batch_norm, conv2d, group_norm};
 
 /// Which normalization a model's layers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub enum Norm {
 impl Norm {
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
         match self {
-            Self::Batch(norm) => norm.forward(x),
+            Self::Batch(norm) => batch_norm(norm, x),
             Self::Group(norm) => group_norm(norm, x),
         }
     }
