@@ -314,6 +314,27 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The JSON report that `examples/pytorch/<script> dir` prints last, once
+/// the script has succeeded.
+fn python_report(script: &str, dir: &Path) -> serde_json::Value {
+    let output = Command::new("python3")
+        .arg(repo_root().join("examples/pytorch").join(script))
+        .arg(dir)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let last = stdout
+        .lines()
+        .last()
+        .expect("the script prints its report last");
+    serde_json::from_str(last).expect("a JSON report")
+}
+
 #[test]
 #[ignore = "needs python3 with torch and numpy: run with --include-ignored"]
 fn every_registered_model_gives_its_pytorch_twins_logits() {
@@ -325,24 +346,7 @@ fn every_registered_model_gives_its_pytorch_twins_logits() {
     for (index, case) in CASES.iter().enumerate() {
         write_case(&dir, index, case);
     }
-    let output = Command::new("python3")
-        .arg(repo_root().join("examples/pytorch/check_twins.py"))
-        .arg(&dir)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "check_twins.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(
-        stdout
-            .lines()
-            .last()
-            .expect("the script prints its report last"),
-    )
-    .expect("a JSON report");
+    let report = python_report("check_twins.py", &dir);
     let cases = report.as_array().expect("one entry per case");
     assert_eq!(cases.len(), CASES.len(), "{report}");
     for entry in cases {
@@ -466,19 +470,7 @@ fn every_registered_model_trains_as_its_pytorch_twin() {
             written += 1;
         }
     }
-    let output = Command::new("python3")
-        .arg(repo_root().join("examples/pytorch/check_training.py"))
-        .arg(&dir)
-        .output()
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "check_training.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("a report")).expect("a JSON report");
+    let report = python_report("check_training.py", &dir);
     let cases = report.as_array().expect("one entry per case");
     assert_eq!(cases.len(), written, "{report}");
     for entry in cases {

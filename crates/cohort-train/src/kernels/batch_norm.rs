@@ -7,7 +7,7 @@
 //! the way back: `dx = γ_c / √(σ²_c + ε) · (dy − mean(dy) − x̂ · mean(dy · x̂))`,
 //! `dγ_c = Σ dy · x̂`, `dβ_c = Σ dy`. burn's own operation sums in float32,
 //! one value after another; these sums run in f64 across images and in
-//! [`LANES`] interleaved float32 partial sums along a row, so a deep
+//! 16 interleaved float32 partial sums along a row, so a deep
 //! BatchNorm network's gradients stay as close to float64's as PyTorch's do
 //! (`tests/pytorch_twins.rs` trains every model against its twin).
 //!
@@ -27,7 +27,7 @@ use burn::nn::BatchNorm;
 use burn::tensor::{DType, Tensor, TensorData};
 
 use super::flex::{host, tensor};
-use super::group_norm::{LANES, lane_sum};
+use super::group_norm::{lane_sum, row_dot};
 
 /// The shapes of one BatchNorm: `[batch, channels, spatial]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -85,22 +85,6 @@ pub(crate) fn forward(s: &Shape, x: &[f32], gamma: &[f32], beta: &[f32], out: &m
             *d = v * scale + shift;
         }
     }
-}
-
-/// `Σ dy · x̂` along one row, in [`LANES`] partial sums.
-#[inline(always)]
-fn row_dot(src: &[f32], dy: &[f32], mean: f32, rstd: f32) -> f32 {
-    let (mut lanes, mut tail) = ([0.0f32; LANES], 0.0f32);
-    let (src_chunks, dy_chunks) = (src.chunks_exact(LANES), dy.chunks_exact(LANES));
-    for (&v, &d) in src_chunks.remainder().iter().zip(dy_chunks.remainder()) {
-        tail += d * ((v - mean) * rstd);
-    }
-    for (src, dy) in src_chunks.zip(dy_chunks) {
-        for ((lane, &v), &d) in lanes.iter_mut().zip(src).zip(dy) {
-            *lane += d * ((v - mean) * rstd);
-        }
-    }
-    lanes.into_iter().fold(tail, |sum, lane| sum + lane)
 }
 
 /// The gradients of [`forward`]: `d_x`, `d_gamma` and `d_beta` (`[C]`)

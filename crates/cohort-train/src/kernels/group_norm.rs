@@ -41,7 +41,7 @@ impl Shape {
 
 /// Partial sums kept side by side, so a sum vectorizes while its order
 /// stays fixed by the length alone.
-pub(crate) const LANES: usize = 16;
+const LANES: usize = 16;
 
 /// `Σ term(v)` over `values`, in [`LANES`] interleaved partial sums added
 /// in lane order at the end.
@@ -62,6 +62,23 @@ pub(crate) fn lane_sum<T: Copy + Default + std::ops::Add<Output = T>>(
         *lane = *lane + term(v);
     }
     lanes.into_iter().fold(T::default(), |sum, lane| sum + lane)
+}
+
+/// `Σ dy · x̂` along one row (`x̂ = (x − mean) · rstd`), in [`LANES`]
+/// partial sums.
+#[inline(always)]
+pub(crate) fn row_dot(src: &[f32], dy: &[f32], mean: f32, rstd: f32) -> f32 {
+    let (mut lanes, mut tail) = ([0.0f32; LANES], 0.0f32);
+    let (src_chunks, dy_chunks) = (src.chunks_exact(LANES), dy.chunks_exact(LANES));
+    for (&v, &d) in src_chunks.remainder().iter().zip(dy_chunks.remainder()) {
+        tail += d * ((v - mean) * rstd);
+    }
+    for (src, dy) in src_chunks.zip(dy_chunks) {
+        for ((lane, &v), &d) in lanes.iter_mut().zip(src).zip(dy) {
+            *lane += d * ((v - mean) * rstd);
+        }
+    }
+    lanes.into_iter().fold(tail, |sum, lane| sum + lane)
 }
 
 /// Mean and `1/√(σ² + ε)` of one group's values.
@@ -129,17 +146,7 @@ pub(crate) fn backward(
             .zip(dy.chunks_exact(s.spatial));
         for ((src, dy), c) in rows.zip(channels.clone()) {
             let dy_sum = lane_sum(dy, |d| d);
-            let (mut lanes, mut tail) = ([0.0f32; LANES], 0.0f32);
-            let (src_chunks, dy_chunks) = (src.chunks_exact(LANES), dy.chunks_exact(LANES));
-            for (&v, &d) in src_chunks.remainder().iter().zip(dy_chunks.remainder()) {
-                tail += d * ((v - mean) * rstd);
-            }
-            for (src, dy) in src_chunks.zip(dy_chunks) {
-                for ((lane, &v), &d) in lanes.iter_mut().zip(src).zip(dy) {
-                    *lane += d * ((v - mean) * rstd);
-                }
-            }
-            let dyx_sum = lanes.into_iter().fold(tail, |sum, lane| sum + lane);
+            let dyx_sum = row_dot(src, dy, mean, rstd);
             d_beta[c] += dy_sum;
             d_gamma[c] += dyx_sum;
             sum_g += (gamma[c] * dy_sum) as f64;
