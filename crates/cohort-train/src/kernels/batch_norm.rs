@@ -168,12 +168,12 @@ fn batch_norm_with(norm: &BatchNorm, x: Tensor<4>, native: bool) -> Tensor<4> {
     };
     let native =
         native && x.dtype() == DType::F32 && channels == norm.gamma.dims()[0] && batch * h * w > 0;
-    let (output, mean, variance) = if native {
-        let values = x.clone().detach().into_data();
-        let stats = match values.as_slice::<f32>() {
-            Ok(values) => statistics(&shape, values),
-            Err(_) => return norm.forward(x),
-        };
+    // The running statistics' share of the batch, read on the host where
+    // cohort's kernel normalizes (float32 there, so the read cannot fail).
+    let host_stats = native
+        .then(|| x.clone().detach().into_data())
+        .and_then(|values| Some(statistics(&shape, values.as_slice::<f32>().ok()?)));
+    let (output, mean, variance) = if let Some(stats) = host_stats {
         let column = |pick: fn(&(f64, f64)) -> f64| {
             let values: Vec<f32> = stats.iter().map(|s| pick(s) as f32).collect();
             Tensor::<1>::from_data(TensorData::new(values, [channels]), &device)
