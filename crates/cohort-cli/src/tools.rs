@@ -321,15 +321,33 @@ pub fn partitions(
     })
 }
 
+/// The most sample indices `--sample-orders` writes: each is a JSON number
+/// held in memory first, so 100 million are several gigabytes already.
+const MAX_SAMPLE_ORDER_ENTRIES: u64 = 100_000_000;
+
 /// `cohort partitions --sample-orders`: each client's `orders[round − 1]
 /// [epoch − 1]`, the sequence its batches are cut from, and the settings they
-/// depend on.
+/// depend on; refused, before anything is drawn, past
+/// [`MAX_SAMPLE_ORDER_ENTRIES`].
 fn add_sample_orders(
     assignment: &mut serde_json::Value,
     train: &[Vec<u32>],
     training_seed: u64,
     trainer: &cohort_core::config::Trainer,
 ) -> anyhow::Result<()> {
+    let samples: u64 = train.iter().map(|partition| partition.len() as u64).sum();
+    let entries = samples
+        .checked_mul(u64::from(trainer.rounds))
+        .and_then(|n| n.checked_mul(u64::from(trainer.epochs)));
+    if entries.is_none_or(|n| n > MAX_SAMPLE_ORDER_ENTRIES) {
+        anyhow::bail!(
+            "--sample-orders would write {samples} samples × {} rounds × {} epochs of \
+             indices, more than {MAX_SAMPLE_ORDER_ENTRIES}: lower trainer.rounds (--set \
+             trainer.rounds=N writes the first N rounds' orders, the same as the run's)",
+            trainer.rounds,
+            trainer.epochs
+        );
+    }
     assignment["sample_orders"] = serde_json::json!({
         "training_seed": training_seed,
         "rounds": trainer.rounds,
@@ -360,6 +378,31 @@ fn add_sample_orders(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sample_orders_past_their_bound_are_refused_before_any_is_drawn() {
+        let trainer = cohort_core::config::Trainer {
+            rounds: 1_000_000,
+            ..Default::default()
+        };
+        let mut assignment = serde_json::json!({"clients": [{}, {}]});
+        let train = vec![(0..60).collect::<Vec<u32>>(); 2];
+        let error = add_sample_orders(&mut assignment, &train, 1, &trainer).unwrap_err();
+        assert!(
+            error.to_string().contains("lower trainer.rounds"),
+            "{error}"
+        );
+        assert!(assignment.get("sample_orders").is_none());
+        let few = cohort_core::config::Trainer {
+            rounds: 2,
+            ..Default::default()
+        };
+        add_sample_orders(&mut assignment, &train, 1, &few).unwrap();
+        assert_eq!(
+            assignment["clients"][1]["orders"].as_array().unwrap().len(),
+            2
+        );
+    }
 
     #[test]
     fn update_arguments_parse_or_say_why() {
