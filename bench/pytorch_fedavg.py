@@ -199,6 +199,11 @@ def sample_orders(assignment, config):
                 f"the partitions' sample orders were drawn for {key} = {drawn[key]}, "
                 f"the run has {value}"
             )
+    if drawn["rounds"] < trainer.get("rounds", 1):
+        raise SystemExit(
+            f"the partitions' sample orders cover {drawn['rounds']} rounds, the run has "
+            f"{trainer.get('rounds', 1)}: write them from the run's own config.toml"
+        )
     return {c["client_id"]: c["orders"] for c in assignment["clients"]}
 
 

@@ -26,7 +26,7 @@ use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTen
 use burn::nn::BatchNorm;
 use burn::tensor::{DType, Tensor, TensorData};
 
-use super::flex::{host, tensor};
+use super::flex::{host, register_gradients, tensor};
 use super::group_norm::{lane_sum, row_dot};
 
 /// The shapes of one BatchNorm: `[batch, channels, spatial]`.
@@ -291,17 +291,12 @@ impl Backward<Flex, 3> for BatchNormBackward {
                 )
             },
         );
-        let [node_x, node_gamma, node_beta] = ops.parents;
-        let outputs = [
-            (node_x, d_x, dims),
-            (node_gamma, d_gamma, vec![s.channels]),
-            (node_beta, d_beta, vec![s.channels]),
+        let gradients = [
+            (Some(d_x), dims),
+            (Some(d_gamma), vec![s.channels]),
+            (Some(d_beta), vec![s.channels]),
         ];
-        for (node, values, shape) in outputs {
-            if let Some(node) = node {
-                grads.register::<Flex>(node.id, tensor(values, shape));
-            }
-        }
+        register_gradients(grads, ops.parents.map(|p| p.map(|n| n.id)), gradients);
     }
 }
 

@@ -1,6 +1,9 @@
 //! What every native layer does at burn flex's boundary: read a float32
 //! tensor's values, and make a tensor of computed values.
 
+use burn::backend::Flex;
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::grads::Gradients;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::TensorData;
 
@@ -18,6 +21,21 @@ pub(super) fn host(tensor: &FlexTensor) -> &[f32] {
 /// A tensor of `shape` holding `values`.
 pub(super) fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// Gives each parent autodiff tracks (`parents`: `ops.parents` mapped to
+/// their ids) its gradient, the values and shape computed for it; a value
+/// left `None` was not computed, its parent being untracked.
+pub(super) fn register_gradients<const N: usize>(
+    grads: &mut Gradients,
+    parents: [Option<NodeId>; N],
+    gradients: [(Option<Vec<f32>>, Vec<usize>); N],
+) {
+    for (parent, (values, shape)) in parents.into_iter().zip(gradients) {
+        if let (Some(id), Some(values)) = (parent, values) {
+            grads.register::<Flex>(id, tensor(values, shape));
+        }
+    }
 }
 
 /// Helpers of the layers' tests against burn's own layers.

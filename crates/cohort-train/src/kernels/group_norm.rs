@@ -21,7 +21,7 @@ use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTen
 use burn::nn::GroupNorm;
 use burn::tensor::{DType, Tensor};
 
-use super::flex::{host, tensor};
+use super::flex::{host, register_gradients, tensor};
 
 /// The shapes of one GroupNorm: `[batch, channels, spatial]` in `groups`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -279,17 +279,12 @@ impl Backward<Flex, 3> for GroupNormBackward {
                 )
             },
         );
-        let [node_x, node_gamma, node_beta] = ops.parents;
-        let outputs = [
-            (node_x, d_x, dims),
-            (node_gamma, d_gamma, vec![s.channels]),
-            (node_beta, d_beta, vec![s.channels]),
+        let gradients = [
+            (Some(d_x), dims),
+            (Some(d_gamma), vec![s.channels]),
+            (Some(d_beta), vec![s.channels]),
         ];
-        for (node, values, shape) in outputs {
-            if let Some(node) = node {
-                grads.register::<Flex>(node.id, tensor(values, shape));
-            }
-        }
+        register_gradients(grads, ops.parents.map(|p| p.map(|n| n.id)), gradients);
     }
 }
 

@@ -19,7 +19,7 @@ use burn::backend::{Autodiff, Backend, Flex, backend_extension, tensor::FloatTen
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
-use super::flex::{host, tensor};
+use super::flex::{host, register_gradients, tensor};
 use super::gemm::{MatRef, Strides, matmul, transpose_into};
 
 /// `rows` rows of `input` values through an `[input, output]` weight.
@@ -200,16 +200,12 @@ impl Backward<Flex, 3> for LinearBackward {
         let (x, weight) = (x.to_contiguous(), weight.to_contiguous());
         let wants = ops.parents.each_ref().map(Option::is_some);
         let g = backward(&d, host(&x), host(&weight), host(&grad), wants);
-        let outputs = [
+        let gradients = [
             (g.input, vec![d.rows, d.input]),
             (g.weight, vec![d.input, d.output]),
             (g.bias, vec![d.output]),
         ];
-        for (node, (values, shape)) in ops.parents.into_iter().zip(outputs) {
-            if let (Some(node), Some(values)) = (node, values) {
-                grads.register::<Flex>(node.id, tensor(values, shape));
-            }
-        }
+        register_gradients(grads, ops.parents.map(|p| p.map(|n| n.id)), gradients);
     }
 }
 

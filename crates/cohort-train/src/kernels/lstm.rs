@@ -31,7 +31,7 @@ use burn::nn::activation::Activation;
 use burn::nn::{GateController, Lstm};
 use burn::tensor::{DType, Tensor};
 
-use super::flex::{host, tensor};
+use super::flex::{host, register_gradients, tensor};
 use super::gemm::{MatRef, Strides, matmul, transposed};
 use super::math::{sigmoid, tanh};
 
@@ -489,17 +489,13 @@ impl Backward<Flex, 4> for LstmBackward {
                 )
             },
         );
-        let outputs = [
-            (g.input, vec![d.batch, d.steps, d.input]),
-            (g.w_ih, vec![d.input, d.gates()]),
-            (g.w_hh, vec![d.hidden, d.gates()]),
-            (g.bias, vec![d.gates()]),
+        let gradients = [
+            (Some(g.input), vec![d.batch, d.steps, d.input]),
+            (Some(g.w_ih), vec![d.input, d.gates()]),
+            (Some(g.w_hh), vec![d.hidden, d.gates()]),
+            (Some(g.bias), vec![d.gates()]),
         ];
-        for (node, (values, shape)) in ops.parents.into_iter().zip(outputs) {
-            if let Some(node) = node {
-                grads.register::<Flex>(node.id, tensor(values, shape));
-            }
-        }
+        register_gradients(grads, ops.parents.map(|p| p.map(|n| n.id)), gradients);
     }
 }
 
