@@ -364,6 +364,22 @@ fn trains_like_its_twin(case: &Case) -> bool {
 /// Samples, optimizer and batches of the training comparison.
 const TRAINING_SAMPLES: usize = 10;
 const TRAINING_BATCH: usize = 4;
+
+/// The batch size of the training comparison: `COHORT_TWINS_TRAINING_BATCH`
+/// (10 gives one step of every sample, as docs/BENCHMARKS.md quotes), else
+/// [`TRAINING_BATCH`].
+fn training_batch() -> usize {
+    match std::env::var("COHORT_TWINS_TRAINING_BATCH") {
+        Ok(text) => text
+            .parse()
+            .ok()
+            .filter(|&batch| batch > 0)
+            .unwrap_or_else(|| {
+                panic!("COHORT_TWINS_TRAINING_BATCH = {text:?}: expected a count ≥ 1")
+            }),
+        Err(_) => TRAINING_BATCH,
+    }
+}
 const TRAINING_SEED: u64 = 11;
 
 fn training_optimizer() -> OptimizerSpec {
@@ -389,7 +405,7 @@ fn write_training_case(dir: &Path, index: usize, case: &Case) {
     let data = samples(case, TRAINING_SAMPLES, &mut rng);
     let settings = TrainSettings {
         epochs: 1,
-        batch_size: TRAINING_BATCH,
+        batch_size: training_batch(),
         optimizer: training_optimizer(),
         clip_grad_norm: None,
         training_seed: Some(TRAINING_SEED),
@@ -451,7 +467,7 @@ fn write_training_case(dir: &Path, index: usize, case: &Case) {
         "learning_rate": 0.05,
         "momentum": 0.9,
         "weight_decay": 5e-4,
-        "batch_size": TRAINING_BATCH,
+        "batch_size": training_batch(),
         "order": order,
     });
     std::fs::write(dir.join(format!("{label}.json")), description.to_string()).unwrap();
