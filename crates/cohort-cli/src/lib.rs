@@ -479,7 +479,6 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    quiet_on_closed_pipe();
     let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
     if let Some(program) = args.first().map(PathBuf::from)
         && program.is_file()
@@ -496,6 +495,9 @@ where
             return u8::try_from(error.exit_code()).unwrap_or(2);
         }
     };
+    if !cli.command.talks_to_peers() {
+        quiet_on_closed_pipe();
+    }
     cohort_train::switches::set(train_switches());
     match execute(cli, &Arc::new(registry)) {
         Ok(()) => 0,
@@ -537,14 +539,29 @@ fn error_chain(error: &anyhow::Error) -> String {
     text
 }
 
+impl Command {
+    /// Whether the command holds sockets. Those keep Rust's ignored SIGPIPE:
+    /// under the signal's default action a vectored write (`writev`, which
+    /// hyper uses and which has no `MSG_NOSIGNAL`) to a peer that has just
+    /// closed would kill the process without a word, a client whose server
+    /// finished or a server whose client left, instead of returning the
+    /// error the transport handles.
+    fn talks_to_peers(&self) -> bool {
+        matches!(
+            self,
+            Command::Run(_) | Command::Client(_) | Command::Worker(_)
+        )
+    }
+}
+
 /// Rust ignores SIGPIPE, so a write to a closed pipe (`cohort check | head`)
 /// is an error that `println!` turns into a panic. A command-line tool ends
-/// quietly there, as `cat` does: the signal's default action.
+/// quietly there, as `cat` does: the signal's default action. Only for
+/// commands that write to no socket ([`Command::talks_to_peers`]).
 fn quiet_on_closed_pipe() {
     #[cfg(unix)]
-    // SAFETY: called first in main (`main_with`'s contract), before any
-    // thread starts; it changes
-    // only this process's disposition of one signal.
+    // SAFETY: called before the command starts any thread of its own; it
+    // changes only this process's disposition of one signal.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
@@ -925,29 +942,34 @@ fn local_clients_of(
     Ok(local_clients)
 }
 
-/// The last line on the terminal.
+/// The last line on the terminal. Written, not `println!`ed: a run keeps
+/// SIGPIPE ignored ([`Command::talks_to_peers`]), and a reader of stdout
+/// that left early must not turn a finished run into a panic.
 fn report_finished(summary: &cohort_runtime::RunSummary, follower: bool, quiet: bool) {
+    use std::io::Write as _;
     if quiet {
         return;
     }
-    if follower {
-        println!("this rank is done; rank 0 wrote the results");
-        return;
-    }
-    match summary.rounds.last() {
-        Some(last) => println!(
-            "finished {} rounds: accuracy {:.4}{}; results in {}",
-            summary.rounds.len(),
-            last.accuracy,
-            if summary.reached_target {
-                " (target reached)"
-            } else {
-                ""
-            },
-            summary.run_dir.display()
-        ),
-        None => println!("no rounds ran; results in {}", summary.run_dir.display()),
-    }
+    let line = if follower {
+        "this rank is done; rank 0 wrote the results".to_owned()
+    } else {
+        match summary.rounds.last() {
+            Some(last) => format!(
+                "finished {} rounds: accuracy {:.4}{}; results in {}",
+                summary.rounds.len(),
+                last.accuracy,
+                if summary.reached_target {
+                    " (target reached)"
+                } else {
+                    ""
+                },
+                summary.run_dir.display()
+            ),
+            None => format!("no rounds ran; results in {}", summary.run_dir.display()),
+        }
+    };
+    // The results are on disk; a closed stdout loses nothing.
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 impl RunArgs {

@@ -548,3 +548,55 @@ fn updates_past_the_inflight_budget_wait_on_disk_and_give_the_simulations_model(
         );
     }
 }
+
+/// Whether SIGPIPE is ignored in the running process `pid` (Linux's
+/// `SigIgn` mask in /proc, bit `signal - 1`).
+#[cfg(target_os = "linux")]
+fn ignores_sigpipe(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let mask = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigIgn:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
+        .unwrap();
+    mask & (1 << (libc::SIGPIPE - 1)) != 0
+}
+
+/// A server and a client write to sockets whose peer may have just left.
+/// Under SIGPIPE's default action hyper's vectored writes would kill them
+/// without a word (a client whose server had just finished did die so,
+/// seen in CI); ignored, the write fails and the transport handles it.
+/// Both processes are checked once the client has registered, well after
+/// the command line chose the disposition.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_server_and_its_clients_ignore_sigpipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), &unequal_job(port, false));
+    let mut server = spawn_server_alone(&config, &dir.path().join("runs"), Stdio::null());
+    // One of the two clients the run waits for: it registers and waits.
+    let mut client = cohort_command(&["client", "--server", &format!("127.0.0.1:{port}")])
+        .args(["--cpu", "--connect-timeout", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = BufReader::new(client.stderr.take().unwrap());
+    let mut registered = false;
+    for line in log.lines() {
+        if line.unwrap().contains("registered; waiting for tasks") {
+            registered = true;
+            break;
+        }
+    }
+    let (server_ignores, client_ignores) =
+        (ignores_sigpipe(server.id()), ignores_sigpipe(client.id()));
+    for child in [&mut client, &mut server] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    assert!(registered, "the client never registered");
+    assert!(server_ignores, "the server takes SIGPIPE's default action");
+    assert!(client_ignores, "the client takes SIGPIPE's default action");
+}

@@ -191,7 +191,8 @@ fn clients_that_bring_their_own_feature_vectors_train_the_packages_model() {
         let output = client.wait_with_output().unwrap();
         assert!(
             output.status.success(),
-            "{}",
+            "{}: {}",
+            output.status,
             String::from_utf8_lossy(&output.stderr)
         );
     }
