@@ -183,8 +183,22 @@ fn measure(
 fn main() {
     let args = args();
     cohort_train::memory::retain_freed_memory();
+    // A GPU run keeps its tuning results and kernels where
+    // COHORT_KERNEL_CACHE says (none when unset), keyed by what sets the
+    // shapes: the models and the epoch's sample count. A first process can
+    // then pay the compilation and a later one measure the steady state.
+    let kernel_cache = cohort_train::device::KernelCache::from_env(
+        std::env::var_os(cohort_train::device::KERNEL_CACHE_VAR).as_deref(),
+        None,
+    );
+    let models = args
+        .models
+        .as_ref()
+        .map_or("all".to_owned(), |m| m.join("_"));
+    cohort_train::device::key_kernel_cache(&format!("zoo{models}{}", args.samples));
     cohort_train::switches::set(cohort_train::switches::TrainSwitches {
         native_kernels: !args.burn,
+        kernel_cache,
         ..Default::default()
     });
     let selected = cohort_train::device::select(if args.gpu {
