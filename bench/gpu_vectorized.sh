@@ -14,7 +14,9 @@
 # local-training samples/s (clients.csv), and torch's samples/s per mode, then
 # the ratios. Usage: bench/gpu_vectorized.sh [ROUNDS]   (K=100 to fix K,
 # RUNS=2 to run cohort twice on the same machine, TORCH=0 to leave torch out;
-# COHORT_KERNEL_CACHE=DIR keeps kernels between the runs)
+# COHORT_KERNEL_CACHE=DIR keeps kernels between the runs; MODEL=cnn,
+# cnn_femnist or multilayer trains that zoo model instead of LeNet-5, against
+# bench/torch_zoo_vmap.py's vmap of its PyTorch twin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
@@ -22,14 +24,20 @@ ROUNDS="${1:-10}"
 CONFIG=configs/fashion_mnist/vectorized_100.toml
 # shellcheck source=bench/gpu_env.sh
 source bench/gpu_env.sh
+MODEL="${MODEL:-lenet5}"
 TORCH_SCRIPT="${TORCH_SCRIPT:-}"
+torch_args=()
+if [ "$MODEL" != lenet5 ]; then
+  TORCH_SCRIPT=bench/torch_zoo_vmap.py
+  torch_args=(--model "$MODEL")
+fi
 for candidate in shared/bench/torch_clients_gpu.py ../shared/bench/torch_clients_gpu.py; do
   [ -n "$TORCH_SCRIPT" ] || { [ -f "$candidate" ] && TORCH_SCRIPT=$candidate; } || true
 done
 [ -n "$TORCH_SCRIPT" ] || { echo "torch_clients_gpu.py not found (set TORCH_SCRIPT)"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
-extra=(--set "trainer.rounds=$ROUNDS")
+extra=(--set "trainer.rounds=$ROUNDS" --set "trainer.model_name=$MODEL")
 [ -n "${K:-}" ] && extra+=(--set "trainer.vectorized_clients=$K")
 samples=$((100 * 6000 * ROUNDS))
 
@@ -67,10 +75,11 @@ for run in $(seq 1 "${RUNS:-1}"); do
 done
 [ "${TORCH:-1}" = 0 ] && exit 0
 
-python3 "$TORCH_SCRIPT" --data .gpu/data/fashion-mnist --clients 100 | tee "$OUT/torch.jsonl"
+python3 "$TORCH_SCRIPT" "${torch_args[@]}" --data .gpu/data/fashion-mnist --clients 100 | tee "$OUT/torch.jsonl"
 for mode in vmap vmap-graph; do
   torch=$(python3 -c "import json,sys; print(next(json.loads(l)['samples_per_s'] for l in open(sys.argv[1]) if json.loads(l)['mode'] == sys.argv[2]))" "$OUT/torch.jsonl" "$mode")
   awk -v c="$cohort_train" -v e="$cohort_e2e" -v s="$cohort_steady" -v t="$torch" -v m="$mode" \
     'BEGIN { printf "cohort / torch %s: %.2f (local training), %.2f (end to end), %.2f (steady rounds)\n", m, c / t, e / t, s / t }'
 done
-echo "target: 344,000 samples/s (torch vmap-graph on the H200, issue 12)"
+[ "$MODEL" = lenet5 ] && echo "target: 344,000 samples/s (torch vmap-graph on the H200, issue 12)"
+true

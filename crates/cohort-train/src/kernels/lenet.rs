@@ -11,7 +11,7 @@
 
 use super::conv::{self, ConvShape, K};
 use super::gemm::{MatRef, Strides, matmul};
-use crate::model::{Accelerated, LeNetVariant};
+use crate::model::LeNetVariant;
 
 /// How a dense layer's weight is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,8 +47,8 @@ pub(crate) struct Arch {
 }
 
 impl Arch {
-    /// The architecture of the accelerated model.
-    pub(crate) fn of(Accelerated { lenet, classes }: Accelerated) -> Self {
+    /// The architecture of the LeNet `lenet` with `classes` outputs.
+    pub(crate) fn of(lenet: LeNetVariant, classes: usize) -> Self {
         let dense = |inputs, outputs, layout| DenseShape {
             inputs,
             outputs,

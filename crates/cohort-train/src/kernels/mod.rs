@@ -50,7 +50,7 @@ pub use linear::linear;
 pub use lstm::lstm;
 pub use max_pool::max_pool2d;
 
-use crate::model::{Accelerated, FederatedModel};
+use crate::model::{Accelerated, FederatedModel, Stackable};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -77,7 +77,16 @@ impl Native {
         if !enabled_on(device) {
             return None;
         }
-        let arch = Arch::of(model?);
+        // The native kernels are the LeNets'; other stacked models train
+        // through burn on the CPU.
+        let Accelerated {
+            net: Stackable::LeNet(lenet),
+            classes,
+        } = model?
+        else {
+            return None;
+        };
+        let arch = Arch::of(lenet, classes);
         let count = arch.param_lens().len();
         Some(Self {
             net: NativeLeNet::new(arch),

@@ -9,7 +9,7 @@ use burn::tensor::{Device, Tensor};
 
 use super::{
     Accelerated, FederatedModel, Inputs, LeNetVariant, ModelError, ModelSpec, Randomness,
-    batch_norm, conv2d, max_pool2d,
+    Stackable, batch_norm, conv2d, max_pool2d,
 };
 
 /// The sample shape all three take: MNIST's.
@@ -68,7 +68,7 @@ impl FederatedModel for LeNet5 {
 
     fn accelerated(&self) -> Option<Accelerated> {
         Some(Accelerated {
-            lenet: LeNetVariant::Padded,
+            net: Stackable::LeNet(LeNetVariant::Padded),
             classes: self.fc5.weight.val().dims()[1],
         })
     }
@@ -122,7 +122,7 @@ impl FederatedModel for LeNet5Compact {
 
     fn accelerated(&self) -> Option<Accelerated> {
         Some(Accelerated {
-            lenet: LeNetVariant::Compact,
+            net: Stackable::LeNet(LeNetVariant::Compact),
             classes: self.fc5.weight.val().dims()[1],
         })
     }

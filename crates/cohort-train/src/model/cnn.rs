@@ -19,7 +19,8 @@ use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
 use super::{
-    FederatedModel, Inputs, ModelError, ModelSpec, Randomness, conv2d, linear, max_pool2d,
+    Accelerated, FederatedModel, Inputs, ModelError, ModelSpec, Randomness, Stackable, conv2d,
+    linear, max_pool2d,
 };
 
 /// See the module documentation.
@@ -30,6 +31,9 @@ pub struct Cnn {
     fc1: Linear,
     fc2: Linear,
     pool: MaxPool2d,
+    /// `[channels, height, width]` of the images it was built for.
+    #[module(skip)]
+    image: [usize; 3],
 }
 
 impl Cnn {
@@ -50,6 +54,7 @@ impl Cnn {
             fc1: LinearConfig::new(64 * (height / 4) * (width / 4), dense).init(device),
             fc2: LinearConfig::new(dense, classes).init(device),
             pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),
+            image,
         }
     }
 
@@ -70,6 +75,18 @@ impl FederatedModel for Cnn {
         let x = max_pool2d(&self.pool, relu(conv2d(&self.conv1, inputs.images())));
         let x = max_pool2d(&self.pool, relu(conv2d(&self.conv2, x))).flatten::<2>(1, 3);
         linear(&self.fc2, relu(linear(&self.fc1, x)))
+    }
+
+    /// Stacked for one-channel images whose sides divide by 4 (the stacked
+    /// pooling has no floor mode to drop an odd row).
+    fn accelerated(&self) -> Option<Accelerated> {
+        let [channels, height, width] = self.image;
+        (channels == 1 && height % 4 == 0 && width % 4 == 0).then(|| Accelerated {
+            net: Stackable::Cnn {
+                dense: self.fc1.weight.val().dims()[1],
+            },
+            classes: self.fc2.weight.val().dims()[1],
+        })
     }
 }
 

@@ -257,10 +257,27 @@ impl<'a> Randomness<'a> {
 
 /// One of cohort's own implementations of a built-in model, with the
 /// model's classes; made only inside this crate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accelerated {
-    pub(crate) lenet: LeNetVariant,
+    pub(crate) net: Stackable,
     pub(crate) classes: usize,
+}
+
+/// The built-in models the vectorized trainer stacks (the LeNets also have
+/// native CPU kernels).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stackable {
+    LeNet(LeNetVariant),
+    /// McMahan et al.'s CNN (and LEAF's FEMNIST CNN) on one-channel images
+    /// whose sides divide by 4, with `dense` units.
+    Cnn {
+        dense: usize,
+    },
+    /// A multilayer perceptron: `hidden` widths, tanh or ReLU after each.
+    Multilayer {
+        hidden: Vec<usize>,
+        tanh: bool,
+    },
 }
 
 /// The LeNets the native kernels and the vectorized trainer implement.

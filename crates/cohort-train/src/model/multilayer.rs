@@ -20,7 +20,9 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
-use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness, linear, tanh};
+use super::{
+    Accelerated, FederatedModel, Inputs, ModelError, ModelSpec, Randomness, Stackable, linear, tanh,
+};
 
 /// The nonlinearity after each hidden layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +97,17 @@ impl FederatedModel for Multilayer {
             }
         });
         linear(output, x)
+    }
+
+    fn accelerated(&self) -> Option<Accelerated> {
+        let (output, hidden) = self.layers.split_last()?;
+        Some(Accelerated {
+            net: Stackable::Multilayer {
+                hidden: hidden.iter().map(|l| l.weight.val().dims()[1]).collect(),
+                tanh: self.activation == Activation::Tanh,
+            },
+            classes: output.weight.val().dims()[1],
+        })
     }
 }
 

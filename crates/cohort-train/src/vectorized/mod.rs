@@ -26,15 +26,16 @@
 //! What it does not prove: bitwise equality (matrix products and sums reduce
 //! in another order than burn's convolution kernels), so results agree within
 //! a tolerance measured in the tests, not exactly. It supports the LeNet-5
-//! models and MLX SGD (momentum, dampening, Nesterov, weight decay) without
-//! a strategy's gradient terms; [`VectorizedTrainer::supports`] says which
+//! models, McMahan et al.'s CNN (and LEAF's FEMNIST CNN) on one-channel
+//! images, the multilayer perceptron, and MLX SGD (momentum, dampening,
+//! Nesterov, weight decay) without a strategy's gradient terms; [`VectorizedTrainer::supports`] says which
 //! plans, and callers train the others alone.
 
 mod net;
 
 use std::time::Instant;
 
-use crate::model::{Accelerated, LeNetVariant};
+use crate::model::{Accelerated, Stackable};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use cohort_core::data::Dataset;
@@ -56,8 +57,9 @@ mod tests;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Unsupported {
     #[error(
-        "trainer.vectorized_clients supports trainer.model_name = \"lenet5\" or \
-         \"lenet5_compact\", not \"{0}\""
+        "trainer.vectorized_clients supports trainer.model_name = \"lenet5\", \
+         \"lenet5_compact\", \"multilayer\", and \"cnn\" or \"cnn_femnist\" on \
+         one-channel images whose sides divide by 4; not \"{0}\" on this data set"
     )]
     Model(String),
     #[error("trainer.vectorized_clients supports trainer.optimizer = \"sgd\" only, not \"{0}\"")]
@@ -86,7 +88,7 @@ struct Sgd {
 pub struct VectorizedTrainer {
     device: Device,
     settings: TrainSettings,
-    model: LeNetVariant,
+    model: Stackable,
     classes: usize,
     sgd: Sgd,
     /// Built for the data's image size on first use.
@@ -126,7 +128,7 @@ impl VectorizedTrainer {
         device: &Device,
         settings: TrainSettings,
     ) -> Result<Self, Unsupported> {
-        let Accelerated { lenet, classes } = check(model_name, accelerated, &settings.optimizer)?;
+        let Accelerated { net, classes } = check(model_name, accelerated, &settings.optimizer)?;
         let OptimizerSpec::Sgd {
             momentum,
             weight_decay,
@@ -140,7 +142,7 @@ impl VectorizedTrainer {
         Ok(Self {
             device: device.clone(),
             settings,
-            model: lenet,
+            model: net,
             classes,
             sgd: Sgd {
                 momentum: momentum as f32,
@@ -237,7 +239,7 @@ impl VectorizedTrainer {
     fn prepare_for(&mut self, data: &Dataset) {
         let image = image_of(data);
         if self.net.as_ref().is_none_or(|(_, built)| *built != image) {
-            let net = StackedNet::new(self.model, self.classes, image, &self.device);
+            let net = StackedNet::new(&self.model, self.classes, image, &self.device);
             self.net = Some((net, image));
         }
         let key = DataKey::of(data);
@@ -281,12 +283,14 @@ impl DataKey {
     }
 }
 
-/// The height and width of a data set of one-channel images (the LeNets
-/// refuse any other sample shape when they are built).
+/// The height and width of a data set of one-channel images; for any other
+/// sample shape, `[1, values per sample]`, which a perceptron reads as it
+/// reads a flattened image (the convolutional models are stacked only for
+/// one-channel images).
 pub fn image_of(data: &Dataset) -> [usize; 2] {
     match data.sample_shape.as_slice() {
-        &[_, height, width] => [height, width],
-        _ => [0, 0],
+        &[1, height, width] => [height, width],
+        shape => [1, shape.iter().product()],
     }
 }
 
@@ -363,13 +367,8 @@ fn fit_in_buffer(net: &StackedNet, batch_size: usize, max_buffer_bytes: Option<u
 
 /// The stacked net on the CPU, for counting its tensors.
 fn stacked_net(model: Option<Accelerated>, image: [usize; 2]) -> Option<StackedNet> {
-    let Accelerated { lenet, classes } = model?;
-    Some(StackedNet::new(
-        lenet,
-        classes,
-        image,
-        &crate::device::cpu(),
-    ))
+    let Accelerated { net, classes } = model?;
+    Some(StackedNet::new(&net, classes, image, &crate::device::cpu()))
 }
 
 /// The stacked parameters of a batch: weight and bias of each layer, on the host.

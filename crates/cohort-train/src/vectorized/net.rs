@@ -1,5 +1,6 @@
-//! LeNet-5 with a leading client dimension: K clients' weights stacked, one
-//! batched computation for all of them.
+//! The stackable models (the LeNets, McMahan et al.'s CNN, the multilayer
+//! perceptron) with a leading client dimension: K clients' weights stacked,
+//! one batched computation for all of them.
 //!
 //! Every layer is a matrix product per client: a convolution is an im2col
 //! gather (`select` with a fixed index per output position, padding read from
@@ -26,14 +27,14 @@
 //! `[out, fan_in]` and transposed, with `fan_in` in PyTorch's `(c, ky, kx)`
 //! order, so a client's slice converts to the tree's layout by a transpose.
 
-use crate::model::LeNetVariant;
-use burn::tensor::activation::relu;
+use crate::model::{LeNetVariant, Stackable};
+use burn::tensor::activation::{relu, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 /// One layer of the stacked network.
 pub(crate) struct Layer {
-    /// The parameter prefix in the tree (`conv1`, `fc4`, …).
-    pub(crate) name: &'static str,
+    /// The parameter prefix in the tree (`conv1`, `fc4`, `layers.0`, …).
+    pub(crate) name: String,
     pub(crate) fan_in: usize,
     pub(crate) fan_out: usize,
     /// PyTorch's shape of the weight (`[out, in, k, k]` or `[out, in]`).
@@ -46,11 +47,40 @@ pub(crate) struct Layer {
 enum Kind {
     Conv(Conv),
     Linear {
-        relu: bool,
+        activation: Option<Activation>,
         /// `[h, w, c]` of a channels-last input with more than one position:
         /// PyTorch flattens channels-first, so the input is permuted first.
         channels_last: Option<[usize; 3]>,
     },
+}
+
+/// The nonlinearity after a dense layer.
+#[derive(Clone, Copy)]
+enum Activation {
+    Relu,
+    Tanh,
+}
+
+impl Activation {
+    fn apply(self, z: Tensor<3>) -> Tensor<3> {
+        match self {
+            Activation::Relu => relu(z),
+            Activation::Tanh => tanh(z),
+        }
+    }
+
+    /// The output `y` and what the backward pass multiplies the output's
+    /// gradient by: ReLU's open gate, or tanh's `1 − y²`.
+    fn apply_with_derivative(self, z: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
+        match self {
+            Activation::Relu => (relu(z.clone()), z.greater_elem(0.0).float()),
+            Activation::Tanh => {
+                let y = tanh(z);
+                let derivative = y.clone().powi_scalar(2).neg().add_scalar(1.0);
+                (y, derivative)
+            }
+        }
+    }
 }
 
 struct Conv {
@@ -84,9 +114,10 @@ pub(crate) struct StackedNet {
 }
 
 impl StackedNet {
-    /// The stacked form of `model`.
+    /// The stacked form of `model` for one-channel inputs of `image`
+    /// (`[height, width]`; a perceptron reads `height · width` values).
     pub(crate) fn new(
-        model: LeNetVariant,
+        model: &Stackable,
         classes: usize,
         image: [usize; 2],
         device: &Device,
@@ -97,31 +128,58 @@ impl StackedNet {
             c: 1,
         };
         let mut conv = |name, out, pad, pool| conv_layer(name, &mut shape, out, pad, pool, device);
-        let mut layers = match model {
-            LeNetVariant::Padded => vec![
-                conv("conv1", 6, 2, true),
-                conv("conv2", 16, 0, true),
-                conv("conv3", 120, 0, false),
-            ],
-            LeNetVariant::Compact => {
-                vec![conv("conv1", 6, 0, true), conv("conv2", 16, 0, true)]
-            }
+        let named = |widths: &[(&str, usize)]| -> Vec<(String, usize)> {
+            widths.iter().map(|&(n, w)| (n.to_owned(), w)).collect()
+        };
+        let (mut layers, widths, activation) = match model {
+            Stackable::LeNet(LeNetVariant::Padded) => (
+                vec![
+                    conv("conv1", 6, 2, true),
+                    conv("conv2", 16, 0, true),
+                    conv("conv3", 120, 0, false),
+                ],
+                named(&[("fc4", 84), ("fc5", classes)]),
+                Activation::Relu,
+            ),
+            Stackable::LeNet(LeNetVariant::Compact) => (
+                vec![conv("conv1", 6, 0, true), conv("conv2", 16, 0, true)],
+                named(&[("fc3", 120), ("fc4", 84), ("fc5", classes)]),
+                Activation::Relu,
+            ),
+            Stackable::Cnn { dense } => (
+                vec![conv("conv1", 32, 2, true), conv("conv2", 64, 2, true)],
+                named(&[("fc1", *dense), ("fc2", classes)]),
+                Activation::Relu,
+            ),
+            Stackable::Multilayer { hidden, tanh } => (
+                Vec::new(),
+                hidden
+                    .iter()
+                    .chain([&classes])
+                    .enumerate()
+                    .map(|(i, &width)| (format!("layers.{i}"), width))
+                    .collect(),
+                if *tanh {
+                    Activation::Tanh
+                } else {
+                    Activation::Relu
+                },
+            ),
         };
         let flat = shape.h * shape.w * shape.c;
-        let channels_last = (shape.h * shape.w > 1).then_some([shape.h, shape.w, shape.c]);
-        let linears: &[(&'static str, usize)] = match model {
-            LeNetVariant::Padded => &[("fc4", 84), ("fc5", classes)],
-            LeNetVariant::Compact => &[("fc3", 120), ("fc4", 84), ("fc5", classes)],
-        };
+        // PyTorch flattens channels-first; one channel needs no permutation.
+        let channels_last =
+            (shape.h * shape.w > 1 && shape.c > 1).then_some([shape.h, shape.w, shape.c]);
         let mut inputs = flat;
-        for (index, &(name, outputs)) in linears.iter().enumerate() {
+        let last = widths.len() - 1;
+        for (index, (name, outputs)) in widths.into_iter().enumerate() {
             layers.push(Layer {
                 name,
                 fan_in: inputs,
                 fan_out: outputs,
                 weight_shape: vec![outputs, inputs],
                 kind: Kind::Linear {
-                    relu: index + 1 < linears.len(),
+                    activation: (index < last).then_some(activation),
                     channels_last: if index == 0 { channels_last } else { None },
                 },
             });
@@ -163,14 +221,17 @@ impl StackedNet {
                     out
                 }
                 Kind::Linear {
-                    relu: activate,
+                    activation,
                     channels_last,
                 } => {
                     let input = channels_first(x, *channels_last).reshape([k, batch, layer.fan_in]);
                     let z = input.clone().matmul(weight) + bias;
-                    let (y, gate) = match activate {
-                        true => (relu(z.clone()), Some(z.greater_elem(0.0).float())),
-                        false => (z, None),
+                    let (y, gate) = match activation {
+                        Some(activation) => {
+                            let (y, derivative) = activation.apply_with_derivative(z);
+                            (y, Some(derivative))
+                        }
+                        None => (z, None),
                     };
                     saved.push(Saved::Linear { input, gate });
                     y.reshape([n, layer.fan_out])
@@ -264,12 +325,15 @@ impl StackedNet {
                     }
                 }
                 Kind::Linear {
-                    relu: activate,
+                    activation,
                     channels_last,
                 } => {
                     let x = channels_first(x, *channels_last);
                     let y = x.reshape([k, batch, layer.fan_in]).matmul(weight) + bias;
-                    let y = if *activate { relu(y) } else { y };
+                    let y = match activation {
+                        Some(activation) => activation.apply(y),
+                        None => y,
+                    };
                     y.reshape([n, layer.fan_out])
                 }
             };
@@ -331,7 +395,8 @@ pub(crate) enum Saved {
     Linear {
         /// `[K, B, fan_in]` input.
         input: Tensor<3>,
-        /// `[K, B, fan_out]` ReLU gate, for a layer with a ReLU.
+        /// `[K, B, fan_out]`: the activation's derivative (ReLU's gate,
+        /// tanh's `1 − y²`), for a layer with one.
         gate: Option<Tensor<3>>,
     },
 }
@@ -470,7 +535,7 @@ fn unpool(
 /// channels-last input `shape`, optionally followed by a 2×2 max-pool;
 /// updates `shape` to the layer's output.
 fn conv_layer(
-    name: &'static str,
+    name: &str,
     shape: &mut Shape,
     out: usize,
     pad: usize,
@@ -517,7 +582,7 @@ fn conv_layer(
         },
     };
     Layer {
-        name,
+        name: name.to_owned(),
         fan_in: c * KERNEL * KERNEL,
         fan_out: out,
         weight_shape: vec![out, c, KERNEL, KERNEL],

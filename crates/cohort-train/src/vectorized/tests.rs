@@ -9,7 +9,7 @@
 //! per-client rates), 7.5e-9 (compact LeNet-5), against moves of 0.02-0.18.
 
 use super::*;
-use crate::model::ModelSpec;
+use crate::model::{LeNetVariant, ModelSpec};
 use crate::registry::{ModelEntry, Registry};
 use rand::Rng;
 
@@ -200,6 +200,25 @@ fn vectorized_compact_lenet_equals_alone() {
     assert!(result.worst <= TOLERANCE, "{}", result.worst);
 }
 
+/// With clipping: each client's clipping scale comes from a norm over 1.6
+/// million gradients for `cnn`, which alone sums by rows as the stacked
+/// clients do (one float32 sum of them all drifted by 1e-4 of the moves).
+#[test]
+fn vectorized_cnn_and_multilayer_equal_each_client_alone() {
+    for model in ["multilayer", "cnn"] {
+        let result = compare(
+            model,
+            settings(Some(2.0), 1, 1e-3, false),
+            &[0.05, 0.02, 0.1, 0.07],
+        );
+        assert!(result.worst <= TOLERANCE, "{model}: {}", result.worst);
+        assert!(
+            result.moved > 100.0 * TOLERANCE,
+            "{model}: the test needs real training"
+        );
+    }
+}
+
 #[test]
 fn a_non_finite_client_fails_as_alone_and_the_others_do_not_notice() {
     let device = crate::device::cpu();
@@ -324,6 +343,18 @@ fn unsupported_models_and_optimizers_name_the_key() {
     let error = check("cnn_bn", accel("cnn_bn"), &sgd).unwrap_err();
     assert!(error.to_string().contains("trainer.model_name"), "{error}");
     assert!(check("lenet5_compact", accel("lenet5_compact"), &sgd).is_ok());
+    // The stacked convolutions read one channel, and their pooling has no
+    // floor mode: CIFAR's three channels and 30×30 images train alone.
+    for shape in [[3, 32, 32], [1, 30, 30]] {
+        let image_spec = ModelSpec::new(shape.to_vec(), 10);
+        let cnn = entry("cnn").accelerated(&image_spec).unwrap();
+        let error = check("cnn", cnn, &sgd).unwrap_err();
+        assert!(error.to_string().contains("one-channel"), "{error}");
+    }
+    assert!(check("cnn_femnist", accel("cnn_femnist"), &sgd).is_ok());
+    let tabular = ModelSpec::new(vec![600], 100);
+    let multilayer = entry("multilayer").accelerated(&tabular).unwrap();
+    assert!(check("multilayer", multilayer, &sgd).is_ok());
 }
 
 #[test]
@@ -365,7 +396,12 @@ fn the_device_memory_is_shared_by_the_workers_with_room_for_tuning() {
 
 #[test]
 fn a_batch_fits_the_largest_buffer() {
-    let net = StackedNet::new(LeNetVariant::Padded, 10, [28, 28], &crate::device::cpu());
+    let net = StackedNet::new(
+        &Stackable::LeNet(LeNetVariant::Padded),
+        10,
+        [28, 28],
+        &crate::device::cpu(),
+    );
     // Counted by hand: conv2's input gradient gathers, for each of the
     // 14·14·6 inputs of a sample, the 25 patch entries at most that read it
     // (29,400 floats a sample; conv1's patches are 28·28 positions × 25, 19,600
@@ -394,16 +430,34 @@ fn written_out_backward_equals_autodiff() {
     let device = crate::device::cpu();
     let (k, batch, classes) = (3, 5, 10);
     let mut rng = ChaCha8Rng::seed_from_u64(23);
-    for model in [LeNetVariant::Padded, LeNetVariant::Compact] {
-        let net = net::StackedNet::new(model, classes, [28, 28], &device);
+    let models = [
+        Stackable::LeNet(LeNetVariant::Padded),
+        Stackable::LeNet(LeNetVariant::Compact),
+        Stackable::Cnn { dense: 24 },
+        Stackable::Multilayer {
+            hidden: vec![40, 24],
+            tanh: true,
+        },
+        Stackable::Multilayer {
+            hidden: vec![24],
+            tanh: false,
+        },
+    ];
+    for model in models {
+        let net = net::StackedNet::new(&model, classes, [28, 28], &device);
         let params: Vec<Tensor<3>> = net
             .layers
             .iter()
             .flat_map(|l| [[k, l.fan_in, l.fan_out], [k, 1, l.fan_out]])
             .map(|shape| {
                 let scale = 1.0 / (shape[1] as f32).sqrt();
+                // Shifted up so that ReLUs open; a perceptron's 784 inputs
+                // would saturate tanh (a zero derivative) under shifted weights.
+                let perceptron_weight =
+                    matches!(model, Stackable::Multilayer { .. }) && shape[1] > 1;
+                let shift = if perceptron_weight { 0.0 } else { 0.05 };
                 let values: Vec<f32> = (0..shape.iter().product::<usize>())
-                    .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale + 0.05)
+                    .map(|_| (rng.random::<f32>() * 2.0 - 1.0) * scale + shift)
                     .collect();
                 Tensor::<3>::from_data(TensorData::new(values, shape), &device)
             })
