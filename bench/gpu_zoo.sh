@@ -22,7 +22,9 @@
 # WARM_LIMIT (seconds, default 330) bounds the parallel first epochs,
 # GPU_MODEL_LIMIT (default 60) each model's measurement; ZOO_CPU=1 also
 # measures the host's CPU first, one thread each side. MODELS (comma
-# separated) picks models. Results go to $OUT (zoo_warm.txt, zoo_gpu.txt,
+# separated) picks models. PHASE=warm or PHASE=measure runs one of the two
+# phases (two calls on one machine, COHORT_KERNEL_CACHE naming a directory
+# that outlives the first; by default under $OUT). Results go to $OUT (zoo_warm.txt, zoo_gpu.txt,
 # zoo_cpu.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,21 +50,24 @@ if [ "${ZOO_CPU:-0}" = 1 ]; then
   ZOO_BIN=.gpu/zoo bash bench/zoo.sh --samples 128 --reps 2 | tee "$OUT/zoo_cpu.txt"
 fi
 
-echo "== first epochs, all models at once (limit ${WARM_LIMIT:-330} s)"
-: > "$OUT/zoo_warm.txt"
-for model in ${MODELS//,/ }; do
-  (
-    started=$SECONDS
-    if timeout "${WARM_LIMIT:-330}" .gpu/zoo --gpu --samples "$samples" --reps 0 \
-      --models "$model" > "$OUT/warm_$model.log" 2>&1; then
-      echo "$model first epoch $((SECONDS - started)) s" >> "$OUT/zoo_warm.txt"
-    else
-      echo "$model first epoch: not done within the limit (status $?)" >> "$OUT/zoo_warm.txt"
-    fi
-  ) &
-done
-wait
-cat "$OUT/zoo_warm.txt"
+if [ "${PHASE:-all}" != measure ]; then
+  echo "== first epochs, all models at once (limit ${WARM_LIMIT:-330} s)"
+  : > "$OUT/zoo_warm.txt"
+  for model in ${MODELS//,/ }; do
+    (
+      started=$SECONDS
+      if timeout "${WARM_LIMIT:-330}" .gpu/zoo --gpu --samples "$samples" --reps 0 \
+        --models "$model" > "$OUT/warm_$model.log" 2>&1; then
+        echo "$model first epoch $((SECONDS - started)) s" >> "$OUT/zoo_warm.txt"
+      else
+        echo "$model first epoch: not done within the limit (status $?)" >> "$OUT/zoo_warm.txt"
+      fi
+    ) &
+  done
+  wait
+  cat "$OUT/zoo_warm.txt"
+fi
+[ "${PHASE:-all}" = warm ] && exit 0
 
 : > "$OUT/zoo_gpu.txt"
 for model in ${MODELS//,/ }; do
