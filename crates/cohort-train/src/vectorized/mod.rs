@@ -28,8 +28,9 @@
 //! a tolerance measured in the tests, not exactly. It supports the LeNet-5
 //! models, McMahan et al.'s CNN (and LEAF's FEMNIST CNN) on one-channel
 //! images, the multilayer perceptron, and MLX SGD (momentum, dampening,
-//! Nesterov, weight decay) without a strategy's gradient terms; [`VectorizedTrainer::supports`] says which
-//! plans, and callers train the others alone.
+//! Nesterov, weight decay) without a strategy's gradient terms;
+//! [`VectorizedTrainer::supports`] says which plans, and callers train the
+//! others alone.
 
 mod net;
 

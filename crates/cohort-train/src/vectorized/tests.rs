@@ -39,17 +39,23 @@ fn vectorized(name: &str, settings: TrainSettings) -> VectorizedTrainer {
 const TOLERANCE: f32 = 1e-6;
 
 fn dataset(count: usize, poison: Option<usize>) -> Dataset {
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
-    let mut images: Vec<f32> = (0..count * 784)
-        .map(|_| rng.random::<f32>() * 2.0 - 0.5)
-        .collect();
+    let mut data = samples_of(&MNIST, count);
     if let Some(sample) = poison {
-        images[sample * 784 + 300] = f32::INFINITY;
+        data.inputs[sample * 784 + 300] = f32::INFINITY;
     }
+    data
+}
+
+/// `count` random samples of `shape` with labels of 10 classes.
+fn samples_of(shape: &[usize], count: usize) -> Dataset {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let values = shape.iter().product::<usize>();
     Dataset {
-        inputs: images,
+        inputs: (0..count * values)
+            .map(|_| rng.random::<f32>() * 2.0 - 0.5)
+            .collect(),
         labels: (0..count).map(|_| rng.random_range(0..10u32)).collect(),
-        sample_shape: MNIST.to_vec(),
+        sample_shape: shape.to_vec(),
     }
 }
 
@@ -108,9 +114,16 @@ struct Compared {
 /// Trains every client alone and all together; returns the largest
 /// difference between the two, and how far alone moved from the global model.
 fn compare(model: &str, settings: TrainSettings, rates: &[f64]) -> Compared {
+    compare_on(&MNIST, model, settings, rates)
+}
+
+/// [`compare`] on random samples of `shape` (10 classes).
+fn compare_on(shape: &[usize], model: &str, settings: TrainSettings, rates: &[f64]) -> Compared {
     let device = crate::device::cpu();
-    let data = dataset(222, None);
-    let global = global_model(model);
+    let data = samples_of(shape, 222);
+    let spec = ModelSpec::new(shape.to_vec(), 10);
+    let entry = entry(model);
+    let global = crate::init::seeded_parameters(&entry.template(&spec).unwrap(), 3);
     let parts = partitions();
     let plans: Vec<LocalPlan> = rates.iter().map(|&r| LocalPlan::plain(r)).collect();
     let jobs: Vec<Job<'_>> = parts
@@ -127,10 +140,12 @@ fn compare(model: &str, settings: TrainSettings, rates: &[f64]) -> Compared {
             plan,
         })
         .collect();
-    let mut vectorized = vectorized(model, settings.clone());
+    let accelerated = entry.accelerated(&spec).unwrap();
+    let mut vectorized =
+        VectorizedTrainer::new(model, accelerated, &device, settings.clone()).unwrap();
     let together = vectorized.train(&jobs, &data);
-    let mut alone = entry(model)
-        .trainer(&spec(), &classification(), &device, settings)
+    let mut alone = entry
+        .trainer(&spec, &classification(), &device, settings)
         .unwrap();
     let mut compared = Compared {
         worst: 0.0,
@@ -217,6 +232,22 @@ fn vectorized_cnn_and_multilayer_equal_each_client_alone() {
             "{model}: the test needs real training"
         );
     }
+}
+
+/// The perceptron stacks on any sample shape: tabular rows of 600 values.
+#[test]
+fn vectorized_multilayer_on_tabular_rows_equals_each_client_alone() {
+    let result = compare_on(
+        &[600],
+        "multilayer",
+        settings(Some(2.0), 1, 1e-3, false),
+        &[0.05, 0.02, 0.1, 0.07],
+    );
+    assert!(result.worst <= TOLERANCE, "{}", result.worst);
+    assert!(
+        result.moved > 100.0 * TOLERANCE,
+        "the test needs real training"
+    );
 }
 
 #[test]
