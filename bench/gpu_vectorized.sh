@@ -47,7 +47,9 @@ run_cohort() {
   start=$(date +%s.%N)
   .gpu/cohort run --config "$CONFIG" --quiet --base "$base" --gpu "${extra[@]}"
   end=$(date +%s.%N)
-  run_dir=$(ls -d "$base"/*/)
+  # The newest run folder: an OUT shared by several invocations (one per
+  # MODEL) holds earlier runs under the same base.
+  run_dir=$(ls -dt "$base"/*/ | head -1)
   cat "$run_dir/results.csv"
   grep -h "compute device\|vectorized clients" "$run_dir/run.log" | sed 's/^.*INFO //' || true
   cohort_e2e=$(awk -v s="$samples" -v a="$start" -v b="$end" 'BEGIN { printf "%.0f", s / (b - a) }')
@@ -75,9 +77,9 @@ for run in $(seq 1 "${RUNS:-1}"); do
 done
 [ "${TORCH:-1}" = 0 ] && exit 0
 
-python3 "$TORCH_SCRIPT" "${torch_args[@]}" --data .gpu/data/fashion-mnist --clients 100 | tee "$OUT/torch.jsonl"
+python3 "$TORCH_SCRIPT" "${torch_args[@]}" --data .gpu/data/fashion-mnist --clients 100 | tee "$OUT/torch-$MODEL.jsonl"
 for mode in vmap vmap-graph; do
-  torch=$(python3 -c "import json,sys; print(next(json.loads(l)['samples_per_s'] for l in open(sys.argv[1]) if json.loads(l)['mode'] == sys.argv[2]))" "$OUT/torch.jsonl" "$mode")
+  torch=$(python3 -c "import json,sys; print(next(json.loads(l)['samples_per_s'] for l in open(sys.argv[1]) if json.loads(l)['mode'] == sys.argv[2]))" "$OUT/torch-$MODEL.jsonl" "$mode")
   awk -v c="$cohort_train" -v e="$cohort_e2e" -v s="$cohort_steady" -v t="$torch" -v m="$mode" \
     'BEGIN { printf "cohort / torch %s: %.2f (local training), %.2f (end to end), %.2f (steady rounds)\n", m, c / t, e / t, s / t }'
 done

@@ -157,6 +157,15 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
         &cohort_core::data::Fetch::Never,
     )
     .expect("Fashion-MNIST under COHORT_DATA_DIR");
+    // The repository's fixtures hold 600 training images: this test needs
+    // the real set, and says so rather than indexing past the fixture.
+    assert!(
+        splits.train.len() >= 6000,
+        "COHORT_DATA_DIR={}: this test needs Fashion-MNIST's full training set (6,000 \
+         samples at least), found {}",
+        root.display(),
+        splits.train.len()
+    );
     let gpu = device::select(DeviceRequest::Gpu)
         .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
     let cpu = device::select(DeviceRequest::Cpu).unwrap();

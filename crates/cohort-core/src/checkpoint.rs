@@ -15,6 +15,14 @@
 //! state and the result rows are enough to continue as if nothing happened. A strategy's tensors (server momentum, Adam moments, control
 //! variates) go to `checkpoints/round-NNNN.state.safetensors`, written before
 //! the sidecar and named in it with their SHA-256.
+//!
+//! The client rows are the one part that grows with every round (1,000
+//! rows a round at 1,000 clients a round). A checkpoint writes only the rows
+//! since the one before it, to `checkpoints/clients-NNNN.json`, which names
+//! the previous such file with its SHA-256; the sidecar names the newest.
+//! Reading follows the chain back, each link's digest checked, so a
+//! checkpoint costs what its round added, not the whole run so far. These
+//! files are the run's record and are never pruned.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,7 +39,11 @@ use crate::tree::ParamTree;
 
 /// Version of the checkpoint: its sidecar layout and its tensors' layout.
 /// 2: models and strategy tensors in PyTorch's layout ([`crate::layout`]).
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: the client rows in a chain of files ([`ClientRowsLink`]), not in the
+/// sidecar; format 2, whose sidecar holds them all, is still read.
+pub const FORMAT_VERSION: u32 = 3;
+/// The format whose sidecar holds every client row itself.
+const INLINE_ROWS_FORMAT: u32 = 2;
 /// Folder of the checkpoints inside a run folder.
 pub const FOLDER: &str = "checkpoints";
 
@@ -49,7 +61,16 @@ pub struct History {
     /// written before strategies existed (FedAvg, which keeps none).
     pub algorithm_state: Option<AlgorithmState>,
     pub rounds: Vec<RoundRow>,
+    /// Every client row up to `round`. Format 3 keeps them in the chain that
+    /// `client_rows` ends (and reads them back from it); format 2 kept them
+    /// here.
+    #[serde(default, skip_serializing)]
     pub clients: Vec<ClientRow>,
+    /// The newest file of client rows. Given to [`write()`], the one the
+    /// checkpoint before it wrote (`None` for a run's first); in a written
+    /// sidecar, the file this checkpoint wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_rows: Option<ClientRowsLink>,
     /// File name of the model, beside this sidecar.
     pub model_file: String,
     pub model_sha256: String,
@@ -60,6 +81,23 @@ pub struct History {
     /// client reported; absent for `random`, whose stream is all of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selection: Option<crate::selection::PolicyState>,
+}
+
+/// A file of client rows in the checkpoint folder, with its SHA-256: the
+/// rows of the rounds after the previous file's `round` up to this `round`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientRowsLink {
+    pub round: u32,
+    pub file: String,
+    pub sha256: String,
+}
+
+/// The contents of one `clients-NNNN.json`.
+#[derive(Debug, Serialize, Deserialize)]
+struct ClientRowsFile {
+    round: u32,
+    previous: Option<ClientRowsLink>,
+    rows: Vec<ClientRow>,
 }
 
 /// What an asynchronous run (`server.synchronous = false`) has in flight at
@@ -146,7 +184,10 @@ fn stem(round: u32) -> String {
     format!("round-{round:04}")
 }
 
-/// Writes the model, the strategy's tensors, then the sidecar, each atomically.
+/// Writes the model, the strategy's tensors, the client rows after
+/// `history.client_rows` (the previous checkpoint's newest file of them),
+/// then the sidecar, each atomically; the sidecar's path. `history.clients`
+/// may hold every row of the run or only those after that file's round.
 pub fn write(
     run_dir: &Path,
     model: &[u8],
@@ -154,6 +195,15 @@ pub fn write(
     strategy: (&str, &StrategyState),
 ) -> Result<PathBuf, CheckpointError> {
     write_with_bases(run_dir, model, history, strategy, &BTreeMap::new())
+        .map(|written| written.sidecar)
+}
+
+/// A checkpoint written: its sidecar, and the file of client rows it wrote,
+/// which the next checkpoint's history names as its previous one.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub sidecar: PathBuf,
+    pub client_rows: ClientRowsLink,
 }
 
 /// [`write()`], with an asynchronous run's base models (named `v<version>`)
@@ -164,10 +214,13 @@ pub fn write_with_bases(
     mut history: History,
     strategy: (&str, &StrategyState),
     bases: &BTreeMap<String, ParamTree>,
-) -> Result<PathBuf, CheckpointError> {
+) -> Result<Written, CheckpointError> {
     let folder = run_dir.join(FOLDER);
     let sidecar = folder.join(format!("{}.json", stem(history.round)));
-    if let Some((round, field, value)) = non_finite(&history) {
+    let previous = history.client_rows.take();
+    let since = previous.as_ref().map_or(0, |link| link.round);
+    let first_new = history.clients.partition_point(|row| row.round <= since);
+    if let Some((round, field, value)) = non_finite(&history, first_new) {
         return Err(CheckpointError::NonFinite {
             path: sidecar,
             round,
@@ -192,6 +245,13 @@ pub fn write_with_bases(
         path: model_path.clone(),
         source,
     })?;
+    let client_rows = write_client_rows(
+        &folder,
+        history.round,
+        previous,
+        &history.clients[first_new..],
+    )?;
+    history.client_rows = Some(client_rows.clone());
     history.format = FORMAT_VERSION;
     history.model_file = model_file;
     history.model_sha256 = format!("{:x}", Sha256::digest(model));
@@ -203,14 +263,91 @@ pub fn write_with_bases(
             source,
         }
     })?;
-    Ok(sidecar)
+    Ok(Written {
+        sidecar,
+        client_rows,
+    })
+}
+
+/// Writes `rows` (those after `previous`'s round) as `clients-NNNN.json` of
+/// `round`, linked to `previous`; the link to it.
+fn write_client_rows(
+    folder: &Path,
+    round: u32,
+    previous: Option<ClientRowsLink>,
+    rows: &[ClientRow],
+) -> Result<ClientRowsLink, CheckpointError> {
+    let file = format!("clients-{round:04}.json");
+    let path = folder.join(&file);
+    let contents = ClientRowsFile {
+        round,
+        previous,
+        rows: rows.to_vec(),
+    };
+    let json = serde_json::to_vec(&contents).expect("client rows serialize");
+    atomic_write(&path, &json).map_err(|source| CheckpointError::Write { path, source })?;
+    Ok(ClientRowsLink {
+        round,
+        file,
+        sha256: format!("{:x}", Sha256::digest(&json)),
+    })
+}
+
+/// Every client row the chain ending at `newest` holds, oldest first, each
+/// file's digest, round and rows checked against the link that names it.
+fn read_client_rows(sidecar: &Path, newest: &ClientRowsLink) -> Result<Vec<ClientRow>, String> {
+    let mut chunks = Vec::new();
+    let mut next = Some(newest.clone());
+    while let Some(link) = next {
+        if !is_plain_file_name(&link.file) {
+            return Err(format!(
+                "names the client rows file `{}`, which is not a plain file name beside it",
+                link.file
+            ));
+        }
+        let path = sidecar.with_file_name(&link.file);
+        let bytes = read_part(&path)
+            .map_err(|e| format!("client rows {} unreadable ({e})", path.display()))?;
+        let digest = format!("{:x}", Sha256::digest(&bytes));
+        if digest != link.sha256 {
+            return Err(format!(
+                "client rows {} have SHA-256 {digest}, the chain expects {} (truncated or changed)",
+                path.display(),
+                link.sha256
+            ));
+        }
+        let contents: ClientRowsFile = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("client rows {} are not valid ({e})", path.display()))?;
+        let since = contents.previous.as_ref().map_or(0, |p| p.round);
+        // Rounds strictly fall along the chain, so it ends within `round` links.
+        let in_order = contents.rows.windows(2).all(|w| w[0].round <= w[1].round);
+        if let Some(row) = contents.rows.iter().find(|row| row.round > link.round) {
+            return Err(format!(
+                "records round {} but holds a client row of round {}",
+                link.round, row.round
+            ));
+        }
+        let in_range = contents.rows.iter().all(|row| row.round > since);
+        if contents.round != link.round || since >= link.round || !in_order || !in_range {
+            return Err(format!(
+                "client rows {} do not hold the rounds after {since} up to {} in order",
+                path.display(),
+                link.round
+            ));
+        }
+        chunks.push(contents.rows);
+        next = contents.previous;
+    }
+    Ok(chunks.into_iter().rev().flatten().collect())
 }
 
 /// The first value in the rows a sidecar stores that is not finite: the
 /// round it belongs to, its field (`rounds.simulated_time`,
-/// `clients[3].loss`), and the value. `epsilon` may be infinite (no noise, no
-/// privacy: the honest answer); it is stored as an absent value.
-fn non_finite(history: &History) -> Option<(u32, String, f64)> {
+/// `clients[3].loss`), and the value; client rows from `first_client` on,
+/// those before it being in an earlier checkpoint already. `epsilon` may be
+/// infinite (no noise, no privacy: the honest answer); it is stored as an
+/// absent value.
+fn non_finite(history: &History, first_client: usize) -> Option<(u32, String, f64)> {
     for row in &history.rounds {
         let values = [
             ("accuracy", row.accuracy),
@@ -233,7 +370,7 @@ fn non_finite(history: &History) -> Option<(u32, String, f64)> {
             return Some((row.round, format!("rounds.{field}"), value));
         }
     }
-    for (index, row) in history.clients.iter().enumerate() {
+    for (index, row) in history.clients.iter().enumerate().skip(first_client) {
         let values = [
             ("loss", row.loss),
             ("training_time", row.training_time),
@@ -507,8 +644,11 @@ fn check_history(sidecar: &Path, history: &History) -> Result<(), String> {
              weight/bias); this cohort reads format {FORMAT_VERSION}: start the run again"
         ));
     }
-    if history.format != FORMAT_VERSION {
-        return Err(format!("format {} is not {FORMAT_VERSION}", history.format));
+    if history.format != FORMAT_VERSION && history.format != INLINE_ROWS_FORMAT {
+        return Err(format!(
+            "format {} is neither {FORMAT_VERSION} nor {INLINE_ROWS_FORMAT}",
+            history.format
+        ));
     }
     if sidecar_round(sidecar) != Some(history.round) {
         return Err(format!(
@@ -519,6 +659,28 @@ fn check_history(sidecar: &Path, history: &History) -> Result<(), String> {
     }
     if history.round == 0 || history.round > MAX_ROUND {
         return Err(format!("round {} is out of range", history.round));
+    }
+    let rows_where = (
+        history.format,
+        history.clients.is_empty(),
+        &history.client_rows,
+    );
+    match rows_where {
+        (INLINE_ROWS_FORMAT, _, Some(_)) => {
+            return Err("format 2 holds its client rows itself, yet names a file of them".into());
+        }
+        (FORMAT_VERSION, false, _) => {
+            return Err(format!(
+                "format {FORMAT_VERSION} keeps its client rows in files, yet holds some itself"
+            ));
+        }
+        (FORMAT_VERSION, true, Some(link)) if link.round != history.round => {
+            return Err(format!(
+                "records round {} but its newest client rows are of round {}",
+                history.round, link.round
+            ));
+        }
+        _ => {}
     }
     // The rows are the run's record up to its round: one per round, in
     // order, and no client row of a later round.
@@ -570,9 +732,12 @@ fn read_part(path: &Path) -> std::io::Result<Vec<u8>> {
 
 fn read_one(sidecar: &Path) -> Result<(History, ParamTree, StrategyState), String> {
     let text = read_part(sidecar).map_err(|e| format!("unreadable ({e})"))?;
-    let history: History =
+    let mut history: History =
         serde_json::from_slice(&text).map_err(|e| format!("not a valid sidecar ({e})"))?;
     check_history(sidecar, &history)?;
+    if let Some(newest) = &history.client_rows {
+        history.clients = read_client_rows(sidecar, newest)?;
+    }
     let model_path = sidecar.with_file_name(&history.model_file);
     let bytes = read_part(&model_path)
         .map_err(|e| format!("model {} unreadable ({e})", model_path.display()))?;
@@ -698,6 +863,7 @@ mod tests {
             algorithm_state: None,
             rounds: (1..=round).map(row).collect(),
             clients: Vec::new(),
+            client_rows: None,
             model_file: String::new(),
             model_sha256: String::new(),
             asynchronous: None,
@@ -915,6 +1081,115 @@ mod tests {
         );
     }
 
+    /// Rows of `clients` clients in each of `rounds`, told apart by loss.
+    fn client_rows(rounds: std::ops::RangeInclusive<u32>, clients: u32) -> Vec<ClientRow> {
+        rounds
+            .flat_map(|round| {
+                (1..=clients).map(move |client| ClientRow {
+                    loss: f64::from(round * 100 + client),
+                    ..ClientRow::empty(round, client)
+                })
+            })
+            .collect()
+    }
+
+    fn rows_in(file: &Path) -> Vec<u32> {
+        let contents: ClientRowsFile =
+            serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+        contents.rows.iter().map(|row| row.round).collect()
+    }
+
+    /// A chain of three checkpoints (the last two rounds apart, as
+    /// `server.checkpoint_interval = 2` writes them), each given every row
+    /// of the run so far, as the run folder's recorder keeps them.
+    fn chained(dir: &Path) -> Vec<ClientRowsLink> {
+        let mut links = Vec::new();
+        for round in [1, 2, 4] {
+            let mut history = history(round);
+            history.clients = client_rows(1..=round, 3);
+            history.client_rows = links.last().cloned();
+            let written =
+                write_with_bases(dir, &model(round as f32), history, NONE, &BTreeMap::new())
+                    .unwrap();
+            links.push(written.client_rows);
+        }
+        links
+    }
+
+    #[test]
+    fn each_checkpoint_writes_only_the_client_rows_since_the_one_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let links = chained(dir.path());
+        let folder = dir.path().join(FOLDER);
+        assert_eq!(rows_in(&folder.join("clients-0001.json")), [1, 1, 1]);
+        assert_eq!(rows_in(&folder.join("clients-0002.json")), [2, 2, 2]);
+        assert_eq!(
+            rows_in(&folder.join("clients-0004.json")),
+            [3, 3, 3, 4, 4, 4]
+        );
+        // The sidecar holds no row itself, only the newest link.
+        let sidecar = std::fs::read_to_string(folder.join("round-0004.json")).unwrap();
+        assert!(!sidecar.contains("\"clients\""), "{sidecar}");
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.history.client_rows.as_ref(), links.last());
+        assert_eq!(restored.history.clients, client_rows(1..=4, 3));
+        // Rows given from the last link on write the same file.
+        let mut only_new = history(4);
+        only_new.clients = client_rows(3..=4, 3);
+        only_new.client_rows = Some(links[1].clone());
+        let again = write(dir.path(), &model(4.0), only_new, NONE).unwrap();
+        assert_eq!(again, folder.join("round-0004.json"));
+        assert_eq!(
+            latest(dir.path()).unwrap().history.clients,
+            client_rows(1..=4, 3)
+        );
+    }
+
+    #[test]
+    fn a_changed_file_of_client_rows_fails_every_checkpoint_whose_chain_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        chained(dir.path());
+        let folder = dir.path().join(FOLDER);
+        let newest = folder.join("clients-0004.json");
+        let text = std::fs::read_to_string(&newest).unwrap();
+        std::fs::write(&newest, text.replace("401", "999")).unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.history.round, 2);
+        assert_eq!(restored.history.clients, client_rows(1..=2, 3));
+        assert!(
+            restored.skipped[0].contains("clients-0004.json")
+                && restored.skipped[0].contains("truncated or changed"),
+            "{:?}",
+            restored.skipped
+        );
+        // The first link is in every chain: nothing is usable without it.
+        std::fs::write(folder.join("clients-0001.json"), b"{}").unwrap();
+        let error = latest(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("no complete checkpoint"), "{error}");
+        assert!(error.contains("clients-0001.json"), "{error}");
+    }
+
+    #[test]
+    fn format_2_sidecars_with_their_client_rows_inside_are_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &model(1.0), history(1), NONE).unwrap();
+        let sidecar = dir.path().join(FOLDER).join("round-0001.json");
+        let mut old: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&sidecar).unwrap()).unwrap();
+        old["format"] = 2.into();
+        old.as_object_mut().unwrap().remove("client_rows");
+        old["clients"] = serde_json::to_value(client_rows(1..=1, 2)).unwrap();
+        std::fs::write(&sidecar, serde_json::to_vec(&old).unwrap()).unwrap();
+        let restored = latest(dir.path()).unwrap();
+        assert_eq!(restored.history.clients, client_rows(1..=1, 2));
+        assert_eq!(restored.history.client_rows, None);
+        // Format 3 with rows inside is refused: they belong in the chain.
+        old["format"] = 3.into();
+        std::fs::write(&sidecar, serde_json::to_vec(&old).unwrap()).unwrap();
+        let error = latest(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("keeps its client rows in files"), "{error}");
+    }
+
     #[test]
     fn newest_complete_checkpoint_wins() {
         let dir = tempfile::tempdir().unwrap();
@@ -995,6 +1270,12 @@ mod tests {
         assert_eq!(
             left,
             [
+                // The client rows are the run's record: never pruned.
+                "clients-0001.json",
+                "clients-0002.json",
+                "clients-0003.json",
+                "clients-0009.json",
+                "clients-0010.json",
                 "notes.txt",
                 "round-0001.json.tmp",
                 "round-0009.json",

@@ -137,6 +137,11 @@ pub struct RunFolder {
     run_dir: PathBuf,
     keep_client_updates: bool,
     checkpoints_kept: Option<u32>,
+    /// Client rows this process has put in `clients.csv`, which later
+    /// rounds append to (none before its first write).
+    clients_written: Option<usize>,
+    /// The newest file of client rows this process's checkpoints wrote.
+    client_rows: Option<checkpoint::ClientRowsLink>,
 }
 
 impl RunFolder {
@@ -146,6 +151,8 @@ impl RunFolder {
             run_dir,
             keep_client_updates: false,
             checkpoints_kept: None,
+            clients_written: None,
+            client_rows: None,
         }
     }
 
@@ -179,15 +186,27 @@ impl Recorder for RunFolder {
     }
 
     fn round(&mut self, _: &RoundRow, _: &[ClientRow], rows: &RunRows) -> anyhow::Result<()> {
-        rows.write_files(&self.run_dir)
-            .with_context(|| format!("cannot write the results in {}", self.run_dir.display()))
+        // Taken first: after a failed write the next one rewrites the file.
+        let written = self.clients_written.take();
+        self.clients_written =
+            Some(rows.append_files(&self.run_dir, written).with_context(|| {
+                format!("cannot write the results in {}", self.run_dir.display())
+            })?);
+        Ok(())
     }
 
     fn checkpoint(&mut self, state: &CheckpointState<'_>) -> anyhow::Result<Option<PathBuf>> {
         let strategy_state = state.strategy.state();
         let no_bases = std::collections::BTreeMap::new();
         let bases = state.asynchronous.map_or(&no_bases, |a| &a.bases);
-        let sidecar = checkpoint::write_with_bases(
+        // Only the rows since the last checkpoint are written (and copied).
+        let previous = self
+            .client_rows
+            .clone()
+            .or_else(|| state.rows.checkpointed_clients.clone());
+        let since = previous.as_ref().map_or(0, |link| link.round);
+        let first_new = state.rows.clients.partition_point(|row| row.round <= since);
+        let written = checkpoint::write_with_bases(
             &self.run_dir,
             state.model_bytes,
             History {
@@ -197,7 +216,8 @@ impl Recorder for RunFolder {
                 selector: state.selector,
                 algorithm_state: None,
                 rounds: state.rows.rounds.clone(),
-                clients: state.rows.clients.clone(),
+                clients: state.rows.clients[first_new..].to_vec(),
+                client_rows: previous,
                 model_file: String::new(),
                 model_sha256: String::new(),
                 asynchronous: state.asynchronous.map(|a| a.history.clone()),
@@ -206,6 +226,8 @@ impl Recorder for RunFolder {
             (state.strategy.name(), &strategy_state),
             bases,
         )?;
+        self.client_rows = Some(written.client_rows);
+        let sidecar = written.sidecar;
         if let Some(kept) = self.checkpoints_kept {
             let removed = checkpoint::prune(&self.run_dir, kept as usize)?;
             if !removed.is_empty() {

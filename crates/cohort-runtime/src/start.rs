@@ -121,6 +121,7 @@ pub(crate) fn resume_point(
         rows: RunRows {
             rounds: history.rounds,
             clients: history.clients,
+            checkpointed_clients: history.client_rows,
         },
     })
 }

@@ -603,7 +603,7 @@ fn a_run_keeps_only_its_newest_checkpoints_and_still_resumes_exactly() {
         let mut names: Vec<String> = std::fs::read_dir(dir.join("checkpoints"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| n.ends_with(".json"))
+            .filter(|n| n.starts_with("round-") && n.ends_with(".json"))
             .collect();
         names.sort();
         names
@@ -620,6 +620,30 @@ fn a_run_keeps_only_its_newest_checkpoints_and_still_resumes_exactly() {
     .run()
     .unwrap();
     assert_eq!(sidecars(&kept_dir), ["round-0003.json", "round-0004.json"]);
+    // The client rows of every round stay: the kept checkpoints' chain.
+    for round in 1..=4 {
+        let rows = kept_dir.join(format!("checkpoints/clients-{round:04}.json"));
+        assert!(rows.is_file(), "{}", rows.display());
+    }
+    // clients.csv, rewritten on resume and appended to after, holds the
+    // rows of the run that kept every checkpoint (timings aside).
+    let trained = |dir: &Path| -> Vec<String> {
+        std::fs::read_to_string(dir.join("clients.csv"))
+            .unwrap()
+            .lines()
+            .map(|line| {
+                let fields: Vec<&str> = line.split(',').collect();
+                [0, 1, 3, 4].map(|i| fields[i]).join(",")
+            })
+            .collect()
+    };
+    assert_eq!(
+        trained(&kept_dir).len(),
+        1 + 4 * 2,
+        "{:?}",
+        trained(&kept_dir)
+    );
+    assert_eq!(trained(&kept_dir), trained(&whole_dir));
     assert_eq!(
         std::fs::read(kept_dir.join("model.safetensors")).unwrap(),
         std::fs::read(whole_dir.join("model.safetensors")).unwrap()
