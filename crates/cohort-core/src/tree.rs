@@ -135,7 +135,7 @@ impl ArrayData {
     /// Parses little-endian bytes; `None` when the byte count is not a multiple
     /// of the element size or a boolean byte is neither 0 nor 1.
     pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Option<ArrayData> {
-        // On a little-endian machine the bytes are the values: one copy into
+        // On a little-endian machine the bytes are the values: one pass into
         // the new storage, whatever the payload's alignment.
         #[cfg(target_endian = "little")]
         fn parse<T: bytemuck::Pod, const N: usize>(
@@ -145,8 +145,11 @@ impl ArrayData {
             if !bytes.len().is_multiple_of(N) {
                 return None;
             }
-            let mut values = vec![T::zeroed(); bytes.len() / N];
-            bytemuck::cast_slice_mut::<T, u8>(&mut values).copy_from_slice(bytes);
+            // Read straight into fresh storage: a zeroed vector copied over
+            // wrote every value twice (a memset, then the copy), a second
+            // pass over each update the server decodes.
+            let mut values = Vec::with_capacity(bytes.len() / N);
+            values.extend(bytes.chunks_exact(N).map(bytemuck::pod_read_unaligned::<T>));
             Some(values)
         }
         #[cfg(not(target_endian = "little"))]
