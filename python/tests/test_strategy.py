@@ -168,7 +168,7 @@ def test_a_state_that_goes_bad_later_stops_the_run_in_that_round(tmp_path):
 
     with pytest.raises(TypeError, match="key 'seen' is a builtins.list"):
         simulate(Grows({"seen": 1}), tmp_path / "run", rounds=3)
-    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("*.json"))
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("round-*.json"))
     assert checkpoints == ["round-0001.json"]
 
 
