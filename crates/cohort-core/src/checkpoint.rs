@@ -306,16 +306,7 @@ fn read_client_rows(sidecar: &Path, newest: &ClientRowsLink) -> Result<Vec<Clien
             ));
         }
         let path = sidecar.with_file_name(&link.file);
-        let bytes = read_part(&path)
-            .map_err(|e| format!("client rows {} unreadable ({e})", path.display()))?;
-        let digest = format!("{:x}", Sha256::digest(&bytes));
-        if digest != link.sha256 {
-            return Err(format!(
-                "client rows {} have SHA-256 {digest}, the chain expects {} (truncated or changed)",
-                path.display(),
-                link.sha256
-            ));
-        }
+        let bytes = read_verified("client rows", &path, &link.sha256)?;
         let contents: ClientRowsFile = serde_json::from_slice(&bytes)
             .map_err(|e| format!("client rows {} are not valid ({e})", path.display()))?;
         let since = contents.previous.as_ref().map_or(0, |p| p.round);
@@ -730,6 +721,21 @@ fn read_part(path: &Path) -> std::io::Result<Vec<u8>> {
     crate::fsutil::read_bounded(path, crate::fsutil::MAX_READ_BYTES)
 }
 
+/// The bytes of a part a sidecar or a link of the chain names (`what`, at
+/// `path`), which must have the SHA-256 `expected` it was written with.
+fn read_verified(what: &str, path: &Path, expected: &str) -> Result<Vec<u8>, String> {
+    let bytes =
+        read_part(path).map_err(|e| format!("{what} {} unreadable ({e})", path.display()))?;
+    let digest = format!("{:x}", Sha256::digest(&bytes));
+    if digest != expected {
+        return Err(format!(
+            "{what} {} has SHA-256 {digest}, {expected} was written (truncated or changed)",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
 fn read_one(sidecar: &Path) -> Result<(History, ParamTree, StrategyState), String> {
     let text = read_part(sidecar).map_err(|e| format!("unreadable ({e})"))?;
     let mut history: History =
@@ -739,16 +745,7 @@ fn read_one(sidecar: &Path) -> Result<(History, ParamTree, StrategyState), Strin
         history.clients = read_client_rows(sidecar, newest)?;
     }
     let model_path = sidecar.with_file_name(&history.model_file);
-    let bytes = read_part(&model_path)
-        .map_err(|e| format!("model {} unreadable ({e})", model_path.display()))?;
-    let digest = format!("{:x}", Sha256::digest(&bytes));
-    if digest != history.model_sha256 {
-        return Err(format!(
-            "model {} has SHA-256 {digest}, the sidecar expects {} (truncated or changed)",
-            model_path.display(),
-            history.model_sha256
-        ));
-    }
+    let bytes = read_verified("model", &model_path, &history.model_sha256)?;
     let model = codec::decode(&bytes, &DecodeLimits::default())
         .map_err(|e| format!("model does not decode ({e})"))?;
     let state = read_strategy_state(sidecar, history.algorithm_state.as_ref())?;
@@ -771,16 +768,7 @@ fn read_bases(
         (Some(file), Some(expected)) => (file, expected),
         (Some(_), None) => return Err("base models file without its SHA-256".to_owned()),
     };
-    let path = sidecar.with_file_name(file);
-    let bytes =
-        read_part(&path).map_err(|e| format!("base models {} unreadable ({e})", path.display()))?;
-    let digest = format!("{:x}", Sha256::digest(&bytes));
-    if &digest != expected {
-        return Err(format!(
-            "base models {} have SHA-256 {digest}, the sidecar expects {expected}",
-            path.display()
-        ));
-    }
+    let bytes = read_verified("base models", &sidecar.with_file_name(file), expected)?;
     match codec::decode(&bytes, &DecodeLimits::default()) {
         Ok(ParamTree::Map(trees)) => Ok(trees),
         Ok(other) => Err(format!("base models hold a {}, not a map", other.kind())),
@@ -798,17 +786,7 @@ fn read_strategy_state(
     let tensors = match (&saved.tensors_file, &saved.tensors_sha256) {
         (None, _) => Default::default(),
         (Some(file), Some(expected)) => {
-            let path = sidecar.with_file_name(file);
-            let bytes = read_part(&path)
-                .map_err(|e| format!("strategy state {} unreadable ({e})", path.display()))?;
-            let digest = format!("{:x}", Sha256::digest(&bytes));
-            if &digest != expected {
-                return Err(format!(
-                    "strategy state {} has SHA-256 {digest}, the sidecar expects {expected} \
-                     (truncated or changed)",
-                    path.display()
-                ));
-            }
+            let bytes = read_verified("strategy state", &sidecar.with_file_name(file), expected)?;
             match codec::decode(&bytes, &DecodeLimits::default()) {
                 Ok(ParamTree::Map(tensors)) => tensors,
                 Ok(other) => {
