@@ -46,33 +46,15 @@ sys.exit(code)' "$OUT/rss-$clients" \
       --set trainer.threads_per_worker=1 "${extra[@]}"
   run_dir="$(ls -d "$base"/*/ | head -1)"
   python3 - "$run_dir" "$clients" "$(cat "$OUT/rss-$clients")" "$WORKERS" <<'PY'
-import csv, re, sys
+import sys
+sys.path.insert(0, "bench")
+from not_training import read_run, share
 run_dir, clients, rss_kib, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rounds = {int(r["round"]): r for r in csv.DictReader(open(run_dir + "/results.csv"))}
-processing = {}
-for row in csv.DictReader(open(run_dir + "/clients.csv")):
-    processing[int(row["round"])] = processing.get(int(row["round"]), 0.0) + float(row["processing_time"] or 0)
-steps = {}
-for line in open(run_dir + "/run.log"):
-    if "round steps" in line:
-        fields = dict(re.findall(r"(\w+)=([0-9.e-]+)", line))
-        steps[int(fields["round"])] = {k: float(v) for k, v in fields.items()}
+run = read_run(run_dir)
 # Round 1 includes starting the workers; the steady state is the rest.
-measured = [r for r in sorted(rounds) if r > 1]
-round_s = not_training = evaluation = 0.0
-for r in measured:
-    s, row = steps[r], rounds[r]
-    evaluation_s = float(row["evaluation_time"])
-    server = s["aggregating"] + s["packing"] + s["dispatching"] + s["checkpointing"] \
-        + max(s["recording"] - evaluation_s, 0.0)
-    # Codec work of the clients (unpack the model, pack the update) runs on
-    # the workers in parallel; the server's unpacking is in it too.
-    codec = processing.get(r, 0.0) / workers
-    round_s += float(row["round_time"])
-    not_training += server + codec
-    evaluation += evaluation_s
-n = len(measured)
-print(f"{clients:>8} {round_s / n:>10.2f} {100 * not_training / round_s:>11.2f}% "
-      f"{evaluation / n:>14.2f} {rss_kib / 1024:>12.1f} {float(rounds[max(rounds)]['accuracy']):>10.4f}")
+m = share(run, workers, [r for r in sorted(run[0]) if r > 1])
+accuracy = float(run[0][max(run[0])]["accuracy"])
+print(f"{clients:>8} {m['round_s']:>10.2f} {100 * m['share']:>11.2f}% "
+      f"{m['evaluation']:>14.2f} {rss_kib / 1024:>12.1f} {accuracy:>10.4f}")
 PY
 done

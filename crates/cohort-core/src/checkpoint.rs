@@ -665,6 +665,13 @@ fn check_history(sidecar: &Path, history: &History) -> Result<(), String> {
                 "format {FORMAT_VERSION} keeps its client rows in files, yet holds some itself"
             ));
         }
+        // Every format-3 checkpoint writes a file of client rows, even an
+        // empty one: a sidecar without it would resume with no record.
+        (FORMAT_VERSION, true, None) => {
+            return Err(format!(
+                "format {FORMAT_VERSION} names no file of client rows (`client_rows`)"
+            ));
+        }
         (FORMAT_VERSION, true, Some(link)) if link.round != history.round => {
             return Err(format!(
                 "records round {} but its newest client rows are of round {}",
@@ -1161,7 +1168,14 @@ mod tests {
         let restored = latest(dir.path()).unwrap();
         assert_eq!(restored.history.clients, client_rows(1..=1, 2));
         assert_eq!(restored.history.client_rows, None);
-        // Format 3 with rows inside is refused: they belong in the chain.
+        // Format 3 without its chain is refused, rather than resumed with no
+        // client rows; with rows inside too: they belong in the chain.
+        let mut unlinked = old.clone();
+        unlinked["format"] = 3.into();
+        unlinked.as_object_mut().unwrap().remove("clients");
+        std::fs::write(&sidecar, serde_json::to_vec(&unlinked).unwrap()).unwrap();
+        let error = latest(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("names no file of client rows"), "{error}");
         old["format"] = 3.into();
         std::fs::write(&sidecar, serde_json::to_vec(&old).unwrap()).unwrap();
         let error = latest(dir.path()).unwrap_err().to_string();

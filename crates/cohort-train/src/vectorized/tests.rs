@@ -111,6 +111,18 @@ struct Compared {
     moved: f32,
 }
 
+impl Compared {
+    /// Together within [`TOLERANCE`] of alone, after training that moved
+    /// the model well beyond it (`what` names the case in a failure).
+    fn assert_equal_after_real_training(&self, what: &str) {
+        assert!(self.worst <= TOLERANCE, "{what}: {}", self.worst);
+        assert!(
+            self.moved > 100.0 * TOLERANCE,
+            "{what}: the test needs real training"
+        );
+    }
+}
+
 /// Trains every client alone and all together; returns the largest
 /// difference between the two, and how far alone moved from the global model.
 fn compare(model: &str, settings: TrainSettings, rates: &[f64]) -> Compared {
@@ -183,11 +195,7 @@ fn vectorized_sgd_momentum_equals_each_client_alone() {
         settings(None, 2, 0.0, false),
         &[0.05, 0.05, 0.05, 0.05],
     );
-    assert!(result.worst <= TOLERANCE, "{}", result.worst);
-    assert!(
-        result.moved > 100.0 * TOLERANCE,
-        "the test needs real training"
-    );
+    result.assert_equal_after_real_training("lenet5, momentum");
 }
 
 #[test]
@@ -198,11 +206,7 @@ fn vectorized_with_clipping_weight_decay_and_own_rates_equals_alone() {
         settings(Some(0.5), 2, 1e-3, true),
         &[0.05, 0.02, 0.1, 0.07],
     );
-    assert!(result.worst <= TOLERANCE, "{}", result.worst);
-    assert!(
-        result.moved > 100.0 * TOLERANCE,
-        "the test needs real training"
-    );
+    result.assert_equal_after_real_training("lenet5, clipping and weight decay");
 }
 
 #[test]
@@ -226,11 +230,7 @@ fn vectorized_cnn_and_multilayer_equal_each_client_alone() {
             settings(Some(2.0), 1, 1e-3, false),
             &[0.05, 0.02, 0.1, 0.07],
         );
-        assert!(result.worst <= TOLERANCE, "{model}: {}", result.worst);
-        assert!(
-            result.moved > 100.0 * TOLERANCE,
-            "{model}: the test needs real training"
-        );
+        result.assert_equal_after_real_training(model);
     }
 }
 
@@ -243,11 +243,7 @@ fn vectorized_multilayer_on_tabular_rows_equals_each_client_alone() {
         settings(Some(2.0), 1, 1e-3, false),
         &[0.05, 0.02, 0.1, 0.07],
     );
-    assert!(result.worst <= TOLERANCE, "{}", result.worst);
-    assert!(
-        result.moved > 100.0 * TOLERANCE,
-        "the test needs real training"
-    );
+    result.assert_equal_after_real_training("multilayer on tabular rows");
 }
 
 #[test]
