@@ -228,6 +228,17 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
 /// the CPU the same comparison measures a few 1e-8).
 #[test]
 fn vectorized_clients_on_the_gpu_equal_each_client_alone() {
+    vectorized_equals_alone_on_the_gpu(&["lenet5", "lenet5_compact"]);
+}
+
+/// The same for the zoo's stackable models (McMahan et al.'s CNN and the
+/// perceptron), in a test of their own so that each fits one device call.
+#[test]
+fn vectorized_zoo_clients_on_the_gpu_equal_each_client_alone() {
+    vectorized_equals_alone_on_the_gpu(&["cnn", "multilayer"]);
+}
+
+fn vectorized_equals_alone_on_the_gpu(models: &[&str]) {
     use cohort_train::vectorized::{Job, VectorizedTrainer};
     let gpu = device::select(DeviceRequest::Gpu)
         .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
@@ -245,7 +256,7 @@ fn vectorized_clients_on_the_gpu_equal_each_client_alone() {
         .iter()
         .map(|&rate| LocalPlan::plain(rate))
         .collect();
-    for name in ["lenet5", "lenet5_compact"] {
+    for &name in models {
         let model = model(name);
         let template = model.template().unwrap();
         let global = seeded_parameters(&template, 11);
