@@ -131,9 +131,16 @@ pub(crate) fn backward(w: &Window, x: &[f32], d_out: &[f32], d_x: &mut [f32]) {
             let (top, bottom) = x[start..start + 2 * w.width].split_at(w.width);
             let rows = &mut d_x[start..start + 2 * w.width];
             let (d_top, d_bottom) = rows.split_at_mut(w.width);
-            let done = halving_backward_wide(top, bottom, line, d_top, d_bottom);
+            let mut rows = HalvingLine {
+                top,
+                bottom,
+                grads: line,
+                d_top,
+                d_bottom,
+            };
+            let done = halving_backward_wide(&mut rows);
             let (top, bottom) = (&top[2 * done..], &bottom[2 * done..]);
-            let (d_top, d_bottom) = (&mut d_top[2 * done..], &mut d_bottom[2 * done..]);
+            let (d_top, d_bottom) = (&mut rows.d_top[2 * done..], &mut rows.d_bottom[2 * done..]);
             let pairs = top.chunks_exact(2).zip(bottom.chunks_exact(2));
             let d_pairs = d_top.chunks_exact_mut(2).zip(d_bottom.chunks_exact_mut(2));
             for ((g, (a, b)), (d_a, d_b)) in line[done..].iter().zip(pairs).zip(d_pairs) {
@@ -173,21 +180,27 @@ fn window_winners([p, q, r, t]: [f32; 4]) -> [bool; 4] {
     ]
 }
 
+/// One output line of a 2×2, stride-2 pooling's way back: the window
+/// rows of the input, the line's gradients, and the rows' gradients to
+/// write.
+struct HalvingLine<'a> {
+    top: &'a [f32],
+    bottom: &'a [f32],
+    grads: &'a [f32],
+    d_top: &'a mut [f32],
+    d_bottom: &'a mut [f32],
+}
+
 /// The first windows of a line done by [`halving_backward_avx2`]: how many,
 /// 0 on a CPU without AVX2.
 #[inline(always)]
-fn halving_backward_wide(
-    top: &[f32],
-    bottom: &[f32],
-    grads: &[f32],
-    d_top: &mut [f32],
-    d_bottom: &mut [f32],
-) -> usize {
+fn halving_backward_wide(line: &mut HalvingLine<'_>) -> usize {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU was just found to have AVX2.
-        return unsafe { halving_backward_avx2(top, bottom, grads, d_top, d_bottom) };
+        return unsafe { halving_backward_avx2(line) };
     }
+    let _ = line; // read only where AVX2 may exist
     0
 }
 
@@ -201,14 +214,15 @@ fn halving_backward_wide(
 /// the scalar loop's, bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn halving_backward_avx2(
-    top: &[f32],
-    bottom: &[f32],
-    grads: &[f32],
-    d_top: &mut [f32],
-    d_bottom: &mut [f32],
-) -> usize {
+fn halving_backward_avx2(line: &mut HalvingLine<'_>) -> usize {
     use std::arch::x86_64::*;
+    let HalvingLine {
+        top,
+        bottom,
+        grads,
+        d_top,
+        d_bottom,
+    } = line;
     let blocks = grads.len() / 4;
     let floats = 8 * blocks;
     assert!(top.len() >= floats && bottom.len() >= floats, "input rows");
