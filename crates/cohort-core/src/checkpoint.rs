@@ -218,8 +218,7 @@ pub fn write_with_bases(
     let folder = run_dir.join(FOLDER);
     let sidecar = folder.join(format!("{}.json", stem(history.round)));
     let previous = history.client_rows.take();
-    let since = previous.as_ref().map_or(0, |link| link.round);
-    let first_new = history.clients.partition_point(|row| row.round <= since);
+    let first_new = history.clients.len() - rows_after(previous.as_ref(), &history.clients).len();
     if let Some((round, field, value)) = non_finite(&history, first_new) {
         return Err(CheckpointError::NonFinite {
             path: sidecar,
@@ -267,6 +266,17 @@ pub fn write_with_bases(
         sidecar,
         client_rows,
     })
+}
+
+/// The rows of `clients` (ordered by round) that a checkpoint after
+/// `previous` writes: those of the rounds after the file's round (all of
+/// them for a run's first checkpoint).
+pub fn rows_after<'a>(
+    previous: Option<&ClientRowsLink>,
+    clients: &'a [ClientRow],
+) -> &'a [ClientRow] {
+    let since = previous.map_or(0, |link| link.round);
+    &clients[clients.partition_point(|row| row.round <= since)..]
 }
 
 /// Writes `rows` (those after `previous`'s round) as `clients-NNNN.json` of

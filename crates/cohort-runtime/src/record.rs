@@ -204,8 +204,6 @@ impl Recorder for RunFolder {
             .client_rows
             .clone()
             .or_else(|| state.rows.checkpointed_clients.clone());
-        let since = previous.as_ref().map_or(0, |link| link.round);
-        let first_new = state.rows.clients.partition_point(|row| row.round <= since);
         let written = checkpoint::write_with_bases(
             &self.run_dir,
             state.model_bytes,
@@ -216,7 +214,7 @@ impl Recorder for RunFolder {
                 selector: state.selector,
                 algorithm_state: None,
                 rounds: state.rows.rounds.clone(),
-                clients: state.rows.clients[first_new..].to_vec(),
+                clients: checkpoint::rows_after(previous.as_ref(), &state.rows.clients).to_vec(),
                 client_rows: previous,
                 model_file: String::new(),
                 model_sha256: String::new(),
