@@ -11,7 +11,9 @@ use rand_chacha::ChaCha8Rng;
 use super::Native;
 use super::conv::{ConvShape, col2im, im2col, pad};
 use super::flex::testing::assert_close;
+use crate::init::seeded_parameters;
 use crate::model::{CnnBn, FederatedModel, Inputs, LeNet5, LeNet5Compact, Randomness};
+use crate::params::{extract, load};
 
 fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
@@ -70,11 +72,22 @@ fn burn_step<M: FederatedModel>(model: &M, images: &[f32], labels: &[i64]) -> (f
     (value, collect(model, &grads))
 }
 
+/// The parameters are seeded, not drawn from burn's generator, which the
+/// tests running beside this one draw from too. A ReLU's input or a pooling
+/// window's runner-up within rounding of the cut sends one sample's gradient
+/// another way in the two computations (both right: the function has no
+/// derivative there); about one model in a hundred has such a point on these
+/// batches, so an unseeded model made this test fail now and then.
 #[test]
 fn gradients_match_burns_for_both_lenets_and_odd_batches() {
     let device = crate::device::cpu().autodiff();
-    gradients_match_burns(LeNet5::new(10, &device), "lenet5");
-    gradients_match_burns(LeNet5Compact::new(10, &device), "lenet5_compact");
+    gradients_match_burns(seeded(LeNet5::new(10, &device)), "lenet5");
+    gradients_match_burns(seeded(LeNet5Compact::new(10, &device)), "lenet5_compact");
+}
+
+fn seeded<M: Module>(model: M) -> M {
+    let tree = seeded_parameters(&extract(&model), 7);
+    load(model, &tree).expect("its own layout")
 }
 
 fn gradients_match_burns<M: FederatedModel>(model: M, model_name: &str) {
