@@ -181,26 +181,59 @@ pub fn encode(tree: &ParamTree) -> Result<Vec<u8>, CodecError> {
     safetensors::serialize(views, Some(metadata)).map_err(|e| CodecError::Malformed(e.to_string()))
 }
 
-/// Decodes safetensors bytes into a tree, within `limits`.
-pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<ParamTree, CodecError> {
-    if bytes.len() > limits.max_bytes {
+/// The bound [`decode`] puts on a payload's size, before it parses it.
+fn check_size(payload_len: usize, limits: &DecodeLimits) -> Result<(), CodecError> {
+    if payload_len > limits.max_bytes {
         return Err(CodecError::TooLarge {
-            size: bytes.len(),
+            size: payload_len,
             limit: limits.max_bytes,
         });
     }
-    let (_, metadata) =
-        SafeTensors::read_metadata(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
-    let count = metadata.tensors().len();
+    Ok(())
+}
+
+/// The bounds [`decode`] puts on a payload's tensors, before it reads them.
+fn check_tensors<'a>(
+    names: impl ExactSizeIterator<Item = &'a str>,
+    limits: &DecodeLimits,
+) -> Result<(), CodecError> {
+    let count = names.len();
     if count > limits.max_tensors {
         return Err(CodecError::TooManyTensors {
             count,
             limit: limits.max_tensors,
         });
     }
-    for name in metadata.tensors().keys() {
-        check_name(name)?;
-    }
+    names.into_iter().try_for_each(check_name)
+}
+
+/// `decode(payload)` where `payload` is `encode(tree)`, made in this
+/// process: the same bounds checked, and `tree` itself given back instead of
+/// a copy read out of the bytes (decoding gives back what was encoded, bit
+/// for bit). How a server takes the update of a client that ran beside it.
+pub fn decode_own(
+    payload: &[u8],
+    tree: ParamTree,
+    limits: &DecodeLimits,
+) -> Result<ParamTree, CodecError> {
+    check_size(payload.len(), limits)?;
+    let names: Vec<String> = tree
+        .leaves()
+        .iter()
+        .map(|(path, _)| path.to_string())
+        .collect();
+    check_tensors(names.iter().map(String::as_str), limits)?;
+    Ok(tree)
+}
+
+/// Decodes safetensors bytes into a tree, within `limits`.
+pub fn decode(bytes: &[u8], limits: &DecodeLimits) -> Result<ParamTree, CodecError> {
+    check_size(bytes.len(), limits)?;
+    let (_, metadata) =
+        SafeTensors::read_metadata(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    let infos = metadata.tensors();
+    let count = infos.len();
+    check_tensors(infos.keys().map(String::as_str), limits)?;
     let header = metadata.metadata().clone().unwrap_or_default();
     let tensors =
         SafeTensors::deserialize(bytes).map_err(|e| CodecError::Malformed(e.to_string()))?;

@@ -269,6 +269,24 @@ impl Pipeline {
         }
         Ok(tree.expect("a receiver pipeline was checked to produce a tree"))
     }
+
+    /// [`Self::receive`] of a payload this process packed from `tree` through
+    /// the paired sender (a client that ran beside the server). Where this
+    /// pipeline is the codec alone, decoding would give `tree` back bit for
+    /// bit, so it is given back under the codec's bounds
+    /// ([`codec::decode_own`]) and the bytes are not read; any other
+    /// pipeline unpacks the payload.
+    pub fn receive_own(
+        &self,
+        payload: &[u8],
+        tree: ParamTree,
+        limits: &DecodeLimits,
+    ) -> Result<ParamTree, ProcessError> {
+        if self.steps == [Processor::SafetensorDecode] {
+            return Ok(codec::decode_own(payload, tree, limits)?);
+        }
+        self.receive(payload, limits)
+    }
 }
 
 /// Checks that `receiver` undoes `sender`: the sender's steps reversed, each
@@ -350,6 +368,7 @@ fn dequantize(tree: &ParamTree) -> ParamTree {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tree::DType;
     use crate::tree::strategies::tree as arb_tree;
     use proptest::prelude::*;
 
@@ -497,7 +516,79 @@ mod tests {
         ]
     }
 
+    /// The same tree, bit for bit (`==` is false on a NaN).
+    fn same_bits(a: &ParamTree, b: &ParamTree) -> bool {
+        let leaves = |t: &ParamTree| -> Vec<(String, Vec<usize>, DType, Vec<u8>)> {
+            t.leaves()
+                .into_iter()
+                .map(|(path, array)| {
+                    let bytes = array.data().le_bytes().into_owned();
+                    (
+                        path.to_string(),
+                        array.shape().to_vec(),
+                        array.dtype(),
+                        bytes,
+                    )
+                })
+                .collect()
+        };
+        a.skeleton() == b.skeleton() && leaves(a) == leaves(b)
+    }
+
+    #[test]
+    fn an_own_update_meets_the_codecs_bounds_as_its_payload_would() {
+        let tree = ParamTree::from_dotted([
+            (
+                "a.w".to_owned(),
+                Array::f32(vec![2], vec![1.0, 2.0]).unwrap(),
+            ),
+            ("b".to_owned(), Array::f32(vec![1], vec![3.0]).unwrap()),
+        ]);
+        let (sender, receiver) = pair(&["safetensor_encode"]);
+        let bytes = sender.send(&tree).unwrap();
+        let tight = [
+            DecodeLimits {
+                max_bytes: bytes.len() - 1,
+                max_tensors: 2,
+            },
+            DecodeLimits {
+                max_bytes: bytes.len(),
+                max_tensors: 1,
+            },
+        ];
+        for limits in tight {
+            let own = receiver.receive_own(&bytes, tree.clone(), &limits);
+            let decoded = receiver.receive(&bytes, &limits);
+            assert!(own.is_err(), "{limits:?}");
+            assert_eq!(
+                own.unwrap_err().to_string(),
+                decoded.unwrap_err().to_string()
+            );
+        }
+        let long = "x".repeat(codec::MAX_NAME_BYTES + 1);
+        let named = ParamTree::from_dotted([(long, Array::f32(vec![1], vec![0.0]).unwrap())]);
+        let bytes = sender.send(&named).unwrap();
+        let limits = DecodeLimits::default();
+        assert_eq!(
+            receiver
+                .receive_own(&bytes, named, &limits)
+                .unwrap_err()
+                .to_string(),
+            receiver.receive(&bytes, &limits).unwrap_err().to_string()
+        );
+    }
+
     proptest! {
+        #[test]
+        fn an_own_update_is_what_its_payload_decodes_to(tree in arb_tree(), chain in 0usize..3) {
+            let (sender, receiver) = pair(&chains()[chain]);
+            let Ok(bytes) = sender.send(&tree) else { return Ok(()) };
+            let limits = DecodeLimits::default();
+            let decoded = receiver.receive(&bytes, &limits).unwrap();
+            let own = receiver.receive_own(&bytes, tree.clone(), &limits).unwrap();
+            prop_assert!(same_bits(&own, &decoded), "{own:?} against {decoded:?}");
+        }
+
         #[test]
         fn every_lossless_chain_round_trips_bit_for_bit(tree in arb_tree(), chain in 0usize..3) {
             let (sender, receiver) = pair(&chains()[chain]);

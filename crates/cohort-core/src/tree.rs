@@ -426,7 +426,7 @@ impl ParamTree {
                 return;
             }
             let index = match array.data() {
-                ArrayData::F32(values) => values.iter().position(|x| !x.is_finite()),
+                ArrayData::F32(values) => first_non_finite_f32(values),
                 ArrayData::F16(values) => values.iter().position(|x| !x.is_finite()),
                 ArrayData::BF16(values) => values.iter().position(|x| !x.is_finite()),
                 _ => None,
@@ -752,6 +752,26 @@ fn floats(data: &ArrayData) -> Option<Box<dyn Iterator<Item = f64> + '_>> {
     }
 }
 
+/// The index of the first NaN or infinity in `values`. Every update a
+/// server takes is scanned, and `position(|x| !x.is_finite())` runs one
+/// value at a time (its early exit keeps the compiler from vectorizing it):
+/// it cost a round's thread more than the aggregation. Blocks are tested
+/// without an exit (all exponent bits set is what a non-finite float is),
+/// and only a block with one is searched.
+fn first_non_finite_f32(values: &[f32]) -> Option<usize> {
+    const EXPONENT: u32 = 0x7f80_0000;
+    const BLOCK: usize = 64;
+    values.chunks(BLOCK).enumerate().find_map(|(block, chunk)| {
+        let any = chunk
+            .iter()
+            .fold(false, |any, x| any | (x.to_bits() & EXPONENT == EXPONENT));
+        any.then(|| {
+            let within = chunk.iter().position(|x| !x.is_finite());
+            block * BLOCK + within.expect("the block holds one")
+        })
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod strategies {
     //! proptest generators for trees, shared by the tree, codec and aggregation tests.
@@ -1014,6 +1034,25 @@ mod tests {
         }
         let error = check_schema(&reference, &tuple_for_list, DTypeRule::Exact).unwrap_err();
         assert_eq!(error.to_string(), "at `b`: expected a list, found a tuple");
+    }
+
+    proptest! {
+        #[test]
+        fn the_blockwise_scan_finds_the_first_non_finite_value(
+            len in 0usize..300,
+            marks in proptest::collection::vec((0usize..300, 0u8..3), 0..4),
+        ) {
+            let mut values: Vec<f32> = (0..len).map(|i| i as f32 * 0.5 - 40.0).collect();
+            for (at, kind) in marks {
+                if at < len {
+                    values[at] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][kind as usize];
+                }
+            }
+            prop_assert_eq!(
+                first_non_finite_f32(&values),
+                values.iter().position(|x| !x.is_finite())
+            );
+        }
     }
 
     proptest! {

@@ -41,6 +41,11 @@ pub struct ClientReply {
     /// server keeps a received update as the slice tonic decoded it into,
     /// and a client process sends it in slices, neither copying it.
     pub payload: bytes::Bytes,
+    /// The tree `payload` was packed from, where the client ran in the
+    /// server's own process (never on the wire): a server whose inbound
+    /// pipeline gives back exactly the tree packed takes it instead of
+    /// unpacking the payload ([`crate::updates::unpack`]).
+    pub packed_from: Option<ParamTree>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -501,6 +506,7 @@ impl ClientRunner {
             test_samples: test.rows,
             test_correct: test.correct,
             payload: payload.into(),
+            packed_from: Some(update.tree),
         })
     }
 }

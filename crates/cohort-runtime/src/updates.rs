@@ -341,11 +341,14 @@ pub(crate) fn unpack(
         staleness: None,
         wall: None,
     };
-    let delivered = outcome.result.map_err(dropped)?;
+    let mut delivered = outcome.result.map_err(dropped)?;
     let unpacking = Instant::now();
-    let tree = inbound
-        .receive(&delivered.reply.payload, limits)
-        .map_err(|error| dropped(format!("malformed update: {error}")))?;
+    let payload = &delivered.reply.payload;
+    let tree = match delivered.reply.packed_from.take() {
+        Some(tree) => inbound.receive_own(payload, tree, limits),
+        None => inbound.receive(payload, limits),
+    }
+    .map_err(|error| dropped(format!("malformed update: {error}")))?;
     tracing::debug!(
         client = client_id,
         worker = outcome.worker,
@@ -684,6 +687,7 @@ pub(crate) mod tests {
                         test_samples: 4,
                         test_correct: 3,
                         payload: payload.into(),
+                        packed_from: None,
                     },
                     comm_time: 0.0,
                     declared: None,

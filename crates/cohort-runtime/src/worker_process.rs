@@ -701,7 +701,10 @@ fn withhold_update(
 ) {
     let Ok(reply) = outcome else { return };
     match secure.trained(task.client_id, task.round, global_payload, reply) {
-        Ok(()) => reply.payload = bytes::Bytes::new(),
+        Ok(()) => {
+            reply.payload = bytes::Bytes::new();
+            reply.packed_from = None;
+        }
         Err(reason) => *outcome = Err(reason),
     }
 }

@@ -166,6 +166,7 @@ impl cohort_runtime::transport::Transport for EchoClients {
                     test_samples: 0,
                     test_correct: 0,
                     payload: self.payload.to_vec().into(),
+                    packed_from: None,
                 },
                 comm_time: 0.0,
                 declared: None,

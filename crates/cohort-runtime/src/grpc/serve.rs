@@ -167,6 +167,7 @@ async fn run_task(
         test_samples: report.test_samples,
         test_correct: report.test_correct.min(report.test_samples),
         payload,
+        packed_from: None,
     };
     Ok((reply, transfer, room))
 }

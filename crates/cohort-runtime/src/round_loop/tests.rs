@@ -80,6 +80,7 @@ impl Transport for AddingClients {
                     test_samples: 0,
                     test_correct: 0,
                     payload: codec::encode(&update)?.into(),
+                    packed_from: None,
                 },
                 comm_time: 0.0,
                 declared: None,
