@@ -51,6 +51,7 @@ impl Shape {
 }
 
 /// Each channel's batch mean and biased variance, summed in f64.
+#[inline(always)]
 pub(crate) fn statistics(s: &Shape, x: &[f32]) -> Vec<(f64, f64)> {
     let n = s.count().max(1) as f64;
     (0..s.channels)
@@ -70,6 +71,7 @@ fn mean_and_rstd((mean, var): (f64, f64), epsilon: f64) -> (f32, f32) {
     (mean as f32, (1.0 / (var + epsilon).sqrt()) as f32)
 }
 
+#[inline(always)]
 pub(crate) fn forward(s: &Shape, x: &[f32], gamma: &[f32], beta: &[f32], out: &mut [f32]) {
     assert_eq!(x.len(), s.batch * s.channels * s.spatial, "input length");
     assert_eq!(out.len(), x.len(), "output length");
@@ -89,6 +91,7 @@ pub(crate) fn forward(s: &Shape, x: &[f32], gamma: &[f32], beta: &[f32], out: &m
 
 /// The gradients of [`forward`]: `d_x`, `d_gamma` and `d_beta` (`[C]`)
 /// overwritten.
+#[inline(always)]
 pub(crate) fn backward(
     s: &Shape,
     x: &[f32],

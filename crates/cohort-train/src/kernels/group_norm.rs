@@ -82,6 +82,7 @@ pub(crate) fn row_dot(src: &[f32], dy: &[f32], mean: f32, rstd: f32) -> f32 {
 }
 
 /// Mean and `1/√(σ² + ε)` of one group's values.
+#[inline(always)]
 fn statistics(values: &[f32], epsilon: f64) -> (f32, f32) {
     let n = values.len().max(1) as f64;
     let mean = lane_sum(values, |v| v as f64) / n;
@@ -104,6 +105,7 @@ fn groups<'a>(
         })
 }
 
+#[inline(always)]
 pub(crate) fn forward(s: &Shape, x: &[f32], gamma: &[f32], beta: &[f32], out: &mut [f32]) {
     assert_eq!(x.len(), s.batch * s.channels * s.spatial, "input length");
     assert_eq!(out.len(), x.len(), "output length");
@@ -124,6 +126,7 @@ pub(crate) fn forward(s: &Shape, x: &[f32], gamma: &[f32], beta: &[f32], out: &m
 
 /// The gradients of [`forward`]: `d_x` overwritten, `d_gamma` and `d_beta`
 /// (`[C]`) overwritten.
+#[inline(always)]
 pub(crate) fn backward(
     s: &Shape,
     x: &[f32],

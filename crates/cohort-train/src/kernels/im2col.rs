@@ -81,15 +81,19 @@ thread_local! {
     static COLUMNS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `f` with a column buffer of `len` values (contents unspecified).
+/// `f` with a column buffer of `len` values (contents unspecified). The
+/// buffer is taken out of the thread's cell and put back, rather than `f`
+/// run inside `LocalKey::with`: `with` is a function of its own, compiled
+/// for baseline x86-64, and everything `f` inlined (the column copies,
+/// col2im's sums) ran four lanes wide in it, outside the caller's AVX2
+/// ([`super::simd::dispatch`]).
+#[inline(always)]
 fn with_columns<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    COLUMNS.with(|cell| {
-        let mut columns = cell.take();
-        columns.resize(len, 0.0);
-        let result = f(&mut columns[..len]);
-        cell.replace(columns);
-        result
-    })
+    let mut columns = COLUMNS.with(RefCell::take);
+    columns.resize(len, 0.0);
+    let result = f(&mut columns[..len]);
+    COLUMNS.with(|cell| cell.replace(columns));
+    result
 }
 
 /// The output positions `o` of one axis whose input `o·stride + k − pad`
@@ -179,23 +183,27 @@ fn zero_short(values: &mut [f32]) {
 fn im2col(g: &Geometry, image: &[f32], col: &mut [f32], ld: usize) {
     let [_, out_w] = g.output().expect("a valid geometry");
     let sw = g.stride[1];
-    for_each_line(g, |row, oy, source, (lo, hi)| {
-        let line = &mut col[row * ld + oy * out_w..][..out_w];
-        let Some(start) = source else {
-            line.fill(0.0);
-            return;
-        };
-        zero_short(&mut line[..lo]);
-        zero_short(&mut line[hi..]);
-        let dst = &mut line[lo..hi];
-        if sw == 1 {
-            copy_short(dst, &image[start..][..hi - lo]);
-        } else {
-            for (i, d) in dst.iter_mut().enumerate() {
-                *d = image[start + i * sw];
+    for_each_line(
+        g,
+        #[inline(always)]
+        |row, oy, source, (lo, hi)| {
+            let line = &mut col[row * ld + oy * out_w..][..out_w];
+            let Some(start) = source else {
+                line.fill(0.0);
+                return;
+            };
+            zero_short(&mut line[..lo]);
+            zero_short(&mut line[hi..]);
+            let dst = &mut line[lo..hi];
+            if sw == 1 {
+                copy_short(dst, &image[start..][..hi - lo]);
+            } else {
+                for (i, d) in dst.iter_mut().enumerate() {
+                    *d = image[start + i * sw];
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 /// The adjoint of [`im2col`] (same `ld`): every column entry added to the
@@ -205,19 +213,23 @@ fn col2im(g: &Geometry, d_col: &[f32], ld: usize, d_image: &mut [f32]) {
     let [_, out_w] = g.output().expect("a valid geometry");
     let sw = g.stride[1];
     d_image.fill(0.0);
-    for_each_line(g, |row, oy, source, (lo, hi)| {
-        let Some(start) = source else { return };
-        let line = &d_col[row * ld + oy * out_w..][lo..hi];
-        if sw == 1 {
-            for (d, s) in d_image[start..][..hi - lo].iter_mut().zip(line) {
-                *d += s;
+    for_each_line(
+        g,
+        #[inline(always)]
+        |row, oy, source, (lo, hi)| {
+            let Some(start) = source else { return };
+            let line = &d_col[row * ld + oy * out_w..][lo..hi];
+            if sw == 1 {
+                for (d, s) in d_image[start..][..hi - lo].iter_mut().zip(line) {
+                    *d += s;
+                }
+            } else {
+                for (i, s) in line.iter().enumerate() {
+                    d_image[start + i * sw] += s;
+                }
             }
-        } else {
-            for (i, s) in line.iter().enumerate() {
-                d_image[start + i * sw] += s;
-            }
-        }
-    });
+        },
+    );
 }
 
 /// How many images share one matrix product: enough that the product has
@@ -244,6 +256,7 @@ fn groups(g: &Geometry) -> impl Iterator<Item = (usize, usize)> {
 /// The column matrix of `images` images from `first` on: `[K, images·P]`,
 /// image `j`'s columns at `j·P`. One image of a pointwise convolution is its
 /// own column matrix, returned without a copy.
+#[inline(always)]
 fn columns<'a>(
     g: &Geometry,
     input: &'a [f32],
@@ -264,6 +277,7 @@ fn columns<'a>(
 
 /// `out = conv(input, weight) + bias`: `input` `[B, C_in, H, W]`, `weight`
 /// `[C_out, C_in, kh, kw]`, `bias` `[C_out]`, `out` `[B, C_out, out_h, out_w]`.
+#[inline(always)]
 pub(crate) fn forward(
     g: &Geometry,
     input: &[f32],
@@ -280,34 +294,38 @@ pub(crate) fn forward(
     let most = images_per_product(g);
     // A group's product `[C_out, images·P]`, scattered to NCHW after.
     let mut product = vec![0.0f32; if most > 1 { m * most * p } else { 0 }];
-    with_columns(k * most * p, |col| {
-        for (first, images) in groups(g) {
-            let ld = images * p;
-            let rhs = MatRef {
-                data: columns(g, input, (first, images), col),
-                strides: Strides::row_major(ld),
-            };
-            let dst = &mut out[first * g.output_len()..][..images * g.output_len()];
-            if images == 1 {
-                matmul((m, p, k), dst, Strides::row_major(p), false, w, rhs);
-            } else {
-                let product = &mut product[..m * ld];
-                matmul((m, ld, k), product, Strides::row_major(ld), false, w, rhs);
-                for (co, row) in product.chunks_exact(ld).enumerate() {
-                    for (j, plane) in row.chunks_exact(p).enumerate() {
-                        dst[j * g.output_len() + co * p..][..p].copy_from_slice(plane);
+    with_columns(
+        k * most * p,
+        #[inline(always)]
+        |col| {
+            for (first, images) in groups(g) {
+                let ld = images * p;
+                let rhs = MatRef {
+                    data: columns(g, input, (first, images), col),
+                    strides: Strides::row_major(ld),
+                };
+                let dst = &mut out[first * g.output_len()..][..images * g.output_len()];
+                if images == 1 {
+                    matmul((m, p, k), dst, Strides::row_major(p), false, w, rhs);
+                } else {
+                    let product = &mut product[..m * ld];
+                    matmul((m, ld, k), product, Strides::row_major(ld), false, w, rhs);
+                    for (co, row) in product.chunks_exact(ld).enumerate() {
+                        for (j, plane) in row.chunks_exact(p).enumerate() {
+                            dst[j * g.output_len() + co * p..][..p].copy_from_slice(plane);
+                        }
+                    }
+                }
+                if let Some(bias) = bias {
+                    for image in dst.chunks_exact_mut(g.output_len()) {
+                        for (plane, b) in image.chunks_exact_mut(p).zip(bias) {
+                            plane.iter_mut().for_each(|v| *v += b);
+                        }
                     }
                 }
             }
-            if let Some(bias) = bias {
-                for image in dst.chunks_exact_mut(g.output_len()) {
-                    for (plane, b) in image.chunks_exact_mut(p).zip(bias) {
-                        plane.iter_mut().for_each(|v| *v += b);
-                    }
-                }
-            }
-        }
-    });
+        },
+    );
 }
 
 /// Which gradients [`backward`] computes, each overwritten when present:
@@ -320,6 +338,7 @@ pub(crate) struct Grads<'a> {
 }
 
 /// The gradients of [`forward`] given the output's gradient `d_out`.
+#[inline(always)]
 pub(crate) fn backward(
     g: &Geometry,
     input: &[f32],
@@ -352,48 +371,52 @@ pub(crate) fn backward(
     let most = images_per_product(g);
     // A group's output gradient as one `[C_out, images·P]` matrix.
     let mut grad_rows = vec![0.0f32; if most > 1 { m * most * p } else { 0 }];
-    with_columns(k * most * p, |col| {
-        for (first, images) in groups(g) {
-            let ld = images * p;
-            let d_out = &d_out[first * g.output_len()..][..images * g.output_len()];
-            let grad_data = match images {
-                1 => d_out,
-                _ => side_by_side(g, d_out, &mut grad_rows[..m * ld]),
-            };
-            let grad = MatRef {
-                data: grad_data,
-                strides: Strides::row_major(ld),
-            };
-            if let Some(dst) = d_weight_t.as_deref_mut() {
-                let cols_t = MatRef {
-                    data: columns(g, input, (first, images), col),
-                    strides: Strides::row_major(ld).t(),
+    with_columns(
+        k * most * p,
+        #[inline(always)]
+        |col| {
+            for (first, images) in groups(g) {
+                let ld = images * p;
+                let d_out = &d_out[first * g.output_len()..][..images * g.output_len()];
+                let grad_data = match images {
+                    1 => d_out,
+                    _ => side_by_side(g, d_out, &mut grad_rows[..m * ld]),
                 };
-                let accumulate = first > 0;
-                matmul(
-                    (m, k, ld),
-                    dst,
-                    Strides::row_major(m).t(),
-                    accumulate,
-                    grad,
-                    cols_t,
-                );
+                let grad = MatRef {
+                    data: grad_data,
+                    strides: Strides::row_major(ld),
+                };
+                if let Some(dst) = d_weight_t.as_deref_mut() {
+                    let cols_t = MatRef {
+                        data: columns(g, input, (first, images), col),
+                        strides: Strides::row_major(ld).t(),
+                    };
+                    let accumulate = first > 0;
+                    matmul(
+                        (m, k, ld),
+                        dst,
+                        Strides::row_major(m).t(),
+                        accumulate,
+                        grad,
+                        cols_t,
+                    );
+                }
+                let Some(d_input) = d_input.as_deref_mut() else {
+                    continue;
+                };
+                let d_images = &mut d_input[first * g.input_len()..][..images * g.input_len()];
+                if images == 1 && g.pointwise() {
+                    matmul((k, p, m), d_images, Strides::row_major(p), false, w_t, grad);
+                    continue;
+                }
+                let d_col = &mut col[..k * ld];
+                matmul((k, ld, m), d_col, Strides::row_major(ld), false, w_t, grad);
+                for (j, d_image) in d_images.chunks_exact_mut(g.input_len()).enumerate() {
+                    col2im(g, &d_col[j * p..], ld, d_image);
+                }
             }
-            let Some(d_input) = d_input.as_deref_mut() else {
-                continue;
-            };
-            let d_images = &mut d_input[first * g.input_len()..][..images * g.input_len()];
-            if images == 1 && g.pointwise() {
-                matmul((k, p, m), d_images, Strides::row_major(p), false, w_t, grad);
-                continue;
-            }
-            let d_col = &mut col[..k * ld];
-            matmul((k, ld, m), d_col, Strides::row_major(ld), false, w_t, grad);
-            for (j, d_image) in d_images.chunks_exact_mut(g.input_len()).enumerate() {
-                col2im(g, &d_col[j * p..], ld, d_image);
-            }
-        }
-    });
+        },
+    );
     if let (Some(d_weight), Some(transposed)) = (d_weight, d_weight_t) {
         transpose_into(&transposed, k, m, &mut d_weight[..g.weight_len()]);
     }
@@ -404,6 +427,7 @@ pub(crate) fn backward(
 
 /// The output gradients of a group's images (`[images, C_out, P]`) as one
 /// `[C_out, images·P]` matrix, image `j`'s columns at `j·P`.
+#[inline(always)]
 fn side_by_side<'a>(g: &Geometry, d_out: &[f32], rows: &'a mut [f32]) -> &'a [f32] {
     let p = g.positions();
     let ld = rows.len() / g.c_out.max(1);
@@ -416,6 +440,7 @@ fn side_by_side<'a>(g: &Geometry, d_out: &[f32], rows: &'a mut [f32]) -> &'a [f3
 }
 
 /// `d_bias[co] = Σ_b Σ_p d_out[b, co, p]`, in batch then position order.
+#[inline(always)]
 fn bias_backward(g: &Geometry, d_out: &[f32], d_bias: &mut [f32]) {
     let p = g.positions();
     d_bias[..g.c_out].fill(0.0);
