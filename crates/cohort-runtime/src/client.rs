@@ -44,7 +44,8 @@ pub struct ClientReply {
     /// The tree `payload` was packed from, where the client ran in the
     /// server's own process (never on the wire): a server whose inbound
     /// pipeline gives back exactly the tree packed takes it instead of
-    /// unpacking the payload ([`crate::updates::unpack`]).
+    /// unpacking the payload
+    /// ([`Pipeline::receive_own`](cohort_core::processors::Pipeline::receive_own)).
     pub packed_from: Option<ParamTree>,
 }
 
