@@ -123,6 +123,25 @@ fn clients_per_buffer(
     ))
 }
 
+/// Before the worker threads start: where the model has a tensor of tens of
+/// MiB, they share glibc's main arena (`memory::share_one_arena_for`).
+fn share_one_arena_for_large_tensors(model: &RunModel) -> anyhow::Result<()> {
+    let template = model.template()?;
+    let largest = template
+        .leaves()
+        .iter()
+        .map(|(_, a)| a.size_in_bytes())
+        .max();
+    let largest = largest.unwrap_or(0);
+    if cohort_train::memory::share_one_arena_for(largest) {
+        tracing::debug!(
+            largest_tensor_bytes = largest,
+            "the worker threads share one malloc arena"
+        );
+    }
+    Ok(())
+}
+
 /// The transport `clients.comm_simulation` asks for: worker threads, or a
 /// gRPC server (with the local client processes it starts).
 pub(crate) fn start_transport(
@@ -143,6 +162,7 @@ pub(crate) fn start_transport(
             .as_ref()
             .and_then(|d| d.workers)
             .unwrap_or(trainer.max_concurrency);
+        share_one_arena_for_large_tensors(model)?;
         let (runners, chunk) = pool_runners(loaded, model, selected, workers, &train)?;
         let pool = WorkerPool::start(
             runners,

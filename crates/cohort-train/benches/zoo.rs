@@ -118,6 +118,32 @@ fn samples(case: &Case, count: usize) -> Dataset {
     Dataset::new(inputs, labels, case.shape.to_vec()).expect("sized inputs")
 }
 
+fn spec_of(case: &Case) -> ModelSpec {
+    let table: toml::Table = case.options.parse().expect("options are TOML");
+    ModelSpec::new(case.shape.to_vec(), case.classes)
+        .with_options(ModelOptions::new(table.into_iter().collect()))
+}
+
+/// The bytes of the largest tensor of the models measured: as a `cohort
+/// run` of the model does, the threads share one malloc arena for a large
+/// one (`memory::share_one_arena_for`; the decision is the process's, so
+/// it is taken for the largest model of the run).
+fn largest_tensor_bytes(registry: &Registry, cases: &[&Case]) -> usize {
+    cases
+        .iter()
+        .filter_map(|case| {
+            let entry = registry.model(case.model).expect("a registered model");
+            let template = entry.template(&spec_of(case)).expect("the model builds");
+            template
+                .leaves()
+                .iter()
+                .map(|(_, a)| a.size_in_bytes())
+                .max()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Samples per second of one epoch over `count` samples, best of `reps`
 /// after a warm-up epoch.
 fn measure(
@@ -128,9 +154,7 @@ fn measure(
     reps: usize,
 ) -> f64 {
     let entry = registry.model(case.model).expect("a registered model");
-    let table: toml::Table = case.options.parse().expect("options are TOML");
-    let spec = ModelSpec::new(case.shape.to_vec(), case.classes)
-        .with_options(ModelOptions::new(table.into_iter().collect()));
+    let spec = spec_of(case);
     // LEAF's Shakespeare model predicts from the last position by default
     // (`outputs = "last"`), as its twin does: one row a sample.
     let task: Arc<dyn Task> = match case.options.contains("every") {
@@ -207,10 +231,6 @@ fn main() {
         DeviceRequest::Cpu
     })
     .expect("the device");
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build()
-        .expect("compute threads");
     let registry = Registry::builtin();
     println!(
         "# cohort zoo training, batch 32, {} samples an epoch, best of {}, on {} ({} thread(s)){}",
@@ -224,12 +244,23 @@ fn main() {
             ""
         }
     );
-    for case in CASES {
-        if let Some(models) = &args.models
-            && !models.iter().any(|m| m == case.model)
-        {
-            continue;
-        }
+    let cases: Vec<&Case> = CASES
+        .iter()
+        .filter(|case| {
+            let wanted = |models: &Vec<String>| models.iter().any(|m| m == case.model);
+            args.models.as_ref().is_none_or(wanted)
+        })
+        .collect();
+    if cohort_train::memory::share_one_arena_for(largest_tensor_bytes(&registry, &cases)) {
+        println!("# the threads share one malloc arena (a tensor of 16 MiB or more)");
+    }
+    // Built after the arena is chosen: a thread takes its arena at its first
+    // allocation, which a pool's threads make as they start.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build()
+        .expect("compute threads");
+    for case in cases {
         let rate = pool.install(|| measure(&registry, case, &selected, args.samples, args.reps));
         println!("{} {} {:?} {:.1}", case.model, case.data, case.shape, rate);
     }
