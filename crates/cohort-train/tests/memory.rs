@@ -8,16 +8,12 @@
 //! pins glibc's starting threshold (128 KiB) to show the faults, then calls
 //! `retain_freed_memory`.
 
+mod support;
+
 /// Minor page faults of this process so far.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn minor_faults() -> i64 {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes one rusage into the zeroed space given.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    usage.ru_minflt
+    support::minor_faults(libc::RUSAGE_SELF)
 }
 
 /// Faults taken by `rounds` of a `bytes`-long buffer written and freed.

@@ -5,6 +5,8 @@
 //! again every time from an arena of its own, whose emptied heaps glibc
 //! unmaps, and once from the main arena it shares after the call.
 
+mod support;
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod arenas {
     use std::sync::mpsc;
@@ -19,13 +21,7 @@ mod arenas {
 
     /// Minor page faults of the calling thread so far.
     fn thread_faults() -> i64 {
-        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-        // SAFETY: getrusage writes one rusage into the zeroed space given.
-        let usage = unsafe {
-            assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()), 0);
-            usage.assume_init()
-        };
-        usage.ru_minflt
+        crate::support::minor_faults(libc::RUSAGE_THREAD)
     }
 
     fn touched(bytes: usize, mark: u8) -> Vec<u8> {
