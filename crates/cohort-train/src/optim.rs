@@ -124,6 +124,66 @@ pub struct MlxSgd {
     nesterov: bool,
 }
 
+/// The SGD rule a local run takes on host values, where the run keeps its
+/// parameters on the host (`crate::kernels::Native`); `None` for the other
+/// optimizers.
+pub(crate) fn host_sgd(spec: &OptimizerSpec) -> Option<MlxSgd> {
+    match *spec {
+        OptimizerSpec::Sgd {
+            momentum,
+            weight_decay,
+            dampening,
+            nesterov,
+            ..
+        } => Some(MlxSgd {
+            momentum: momentum as f32,
+            weight_decay: weight_decay as f32,
+            dampening: dampening as f32,
+            nesterov,
+        }),
+        _ => None,
+    }
+}
+
+impl MlxSgd {
+    /// One step of the rule on host values: `param` updated in place,
+    /// `velocity` the moment (empty before the first step). The tensor
+    /// version's operations in the same order, each rounded to float32, so
+    /// the same bits (`the_host_rule_is_the_tensor_rule_bit_for_bit`).
+    pub(crate) fn step_host(
+        &self,
+        lr: f64,
+        param: &mut [f32],
+        grad: &[f32],
+        velocity: &mut Vec<f32>,
+    ) {
+        assert_eq!(param.len(), grad.len(), "a gradient per parameter");
+        let lr = lr as f32;
+        let (decay, momentum) = (self.weight_decay, self.momentum);
+        let damping = 1.0 - self.dampening;
+        let first = velocity.is_empty();
+        if momentum > 0.0 && first {
+            velocity.resize(param.len(), 0.0);
+        }
+        for (i, (p, &g)) in param.iter_mut().zip(grad).enumerate() {
+            let g = if decay != 0.0 { g + *p * decay } else { g };
+            if momentum <= 0.0 {
+                *p -= g * lr;
+                continue;
+            }
+            let scaled = if self.dampening > 0.0 { g * damping } else { g };
+            let v = if first {
+                scaled
+            } else {
+                velocity[i] * momentum + scaled
+            };
+            velocity[i] = v;
+            let update = if self.nesterov { g + v * momentum } else { v };
+            *p -= update * lr;
+        }
+    }
+}
+
 impl Optimizer for MlxSgd {
     type State<const D: usize> = MomentState<D>;
 
@@ -329,6 +389,45 @@ mod tests {
     fn close(a: &[f32], b: &[f32]) {
         for (x, y) in a.iter().zip(b) {
             assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn the_host_rule_is_the_tensor_rule_bit_for_bit() {
+        let device = crate::device::cpu();
+        let values = |seed: u32, n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2_000)
+                .map(|x| x as f32 / 997.0 - 1.0)
+                .collect()
+        };
+        let tensor =
+            |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
+        for momentum in [0.0, 0.9] {
+            for weight_decay in [0.0, 0.013] {
+                for dampening in [0.0, 0.1] {
+                    for nesterov in [false, true] {
+                        let sgd = MlxSgd {
+                            momentum,
+                            weight_decay,
+                            dampening,
+                            nesterov,
+                        };
+                        let mut host = values(7, 37);
+                        let mut velocity = Vec::new();
+                        let (mut p, mut state) = (tensor(&host), None);
+                        for step in 0..3 {
+                            let grad = values(step, 37);
+                            sgd.step_host(0.05, &mut host, &grad, &mut velocity);
+                            (p, state) = sgd.step(0.05, p, tensor(&grad), state);
+                            let expected = p.to_data().try_to_vec::<f32>().unwrap();
+                            let bits =
+                                |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(bits(&host), bits(&expected), "{sgd:?} step {step}");
+                        }
+                    }
+                }
+            }
         }
     }
 

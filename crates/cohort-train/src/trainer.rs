@@ -130,6 +130,10 @@ pub struct LocalTrainer<M: FederatedModel> {
     /// cohort's own kernels, where they implement the model and the task on
     /// this device.
     native: Option<Native>,
+    /// Whether a plain SGD run on the native kernels keeps its parameters
+    /// on the host ([`LocalTrainer::host_sgd`]); off only in the test that
+    /// holds the two ways to the same bits.
+    host_runs: bool,
 }
 
 impl<M: FederatedModel> LocalTrainer<M> {
@@ -146,6 +150,7 @@ impl<M: FederatedModel> LocalTrainer<M> {
             images: Vec::new(),
             labels: Vec::new(),
             task: Arc::new(Classification),
+            host_runs: true,
         }
     }
 
@@ -178,6 +183,10 @@ impl<M: FederatedModel> LocalTrainer<M> {
         let (mut model, terms) = self.take_loaded(task, global, plan)?;
         let mut local_steps = 0u64;
         let mut optimizer = crate::optim::build(&self.settings.optimizer);
+        let host_sgd = self.host_sgd(terms.is_none());
+        if let (Some(_), Some(native)) = (&host_sgd, self.native.as_mut()) {
+            native.begin_host_run(&model);
+        }
         let mut order = partition.to_vec();
         let mut loss_sum = LossSum::new(&self.device);
         let mut seen = 0usize;
@@ -195,6 +204,14 @@ impl<M: FederatedModel> LocalTrainer<M> {
                         problem,
                     });
                     break 'training;
+                }
+                if let (Some(sgd), Some(native)) = (&host_sgd, self.native.as_mut()) {
+                    let rows = self.labels.len();
+                    let loss = native.host_sgd_step(sgd, learning_rate, &self.images, &self.labels);
+                    loss_sum.host += loss * rows as f32;
+                    seen += rows;
+                    local_steps += 1;
+                    continue;
                 }
                 let computed =
                     self.batch_gradients(&model, &data.sample_shape, &mut rng, &mut loss_sum);
@@ -232,6 +249,9 @@ impl<M: FederatedModel> LocalTrainer<M> {
                 local_steps += 1;
             }
         }
+        if let (Some(_), Some(native)) = (&host_sgd, self.native.as_mut()) {
+            model = native.end_host_run(model);
+        }
         // `valid()` folds BatchNorm's pending running-statistics updates into
         // the module first; reading the training module would miss the last step.
         let tree = params::extract(&model.valid());
@@ -255,6 +275,17 @@ impl<M: FederatedModel> LocalTrainer<M> {
 }
 
 impl<M: FederatedModel> LocalTrainer<M> {
+    /// The SGD rule a run takes on the host, with the parameters kept there
+    /// from its first step to its last ([`Native::begin_host_run`]): where
+    /// the native kernels train the model, the optimizer is SGD, and no
+    /// gradient term or clipping needs burn's gradients. The same bits as
+    /// the step through burn (`the_host_run_is_the_burn_run_bit_for_bit`).
+    fn host_sgd(&self, no_terms: bool) -> Option<crate::optim::MlxSgd> {
+        let plain = no_terms && self.settings.clip_grad_norm.is_none() && self.host_runs;
+        self.native.as_ref().filter(|_| plain)?;
+        crate::optim::host_sgd(&self.settings.optimizer)
+    }
+
     /// Crops and flips the gathered batch, when the settings ask for it.
     fn augment(&mut self, shape: &[usize], crops: &mut ChaCha8Rng) -> Result<(), String> {
         let Some(augmentation) = &self.settings.augmentation else {
@@ -1299,6 +1330,71 @@ mod tests {
         let (_, a) = one_step(None, false);
         let (_, b) = one_step(None, false);
         assert_eq!(a.unwrap().tree, b.unwrap().tree);
+    }
+
+    /// Each LeNet trained by plain SGD with its parameters on the host, and
+    /// through burn's optimizer, for every combination of the rule's terms:
+    /// the same update, bit for bit, the same loss and steps.
+    #[test]
+    fn the_host_run_is_the_burn_run_bit_for_bit() {
+        for (momentum, weight_decay, dampening, nesterov) in [
+            (0.0, 0.0, 0.0, false),
+            (0.9, 0.0, 0.0, false),
+            (0.9, 0.01, 0.1, false),
+            (0.9, 0.01, 0.0, true),
+        ] {
+            let mut settings = sgd(None);
+            settings.epochs = 2;
+            settings.optimizer = OptimizerSpec::Sgd {
+                learning_rate: 0.05,
+                momentum,
+                weight_decay,
+                dampening,
+                nesterov,
+            };
+            let runs = [
+                (host_and_burn(|d| LeNet5::new(10, d), &settings), "lenet5"),
+                (
+                    host_and_burn(|d| crate::model::LeNet5Compact::new(10, d), &settings),
+                    "lenet5_compact",
+                ),
+            ];
+            for ((host, burn), model) in runs {
+                let what = format!("{model}, {settings:?}");
+                assert_eq!(host.tree, burn.tree, "{what}");
+                assert_eq!(host.loss.to_bits(), burn.loss.to_bits(), "{what}");
+                assert_eq!(host.local_steps, burn.local_steps, "{what}");
+            }
+        }
+    }
+
+    /// One client of 50 samples (a partial last batch) trained from the same
+    /// seeded model with its parameters on the host, then through burn.
+    fn host_and_burn<M: FederatedModel>(
+        build: impl Fn(&Device) -> M,
+        settings: &TrainSettings,
+    ) -> (LocalUpdate, LocalUpdate) {
+        let data = dataset(false);
+        let partition: Vec<u32> = (0..50).collect();
+        let task = ClientTask {
+            client_id: 2,
+            round: 1,
+        };
+        let run = |host_runs: bool| {
+            let mut trainer = LocalTrainer::new(&build, &crate::device::cpu(), settings.clone());
+            assert!(
+                trainer.native.is_some(),
+                "the native kernels train the model"
+            );
+            trainer.host_runs = host_runs;
+            let template = params::extract(trainer.model.as_ref().unwrap());
+            let global = crate::init::seeded_parameters(&template, 4);
+            let plan = LocalPlan::plain(0.05);
+            trainer
+                .train(task, &global, &data, &partition, &plan)
+                .unwrap()
+        };
+        (run(true), run(false))
     }
 
     fn bn_trainer(seed: u64) -> (LocalTrainer<CnnBn>, ParamTree) {
