@@ -131,10 +131,12 @@ fn from_safetensors_dtype(name: &str, dtype: Dtype) -> Result<DType, CodecError>
 }
 
 /// One leaf as safetensors writes it: the leaf's own storage, borrowed, so
-/// the payload is the one copy of the values that encoding makes.
+/// the payload is the one copy of the values that encoding makes. With
+/// `header_only`, no values: what [`encoded_len`] serializes.
 struct LeafView<'a> {
     dtype: Dtype,
     array: &'a Array,
+    header_only: bool,
 }
 
 impl View for LeafView<'_> {
@@ -147,7 +149,10 @@ impl View for LeafView<'_> {
     }
 
     fn data(&self) -> Cow<'_, [u8]> {
-        self.array.data().le_bytes()
+        match self.header_only {
+            true => Cow::Borrowed(&[]),
+            false => self.array.data().le_bytes(),
+        }
     }
 
     fn data_len(&self) -> usize {
@@ -157,6 +162,20 @@ impl View for LeafView<'_> {
 
 /// Encodes a tree as safetensors bytes.
 pub fn encode(tree: &ParamTree) -> Result<Vec<u8>, CodecError> {
+    serialize(tree, false)
+}
+
+/// `encode(tree)?.len()` without writing the values: the header that
+/// [`encode`] writes, then the leaves' sizes (safetensors writes a leaf's
+/// bytes after the header, as they are). The length a client that hands its
+/// tree to a server in the same process counts for the payload it did not
+/// write (`encoded_len_is_the_length_of_the_encoding`).
+pub fn encoded_len(tree: &ParamTree) -> Result<usize, CodecError> {
+    let header = serialize(tree, true)?.len();
+    Ok(header + tree.size_in_bytes())
+}
+
+fn serialize(tree: &ParamTree, header_only: bool) -> Result<Vec<u8>, CodecError> {
     let skeleton = tree.skeleton();
     let leaves = tree.leaves();
     let mut views = Vec::with_capacity(leaves.len());
@@ -170,7 +189,14 @@ pub fn encode(tree: &ParamTree) -> Result<Vec<u8>, CodecError> {
             return Err(CodecError::DuplicateName(name));
         }
         let dtype = to_safetensors_dtype(array.dtype());
-        views.push((name, LeafView { dtype, array }));
+        views.push((
+            name,
+            LeafView {
+                dtype,
+                array,
+                header_only,
+            },
+        ));
     }
     // One metadata entry only: safetensors writes its metadata map in hash
     // order, and equal models must give equal bytes.
@@ -208,15 +234,16 @@ fn check_tensors<'a>(
 }
 
 /// `decode(payload)` where `payload` is `encode(tree)`, made in this
-/// process: the same bounds checked, and `tree` itself given back instead of
-/// a copy read out of the bytes (decoding gives back what was encoded, bit
-/// for bit). How a server takes the update of a client that ran beside it.
+/// process, `payload_len` bytes long (written or not: [`encoded_len`]): the
+/// same bounds checked, and `tree` itself given back instead of a copy read
+/// out of the bytes (decoding gives back what was encoded, bit for bit). How
+/// a server takes the update of a client that ran beside it.
 pub fn decode_own(
-    payload: &[u8],
+    payload_len: usize,
     tree: ParamTree,
     limits: &DecodeLimits,
 ) -> Result<ParamTree, CodecError> {
-    check_size(payload.len(), limits)?;
+    check_size(payload_len, limits)?;
     let names: Vec<String> = tree
         .leaves()
         .iter()
@@ -602,6 +629,16 @@ mod tests {
         );
         assert_eq!(ArrayData::from_le_bytes(DType::F32, &[0; 6]), None);
         assert_eq!(ArrayData::from_le_bytes(DType::Bool, &[0, 2]), None);
+    }
+
+    proptest! {
+        #[test]
+        fn encoded_len_is_the_length_of_the_encoding(tree in crate::tree::strategies::tree()) {
+            match encode(&tree) {
+                Ok(bytes) => prop_assert_eq!(encoded_len(&tree).unwrap(), bytes.len()),
+                Err(error) => prop_assert_eq!(encoded_len(&tree).unwrap_err(), error),
+            }
+        }
     }
 
     proptest! {

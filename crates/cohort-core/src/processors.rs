@@ -270,20 +270,39 @@ impl Pipeline {
         Ok(tree.expect("a receiver pipeline was checked to produce a tree"))
     }
 
+    /// Whether the pipeline is the codec alone (`safetensor_encode` or
+    /// `safetensor_decode`): what it gives back is what the other side had,
+    /// bit for bit.
+    pub fn is_codec_alone(&self) -> bool {
+        matches!(
+            self.steps[..],
+            [Processor::SafetensorEncode] | [Processor::SafetensorDecode]
+        )
+    }
+
+    /// The length [`Self::send`] would give, without writing the payload,
+    /// for a pipeline that is the codec alone; `None` for any other.
+    pub fn sent_len(&self, tree: &ParamTree) -> Option<Result<usize, ProcessError>> {
+        (self.steps == [Processor::SafetensorEncode])
+            .then(|| codec::encoded_len(tree).map_err(ProcessError::from))
+    }
+
     /// [`Self::receive`] of a payload this process packed from `tree` through
-    /// the paired sender (a client that ran beside the server). Where this
-    /// pipeline is the codec alone, decoding would give `tree` back bit for
-    /// bit, so it is given back under the codec's bounds
-    /// ([`codec::decode_own`]) and the bytes are not read; any other
-    /// pipeline unpacks the payload.
+    /// the paired sender (a client that ran beside the server), `payload_len`
+    /// bytes long (`payload` itself may be left unwritten, [`Self::sent_len`]).
+    /// Where this pipeline is the codec alone, decoding would give `tree`
+    /// back bit for bit, so it is given back under the codec's bounds
+    /// ([`codec::decode_own`]) and no bytes are read; any other pipeline
+    /// unpacks `payload`.
     pub fn receive_own(
         &self,
         payload: &[u8],
+        payload_len: usize,
         tree: ParamTree,
         limits: &DecodeLimits,
     ) -> Result<ParamTree, ProcessError> {
         if self.steps == [Processor::SafetensorDecode] {
-            return Ok(codec::decode_own(payload, tree, limits)?);
+            return Ok(codec::decode_own(payload_len, tree, limits)?);
         }
         self.receive(payload, limits)
     }
@@ -557,7 +576,7 @@ mod tests {
             },
         ];
         for limits in tight {
-            let own = receiver.receive_own(&bytes, tree.clone(), &limits);
+            let own = receiver.receive_own(&bytes, bytes.len(), tree.clone(), &limits);
             let decoded = receiver.receive(&bytes, &limits);
             assert!(own.is_err(), "{limits:?}");
             assert_eq!(
@@ -571,7 +590,7 @@ mod tests {
         let limits = DecodeLimits::default();
         assert_eq!(
             receiver
-                .receive_own(&bytes, named, &limits)
+                .receive_own(&bytes, bytes.len(), named, &limits)
                 .unwrap_err()
                 .to_string(),
             receiver.receive(&bytes, &limits).unwrap_err().to_string()
@@ -585,7 +604,7 @@ mod tests {
             let Ok(bytes) = sender.send(&tree) else { return Ok(()) };
             let limits = DecodeLimits::default();
             let decoded = receiver.receive(&bytes, &limits).unwrap();
-            let own = receiver.receive_own(&bytes, tree.clone(), &limits).unwrap();
+            let own = receiver.receive_own(&bytes, bytes.len(), tree.clone(), &limits).unwrap();
             prop_assert!(same_bits(&own, &decoded), "{own:?} against {decoded:?}");
         }
 

@@ -632,6 +632,7 @@ fn reply_of(settings: &Settings, header: &Value, tensors: &[u8]) -> Result<Clien
         test_correct,
         payload: payload.into(),
         packed_from: Some(tree),
+        unwritten_len: None,
     })
 }
 

@@ -73,6 +73,14 @@ pub enum Runner {
 }
 
 impl Runner {
+    /// See [`ClientRunner::hand_over_updates`].
+    pub fn hand_over_updates(&mut self) {
+        match self {
+            Runner::One(runner) => runner.hand_over_updates(),
+            Runner::Batch(runner) => runner.hand_over_updates(),
+        }
+    }
+
     /// Runs a chunk of tasks; one result per task, in order.
     fn run(
         &mut self,

@@ -142,6 +142,19 @@ fn share_one_arena_for_large_tensors(model: &RunModel) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether this process's round takes its workers' updates as the trees
+/// they were packed from, with no bytes written
+/// (`ClientRunner::hand_over_updates`): both pipelines the codec alone, and
+/// nothing that needs the bytes themselves (a rank of a plan ships them to
+/// the others; a secure-aggregation client masks what it would send).
+fn takes_updates_as_trees(loaded: &LoadedConfig, options: &RunOptions) -> bool {
+    let pipelines = loaded.pipelines();
+    pipelines.client_outbound.is_codec_alone()
+        && pipelines.server_inbound.is_codec_alone()
+        && options.distributed.is_none()
+        && loaded.config().secure_aggregation.is_none()
+}
+
 /// The transport `clients.comm_simulation` asks for: worker threads, or a
 /// gRPC server (with the local client processes it starts).
 pub(crate) fn start_transport(
@@ -163,7 +176,10 @@ pub(crate) fn start_transport(
             .and_then(|d| d.workers)
             .unwrap_or(trainer.max_concurrency);
         share_one_arena_for_large_tensors(model)?;
-        let (runners, chunk) = pool_runners(loaded, model, selected, workers, &train)?;
+        let (mut runners, chunk) = pool_runners(loaded, model, selected, workers, &train)?;
+        if takes_updates_as_trees(loaded, options) {
+            runners.iter_mut().for_each(Runner::hand_over_updates);
+        }
         let pool = WorkerPool::start(
             runners,
             Arc::new(train),

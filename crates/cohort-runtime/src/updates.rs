@@ -210,7 +210,7 @@ pub(crate) fn collect_updates(
         let client_id = outcome.task.client_id;
         // Bytes that arrived count, also when they do not unpack.
         if let Ok(delivered) = &outcome.result {
-            collected.bytes_to_server += delivered.reply.payload.len() as u64;
+            collected.bytes_to_server += delivered.reply.payload_bytes();
         }
         match unpack_or_masked(outcome, intake.inbound, intake.limits, intake.masked) {
             Ok(mut update) => {
@@ -300,7 +300,7 @@ fn unpack_or_masked(
     let sent = outcome
         .result
         .as_ref()
-        .map_or(0, |delivered| delivered.reply.payload.len());
+        .map_or(0, |delivered| delivered.reply.payload_bytes());
     let client_id = outcome.task.client_id;
     let dropped = |reason: String| Dropped {
         client_id,
@@ -343,9 +343,9 @@ pub(crate) fn unpack(
     };
     let mut delivered = outcome.result.map_err(dropped)?;
     let unpacking = Instant::now();
-    let payload = &delivered.reply.payload;
+    let (payload, length) = (&delivered.reply.payload, delivered.reply.payload_bytes());
     let tree = match delivered.reply.packed_from.take() {
-        Some(tree) => inbound.receive_own(payload, tree, limits),
+        Some(tree) => inbound.receive_own(payload, saturating_len(length), tree, limits),
         None => inbound.receive(payload, limits),
     }
     .map_err(|error| dropped(format!("malformed update: {error}")))?;
@@ -364,6 +364,11 @@ pub(crate) fn unpack(
         tree,
         unpacking,
     ))
+}
+
+/// A length as `usize`, past any limit where it does not fit.
+fn saturating_len(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
 /// A delivered report as the round takes it: `tree` its unpacked update
@@ -391,7 +396,7 @@ fn arrived(
         arrival: Arrival {
             processing_time: reply.processing_time + unpacking,
             comm_time: delivered.comm_time,
-            payload_bytes: reply.payload.len() as u64,
+            payload_bytes: reply.payload_bytes(),
             test_samples: reply.test_samples,
             test_correct: reply.test_correct,
             simulated: None,
@@ -688,6 +693,7 @@ pub(crate) mod tests {
                         test_correct: 3,
                         payload: payload.into(),
                         packed_from: None,
+                        unwritten_len: None,
                     },
                     comm_time: 0.0,
                     declared: None,

@@ -167,6 +167,7 @@ impl cohort_runtime::transport::Transport for EchoClients {
                     test_correct: 0,
                     payload: self.payload.to_vec().into(),
                     packed_from: None,
+                    unwritten_len: None,
                 },
                 comm_time: 0.0,
                 declared: None,

@@ -168,6 +168,7 @@ async fn run_task(
         test_correct: report.test_correct.min(report.test_samples),
         payload,
         packed_from: None,
+        unwritten_len: None,
     };
     Ok((reply, transfer, room))
 }

@@ -81,6 +81,7 @@ impl Transport for AddingClients {
                     test_correct: 0,
                     payload: codec::encode(&update)?.into(),
                     packed_from: None,
+                    unwritten_len: None,
                 },
                 comm_time: 0.0,
                 declared: None,
