@@ -13,18 +13,9 @@ use cohort_core::optim::OptimizerSpec;
 /// Builds the optimizer a local training run uses.
 pub fn build(spec: &OptimizerSpec) -> ModuleOptimizer {
     match *spec {
-        OptimizerSpec::Sgd {
-            momentum,
-            weight_decay,
-            dampening,
-            nesterov,
-            ..
-        } => ModuleOptimizer::from(MlxSgd {
-            momentum: momentum as f32,
-            weight_decay: weight_decay as f32,
-            dampening: dampening as f32,
-            nesterov,
-        }),
+        OptimizerSpec::Sgd { .. } => {
+            ModuleOptimizer::from(sgd_rule(spec).expect("an SGD spec has an SGD rule"))
+        }
         OptimizerSpec::Adam {
             betas,
             eps,
@@ -124,10 +115,10 @@ pub struct MlxSgd {
     nesterov: bool,
 }
 
-/// The SGD rule a local run takes on host values, where the run keeps its
-/// parameters on the host (`crate::kernels::Native`); `None` for the other
-/// optimizers.
-pub(crate) fn host_sgd(spec: &OptimizerSpec) -> Option<MlxSgd> {
+/// The rule of an SGD spec, for burn's optimizer ([`build`]) or for a run
+/// that keeps its parameters on the host (`crate::kernels::Native`);
+/// `None` for the other optimizers.
+pub(crate) fn sgd_rule(spec: &OptimizerSpec) -> Option<MlxSgd> {
     match *spec {
         OptimizerSpec::Sgd {
             momentum,

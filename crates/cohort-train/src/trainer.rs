@@ -283,7 +283,7 @@ impl<M: FederatedModel> LocalTrainer<M> {
     fn host_sgd(&self, no_terms: bool) -> Option<crate::optim::MlxSgd> {
         let plain = no_terms && self.settings.clip_grad_norm.is_none() && self.host_runs;
         self.native.as_ref().filter(|_| plain)?;
-        crate::optim::host_sgd(&self.settings.optimizer)
+        crate::optim::sgd_rule(&self.settings.optimizer)
     }
 
     /// Crops and flips the gathered batch, when the settings ask for it.
