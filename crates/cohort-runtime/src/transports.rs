@@ -126,6 +126,10 @@ fn clients_per_buffer(
 /// Before the worker threads start: where the model has a tensor of tens of
 /// MiB, they share glibc's main arena (`memory::share_one_arena_for`).
 fn share_one_arena_for_large_tensors(model: &RunModel) -> anyhow::Result<()> {
+    // A host with its own allocator settings (Python) builds no model for it.
+    if !cohort_train::memory::retains_freed_memory() {
+        return Ok(());
+    }
     let template = model.template()?;
     let largest = template
         .leaves()

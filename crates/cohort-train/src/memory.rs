@@ -35,6 +35,13 @@ pub fn retain_freed_memory() {
 /// Whether [`retain_freed_memory`] set malloc's thresholds in this process.
 static RETAINING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Whether [`retain_freed_memory`] set malloc's thresholds in this process
+/// (where [`share_one_arena_for`] can do anything): a caller asks before it
+/// builds a model only to learn its largest tensor.
+pub fn retains_freed_memory() -> bool {
+    RETAINING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A model with a tensor at least this large trains in threads that share
 /// glibc's main arena ([`share_one_arena_for`]): a quarter of the 64 MiB a
 /// thread's own arena grows its heaps to.
@@ -56,9 +63,7 @@ pub const SHARED_ARENA_TENSOR_BYTES: usize = 16 << 20;
 /// threads allocating small blocks at once wait on one arena's lock (the
 /// 100,000-client LeNet-5 job was 15–18 % slower with one).
 pub fn share_one_arena_for(largest_tensor_bytes: usize) -> bool {
-    if largest_tensor_bytes < SHARED_ARENA_TENSOR_BYTES
-        || !RETAINING.load(std::sync::atomic::Ordering::Relaxed)
-    {
+    if largest_tensor_bytes < SHARED_ARENA_TENSOR_BYTES || !retains_freed_memory() {
         return false;
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
