@@ -6,8 +6,11 @@
 //! one per optimizer, each following MLX 0.32's `apply_single`. State starts at
 //! zero as in MLX, and an optimizer is created fresh for every local run.
 
-use burn::optim::{LearningRate, ModuleOptimizer, Optimizer, RecordState, StateSink, StateSource};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::{
+    GradientsParams, LearningRate, ModuleOptimizer, Optimizer, RecordState, StateSink, StateSource,
+};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use cohort_core::optim::OptimizerSpec;
 
 /// Builds the optimizer a local training run uses.
@@ -150,29 +153,140 @@ impl MlxSgd {
     ) {
         assert_eq!(param.len(), grad.len(), "a gradient per parameter");
         let lr = lr as f32;
-        let (decay, momentum) = (self.weight_decay, self.momentum);
-        let damping = 1.0 - self.dampening;
+        let decay = self.weight_decay;
+        if self.momentum <= 0.0 {
+            for (p, &g) in param.iter_mut().zip(grad) {
+                *p -= decayed(*p, g, decay) * lr;
+            }
+            return;
+        }
+        let (momentum, nesterov) = (self.momentum, self.nesterov);
+        let (dampened, damping) = (self.dampening > 0.0, 1.0 - self.dampening);
         let first = velocity.is_empty();
-        if momentum > 0.0 && first {
+        if first {
             velocity.resize(param.len(), 0.0);
         }
-        for (i, (p, &g)) in param.iter_mut().zip(grad).enumerate() {
-            let g = if decay != 0.0 { g + *p * decay } else { g };
-            if momentum <= 0.0 {
-                *p -= g * lr;
-                continue;
-            }
-            let scaled = if self.dampening > 0.0 { g * damping } else { g };
-            let v = if first {
+        assert_eq!(velocity.len(), param.len(), "a moment per parameter");
+        let values = param.iter_mut().zip(grad).zip(velocity.iter_mut());
+        for ((p, &g), v) in values {
+            let g = decayed(*p, g, decay);
+            let scaled = if dampened { g * damping } else { g };
+            let next = if first {
                 scaled
             } else {
-                velocity[i] * momentum + scaled
+                *v * momentum + scaled
             };
-            velocity[i] = v;
-            let update = if self.nesterov { g + v * momentum } else { v };
+            *v = next;
+            let update = if nesterov { g + next * momentum } else { next };
             *p -= update * lr;
         }
     }
+}
+
+/// Plain SGD for a model on burn's CPU device, its moments kept on the host
+/// for the whole local run. Each step takes a parameter's values out of
+/// their tensor (without a copy where the module holds the tensor alone),
+/// updates them in one pass by [`MlxSgd::step_host`] and puts them back.
+/// burn's optimizer spends four or five tensor operations on a parameter,
+/// each a pass over it and most an allocation: 29 % of `multilayer`'s step
+/// on the CPU. The same bits as burn's optimizer with [`MlxSgd`]
+/// (`host_steps_are_the_burn_optimizers_bit_for_bit` in the trainer).
+pub(crate) struct HostSgd {
+    rule: MlxSgd,
+    /// The moments, in the module's parameter order; empty before a first step.
+    velocity: Vec<Vec<f32>>,
+}
+
+impl HostSgd {
+    /// The host steps for `model` under `spec`: `None` unless the optimizer
+    /// is SGD and every parameter is a float32 tensor on burn's CPU device.
+    pub(crate) fn for_model<M: Module>(spec: &OptimizerSpec, model: &M) -> Option<Self> {
+        let rule = sgd_rule(spec)?;
+        let mut check = HostFloats { all: true };
+        model.visit(&mut check);
+        check.all.then(|| Self {
+            rule,
+            velocity: Vec::new(),
+        })
+    }
+
+    /// `model` after one step on `grads` at `learning_rate`.
+    pub(crate) fn step<M: Module>(
+        &mut self,
+        learning_rate: f64,
+        model: M,
+        grads: GradientsParams,
+    ) -> M {
+        model.map(&mut HostSgdStep {
+            sgd: self,
+            learning_rate,
+            grads,
+            next: 0,
+        })
+    }
+}
+
+/// Whether every parameter a module visits is float32 on burn's CPU device.
+struct HostFloats {
+    all: bool,
+}
+
+impl ModuleVisitor for HostFloats {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let value = param.val();
+        self.all &= value.dtype() == DType::F32 && crate::kernels::enabled_on(&value.device());
+    }
+}
+
+struct HostSgdStep<'a> {
+    sgd: &'a mut HostSgd,
+    learning_rate: f64,
+    grads: GradientsParams,
+    next: usize,
+}
+
+impl ModuleMapper for HostSgdStep<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let slot = self.next;
+        self.next += 1;
+        let (id, tensor, mapper) = param.consume();
+        let Some(grad) = self.grads.remove::<D>(id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let require_grad = tensor.is_require_grad();
+        let inner = tensor.inner();
+        let (shape, device) = (inner.dims().to_vec(), inner.device());
+        let mut values = inner
+            .into_data()
+            .try_into_vec::<f32>()
+            .expect("HostSgd::for_model admits float32 parameters only");
+        let grad = grad.into_data();
+        let grad = grad
+            .as_slice::<f32>()
+            .expect("float32 parameters have float32 gradients");
+        if self.sgd.velocity.len() <= slot {
+            self.sgd.velocity.resize_with(slot + 1, Vec::new);
+        }
+        let velocity = &mut self.sgd.velocity[slot];
+        self.sgd
+            .rule
+            .step_host(self.learning_rate, &mut values, grad, velocity);
+        let updated = Tensor::<D>::from_data(TensorData::new(values, shape), &device);
+        let updated = Tensor::from_inner(updated);
+        let updated = if require_grad {
+            updated.require_grad()
+        } else {
+            updated
+        };
+        Param::from_mapped_value(id, updated, mapper)
+    }
+}
+
+/// SGD's gradient with weight decay `decay` added, as the tensor rule adds
+/// it: not at all where `decay` is zero.
+#[inline(always)]
+fn decayed(p: f32, g: f32, decay: f32) -> f32 {
+    if decay != 0.0 { g + p * decay } else { g }
 }
 
 impl Optimizer for MlxSgd {

@@ -131,8 +131,9 @@ pub struct LocalTrainer<M: FederatedModel> {
     /// this device.
     native: Option<Native>,
     /// Whether a plain SGD run on the native kernels keeps its parameters
-    /// on the host ([`LocalTrainer::host_sgd`]); off only in the test that
-    /// holds the two ways to the same bits.
+    /// on the host ([`LocalTrainer::host_sgd`]), and SGD's steps through
+    /// burn's gradients run on the host ([`LocalTrainer::host_steps`]); off
+    /// only in the tests that hold the two ways to the same bits.
     host_runs: bool,
 }
 
@@ -187,6 +188,7 @@ impl<M: FederatedModel> LocalTrainer<M> {
         if let (Some(_), Some(native)) = (&host_sgd, self.native.as_mut()) {
             native.begin_host_run(&model);
         }
+        let mut host_steps = self.host_steps(&model);
         let mut order = partition.to_vec();
         let mut loss_sum = LossSum::new(&self.device);
         let mut seen = 0usize;
@@ -245,7 +247,10 @@ impl<M: FederatedModel> LocalTrainer<M> {
                         break 'training;
                     }
                 };
-                model = optimizer.step(learning_rate, model, grads);
+                model = match host_steps.as_mut() {
+                    Some(sgd) => sgd.step(learning_rate, model, grads),
+                    None => optimizer.step(learning_rate, model, grads),
+                };
                 local_steps += 1;
             }
         }
@@ -284,6 +289,16 @@ impl<M: FederatedModel> LocalTrainer<M> {
         let plain = no_terms && self.settings.clip_grad_norm.is_none() && self.host_runs;
         self.native.as_ref().filter(|_| plain)?;
         crate::optim::sgd_rule(&self.settings.optimizer)
+    }
+
+    /// SGD's steps on the host for a model trained through burn's
+    /// gradients on the CPU ([`crate::optim::HostSgd`]), where burn's
+    /// optimizer would take SGD's rule through tensor operations.
+    fn host_steps(&self, model: &M) -> Option<crate::optim::HostSgd> {
+        if !self.host_runs {
+            return None;
+        }
+        crate::optim::HostSgd::for_model(&self.settings.optimizer, model)
     }
 
     /// Crops and flips the gathered batch, when the settings ask for it.
@@ -1352,10 +1367,21 @@ mod tests {
                 dampening,
                 nesterov,
             };
+            let cpu = crate::device::cpu();
+            let native = LocalTrainer::new(|d| LeNet5::new(10, d), &cpu, settings.clone()).native;
+            assert!(native.is_some(), "the native kernels train the LeNets");
+            let plan = LocalPlan::plain(0.05);
             let runs = [
-                (host_and_burn(|d| LeNet5::new(10, d), &settings), "lenet5"),
                 (
-                    host_and_burn(|d| crate::model::LeNet5Compact::new(10, d), &settings),
+                    host_and_burn(|d| LeNet5::new(10, d), &settings, &plan),
+                    "lenet5",
+                ),
+                (
+                    host_and_burn(
+                        |d| crate::model::LeNet5Compact::new(10, d),
+                        &settings,
+                        &plan,
+                    ),
                     "lenet5_compact",
                 ),
             ];
@@ -1368,11 +1394,76 @@ mod tests {
         }
     }
 
-    /// One client of 50 samples (a partial last batch) trained from the same
-    /// seeded model with its parameters on the host, then through burn.
+    /// Models that burn's gradients train (the zoo's, and a LeNet under a
+    /// gradient term): SGD's steps on the host give burn's optimizer's
+    /// bits, BatchNorm's running statistics and dropout included.
+    #[test]
+    fn host_steps_are_the_burn_optimizers_bit_for_bit() {
+        use crate::model::{Activation, Cnn, Multilayer, NormKind, ResNet20};
+        for (momentum, weight_decay, dampening, nesterov) in [
+            (0.0, 0.0, 0.0, false),
+            (0.9, 0.01, 0.1, false),
+            (0.9, 0.0, 0.0, true),
+        ] {
+            let mut settings = sgd(None);
+            settings.optimizer = OptimizerSpec::Sgd {
+                learning_rate: 0.05,
+                momentum,
+                weight_decay,
+                dampening,
+                nesterov,
+            };
+            let plain = LocalPlan::plain(0.05);
+            let proximal = LocalPlan {
+                proximal_mu: 0.1,
+                ..LocalPlan::plain(0.05)
+            };
+            let runs = [
+                (
+                    host_and_burn(|d| Cnn::new([1, 28, 28], 16, 10, d), &settings, &plain),
+                    "cnn",
+                ),
+                (
+                    host_and_burn(|d| CnnBn::new(10, d), &settings, &plain),
+                    "cnn_bn",
+                ),
+                (
+                    host_and_burn(
+                        |d| Multilayer::new(784, &[32, 16], 10, Activation::Relu, d),
+                        &settings,
+                        &plain,
+                    ),
+                    "multilayer",
+                ),
+                (
+                    host_and_burn(
+                        |d| ResNet20::new(1, 10, NormKind::Group(2), d),
+                        &settings,
+                        &plain,
+                    ),
+                    "resnet_20",
+                ),
+                (
+                    host_and_burn(|d| LeNet5::new(10, d), &settings, &proximal),
+                    "lenet5 under FedProx",
+                ),
+            ];
+            for ((host, burn), model) in runs {
+                let what = format!("{model}, {settings:?}");
+                assert_eq!(host.tree, burn.tree, "{what}");
+                assert_eq!(host.loss.to_bits(), burn.loss.to_bits(), "{what}");
+                assert_eq!(host.local_steps, burn.local_steps, "{what}");
+            }
+        }
+    }
+
+    /// One client of 50 samples (a partial last batch) trained by `plan`
+    /// from the same seeded model with its parameters on the host, then
+    /// through burn.
     fn host_and_burn<M: FederatedModel>(
         build: impl Fn(&Device) -> M,
         settings: &TrainSettings,
+        plan: &LocalPlan,
     ) -> (LocalUpdate, LocalUpdate) {
         let data = dataset(false);
         let partition: Vec<u32> = (0..50).collect();
@@ -1382,16 +1473,13 @@ mod tests {
         };
         let run = |host_runs: bool| {
             let mut trainer = LocalTrainer::new(&build, &crate::device::cpu(), settings.clone());
-            assert!(
-                trainer.native.is_some(),
-                "the native kernels train the model"
-            );
             trainer.host_runs = host_runs;
+            let steps = trainer.host_steps(trainer.model.as_ref().unwrap());
+            assert_eq!(steps.is_some(), host_runs, "SGD's steps on the host");
             let template = params::extract(trainer.model.as_ref().unwrap());
             let global = crate::init::seeded_parameters(&template, 4);
-            let plan = LocalPlan::plain(0.05);
             trainer
-                .train(task, &global, &data, &partition, &plan)
+                .train(task, &global, &data, &partition, plan)
                 .unwrap()
         };
         (run(true), run(false))

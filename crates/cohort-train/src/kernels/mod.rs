@@ -58,7 +58,7 @@ use lenet::{Arch, NativeLeNet};
 
 /// Whether the native kernels may run on `device` (burn's CPU backend,
 /// unless [`crate::switches`] turn them off).
-fn enabled_on(device: &Device) -> bool {
+pub(crate) fn enabled_on(device: &Device) -> bool {
     crate::switches::get().native_kernels && device.clone().inner() == crate::device::cpu()
 }
 
