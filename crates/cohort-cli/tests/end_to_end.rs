@@ -337,7 +337,11 @@ fn the_run_says_what_it_runs_before_round_1_and_where_it_is() {
 
 #[test]
 fn gpu_request_on_a_cpu_build_is_a_clear_error() {
-    if cfg!(any(feature = "wgpu", feature = "cuda")) {
+    if cfg!(any(
+        feature = "wgpu",
+        feature = "vulkan-untuned",
+        feature = "cuda"
+    )) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

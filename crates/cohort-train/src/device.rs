@@ -68,7 +68,7 @@ pub fn select(request: DeviceRequest) -> Result<Selected, DeviceError> {
 /// A GPU device this build can offer: the device, its name for the log, and
 /// how to ask its backend for the device's memory and largest buffer once it
 /// has started.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[cfg(any(feature = "wgpu-base", feature = "cuda"))]
 struct Candidate {
     device: Device,
     name: &'static str,
@@ -76,11 +76,11 @@ struct Candidate {
 }
 
 /// What a GPU's backend says of its memory: `(device memory, largest buffer)`.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[cfg(any(feature = "wgpu-base", feature = "cuda"))]
 type Memory = (Option<u64>, Option<u64>);
 
 /// The GPU devices this build can offer, most specific first.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[cfg(any(feature = "wgpu-base", feature = "cuda"))]
 // Which pushes exist depends on the features, so no single `vec![]`.
 #[allow(clippy::vec_init_then_push)]
 fn gpu_candidates() -> Vec<Candidate> {
@@ -92,7 +92,7 @@ fn gpu_candidates() -> Vec<Candidate> {
         name: "gpu (burn cuda)",
         memory: || (None, None),
     });
-    #[cfg(feature = "vulkan")]
+    #[cfg(feature = "vulkan-base")]
     candidates.push(Candidate {
         device: Device::vulkan(burn::tensor::DeviceKind::DefaultDevice),
         name: "gpu (burn wgpu, Vulkan)",
@@ -104,7 +104,10 @@ fn gpu_candidates() -> Vec<Candidate> {
         name: "gpu (burn wgpu, Metal)",
         memory: || wgpu_memory(burn::backend::wgpu::WgpuBackend::Metal),
     });
-    #[cfg(all(feature = "wgpu", not(any(feature = "vulkan", feature = "metal"))))]
+    #[cfg(all(
+        feature = "wgpu-base",
+        not(any(feature = "vulkan-base", feature = "metal"))
+    ))]
     candidates.push(Candidate {
         device: Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
         name: "gpu (burn wgpu)",
@@ -116,7 +119,7 @@ fn gpu_candidates() -> Vec<Candidate> {
 /// The memory cubecl read for the default wgpu device on `api`: the same
 /// device (and so the same cubecl client) as `Device::vulkan`,
 /// `Device::metal` or `Device::wgpu` with `DeviceKind::DefaultDevice` start.
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "wgpu-base")]
 fn wgpu_memory(api: burn::backend::wgpu::WgpuBackend) -> Memory {
     use burn::backend::wgpu::{AutoCompiler, WgpuDevice, WgpuRuntime};
     use cubecl_runtime::runtime::Runtime;
@@ -126,9 +129,9 @@ fn wgpu_memory(api: burn::backend::wgpu::WgpuBackend) -> Memory {
     (memory.max_memory(), Some(memory.max_page_size))
 }
 
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[cfg(any(feature = "wgpu-base", feature = "cuda"))]
 fn gpu() -> Result<Selected, DeviceError> {
-    #[cfg(feature = "wgpu")]
+    #[cfg(feature = "wgpu-base")]
     configure_kernel_caches(crate::switches::get().kernel_cache.clone());
     let mut failures = Vec::new();
     for candidate in gpu_candidates() {
@@ -150,7 +153,7 @@ fn gpu() -> Result<Selected, DeviceError> {
 
 /// GPU devices start lazily and panic when no adapter exists; one small
 /// operation turns a missing GPU into an error now instead of a crash mid-run.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[cfg(any(feature = "wgpu-base", feature = "cuda"))]
 fn probe(device: &Device) -> Result<(), String> {
     use burn::tensor::Tensor;
     let probe = device.clone();
@@ -163,7 +166,7 @@ fn probe(device: &Device) -> Result<(), String> {
     }
 }
 
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[cfg(any(feature = "wgpu-base", feature = "cuda"))]
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic
         .downcast_ref::<String>()
@@ -239,7 +242,7 @@ pub fn key_kernel_cache(configuration: &str) -> bool {
 
 /// `cache` narrowed to this process's configuration: its key's subdirectory,
 /// or no cache where no key was set.
-#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+#[cfg_attr(not(feature = "wgpu-base"), allow(dead_code))]
 fn keyed(cache: KernelCache, key: Option<&str>) -> KernelCache {
     match (cache, key) {
         (KernelCache::Directory(root), Some(key)) => KernelCache::Directory(root.join(key)),
@@ -265,7 +268,7 @@ fn keyed(cache: KernelCache, key: Option<&str>) -> KernelCache {
 /// `cubecl.toml` or `CUBECL_AUTOTUNE_CACHE` say; cubecl's other settings are
 /// kept. A process whose cubecl configuration was already read keeps it
 /// (`try_set` refuses).
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "wgpu-base")]
 fn configure_kernel_caches(cache: KernelCache) {
     use cubecl_environment::records::RecordLevel;
     use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
@@ -299,7 +302,7 @@ fn configure_kernel_caches(cache: KernelCache) {
 /// `cache`, or `Off` with a warning naming the variable where its directory
 /// cannot be created: cubecl would otherwise only log a failure deep in its
 /// store, and a cache is never worth failing a run for.
-#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+#[cfg_attr(not(feature = "wgpu-base"), allow(dead_code))]
 fn usable(cache: KernelCache) -> KernelCache {
     if let KernelCache::Directory(dir) = &cache
         && let Err(error) = std::fs::create_dir_all(dir)
@@ -314,7 +317,7 @@ fn usable(cache: KernelCache) -> KernelCache {
     cache
 }
 
-#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+#[cfg(not(any(feature = "wgpu-base", feature = "cuda")))]
 fn gpu() -> Result<Selected, DeviceError> {
     Err(DeviceError::NoGpuBackend)
 }
@@ -372,7 +375,7 @@ mod tests {
         assert_eq!(keyed(KernelCache::Off, Some("k")), KernelCache::Off);
     }
 
-    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    #[cfg(not(any(feature = "wgpu-base", feature = "cuda")))]
     #[test]
     fn gpu_request_without_backend_is_a_clear_error() {
         assert_eq!(
