@@ -291,14 +291,15 @@ impl<M: FederatedModel> LocalTrainer<M> {
         crate::optim::sgd_rule(&self.settings.optimizer)
     }
 
-    /// SGD's steps on the host for a model trained through burn's
-    /// gradients on the CPU ([`crate::optim::HostSgd`]), where burn's
-    /// optimizer would take SGD's rule through tensor operations.
-    fn host_steps(&self, model: &M) -> Option<crate::optim::HostSgd> {
+    /// The optimizer's steps on the host for a model trained through burn's
+    /// gradients on the CPU ([`crate::optim::HostOptimizer`]: SGD, Adam and
+    /// AdamW), where burn's optimizer would take the rule through tensor
+    /// operations.
+    fn host_steps(&self, model: &M) -> Option<crate::optim::HostOptimizer> {
         if !self.host_runs {
             return None;
         }
-        crate::optim::HostSgd::for_model(&self.settings.optimizer, model)
+        crate::optim::HostOptimizer::for_model(&self.settings.optimizer, model)
     }
 
     /// Crops and flips the gathered batch, when the settings ask for it.
@@ -1352,21 +1353,14 @@ mod tests {
     /// the same update, bit for bit, the same loss and steps.
     #[test]
     fn the_host_run_is_the_burn_run_bit_for_bit() {
-        for (momentum, weight_decay, dampening, nesterov) in [
+        for rule in [
             (0.0, 0.0, 0.0, false),
             (0.9, 0.0, 0.0, false),
             (0.9, 0.01, 0.1, false),
             (0.9, 0.01, 0.0, true),
         ] {
-            let mut settings = sgd(None);
+            let mut settings = sgd_variant(rule);
             settings.epochs = 2;
-            settings.optimizer = OptimizerSpec::Sgd {
-                learning_rate: 0.05,
-                momentum,
-                weight_decay,
-                dampening,
-                nesterov,
-            };
             let cpu = crate::device::cpu();
             let native = LocalTrainer::new(|d| LeNet5::new(10, d), &cpu, settings.clone()).native;
             assert!(native.is_some(), "the native kernels train the LeNets");
@@ -1385,34 +1379,35 @@ mod tests {
                     "lenet5_compact",
                 ),
             ];
-            for ((host, burn), model) in runs {
-                let what = format!("{model}, {settings:?}");
-                assert_eq!(host.tree, burn.tree, "{what}");
-                assert_eq!(host.loss.to_bits(), burn.loss.to_bits(), "{what}");
-                assert_eq!(host.local_steps, burn.local_steps, "{what}");
-            }
+            assert_same_runs(runs, &settings);
         }
     }
 
     /// Models that burn's gradients train (the zoo's, and a LeNet under a
-    /// gradient term): SGD's steps on the host give burn's optimizer's
-    /// bits, BatchNorm's running statistics and dropout included.
+    /// gradient term): SGD's and Adam's steps on the host give burn's
+    /// optimizer's bits, BatchNorm's running statistics and dropout
+    /// included.
     #[test]
     fn host_steps_are_the_burn_optimizers_bit_for_bit() {
         use crate::model::{Activation, Cnn, Multilayer, NormKind, ResNet20};
-        for (momentum, weight_decay, dampening, nesterov) in [
-            (0.0, 0.0, 0.0, false),
-            (0.9, 0.01, 0.1, false),
-            (0.9, 0.0, 0.0, true),
-        ] {
+        let adam = |weight_decay: f64, bias_correction: bool| {
             let mut settings = sgd(None);
-            settings.optimizer = OptimizerSpec::Sgd {
-                learning_rate: 0.05,
-                momentum,
+            settings.optimizer = OptimizerSpec::AdamW {
+                learning_rate: 0.01,
+                betas: [0.9, 0.999],
+                eps: 1e-8,
                 weight_decay,
-                dampening,
-                nesterov,
+                bias_correction,
             };
+            settings
+        };
+        for settings in [
+            sgd_variant((0.0, 0.0, 0.0, false)),
+            sgd_variant((0.9, 0.01, 0.1, false)),
+            sgd_variant((0.9, 0.0, 0.0, true)),
+            adam(0.0, false),
+            adam(0.01, true),
+        ] {
             let plain = LocalPlan::plain(0.05);
             let proximal = LocalPlan {
                 proximal_mu: 0.1,
@@ -1448,12 +1443,36 @@ mod tests {
                     "lenet5 under FedProx",
                 ),
             ];
-            for ((host, burn), model) in runs {
-                let what = format!("{model}, {settings:?}");
-                assert_eq!(host.tree, burn.tree, "{what}");
-                assert_eq!(host.loss.to_bits(), burn.loss.to_bits(), "{what}");
-                assert_eq!(host.local_steps, burn.local_steps, "{what}");
-            }
+            assert_same_runs(runs, &settings);
+        }
+    }
+
+    /// SGD at rate 0.05 with `(momentum, weight_decay, dampening, nesterov)`.
+    fn sgd_variant(
+        (momentum, weight_decay, dampening, nesterov): (f64, f64, f64, bool),
+    ) -> TrainSettings {
+        let mut settings = sgd(None);
+        settings.optimizer = OptimizerSpec::Sgd {
+            learning_rate: 0.05,
+            momentum,
+            weight_decay,
+            dampening,
+            nesterov,
+        };
+        settings
+    }
+
+    /// Each pair of runs (host, burn) gave the same update, bit for bit, the
+    /// same loss and the same number of steps.
+    fn assert_same_runs<const N: usize>(
+        runs: [((LocalUpdate, LocalUpdate), &str); N],
+        settings: &TrainSettings,
+    ) {
+        for ((host, burn), model) in runs {
+            let what = format!("{model}, {settings:?}");
+            assert_eq!(host.tree, burn.tree, "{what}");
+            assert_eq!(host.loss.to_bits(), burn.loss.to_bits(), "{what}");
+            assert_eq!(host.local_steps, burn.local_steps, "{what}");
         }
     }
 
