@@ -583,17 +583,31 @@ mod tests {
         }
     }
 
+    /// `n` values in [-1, 1) spread by `seed`.
+    fn values(seed: u32, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2_000)
+            .map(|x| x as f32 / 997.0 - 1.0)
+            .collect()
+    }
+
+    fn tensor(v: &[f32]) -> Tensor<1> {
+        Tensor::<1>::from_data(
+            TensorData::new(v.to_vec(), [v.len()]),
+            &crate::device::cpu(),
+        )
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    fn bits_of(t: Tensor<1>) -> Vec<u32> {
+        bits(&t.into_data().try_to_vec::<f32>().unwrap())
+    }
+
     #[test]
     fn the_host_rule_is_the_tensor_rule_bit_for_bit() {
-        let device = crate::device::cpu();
-        let values = |seed: u32, n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2_000)
-                .map(|x| x as f32 / 997.0 - 1.0)
-                .collect()
-        };
-        let tensor =
-            |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
         for momentum in [0.0, 0.9] {
             for weight_decay in [0.0, 0.013] {
                 for dampening in [0.0, 0.1] {
@@ -611,10 +625,7 @@ mod tests {
                             let grad = values(step, 37);
                             sgd.step_host(0.05, &mut host, &grad, &mut velocity);
                             (p, state) = sgd.step(0.05, p, tensor(&grad), state);
-                            let expected = p.to_data().try_to_vec::<f32>().unwrap();
-                            let bits =
-                                |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                            assert_eq!(bits(&host), bits(&expected), "{sgd:?} step {step}");
+                            assert_eq!(bits(&host), bits_of(p.clone()), "{sgd:?} step {step}");
                         }
                     }
                 }
@@ -624,16 +635,6 @@ mod tests {
 
     #[test]
     fn the_host_adam_is_the_tensor_adam_bit_for_bit() {
-        let device = crate::device::cpu();
-        let values = |seed: u32, n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2_000)
-                .map(|x| x as f32 / 997.0 - 1.0)
-                .collect()
-        };
-        let tensor =
-            |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for weight_decay in [0.0, 0.013] {
             for bias_correction in [false, true] {
                 let adam = MlxAdam {
@@ -649,8 +650,7 @@ mod tests {
                     let grad = values(step, 37);
                     adam.step_host(0.01, &mut host, &grad, &mut moments);
                     (p, state) = adam.step(0.01, p, tensor(&grad), state);
-                    let expected = p.to_data().try_to_vec::<f32>().unwrap();
-                    assert_eq!(bits(&host), bits(&expected), "{adam:?} step {step}");
+                    assert_eq!(bits(&host), bits_of(p.clone()), "{adam:?} step {step}");
                 }
             }
         }
