@@ -5,6 +5,9 @@
 //! only when asked). The seed specifies MLX, so the rules are written out here,
 //! one per optimizer, each following MLX 0.32's `apply_single`. State starts at
 //! zero as in MLX, and an optimizer is created fresh for every local run.
+//!
+//! On burn's CPU device SGD and Adam take their steps on the host instead
+//! (`HostOptimizer`), with the same bits.
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::{
@@ -199,7 +202,9 @@ impl MlxSgd {
 /// to ten tensor operations on a parameter, each a pass over it and most an
 /// allocation: 29 % of `multilayer`'s step on the CPU with SGD. The same
 /// bits as burn's optimizer with the same rule
-/// (`host_steps_are_the_burn_optimizers_bit_for_bit` in the trainer).
+/// (`host_steps_are_the_burn_optimizers_bit_for_bit` in the trainer). Off
+/// where the native kernels are turned off (`COHORT_NATIVE_KERNELS=0`), so
+/// that a run can be compared with burn's own path.
 pub(crate) struct HostOptimizer {
     rule: HostRule,
     /// Each parameter's state, in the module's parameter order.
