@@ -232,13 +232,21 @@ impl HostOptimizer {
     /// is SGD, Adam or AdamW and every parameter is a float32 tensor on
     /// burn's CPU device.
     pub(crate) fn for_model<M: Module>(spec: &OptimizerSpec, model: &M) -> Option<Self> {
+        let mut check = HostFloats { all: true };
+        model.visit(&mut check);
+        check.all.then(|| Self::for_spec(spec)).flatten()
+    }
+
+    /// The host rule of `spec` (SGD, Adam or AdamW; otherwise `None`), for
+    /// parameters that already live on the host: the native kernels' whole
+    /// local run ([`crate::kernels`]), which calls [`HostOptimizer::update`]
+    /// itself.
+    pub(crate) fn for_spec(spec: &OptimizerSpec) -> Option<Self> {
         let rule = match sgd_rule(spec) {
             Some(sgd) => HostRule::Sgd(sgd),
             None => HostRule::Adam(adam_rule(spec)?),
         };
-        let mut check = HostFloats { all: true };
-        model.visit(&mut check);
-        check.all.then(|| Self {
+        Some(Self {
             rule,
             moments: Vec::new(),
         })
@@ -259,7 +267,16 @@ impl HostOptimizer {
         })
     }
 
-    fn update(&mut self, slot: usize, learning_rate: f64, param: &mut [f32], grad: &[f32]) {
+    /// One step of the rule on the values of parameter number `slot` (in
+    /// the module's parameter order), whose moments this optimizer keeps
+    /// from the slot's first step to the end of the local run.
+    pub(crate) fn update(
+        &mut self,
+        slot: usize,
+        learning_rate: f64,
+        param: &mut [f32],
+        grad: &[f32],
+    ) {
         if self.moments.len() <= slot {
             self.moments.resize_with(slot + 1, HostMoments::default);
         }

@@ -183,12 +183,14 @@ impl<M: FederatedModel> LocalTrainer<M> {
         let started = Instant::now();
         let (mut model, terms) = self.take_loaded(task, global, plan)?;
         let mut local_steps = 0u64;
-        let mut optimizer = crate::optim::build(&self.settings.optimizer);
-        let host_sgd = self.host_sgd(terms.is_none());
-        if let (Some(_), Some(native)) = (&host_sgd, self.native.as_mut()) {
+        let mut host_run = self.host_run(terms.is_none());
+        if let (Some(_), Some(native)) = (&host_run, self.native.as_mut()) {
             native.begin_host_run(&model);
         }
-        let mut host_steps = self.host_steps(&model);
+        // Built at the first step that needs one: a run on the host takes
+        // neither, and burn's optimizer is only for the rules the host lacks.
+        let mut host_steps = None;
+        let mut optimizer = None;
         let mut order = partition.to_vec();
         let mut loss_sum = LossSum::new(&self.device);
         let mut seen = 0usize;
@@ -207,9 +209,9 @@ impl<M: FederatedModel> LocalTrainer<M> {
                     });
                     break 'training;
                 }
-                if let (Some(sgd), Some(native)) = (&host_sgd, self.native.as_mut()) {
+                if let (Some(rule), Some(native)) = (host_run.as_mut(), self.native.as_mut()) {
                     let rows = self.labels.len();
-                    let loss = native.host_sgd_step(sgd, learning_rate, &self.images, &self.labels);
+                    let loss = native.host_step(rule, learning_rate, &self.images, &self.labels);
                     loss_sum.host += loss * rows as f32;
                     seen += rows;
                     local_steps += 1;
@@ -247,14 +249,19 @@ impl<M: FederatedModel> LocalTrainer<M> {
                         break 'training;
                     }
                 };
+                if local_steps == 0 {
+                    host_steps = self.host_steps(&model);
+                }
                 model = match host_steps.as_mut() {
-                    Some(sgd) => sgd.step(learning_rate, model, grads),
-                    None => optimizer.step(learning_rate, model, grads),
+                    Some(host) => host.step(learning_rate, model, grads),
+                    None => optimizer
+                        .get_or_insert_with(|| crate::optim::build(&self.settings.optimizer))
+                        .step(learning_rate, model, grads),
                 };
                 local_steps += 1;
             }
         }
-        if let (Some(_), Some(native)) = (&host_sgd, self.native.as_mut()) {
+        if let (Some(_), Some(native)) = (&host_run, self.native.as_mut()) {
             model = native.end_host_run(model);
         }
         // `valid()` folds BatchNorm's pending running-statistics updates into
@@ -280,15 +287,16 @@ impl<M: FederatedModel> LocalTrainer<M> {
 }
 
 impl<M: FederatedModel> LocalTrainer<M> {
-    /// The SGD rule a run takes on the host, with the parameters kept there
-    /// from its first step to its last ([`Native::begin_host_run`]): where
-    /// the native kernels train the model, the optimizer is SGD, and no
-    /// gradient term or clipping needs burn's gradients. The same bits as
-    /// the step through burn (`the_host_run_is_the_burn_run_bit_for_bit`).
-    fn host_sgd(&self, no_terms: bool) -> Option<crate::optim::MlxSgd> {
+    /// The rule a run takes on the host (SGD, Adam or AdamW), with the
+    /// parameters kept there from its first step to its last
+    /// ([`Native::begin_host_run`]): where the native kernels train the
+    /// model and no gradient term or clipping needs burn's gradients. The
+    /// same bits as the steps through burn
+    /// (`the_host_run_is_the_burn_run_bit_for_bit`).
+    fn host_run(&self, no_terms: bool) -> Option<crate::optim::HostOptimizer> {
         let plain = no_terms && self.settings.clip_grad_norm.is_none() && self.host_runs;
         self.native.as_ref().filter(|_| plain)?;
-        crate::optim::sgd_rule(&self.settings.optimizer)
+        crate::optim::HostOptimizer::for_spec(&self.settings.optimizer)
     }
 
     /// The optimizer's steps on the host for a model trained through burn's
@@ -1348,22 +1356,30 @@ mod tests {
         assert_eq!(a.unwrap().tree, b.unwrap().tree);
     }
 
-    /// Each LeNet trained by plain SGD with its parameters on the host, and
-    /// through burn's optimizer, for every combination of the rule's terms:
-    /// the same update, bit for bit, the same loss and steps.
+    /// Each LeNet trained by SGD (every combination of the rule's terms),
+    /// Adam and AdamW with its parameters on the host, and through burn's
+    /// optimizer: the same update, bit for bit, the same loss and steps.
     #[test]
     fn the_host_run_is_the_burn_run_bit_for_bit() {
-        for rule in [
-            (0.0, 0.0, 0.0, false),
-            (0.9, 0.0, 0.0, false),
-            (0.9, 0.01, 0.1, false),
-            (0.9, 0.01, 0.0, true),
+        for mut settings in [
+            sgd_variant((0.0, 0.0, 0.0, false)),
+            sgd_variant((0.9, 0.0, 0.0, false)),
+            sgd_variant((0.9, 0.01, 0.1, false)),
+            sgd_variant((0.9, 0.01, 0.0, true)),
+            adam_variant(0.0, false),
+            adam_variant(0.01, true),
         ] {
-            let mut settings = sgd_variant(rule);
             settings.epochs = 2;
             let cpu = crate::device::cpu();
-            let native = LocalTrainer::new(|d| LeNet5::new(10, d), &cpu, settings.clone()).native;
-            assert!(native.is_some(), "the native kernels train the LeNets");
+            let trainer = LocalTrainer::new(|d| LeNet5::new(10, d), &cpu, settings.clone());
+            assert!(
+                trainer.native.is_some(),
+                "the native kernels train the LeNets"
+            );
+            assert!(
+                trainer.host_run(true).is_some(),
+                "{settings:?} runs on the host"
+            );
             let plan = LocalPlan::plain(0.05);
             let runs = [
                 (
@@ -1390,23 +1406,12 @@ mod tests {
     #[test]
     fn host_steps_are_the_burn_optimizers_bit_for_bit() {
         use crate::model::{Activation, Cnn, Multilayer, NormKind, ResNet20};
-        let adam = |weight_decay: f64, bias_correction: bool| {
-            let mut settings = sgd(None);
-            settings.optimizer = OptimizerSpec::AdamW {
-                learning_rate: 0.01,
-                betas: [0.9, 0.999],
-                eps: 1e-8,
-                weight_decay,
-                bias_correction,
-            };
-            settings
-        };
         for settings in [
             sgd_variant((0.0, 0.0, 0.0, false)),
             sgd_variant((0.9, 0.01, 0.1, false)),
             sgd_variant((0.9, 0.0, 0.0, true)),
-            adam(0.0, false),
-            adam(0.01, true),
+            adam_variant(0.0, false),
+            adam_variant(0.01, true),
         ] {
             let plain = LocalPlan::plain(0.05);
             let proximal = LocalPlan {
@@ -1458,6 +1463,18 @@ mod tests {
             weight_decay,
             dampening,
             nesterov,
+        };
+        settings
+    }
+
+    fn adam_variant(weight_decay: f64, bias_correction: bool) -> TrainSettings {
+        let mut settings = sgd(None);
+        settings.optimizer = OptimizerSpec::AdamW {
+            learning_rate: 0.01,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            weight_decay,
+            bias_correction,
         };
         settings
     }

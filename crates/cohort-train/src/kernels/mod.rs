@@ -67,8 +67,6 @@ pub(crate) struct Native {
     net: NativeLeNet,
     params: Vec<Vec<f32>>,
     grads: Vec<Vec<f32>>,
-    /// SGD's moments of a run on the host ([`Native::begin_host_run`]).
-    velocity: Vec<Vec<f32>>,
     /// Where gradient tensors are made: the model's device without autodiff.
     device: Device,
 }
@@ -94,7 +92,6 @@ impl Native {
             net: NativeLeNet::new(arch),
             params: vec![Vec::new(); count],
             grads: vec![Vec::new(); count],
-            velocity: vec![Vec::new(); count],
             device: device.clone().inner(),
         })
     }
@@ -141,33 +138,29 @@ impl Native {
     }
 
     /// Starts a local run whose parameters stay on the host until
-    /// [`Native::end_host_run`]: `model`'s read once, SGD's moments empty.
-    /// Per step, [`Native::step`] read the whole model out of burn and the
-    /// update went through burn's tensor operations, one allocation each:
-    /// 13 % of a worker's time with clients of 60 samples.
+    /// [`Native::end_host_run`]: `model`'s read once. Per step,
+    /// [`Native::step`] read the whole model out of burn and the update went
+    /// through burn's tensors: 13 % of a worker's time with clients of 60
+    /// samples.
     pub(crate) fn begin_host_run<M: Module>(&mut self, model: &M) {
         self.read(model);
-        self.velocity.iter_mut().for_each(Vec::clear);
     }
 
     /// One batch of a host run: the gradients as [`Native::step`] computes
-    /// them, then `sgd`'s step on every parameter; the batch's mean loss.
-    pub(crate) fn host_sgd_step(
+    /// them, then `optimizer`'s step on every parameter (its moments are the
+    /// run's: a fresh optimizer for each run); the batch's mean loss.
+    pub(crate) fn host_step(
         &mut self,
-        sgd: &crate::optim::MlxSgd,
+        optimizer: &mut crate::optim::HostOptimizer,
         learning_rate: f64,
         images: &[f32],
         labels: &[i64],
     ) -> f32 {
         self.net.forward(&self.params, images, labels.len());
         let loss = self.net.backward(&self.params, labels, &mut self.grads);
-        let slots = self
-            .params
-            .iter_mut()
-            .zip(&self.grads)
-            .zip(&mut self.velocity);
-        for ((param, grad), velocity) in slots {
-            sgd.step_host(learning_rate, param, grad, velocity);
+        let slots = self.params.iter_mut().zip(&self.grads).enumerate();
+        for (slot, (param, grad)) in slots {
+            optimizer.update(slot, learning_rate, param, grad);
         }
         loss
     }
