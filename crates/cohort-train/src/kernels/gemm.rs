@@ -56,28 +56,136 @@ impl<'a> MatRef<'a> {
 /// A row-major `[rows, cols]` matrix written into `out` as row-major
 /// `[cols, rows]`.
 ///
-/// In 16 × 16 tiles, each output row of a tile (one cache line) written
-/// whole: with a power-of-two side the plain loop's strided writes missed
-/// the cache on every element (6 ns an element against 0.3–0.5 ns; a fifth
-/// of `multilayer`'s step when linear weights were transposed that way).
+/// In tiles, each output row of a tile written whole: with a power-of-two
+/// side the plain loop's strided writes missed the cache on every element
+/// (6 ns an element against 0.3–0.5 ns; a fifth of `multilayer`'s step when
+/// linear weights were transposed that way). Where the CPU has AVX2, the
+/// tiles are moved as 8 × 8 blocks in registers ([`transpose_avx2`]); the
+/// rows and columns past the last whole block, and every tile elsewhere,
+/// element by element ([`transpose_tile`]).
 pub(crate) fn transpose_into(values: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
-    const TILE: usize = 16;
     assert_eq!(
         values.len(),
         rows * cols,
         "values of a {rows}×{cols} matrix"
     );
     assert_eq!(out.len(), values.len(), "room for the transpose");
-    for r0 in (0..rows).step_by(TILE) {
-        let r1 = (r0 + TILE).min(rows);
-        for c0 in (0..cols).step_by(TILE) {
-            for c in c0..(c0 + TILE).min(cols) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU was just found to have AVX2.
+        unsafe { transpose_avx2(values, rows, cols, out) };
+        return;
+    }
+    transpose_tile(values, (rows, cols), (0..rows, 0..cols), out);
+}
+
+/// The rows `rs` and columns `cs` of [`transpose_into`]'s matrix, in 16 × 16
+/// tiles of single moves.
+#[inline(always)]
+fn transpose_tile(
+    values: &[f32],
+    (rows, cols): (usize, usize),
+    (rs, cs): (std::ops::Range<usize>, std::ops::Range<usize>),
+    out: &mut [f32],
+) {
+    const TILE: usize = 16;
+    for r0 in rs.clone().step_by(TILE) {
+        let r1 = (r0 + TILE).min(rs.end);
+        for c0 in cs.clone().step_by(TILE) {
+            for c in c0..(c0 + TILE).min(cs.end) {
                 let line = &mut out[c * rows + r0..c * rows + r1];
                 for (i, v) in line.iter_mut().enumerate() {
                     *v = values[(r0 + i) * cols + c];
                 }
             }
         }
+    }
+}
+
+/// [`transpose_into`] with the whole 8 × 8 blocks moved in registers: eight
+/// rows loaded, interleaved in three rounds of unpacks, shuffles and lane
+/// permutes, stored as eight columns. 2–2.5× the single moves on a linear
+/// weight of cnn_femnist (3,136 × 2,048), which a client transposes when it
+/// loads the global model and again when it hands in its update. Blocks go
+/// 32 × 32 tiles at a time, so the rows read and written stay in cache.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transpose_avx2(values: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+    const TILE: usize = 32;
+    let (whole_rows, whole_cols) = (rows / 8 * 8, cols / 8 * 8);
+    assert!(values.len() >= rows * cols && out.len() >= rows * cols);
+    for r0 in (0..whole_rows).step_by(TILE) {
+        for c0 in (0..whole_cols).step_by(TILE) {
+            for r in (r0..(r0 + TILE).min(whole_rows)).step_by(8) {
+                for c in (c0..(c0 + TILE).min(whole_cols)).step_by(8) {
+                    // SAFETY: rows `r..r + 8` and columns `c..c + 8` lie in
+                    // the matrix (`r + 8 <= whole_rows`, `c + 8 <= whole_cols`),
+                    // whose `rows · cols` values both slices hold (checked above).
+                    unsafe {
+                        block_8x8(
+                            values.as_ptr().add(r * cols + c),
+                            cols,
+                            out.as_mut_ptr().add(c * rows + r),
+                            rows,
+                        );
+                    }
+                }
+            }
+        }
+    }
+    transpose_tile(values, (rows, cols), (0..rows, whole_cols..cols), out);
+    transpose_tile(values, (rows, cols), (whole_rows..rows, 0..whole_cols), out);
+}
+
+/// The 8 × 8 block at `src` (rows `src_stride` floats apart) written
+/// transposed at `dst` (rows `dst_stride` apart).
+///
+/// # Safety
+/// Eight rows of eight floats must be readable at `src` and writable at
+/// `dst` with those strides, and the CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block_8x8(src: *const f32, src_stride: usize, dst: *mut f32, dst_stride: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's promise: eight readable rows of eight.
+    let row: [__m256; 8] =
+        std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add(i * src_stride)) });
+    // Pairs of rows interleaved, then pairs of pairs: each 128-bit lane then
+    // holds four values of one column, from rows 0–3 or 4–7.
+    let pairs = [
+        _mm256_unpacklo_ps(row[0], row[1]),
+        _mm256_unpackhi_ps(row[0], row[1]),
+        _mm256_unpacklo_ps(row[2], row[3]),
+        _mm256_unpackhi_ps(row[2], row[3]),
+        _mm256_unpacklo_ps(row[4], row[5]),
+        _mm256_unpackhi_ps(row[4], row[5]),
+        _mm256_unpacklo_ps(row[6], row[7]),
+        _mm256_unpackhi_ps(row[6], row[7]),
+    ];
+    let quads = [
+        _mm256_shuffle_ps::<0x44>(pairs[0], pairs[2]),
+        _mm256_shuffle_ps::<0xEE>(pairs[0], pairs[2]),
+        _mm256_shuffle_ps::<0x44>(pairs[1], pairs[3]),
+        _mm256_shuffle_ps::<0xEE>(pairs[1], pairs[3]),
+        _mm256_shuffle_ps::<0x44>(pairs[4], pairs[6]),
+        _mm256_shuffle_ps::<0xEE>(pairs[4], pairs[6]),
+        _mm256_shuffle_ps::<0x44>(pairs[5], pairs[7]),
+        _mm256_shuffle_ps::<0xEE>(pairs[5], pairs[7]),
+    ];
+    let column = [
+        _mm256_permute2f128_ps::<0x20>(quads[0], quads[4]),
+        _mm256_permute2f128_ps::<0x20>(quads[1], quads[5]),
+        _mm256_permute2f128_ps::<0x20>(quads[2], quads[6]),
+        _mm256_permute2f128_ps::<0x20>(quads[3], quads[7]),
+        _mm256_permute2f128_ps::<0x31>(quads[0], quads[4]),
+        _mm256_permute2f128_ps::<0x31>(quads[1], quads[5]),
+        _mm256_permute2f128_ps::<0x31>(quads[2], quads[6]),
+        _mm256_permute2f128_ps::<0x31>(quads[3], quads[7]),
+    ];
+    for (i, values) in column.into_iter().enumerate() {
+        // SAFETY: the caller's promise: eight writable rows of eight.
+        unsafe { _mm256_storeu_ps(dst.add(i * dst_stride), values) };
     }
 }
 
@@ -210,8 +318,19 @@ mod tests {
     }
 
     #[test]
-    fn tiled_transpose_moves_every_element_of_ragged_shapes() {
-        for (rows, cols) in [(1, 1), (1, 70), (70, 1), (33, 70), (64, 32), (100, 37)] {
+    fn tiled_transposes_move_every_element_of_ragged_shapes() {
+        for (rows, cols) in [
+            (1, 1),
+            (1, 70),
+            (70, 1),
+            (33, 70),
+            (64, 32),
+            (100, 37),
+            (8, 8),
+            (7, 9),
+            (40, 17),
+            (200, 64),
+        ] {
             let values: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
             let out = transposed(&values, rows, cols);
             for r in 0..rows {
@@ -224,6 +343,9 @@ mod tests {
                 }
             }
             assert_eq!(transposed(&out, cols, rows), values, "{rows}x{cols} back");
+            let mut single_moves = vec![0.0; values.len()];
+            transpose_tile(&values, (rows, cols), (0..rows, 0..cols), &mut single_moves);
+            assert_eq!(single_moves, out, "{rows}x{cols} without AVX2");
         }
     }
 
