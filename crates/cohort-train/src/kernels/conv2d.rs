@@ -25,6 +25,7 @@ use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
 use burn::tensor::{DType, Tensor};
 
+use super::direct;
 use super::flex::{host, tensor};
 use super::im2col::{self, Geometry, Grads};
 
@@ -198,16 +199,13 @@ fn flex_forward(
     let (x, weight) = (values(&x), values(&weight));
     let bias = bias.as_ref().map(values);
     let mut out = vec![0.0f32; g.batch * g.output_len()];
+    let (x, weight, bias) = (host(&x), host(&weight), bias.as_ref().map(host));
+    let column_free = direct::applies(&g);
     super::simd::dispatch(
         #[inline(always)]
-        || {
-            im2col::forward(
-                &g,
-                host(&x),
-                host(&weight),
-                bias.as_ref().map(host),
-                &mut out,
-            )
+        || match column_free {
+            true => direct::forward(&g, x, weight, bias, &mut out, direct::Kernel::Wide),
+            false => im2col::forward(&g, x, weight, bias, &mut out),
         },
     );
     tensor(out, vec![g.batch, g.c_out, out_h, out_w])
@@ -249,20 +247,18 @@ fn backward_into(
     let mut d_input = wants(0).then(|| vec![0.0f32; g.batch * g.input_len()]);
     let mut d_weight = wants(1).then(|| vec![0.0f32; g.weight_len()]);
     let mut d_bias = wants(2).then(|| vec![0.0f32; g.c_out]);
+    let to_compute = Grads {
+        input: d_input.as_deref_mut(),
+        weight: d_weight.as_deref_mut(),
+        bias: d_bias.as_deref_mut(),
+    };
+    let (x, weight, grad) = (host(&x), host(&weight), host(&grad));
+    let column_free = direct::applies(&g);
     super::simd::dispatch(
         #[inline(always)]
-        || {
-            im2col::backward(
-                &g,
-                host(&x),
-                host(&weight),
-                host(&grad),
-                Grads {
-                    input: d_input.as_deref_mut(),
-                    weight: d_weight.as_deref_mut(),
-                    bias: d_bias.as_deref_mut(),
-                },
-            )
+        || match column_free {
+            true => direct::backward(&g, x, weight, grad, to_compute, direct::Kernel::Wide),
+            false => im2col::backward(&g, x, weight, grad, to_compute),
         },
     );
     let shapes = [

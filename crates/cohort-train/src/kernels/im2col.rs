@@ -141,7 +141,7 @@ fn for_each_line(g: &Geometry, mut run: impl FnMut(usize, usize, Option<usize>, 
 /// `copy_from_slice` calls `memmove` for every line, and the calls were a
 /// tenth of resnet_20's step.
 #[inline(always)]
-fn copy_short(dst: &mut [f32], src: &[f32]) {
+pub(super) fn copy_short(dst: &mut [f32], src: &[f32]) {
     let len = dst.len();
     assert_eq!(len, src.len(), "line lengths");
     if len < 8 {

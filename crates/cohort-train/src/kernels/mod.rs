@@ -30,6 +30,7 @@ mod activation;
 mod batch_norm;
 mod conv;
 mod conv2d;
+mod direct;
 mod flex;
 mod gemm;
 mod group_norm;
@@ -267,5 +268,7 @@ impl ModuleVisitor for Register<'_> {
 
 #[cfg(test)]
 mod conv2d_tests;
+#[cfg(test)]
+mod direct_tests;
 #[cfg(test)]
 mod tests;

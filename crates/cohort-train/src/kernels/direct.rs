@@ -1,0 +1,665 @@
+//! A stride-1 convolution without a column matrix, on CPUs with AVX-512:
+//! forward, input gradient, and weight and bias gradients.
+//!
+//! [`super::im2col`] copies every input value `kh·kw` times into a column
+//! matrix and, on the way back, folds a column gradient of that size into
+//! the input gradient; for resnet_20 those copies were as long as the
+//! products themselves (`cargo bench -p cohort-train --bench conv_shifts`).
+//! Here the input is laid out once, padded, so that every kernel offset
+//! `(ky, kx)` reads the same matrix shifted by `ky·row + kx` floats
+//! ([`Layout`]), and a micro-kernel ([`tile`]) runs the offsets inside its
+//! inner loop: 64 output positions × 6 output channels in 24 AVX-512
+//! registers, summed over input channels and offsets. The input gradient is
+//! the same kernel over the output gradient with the offsets reversed; the
+//! weight gradient is one product a kernel offset ([`super::gemm`]) over
+//! the shifted matrix, which gemm packs itself.
+//!
+//! Results equal [`super::im2col`]'s up to the order of the sums (a test
+//! holds them to each other on ragged shapes); one thread, an order fixed by
+//! the shapes, the same bits on every run. Where it applies:
+//! [`applies`].
+
+use std::cell::RefCell;
+
+use super::gemm::{MatRef, Strides, matmul};
+use super::im2col::{Geometry, Grads, copy_short};
+
+/// Output positions of one micro-kernel tile: four vectors of 16.
+const TILE_POSITIONS: usize = 64;
+/// Output channels of one micro-kernel tile.
+const TILE_CHANNELS: usize = 6;
+/// Positions a group of images aims at: the weight gradient's products run
+/// over a group's positions, and their count sets the buffers' size.
+const POSITIONS_PER_GROUP: usize = 4096;
+/// Inputs a pass sums over a block of positions before the next chunk
+/// ([`Pass::run`]).
+const CHUNK_INPUTS: usize = 64;
+/// Positions of one block of a pass ([`Pass::run`]).
+const BLOCK_POSITIONS: usize = 512;
+/// Below this many input channels the column matrix is short and im2col's
+/// single product wins (a first layer's 1 or 3 channels).
+const MIN_INPUT_CHANNELS: usize = 8;
+
+/// Whether this convolution runs here: stride 1, the same padding on both
+/// sides of an axis and no more than the kernel's side minus one, at least
+/// [`MIN_INPUT_CHANNELS`] input channels, a kernel larger than 1 × 1 (a
+/// pointwise convolution needs no column matrix anyway), images large
+/// enough that the positions computed and thrown away (the padding's
+/// columns and rows of [`Layout`]) are under a quarter, on a CPU with
+/// AVX-512F and FMA. On 4 × 4 and 2 × 2 maps (VGG's and ResNet-18's last
+/// layers) a third to a half of the work is thrown away, and vgg_11 trained
+/// 35 % slower than through im2col.
+pub(crate) fn applies(g: &Geometry) -> bool {
+    let symmetric = g.pad[0].0 == g.pad[0].1 && g.pad[1].0 == g.pad[1].1;
+    let fits = g.pad[0].0 < g.kernel[0] && g.pad[1].0 < g.kernel[1];
+    let Some([out_h, out_w]) = g.output() else {
+        return false;
+    };
+    let laid_out = (g.height + g.pad[0].0) * (g.width + g.pad[1].0);
+    g.stride == [1, 1]
+        && symmetric
+        && fits
+        && g.kernel != [1, 1]
+        && g.c_in >= MIN_INPUT_CHANNELS
+        && 4 * out_h * out_w >= 3 * laid_out
+        && wide()
+}
+
+/// Whether the CPU has the micro-kernel's instructions.
+pub(crate) fn wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Which micro-kernel computes the tiles: AVX-512, or the same sums in
+/// plain loops (tests hold the two against each other and against im2col
+/// on any CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    Wide,
+    Portable,
+}
+
+/// A group of `images` images laid out flat and padded: each row `row = W +
+/// pad_w` floats (the last `pad_w` zero: the right border of this row and
+/// the left border of the next), each image `rows = H + pad_h` rows (the
+/// last `pad_h` zero, shared with the next image's top border), `pad_h`
+/// zero rows before the first image and `pad_w` zeros before everything.
+/// Input `(image, y, x)` lies at [`Layout::input_at`]; output `(image, oy,
+/// ox)` is computed at position `(image·rows + oy)·row + ox` from the input
+/// at that position plus [`Layout::offset`]`(ky, kx)`. Positions whose
+/// `ox ≥ out_w` or `oy ≥ out_h` are computed and thrown away.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    images: usize,
+    row: usize,
+    rows: usize,
+    pad: [usize; 2],
+    /// Output positions computed: the group's, rounded up to whole tiles.
+    positions: usize,
+    /// Floats a channel takes, margins for the last tile's reads included.
+    channel: usize,
+}
+
+impl Layout {
+    fn new(g: &Geometry, images: usize) -> Self {
+        let pad = [g.pad[0].0, g.pad[1].0];
+        let row = g.width + pad[1];
+        let rows = g.height + pad[0];
+        let positions = (images * rows * row).next_multiple_of(TILE_POSITIONS);
+        let farthest = (g.kernel[0] - 1) * row + g.kernel[1] - 1;
+        let data_end = pad[1] + (images * rows + pad[0]) * row;
+        Self {
+            images,
+            row,
+            rows,
+            pad,
+            positions,
+            channel: (positions + farthest).max(data_end),
+        }
+    }
+
+    fn offset(&self, ky: usize, kx: usize) -> usize {
+        ky * self.row + kx
+    }
+
+    fn input_at(&self, image: usize, y: usize) -> usize {
+        self.pad[1] + (image * self.rows + self.pad[0] + y) * self.row
+    }
+
+    fn output_at(&self, image: usize, oy: usize) -> usize {
+        (image * self.rows + oy) * self.row
+    }
+}
+
+/// Images a group holds: about [`POSITIONS_PER_GROUP`] positions.
+fn images_per_group(g: &Geometry) -> usize {
+    let per_image = (g.height + g.pad[0].0) * (g.width + g.pad[1].0);
+    (POSITIONS_PER_GROUP / per_image.max(1)).clamp(1, g.batch.max(1))
+}
+
+thread_local! {
+    /// The laid-out input, the output (or its gradient) and the laid-out
+    /// output gradient of one group, reused from call to call.
+    static BUFFERS: RefCell<[Vec<f32>; 3]> = const { RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+/// `f` with the thread's three buffers (see `im2col::with_columns` for why
+/// they are taken out of the cell rather than used inside `with`).
+fn with_buffers<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
+    let mut buffers = BUFFERS.with(RefCell::take);
+    let result = f(&mut buffers);
+    BUFFERS.with(|cell| cell.replace(buffers));
+    result
+}
+
+/// `buffer` holding `len` values, unspecified: for a pass's output, which
+/// its first chunk writes whole.
+fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+    &mut buffer[..len]
+}
+
+/// `buffer` resized to `len` zeros.
+fn zeroed(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buffer.clear();
+    buffer.resize(len, 0.0);
+    &mut buffer[..]
+}
+
+/// `planes` (`[images, C, h, w]` from image `first`) laid out by `layout`,
+/// `channel_len` floats a channel, each plane's row `y` at `at(image, y)`.
+#[inline(always)]
+fn lay_out(
+    planes: &[f32],
+    (channels, h, w): (usize, usize, usize),
+    layout: &Layout,
+    channel_len: usize,
+    at: impl Fn(&Layout, usize, usize) -> usize,
+    out: &mut [f32],
+) {
+    for image in 0..layout.images {
+        for c in 0..channels {
+            let plane = &planes[(image * channels + c) * h * w..][..h * w];
+            let channel = &mut out[c * channel_len..][..channel_len];
+            for (y, line) in plane.chunks_exact(w).enumerate() {
+                copy_short(&mut channel[at(layout, image, y)..][..w], line);
+            }
+        }
+    }
+}
+
+/// The inverse of [`lay_out`]: the planes read back out of `laid`.
+#[inline(always)]
+fn gather(
+    laid: &[f32],
+    (channels, h, w): (usize, usize, usize),
+    layout: &Layout,
+    channel_len: usize,
+    at: impl Fn(&Layout, usize, usize) -> usize,
+    planes: &mut [f32],
+) {
+    for image in 0..layout.images {
+        for c in 0..channels {
+            let plane = &mut planes[(image * channels + c) * h * w..][..h * w];
+            let channel = &laid[c * channel_len..][..channel_len];
+            for (y, line) in plane.chunks_exact_mut(w).enumerate() {
+                copy_short(line, &channel[at(layout, image, y)..][..w]);
+            }
+        }
+    }
+}
+
+/// Weights in the micro-kernel's order: for each block of
+/// [`TILE_CHANNELS`] outputs, for each input, for each offset, the block's
+/// [`TILE_CHANNELS`] values (zero past the last output). `value(o, i, s)`
+/// is the weight from input `i` to output `o` at offset number `s`.
+fn pack(
+    (outputs, inputs, offsets): (usize, usize, usize),
+    value: impl Fn(usize, usize, usize) -> f32,
+) -> Vec<f32> {
+    let blocks = outputs.div_ceil(TILE_CHANNELS);
+    let mut packed = Vec::with_capacity(blocks * inputs * offsets * TILE_CHANNELS);
+    for block in 0..blocks {
+        for i in 0..inputs {
+            for s in 0..offsets {
+                for n in 0..TILE_CHANNELS {
+                    let o = block * TILE_CHANNELS + n;
+                    packed.push(if o < outputs { value(o, i, s) } else { 0.0 });
+                }
+            }
+        }
+    }
+    packed
+}
+
+/// One shifted-sum pass: `out[o][q] += Σ_i Σ_s w(o, i, s) · source[i][q +
+/// offsets[s]]` for `q < positions` (a multiple of [`TILE_POSITIONS`]),
+/// `out` holding whole blocks of [`TILE_CHANNELS`] rows of `positions`.
+struct Pass<'a> {
+    source: &'a [f32],
+    source_channel: usize,
+    inputs: usize,
+    offsets: Vec<usize>,
+    packed: &'a [f32],
+    positions: usize,
+}
+
+impl Pass<'_> {
+    /// Writes the pass's sums to `out` (whole blocks of rows: every value).
+    ///
+    /// Blocked for the caches, as a matrix product is: the inputs in chunks
+    /// of [`CHUNK_INPUTS`] and the positions in blocks of
+    /// [`BLOCK_POSITIONS`], so that a chunk of a block's source (64 inputs
+    /// × 512 positions and the offsets' reach: about 150 KB) stays in L2
+    /// while every output block sums over it, and an output block's weights
+    /// for the chunk (64 × 9 × 6 floats) stay in L1 across the block's
+    /// tiles. One pass over all the inputs for one output block at a time
+    /// re-read the whole source from memory for each block of six outputs:
+    /// vgg_11 trained 35 % slower than through im2col. A tile carries its
+    /// sums from chunk to chunk through `out`, exactly (a float32 stored
+    /// and loaded back is the same float), so the blocking leaves every
+    /// output's order of additions as it was: inputs in order, offsets in
+    /// order within each input.
+    fn run(&self, kernel: Kernel, out: &mut [f32]) {
+        let taps = self.offsets.len();
+        let per_block = self.inputs * taps * TILE_CHANNELS;
+        let farthest = self.offsets.iter().copied().max().unwrap_or(0);
+        assert!(self.positions.is_multiple_of(TILE_POSITIONS));
+        assert!(
+            self.inputs == 0
+                || (self.inputs - 1) * self.source_channel + self.positions + farthest
+                    <= self.source.len(),
+            "the source holds every position a tile reads"
+        );
+        assert!(
+            kernel == Kernel::Portable || wide(),
+            "the wide kernel on a CPU without AVX-512F"
+        );
+        if per_block == 0 {
+            return;
+        }
+        let blocks = self.packed.len() / per_block;
+        assert!(out.len() >= blocks * TILE_CHANNELS * self.positions);
+        for first in (0..self.inputs).step_by(CHUNK_INPUTS) {
+            let chunk = first..(first + CHUNK_INPUTS).min(self.inputs);
+            let weights_of_chunk =
+                chunk.start * taps * TILE_CHANNELS..chunk.end * taps * TILE_CHANNELS;
+            for block_start in (0..self.positions).step_by(BLOCK_POSITIONS) {
+                let block_end = (block_start + BLOCK_POSITIONS).min(self.positions);
+                for block in 0..blocks {
+                    let weights = &self.packed[block * per_block..][weights_of_chunk.clone()];
+                    let rows = &mut out[block * TILE_CHANNELS * self.positions..]
+                        [..TILE_CHANNELS * self.positions];
+                    for start in (block_start..block_end).step_by(TILE_POSITIONS) {
+                        let tile = Tile {
+                            start,
+                            inputs: chunk.clone(),
+                        };
+                        match kernel {
+                            #[cfg(target_arch = "x86_64")]
+                            Kernel::Wide => {
+                                // SAFETY: the CPU has AVX-512F and FMA (checked
+                                // above); the source holds every position read
+                                // (asserted above), `weights` the chunk's values
+                                // of an output block, and `rows` six rows of
+                                // `positions` from `start` on.
+                                unsafe { self.tile_wide(tile, weights, rows) }
+                            }
+                            _ => self.tile_portable(tile, weights, rows),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn tile_portable(&self, tile: Tile, weights: &[f32], rows: &mut [f32]) {
+        let mut acc = [[0.0f32; TILE_POSITIONS]; TILE_CHANNELS];
+        if tile.inputs.start > 0 {
+            for (n, sums) in acc.iter_mut().enumerate() {
+                sums.copy_from_slice(&rows[n * self.positions + tile.start..][..TILE_POSITIONS]);
+            }
+        }
+        let mut w = weights.chunks_exact(TILE_CHANNELS);
+        for i in tile.inputs {
+            let channel = &self.source[i * self.source_channel..];
+            for &offset in &self.offsets {
+                let values = &channel[tile.start + offset..][..TILE_POSITIONS];
+                let block = w.next().expect("a block's weights");
+                for (sums, &weight) in acc.iter_mut().zip(block) {
+                    for (sum, &v) in sums.iter_mut().zip(values) {
+                        *sum = weight.mul_add(v, *sum);
+                    }
+                }
+            }
+        }
+        for (n, sums) in acc.iter().enumerate() {
+            rows[n * self.positions + tile.start..][..TILE_POSITIONS].copy_from_slice(sums);
+        }
+    }
+
+    /// [`Pass::tile_portable`] in 24 AVX-512 registers: per input and
+    /// offset, four loads of 16 positions, six broadcast weights, 24 fused
+    /// multiply-adds.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and FMA; the caller checked the lengths.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn tile_wide(&self, tile: Tile, weights: &[f32], rows: &mut [f32]) {
+        use std::arch::x86_64::*;
+        const VECTORS: usize = TILE_POSITIONS / 16;
+        let row = |n: usize| n * self.positions + tile.start;
+        assert!(row(TILE_CHANNELS - 1) + TILE_POSITIONS <= rows.len());
+        assert!(weights.len() >= tile.inputs.len() * self.offsets.len() * TILE_CHANNELS);
+        let carried = tile.inputs.start > 0;
+        // SAFETY: each row holds 64 floats from `row(n)` on (asserted).
+        let mut acc: [[__m512; VECTORS]; TILE_CHANNELS] = std::array::from_fn(|n| {
+            std::array::from_fn(|v| match carried {
+                true => unsafe { _mm512_loadu_ps(rows.as_ptr().add(row(n) + 16 * v)) },
+                false => _mm512_setzero_ps(),
+            })
+        });
+        let mut w = weights.as_ptr();
+        for i in tile.inputs {
+            // SAFETY: within the source (the caller's assertion).
+            let channel = unsafe {
+                self.source
+                    .as_ptr()
+                    .add(i * self.source_channel + tile.start)
+            };
+            for &offset in &self.offsets {
+                // SAFETY: `start + offset + 64` floats of the channel lie in
+                // the source (the caller's assertion).
+                let values: [__m512; VECTORS] = std::array::from_fn(|v| unsafe {
+                    _mm512_loadu_ps(channel.add(offset + 16 * v))
+                });
+                for sums in acc.iter_mut() {
+                    // SAFETY: the chunk's weights hold `TILE_CHANNELS` values
+                    // for every input and offset (asserted).
+                    let weight = unsafe {
+                        let weight = _mm512_set1_ps(*w);
+                        w = w.add(1);
+                        weight
+                    };
+                    for (sum, &v) in sums.iter_mut().zip(&values) {
+                        *sum = _mm512_fmadd_ps(weight, v, *sum);
+                    }
+                }
+            }
+        }
+        for (n, sums) in acc.iter().enumerate() {
+            for (v, sum) in sums.iter().enumerate() {
+                // SAFETY: as for the loads.
+                unsafe { _mm512_storeu_ps(rows.as_mut_ptr().add(row(n) + 16 * v), *sum) };
+            }
+        }
+    }
+}
+
+/// The positions and the chunk of inputs one micro-kernel call sums.
+#[derive(Clone)]
+struct Tile {
+    start: usize,
+    inputs: std::ops::Range<usize>,
+}
+
+/// `out = conv(input, weight) + bias`, as [`super::im2col::forward`]
+/// (the same layouts); the caller checked [`applies`] (or asks for the
+/// portable kernel). Inlined into the caller's AVX2 function
+/// ([`super::simd::dispatch`]), as im2col's passes are, so the copies
+/// between layouts run eight lanes wide.
+#[inline(always)]
+pub(crate) fn forward(
+    g: &Geometry,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    kernel: Kernel,
+) {
+    let [out_h, out_w] = g.output().expect("a valid geometry");
+    let [kh, kw] = g.kernel;
+    assert_eq!(input.len(), g.batch * g.input_len(), "input length");
+    assert_eq!(weight.len(), g.weight_len(), "weight length");
+    assert_eq!(out.len(), g.batch * g.output_len(), "output length");
+    let taps = kh * kw;
+    let packed = pack((g.c_out, g.c_in, taps), |o, i, s| {
+        weight[(o * g.c_in + i) * taps + s]
+    });
+    let most = images_per_group(g);
+    with_buffers(|[laid, product, _]| {
+        for first in (0..g.batch).step_by(most) {
+            let layout = Layout::new(g, most.min(g.batch - first));
+            let offsets: Vec<usize> = (0..taps).map(|s| layout.offset(s / kw, s % kw)).collect();
+            let laid = zeroed(laid, g.c_in * layout.channel);
+            let images = &input[first * g.input_len()..][..layout.images * g.input_len()];
+            let dims = (g.c_in, g.height, g.width);
+            lay_out(
+                images,
+                dims,
+                &layout,
+                layout.channel,
+                Layout::input_at,
+                laid,
+            );
+            let blocks = g.c_out.div_ceil(TILE_CHANNELS);
+            let product = sized(product, blocks * TILE_CHANNELS * layout.positions);
+            let pass = Pass {
+                source: laid,
+                source_channel: layout.channel,
+                inputs: g.c_in,
+                offsets,
+                packed: &packed,
+                positions: layout.positions,
+            };
+            pass.run(kernel, product);
+            let dst = &mut out[first * g.output_len()..][..layout.images * g.output_len()];
+            let dims = (g.c_out, out_h, out_w);
+            gather(
+                product,
+                dims,
+                &layout,
+                layout.positions,
+                Layout::output_at,
+                dst,
+            );
+            if let Some(bias) = bias {
+                for image in dst.chunks_exact_mut(g.output_len()) {
+                    for (plane, b) in image.chunks_exact_mut(out_h * out_w).zip(bias) {
+                        plane.iter_mut().for_each(|v| *v += b);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The gradients of [`forward`] given the output's gradient `d_out`, as
+/// [`super::im2col::backward`] computes them (inlined as [`forward`] is).
+#[inline(always)]
+pub(crate) fn backward(
+    g: &Geometry,
+    input: &[f32],
+    weight: &[f32],
+    d_out: &[f32],
+    grads: Grads<'_>,
+    kernel: Kernel,
+) {
+    let taps = g.kernel[0] * g.kernel[1];
+    assert_eq!(input.len(), g.batch * g.input_len(), "input length");
+    assert_eq!(weight.len(), g.weight_len(), "weight length");
+    let expected = g.batch * g.output_len();
+    assert_eq!(d_out.len(), expected, "output gradient length");
+    let Grads {
+        input: mut d_input,
+        weight: d_weight,
+        bias: d_bias,
+    } = grads;
+    if let Some(d_bias) = d_bias {
+        bias_gradient(g, d_out, d_bias);
+    }
+    // The input gradient reads the output gradient at `q − offset`: shifted
+    // by the largest offset, every read is at `q + (largest − offset)`.
+    let reversed = pack((g.c_in, g.c_out, taps), |i, o, s| {
+        weight[(o * g.c_in + i) * taps + (taps - 1 - s)]
+    });
+    // The weight gradient summed as `[taps, C_in, C_out]` (outputs
+    // contiguous, see `im2col::backward`), reordered once at the end.
+    let mut d_weight_t = d_weight.is_some().then(|| vec![0.0f32; g.weight_len()]);
+    let most = images_per_group(g);
+    with_buffers(|[laid, d_laid, grad]| {
+        for (group, first) in (0..g.batch).step_by(most).enumerate() {
+            let layout = Layout::new(g, most.min(g.batch - first));
+            let images = &d_out[first * g.output_len()..][..layout.images * g.output_len()];
+            let grad = GroupGradient::lay_out(g, &layout, images, grad);
+            if let Some(d_weight_t) = d_weight_t.as_deref_mut() {
+                let images = &input[first * g.input_len()..][..layout.images * g.input_len()];
+                let dims = (g.c_in, g.height, g.width);
+                let laid = zeroed(laid, g.c_in * layout.channel);
+                lay_out(
+                    images,
+                    dims,
+                    &layout,
+                    layout.channel,
+                    Layout::input_at,
+                    laid,
+                );
+                grad.weight_gradient(g, &layout, laid, group > 0, d_weight_t);
+            }
+            if let Some(d_input) = d_input.as_deref_mut() {
+                let d_images =
+                    &mut d_input[first * g.input_len()..][..layout.images * g.input_len()];
+                let pass = grad.input_gradient_pass(g, &layout, &reversed);
+                let positions = pass.positions;
+                let d_laid = sized(
+                    d_laid,
+                    g.c_in.div_ceil(TILE_CHANNELS) * TILE_CHANNELS * positions,
+                );
+                pass.run(kernel, d_laid);
+                let dims = (g.c_in, g.height, g.width);
+                gather(d_laid, dims, &layout, positions, Layout::input_at, d_images);
+            }
+        }
+    });
+    if let (Some(d_weight), Some(transposed)) = (d_weight, d_weight_t) {
+        // `[taps, C_in, C_out]` → `[C_out, C_in, taps]`.
+        for s in 0..taps {
+            for i in 0..g.c_in {
+                for o in 0..g.c_out {
+                    d_weight[(o * g.c_in + i) * taps + s] =
+                        transposed[(s * g.c_in + i) * g.c_out + o];
+                }
+            }
+        }
+    }
+}
+
+/// The bias gradient: each output channel's sum over the batch's positions.
+fn bias_gradient(g: &Geometry, d_out: &[f32], d_bias: &mut [f32]) {
+    let [out_h, out_w] = g.output().expect("a valid geometry");
+    d_bias[..g.c_out].fill(0.0);
+    for image in d_out.chunks_exact(g.output_len().max(1)) {
+        let planes = image.chunks_exact((out_h * out_w).max(1));
+        for (plane, d) in planes.zip(d_bias.iter_mut()) {
+            *d += plane.iter().sum::<f32>();
+        }
+    }
+}
+
+/// A group's output gradient laid out as its output is computed (zero at
+/// the positions thrown away), each channel after `farthest` zeros (the
+/// largest offset) so that the input gradient reads it at non-negative
+/// offsets, and `farthest` plus a tile's zeros after it.
+struct GroupGradient<'a> {
+    values: &'a [f32],
+    channel: usize,
+    farthest: usize,
+}
+
+impl<'a> GroupGradient<'a> {
+    #[inline(always)]
+    fn lay_out(g: &Geometry, layout: &Layout, images: &[f32], buffer: &'a mut Vec<f32>) -> Self {
+        let [out_h, out_w] = g.output().expect("a valid geometry");
+        let farthest = layout.offset(g.kernel[0] - 1, g.kernel[1] - 1);
+        let channel = farthest + layout.positions + farthest + TILE_POSITIONS;
+        let values = zeroed(buffer, g.c_out * channel);
+        let at = |l: &Layout, image: usize, y: usize| farthest + Layout::output_at(l, image, y);
+        lay_out(images, (g.c_out, out_h, out_w), layout, channel, at, values);
+        Self {
+            values,
+            channel,
+            farthest,
+        }
+    }
+
+    /// Adds the group's weight gradient to `d_weight_t` (`[taps, C_in,
+    /// C_out]`; overwritten unless `accumulate`): one product a kernel
+    /// offset, the output gradient's rows against the laid-out input
+    /// shifted by the offset, over the group's positions.
+    fn weight_gradient(
+        &self,
+        g: &Geometry,
+        layout: &Layout,
+        laid: &[f32],
+        accumulate: bool,
+        d_weight_t: &mut [f32],
+    ) {
+        let kw = g.kernel[1];
+        let d_out_rows = MatRef {
+            data: &self.values[self.farthest..],
+            strides: Strides::row_major(self.channel),
+        };
+        let per_tap = g.c_in * g.c_out;
+        for (s, dst) in d_weight_t.chunks_exact_mut(per_tap).enumerate() {
+            let shifted_input = MatRef {
+                data: &laid[layout.offset(s / kw, s % kw)..],
+                strides: Strides::row_major(layout.channel).t(),
+            };
+            let shape = (g.c_out, g.c_in, layout.positions);
+            let dst_strides = Strides::row_major(g.c_out).t();
+            matmul(
+                shape,
+                dst,
+                dst_strides,
+                accumulate,
+                d_out_rows,
+                shifted_input,
+            );
+        }
+    }
+
+    /// The pass that computes the group's input gradient over its laid-out
+    /// input positions (`reversed`: the weights packed with the inputs as
+    /// outputs, offsets last to first). Every position gathered (below
+    /// `layout.channel`) reads its own channel of the gradient: the data
+    /// end at most `farthest` past the computed positions, and a channel
+    /// holds `farthest` more than that.
+    fn input_gradient_pass<'p>(
+        &'p self,
+        g: &Geometry,
+        layout: &Layout,
+        reversed: &'p [f32],
+    ) -> Pass<'p> {
+        let [kh, kw] = g.kernel;
+        let taps = kh * kw;
+        let offsets = (0..taps)
+            .map(|s| self.farthest - layout.offset((taps - 1 - s) / kw, (taps - 1 - s) % kw))
+            .collect();
+        Pass {
+            source: self.values,
+            source_channel: self.channel,
+            inputs: g.c_out,
+            offsets,
+            packed: reversed,
+            positions: layout.channel.next_multiple_of(TILE_POSITIONS),
+        }
+    }
+}

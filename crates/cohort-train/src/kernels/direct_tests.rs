@@ -1,0 +1,174 @@
+//! The column-free convolution against im2col's on ragged shapes: output
+//! channels that fill no whole tile, kernels of other sides than 3, no
+//! padding, non-square images, batches of several groups; and its AVX-512
+//! micro-kernel against the same sums in plain loops, bit for bit.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::direct::{Kernel, applies, backward, forward, wide};
+use super::im2col::{self, Geometry, Grads};
+
+fn geometry(
+    batch: usize,
+    (c_in, c_out): (usize, usize),
+    size: [usize; 2],
+    kernel: [usize; 2],
+    pad: [usize; 2],
+) -> Geometry {
+    Geometry {
+        batch,
+        c_in,
+        height: size[0],
+        width: size[1],
+        c_out,
+        kernel,
+        stride: [1, 1],
+        pad: [(pad[0], pad[0]), (pad[1], pad[1])],
+    }
+}
+
+/// Output, input gradient, weight gradient and bias gradient.
+type Results = [Vec<f32>; 4];
+
+fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// `g` on seeded inputs, through the direct convolution (`Some(kernel)`) or
+/// im2col (`None`).
+fn run(g: &Geometry, seed: u64, kernel: Option<Kernel>) -> Results {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let input = random(g.batch * g.input_len(), &mut rng);
+    let weight = random(g.weight_len(), &mut rng);
+    let bias = random(g.c_out, &mut rng);
+    let d_out = random(g.batch * g.output_len(), &mut rng);
+    let mut out = vec![f32::NAN; d_out.len()];
+    let mut d_input = vec![f32::NAN; input.len()];
+    let mut d_weight = vec![f32::NAN; weight.len()];
+    let mut d_bias = vec![f32::NAN; g.c_out];
+    let grads = Grads {
+        input: Some(&mut d_input),
+        weight: Some(&mut d_weight),
+        bias: Some(&mut d_bias),
+    };
+    match kernel {
+        Some(kernel) => {
+            forward(g, &input, &weight, Some(&bias), &mut out, kernel);
+            backward(g, &input, &weight, &d_out, grads, kernel);
+        }
+        None => {
+            im2col::forward(g, &input, &weight, Some(&bias), &mut out);
+            im2col::backward(g, &input, &weight, &d_out, grads);
+        }
+    }
+    [out, d_input, d_weight, d_bias]
+}
+
+/// Each value within `1e-5` of the largest magnitude of im2col's tensor:
+/// the same sums of at most a few thousand products in another order.
+fn assert_close(ours: &Results, theirs: &Results, g: &Geometry) {
+    let names = [
+        "output",
+        "input gradient",
+        "weight gradient",
+        "bias gradient",
+    ];
+    for ((a, b), name) in ours.iter().zip(theirs).zip(names) {
+        assert_eq!(a.len(), b.len(), "{name} of {g:?}");
+        let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-5 * scale.max(1.0),
+                "{name} of {g:?} at {i}: {x} against im2col's {y}"
+            );
+        }
+    }
+}
+
+fn cases() -> Vec<Geometry> {
+    vec![
+        // resnet_20's stages, shortened batches.
+        geometry(2, (16, 16), [32, 32], [3, 3], [1, 1]),
+        geometry(3, (32, 32), [16, 16], [3, 3], [1, 1]),
+        // 8 × 8 images, 81 laid-out positions each: 50 a group, so two
+        // groups, the second of 11.
+        geometry(61, (8, 7), [8, 8], [3, 3], [1, 1]),
+        // Output channels that fill no whole tile of six; a lone channel.
+        geometry(2, (9, 13), [5, 7], [3, 3], [1, 1]),
+        geometry(1, (8, 1), [6, 6], [3, 3], [1, 1]),
+        // cnn's second layer: 5 × 5, padding 2.
+        geometry(2, (32, 64), [14, 14], [5, 5], [2, 2]),
+        // No padding; a non-square kernel with its own padding per axis.
+        geometry(3, (10, 5), [9, 11], [3, 3], [0, 0]),
+        geometry(2, (8, 6), [10, 7], [3, 5], [1, 2]),
+        geometry(2, (8, 4), [7, 9], [2, 2], [0, 0]),
+        // Two chunks of inputs (64 and 6), the second carried through the
+        // output.
+        geometry(2, (70, 8), [6, 6], [3, 3], [1, 1]),
+        // Fewer input channels than the dispatch sends here: still right.
+        geometry(2, (3, 8), [12, 12], [3, 3], [1, 1]),
+    ]
+}
+
+#[test]
+fn the_portable_kernel_gives_im2cols_results() {
+    for (i, g) in cases().iter().enumerate() {
+        let ours = run(g, i as u64, Some(Kernel::Portable));
+        let theirs = run(g, i as u64, None);
+        assert_close(&ours, &theirs, g);
+    }
+}
+
+/// The AVX-512 micro-kernel sums each output in the portable loops' order
+/// with the same fused multiply-adds: the same bits. On a CPU without
+/// AVX-512F, what holds instead: the dispatch never takes it.
+#[test]
+fn the_wide_kernel_is_the_portable_kernel_bit_for_bit_where_the_cpu_has_it() {
+    for (i, g) in cases().iter().enumerate() {
+        if !wide() {
+            assert!(
+                !applies(g),
+                "{g:?} sent to the wide kernel without AVX-512F"
+            );
+            continue;
+        }
+        let wide = run(g, i as u64, Some(Kernel::Wide));
+        let portable = run(g, i as u64, Some(Kernel::Portable));
+        let bits = |r: &Results| -> Vec<Vec<u32>> {
+            r.iter()
+                .map(|v| v.iter().map(|f| f.to_bits()).collect())
+                .collect()
+        };
+        assert_eq!(bits(&wide), bits(&portable), "{g:?}");
+    }
+}
+
+#[test]
+fn applies_to_stride_one_with_padding_the_kernel_covers() {
+    let g = geometry(1, (16, 16), [8, 8], [3, 3], [1, 1]);
+    assert_eq!(applies(&g), wide());
+    let strided = Geometry {
+        stride: [2, 2],
+        ..g
+    };
+    let uneven = Geometry {
+        pad: [(1, 0), (1, 1)],
+        ..g
+    };
+    let too_much = geometry(1, (16, 16), [8, 8], [3, 3], [3, 1]);
+    let pointwise = geometry(1, (16, 16), [8, 8], [1, 1], [0, 0]);
+    let few_channels = geometry(1, (3, 16), [8, 8], [3, 3], [1, 1]);
+    // 16 of 25 laid-out positions kept.
+    let small_maps = geometry(1, (16, 16), [4, 4], [3, 3], [1, 1]);
+    for g in [
+        strided,
+        uneven,
+        too_much,
+        pointwise,
+        few_channels,
+        small_maps,
+    ] {
+        assert!(!applies(&g), "{g:?}");
+    }
+}
