@@ -521,14 +521,18 @@ impl ClientRunner {
         test: Score,
     ) -> Result<ClientReply, ClientError> {
         let packing = Instant::now();
-        let (payload, unwritten_len) = match self.hand_over {
-            true => {
-                let len = self.outbound.sent_len(&update.tree);
-                let len = len.expect("handed over only through the codec alone");
+        // Handed over unwritten only where the pipeline is the codec alone
+        // (`sent_len` is `Some`); any other pipeline packs the bytes.
+        let handed_over = match self.hand_over {
+            true => self.outbound.sent_len(&update.tree),
+            false => None,
+        };
+        let (payload, unwritten_len) = match handed_over {
+            Some(len) => {
                 let len = len.map_err(ClientError::UpdatePayload)?;
                 (Vec::new(), Some(len as u64))
             }
-            false => {
+            None => {
                 let payload = self.outbound.send(&update.tree);
                 (payload.map_err(ClientError::UpdatePayload)?, None)
             }

@@ -38,6 +38,16 @@ fn vectorized(name: &str, settings: TrainSettings) -> VectorizedTrainer {
 /// Largest |vectorized − alone| allowed over every parameter of every client.
 const TOLERANCE: f32 = 1e-6;
 
+/// The same for `cnn` on a CPU with AVX-512: alone, its 5 × 5 convolution
+/// of 32 into 64 channels runs through the column-free kernel
+/// (`kernels::direct`), whose sums of 800 products round otherwise than
+/// the stacked clients' im2col product (within 1.4e-6 of the values' scale
+/// in `kernels::direct_tests`), and a client's steps carry that to up to
+/// 3.3e-5 (measured with and without clipping; 1.5e-8 with both sides on
+/// im2col), against moves of 0.03. An indexing or masking error moves a
+/// client by the scale of its moves.
+const CNN_TOLERANCE: f32 = 1e-4;
+
 fn dataset(count: usize, poison: Option<usize>) -> Dataset {
     let mut data = samples_of(&MNIST, count);
     if let Some(sample) = poison {
@@ -115,9 +125,14 @@ impl Compared {
     /// Together within [`TOLERANCE`] of alone, after training that moved
     /// the model well beyond it (`what` names the case in a failure).
     fn assert_equal_after_real_training(&self, what: &str) {
-        assert!(self.worst <= TOLERANCE, "{what}: {}", self.worst);
+        self.assert_within(TOLERANCE, what);
+    }
+
+    /// [`Compared::assert_equal_after_real_training`] to `tolerance`.
+    fn assert_within(&self, tolerance: f32, what: &str) {
+        assert!(self.worst <= tolerance, "{what}: {}", self.worst);
         assert!(
-            self.moved > 100.0 * TOLERANCE,
+            self.moved > 100.0 * tolerance,
             "{what}: the test needs real training"
         );
     }
@@ -230,7 +245,11 @@ fn vectorized_cnn_and_multilayer_equal_each_client_alone() {
             settings(Some(2.0), 1, 1e-3, false),
             &[0.05, 0.02, 0.1, 0.07],
         );
-        result.assert_equal_after_real_training(model);
+        let tolerance = match model {
+            "cnn" => CNN_TOLERANCE,
+            _ => TOLERANCE,
+        };
+        result.assert_within(tolerance, model);
     }
 }
 
