@@ -166,7 +166,7 @@ pub(super) fn copy_short(dst: &mut [f32], src: &[f32]) {
 /// Zeroes a line's padding (a kernel's overhang: one or two floats for
 /// 3×3 and 5×5 kernels) without a `memset` call, which a loop would become.
 #[inline(always)]
-fn zero_short(values: &mut [f32]) {
+pub(super) fn zero_short(values: &mut [f32]) {
     match values {
         [] => {}
         [a] => *a = 0.0,
