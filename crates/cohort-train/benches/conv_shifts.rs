@@ -16,58 +16,9 @@
 //!
 //! `cargo bench -p cohort-train --bench conv_shifts`; GFLOP/s, best of 5.
 
-use std::time::Instant;
+mod common;
 
-#[allow(clippy::too_many_arguments)]
-fn product(
-    (m, n, k): (usize, usize, usize),
-    dst: &mut [f32],
-    dst_strides: (usize, usize),
-    accumulate: bool,
-    lhs: (&[f32], (usize, usize)),
-    rhs: (&[f32], (usize, usize)),
-) {
-    let extent =
-        |(rows, cols): (usize, usize), r: usize, c: usize| (r - 1) * rows + (c - 1) * cols + 1;
-    assert!(extent(dst_strides, m, n) <= dst.len());
-    assert!(extent(lhs.1, m, k) <= lhs.0.len() && extent(rhs.1, k, n) <= rhs.0.len());
-    let s = |x: usize| x as isize;
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            s(dst_strides.1),
-            s(dst_strides.0),
-            accumulate,
-            lhs.0.as_ptr(),
-            s(lhs.1.1),
-            s(lhs.1.0),
-            rhs.0.as_ptr(),
-            s(rhs.1.1),
-            s(rhs.1.0),
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
-fn seconds(mut f: impl FnMut()) -> f64 {
-    (0..5)
-        .map(|_| {
-            let started = Instant::now();
-            for _ in 0..5 {
-                f();
-            }
-            started.elapsed().as_secs_f64() / 5.0
-        })
-        .fold(f64::INFINITY, f64::min)
-}
+use common::{product, seconds};
 
 fn main() {
     let batch = 32;
@@ -114,7 +65,7 @@ fn main() {
                 }
             }
         };
-        let gemm_only = seconds(|| {
+        let gemm_only = seconds(5, || {
             for first in (0..batch).step_by(per) {
                 product(
                     (c, width, c * 9),
@@ -127,7 +78,7 @@ fn main() {
                 std::hint::black_box(first);
             }
         });
-        let with_im2col = seconds(|| {
+        let with_im2col = seconds(5, || {
             for first in (0..batch).step_by(per) {
                 im2col_all(&mut col, first);
                 product(
@@ -167,7 +118,7 @@ fn main() {
             }
         }
         let mut wide = vec![0.0f32; c * cols];
-        let shifts = seconds(|| {
+        let shifts = seconds(5, || {
             for first in (0..batch).step_by(group) {
                 let n = group.min(batch - first);
                 for ci in 0..c {

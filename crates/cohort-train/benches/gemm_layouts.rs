@@ -13,59 +13,9 @@
 //! `cargo bench -p cohort-train --bench gemm_layouts`; each line is the
 //! shape and GFLOP/s of each layout, best of 5.
 
-use std::time::Instant;
+mod common;
 
-/// `dst = lhs · rhs` through gemm, strides `(row, column)` per operand.
-fn product(
-    (m, n, k): (usize, usize, usize),
-    dst: &mut [f32],
-    dst_strides: (usize, usize),
-    lhs: (&[f32], (usize, usize)),
-    rhs: (&[f32], (usize, usize)),
-) {
-    let extent =
-        |(rows, cols): (usize, usize), r: usize, c: usize| (r - 1) * rows + (c - 1) * cols + 1;
-    assert!(extent(dst_strides, m, n) <= dst.len());
-    assert!(extent(lhs.1, m, k) <= lhs.0.len() && extent(rhs.1, k, n) <= rhs.0.len());
-    let s = |x: usize| x as isize;
-    // SAFETY: every operand's extent was checked against its slice above and
-    // `dst`'s strides map distinct elements to distinct places.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            s(dst_strides.1),
-            s(dst_strides.0),
-            false,
-            lhs.0.as_ptr(),
-            s(lhs.1.1),
-            s(lhs.1.0),
-            rhs.0.as_ptr(),
-            s(rhs.1.1),
-            s(rhs.1.0),
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
-fn seconds(mut f: impl FnMut()) -> f64 {
-    (0..5)
-        .map(|_| {
-            let started = Instant::now();
-            for _ in 0..20 {
-                f();
-            }
-            started.elapsed().as_secs_f64() / 20.0
-        })
-        .fold(f64::INFINITY, f64::min)
-}
+use common::{product, seconds};
 
 fn main() {
     println!(
@@ -89,10 +39,20 @@ fn main() {
         let flops = 2.0 * (c_out * k * p) as f64;
         let grad_op = (&grad[..], (p, 1));
         let col_t_view = (&col[..], (1, p));
-        let row_major = seconds(|| product((c_out, k, p), &mut d_w, (k, 1), grad_op, col_t_view));
-        let channel_major =
-            seconds(|| product((c_out, k, p), &mut d_w, (1, c_out), grad_op, col_t_view));
-        let transposed = seconds(|| {
+        let row_major = seconds(20, || {
+            product((c_out, k, p), &mut d_w, (k, 1), false, grad_op, col_t_view)
+        });
+        let channel_major = seconds(20, || {
+            product(
+                (c_out, k, p),
+                &mut d_w,
+                (1, c_out),
+                false,
+                grad_op,
+                col_t_view,
+            )
+        });
+        let transposed = seconds(20, || {
             const TILE: usize = 32;
             for r0 in (0..k).step_by(TILE) {
                 for c0 in (0..p).step_by(TILE) {
@@ -107,6 +67,7 @@ fn main() {
                 (c_out, k, p),
                 &mut d_w,
                 (k, 1),
+                false,
                 grad_op,
                 (&col_t[..], (k, 1)),
             );
