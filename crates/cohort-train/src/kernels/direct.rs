@@ -7,7 +7,7 @@
 //! products themselves (`cargo bench -p cohort-train --bench conv_shifts`).
 //! Here the input is laid out once, padded, so that every kernel offset
 //! `(ky, kx)` reads the same matrix shifted by `ky·row + kx` floats
-//! ([`Layout`]), and a micro-kernel ([`tile`]) runs the offsets inside its
+//! ([`Layout`]), and a micro-kernel ([`Pass::tile_wide`]) runs the offsets inside its
 //! inner loop: 64 output positions × 6 output channels in 24 AVX-512
 //! registers, summed over input channels and offsets. The input gradient is
 //! the same kernel over the output gradient with the offsets reversed; the
@@ -22,7 +22,7 @@
 use std::cell::RefCell;
 
 use super::gemm::{MatRef, Strides, matmul};
-use super::im2col::{Geometry, Grads, copy_short, zero_short};
+use super::im2col::{Geometry, Grads, add_bias, bias_backward, copy_short, zero_short};
 
 /// Output positions of one micro-kernel tile: four vectors of 16.
 const TILE_POSITIONS: usize = 64;
@@ -55,7 +55,7 @@ pub(crate) fn applies(g: &Geometry) -> bool {
     let Some([out_h, out_w]) = g.output() else {
         return false;
     };
-    let laid_out = (g.height + g.pad[0].0) * (g.width + g.pad[1].0);
+    let laid_out = laid_out_per_image(g);
     g.stride == [1, 1]
         && symmetric
         && fits
@@ -136,10 +136,15 @@ impl Layout {
     }
 }
 
+/// Positions an image takes in a [`Layout`]: its rows and columns, each
+/// with the padding it shares with the next.
+fn laid_out_per_image(g: &Geometry) -> usize {
+    (g.height + g.pad[0].0) * (g.width + g.pad[1].0)
+}
+
 /// Images a group holds: about [`POSITIONS_PER_GROUP`] positions.
 fn images_per_group(g: &Geometry) -> usize {
-    let per_image = (g.height + g.pad[0].0) * (g.width + g.pad[1].0);
-    (POSITIONS_PER_GROUP / per_image.max(1)).clamp(1, g.batch.max(1))
+    (POSITIONS_PER_GROUP / laid_out_per_image(g).max(1)).clamp(1, g.batch.max(1))
 }
 
 thread_local! {
@@ -479,11 +484,7 @@ pub(crate) fn forward(
                     dst,
                 );
                 if let Some(bias) = bias {
-                    for image in dst.chunks_exact_mut(g.output_len()) {
-                        for (plane, b) in image.chunks_exact_mut(out_h * out_w).zip(bias) {
-                            plane.iter_mut().for_each(|v| *v += b);
-                        }
-                    }
+                    add_bias(g, dst, bias);
                 }
             }
         },
@@ -512,7 +513,10 @@ pub(crate) fn backward(
         bias: d_bias,
     } = grads;
     if let Some(d_bias) = d_bias {
-        bias_gradient(g, d_out, d_bias);
+        bias_backward(g, d_out, d_bias);
+    }
+    if d_input.is_none() && d_weight.is_none() {
+        return;
     }
     // The input gradient reads the output gradient at `q − offset`: shifted
     // by the largest offset, every read is at `q + (largest − offset)`.
@@ -569,18 +573,6 @@ pub(crate) fn backward(
                         transposed[(s * g.c_in + i) * g.c_out + o];
                 }
             }
-        }
-    }
-}
-
-/// The bias gradient: each output channel's sum over the batch's positions.
-fn bias_gradient(g: &Geometry, d_out: &[f32], d_bias: &mut [f32]) {
-    let [out_h, out_w] = g.output().expect("a valid geometry");
-    d_bias[..g.c_out].fill(0.0);
-    for image in d_out.chunks_exact(g.output_len().max(1)) {
-        let planes = image.chunks_exact((out_h * out_w).max(1));
-        for (plane, d) in planes.zip(d_bias.iter_mut()) {
-            *d += plane.iter().sum::<f32>();
         }
     }
 }

@@ -104,9 +104,11 @@ fn transpose_tile(
 
 /// [`transpose_into`] with the whole 8 × 8 blocks moved in registers: eight
 /// rows loaded, interleaved in three rounds of unpacks, shuffles and lane
-/// permutes, stored as eight columns. 2–2.5× the single moves on a linear
-/// weight of cnn_femnist (3,136 × 2,048), which a client transposes when it
-/// loads the global model and again when it hands in its update. Blocks go
+/// permutes, stored as eight columns. A client transposes every linear
+/// weight when it loads the global model and again when it hands in its
+/// update: for cnn_femnist's 3,136 × 2,048 layer, the transposes' share of
+/// the zoo bench's profile fell from 5.4 % to 3.5 % (docs/BENCHMARKS.md,
+/// "Transposes in registers"). Blocks go
 /// 32 × 32 tiles at a time, so the rows read and written stay in cache.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]

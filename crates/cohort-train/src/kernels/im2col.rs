@@ -317,11 +317,7 @@ pub(crate) fn forward(
                     }
                 }
                 if let Some(bias) = bias {
-                    for image in dst.chunks_exact_mut(g.output_len()) {
-                        for (plane, b) in image.chunks_exact_mut(p).zip(bias) {
-                            plane.iter_mut().for_each(|v| *v += b);
-                        }
-                    }
+                    add_bias(g, dst, bias);
                 }
             }
         },
@@ -439,9 +435,19 @@ fn side_by_side<'a>(g: &Geometry, d_out: &[f32], rows: &'a mut [f32]) -> &'a [f3
     rows
 }
 
+/// `out[b, co, p] += bias[co]` for the images of `out` (NCHW).
+#[inline(always)]
+pub(super) fn add_bias(g: &Geometry, out: &mut [f32], bias: &[f32]) {
+    for image in out.chunks_exact_mut(g.output_len()) {
+        for (plane, b) in image.chunks_exact_mut(g.positions()).zip(bias) {
+            plane.iter_mut().for_each(|v| *v += b);
+        }
+    }
+}
+
 /// `d_bias[co] = Σ_b Σ_p d_out[b, co, p]`, in batch then position order.
 #[inline(always)]
-fn bias_backward(g: &Geometry, d_out: &[f32], d_bias: &mut [f32]) {
+pub(super) fn bias_backward(g: &Geometry, d_out: &[f32], d_bias: &mut [f32]) {
     let p = g.positions();
     d_bias[..g.c_out].fill(0.0);
     for image in d_out.chunks_exact(g.output_len().max(1)).take(g.batch) {
