@@ -576,12 +576,14 @@ impl BatchRunner {
     }
 
     pub fn new(loaded: &LoadedConfig, model: &RunModel, device: &Selected) -> anyhow::Result<Self> {
-        let vectorized = VectorizedTrainer::new(
-            model.name(),
-            model.accelerated()?,
-            &device.device,
-            train_settings(loaded),
-        )?;
+        // The data set's crops and flips, as `RunModel::trainer` gives a
+        // client trained alone.
+        let settings = TrainSettings {
+            augmentation: model.augmentation.clone(),
+            ..train_settings(loaded)
+        };
+        let vectorized =
+            VectorizedTrainer::new(model.name(), model.accelerated()?, &device.device, settings)?;
         Ok(Self {
             single: ClientRunner::new(loaded, model, device)?,
             vectorized,

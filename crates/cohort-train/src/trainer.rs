@@ -375,7 +375,7 @@ fn epoch_stream(seed: Option<u64>, task: ClientTask, epoch: u32) -> ChaCha8Rng {
 /// The stream each batch's crops and flips are drawn from: its own purpose
 /// (`seeds::augmentation_stream`), so augmenting leaves the shuffle as it
 /// was.
-fn augmentation_stream(seed: Option<u64>, task: ClientTask, epoch: u32) -> ChaCha8Rng {
+pub(crate) fn augmentation_stream(seed: Option<u64>, task: ClientTask, epoch: u32) -> ChaCha8Rng {
     match seed {
         Some(seed) => ChaCha8Rng::seed_from_u64(cohort_core::seeds::augmentation_stream(
             seed,

@@ -278,6 +278,11 @@ pub(crate) enum Stackable {
         hidden: Vec<usize>,
         tanh: bool,
     },
+    /// `resnet_20` with GroupNorm of `groups` groups, on images of any
+    /// channels and size.
+    ResNet20 {
+        groups: usize,
+    },
 }
 
 /// The LeNets the native kernels and the vectorized trainer implement.

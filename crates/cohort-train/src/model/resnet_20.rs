@@ -24,7 +24,9 @@ use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
 use super::blocks::{BasicBlock, Norm, NormKind, Shortcut, conv3x3, global_average};
-use super::{FederatedModel, Inputs, ModelError, ModelSpec, Randomness, conv2d};
+use super::{
+    Accelerated, FederatedModel, Inputs, ModelError, ModelSpec, Randomness, Stackable, conv2d,
+};
 
 /// Channels of the three stages.
 const WIDTHS: [usize; 3] = [16, 32, 64];
@@ -80,6 +82,19 @@ impl FederatedModel for ResNet20 {
             .flatten()
             .fold(x, |x, block| block.forward(x));
         self.linear.forward(global_average(x))
+    }
+
+    /// Stacked with GroupNorm; BatchNorm's running statistics are not.
+    fn accelerated(&self) -> Option<Accelerated> {
+        let Norm::Group(norm) = &self.bn1 else {
+            return None;
+        };
+        Some(Accelerated {
+            net: Stackable::ResNet20 {
+                groups: norm.num_groups,
+            },
+            classes: self.linear.weight.val().dims()[1],
+        })
     }
 }
 

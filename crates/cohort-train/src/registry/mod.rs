@@ -713,16 +713,6 @@ impl Registry {
         }
         let accelerated = model.accelerated().map_err(build)?;
         let vectorized = loaded.config().trainer.vectorized_clients != VectorizedClients::Off;
-        if vectorized && model.augmentation.is_some() {
-            return Err(loaded.error_at(
-                key,
-                format!(
-                    "trains on the samples as they are, and data.datasource = \"{}\" is \
-                     augmented (set data.augment = false, or trainer.vectorized_clients = \"off\")",
-                    loaded.config().data.datasource
-                ),
-            ));
-        }
         if vectorized && !model.task.is_builtin_classification() {
             return Err(loaded.error_at(
                 key,

@@ -21,18 +21,25 @@
 //! * **clipping** (`trainer.clip_grad_norm`) scales each client by its own
 //!   global norm; a client whose norm is not finite is frozen from that step
 //!   and reported with the same error as alone, without a host round trip
-//!   per step.
+//!   per step;
+//! * **augmentation** (`data.augment`, CIFAR's crops and flips): each
+//!   client's batch is cropped and flipped on the host from its own
+//!   [`augmentation_stream`](cohort_core::seeds::augmentation_stream), one
+//!   draw a batch it takes, as alone, and the step's samples are uploaded
+//!   instead of gathered from the device's copy of the images.
 //!
 //! What it does not prove: bitwise equality (matrix products and sums reduce
 //! in another order than burn's convolution kernels), so results agree within
 //! a tolerance measured in the tests, not exactly. It supports the LeNet-5
 //! models, McMahan et al.'s CNN (and LEAF's FEMNIST CNN) on one-channel
-//! images, the multilayer perceptron, and MLX SGD (momentum, dampening,
-//! Nesterov, weight decay) without a strategy's gradient terms;
+//! images, the multilayer perceptron, `resnet_20` with GroupNorm on images
+//! of any channels and size, and MLX SGD (momentum, dampening, Nesterov,
+//! weight decay) without a strategy's gradient terms;
 //! [`VectorizedTrainer::supports`] says which plans, and callers train the
 //! others alone.
 
 mod net;
+mod resnet;
 
 use std::time::Instant;
 
@@ -48,8 +55,12 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::local::LocalPlan;
 use crate::params::LoadError;
-use crate::trainer::{ClientTask, LocalUpdate, TrainError, TrainSettings};
+use crate::trainer::{
+    Augmentation, ClientTask, LocalUpdate, TrainError, TrainSettings, augmentation_stream,
+};
+use cohort_core::data::augment::augment_batch;
 use net::StackedNet;
+use rand::RngCore;
 
 #[cfg(test)]
 mod tests;
@@ -59,8 +70,10 @@ mod tests;
 pub enum Unsupported {
     #[error(
         "trainer.vectorized_clients supports trainer.model_name = \"lenet5\", \
-         \"lenet5_compact\", \"multilayer\", and \"cnn\" or \"cnn_femnist\" on \
-         one-channel images whose sides divide by 4; not \"{0}\" on this data set"
+         \"lenet5_compact\", \"multilayer\", \"resnet_20\" with \
+         parameters.model.norm = \"group\", and \"cnn\" or \"cnn_femnist\" on \
+         one-channel images whose sides divide by 4; not \"{0}\" on this data set \
+         with these options"
     )]
     Model(String),
     #[error("trainer.vectorized_clients supports trainer.optimizer = \"sgd\" only, not \"{0}\"")]
@@ -93,7 +106,7 @@ pub struct VectorizedTrainer {
     classes: usize,
     sgd: Sgd,
     /// Built for the data's image size on first use.
-    net: Option<(StackedNet, [usize; 2])>,
+    net: Option<(StackedNet, [usize; 3])>,
     /// The training images on the device (`[samples + 1, h·w]`, the last row
     /// zeros), uploaded once per dataset: a step sends the device only the
     /// rows it reads, not the images.
@@ -263,7 +276,7 @@ impl VectorizedTrainer {
 struct DataKey {
     address: usize,
     samples: usize,
-    shape: [usize; 2],
+    shape: [usize; 3],
     fingerprint: u64,
 }
 
@@ -284,14 +297,13 @@ impl DataKey {
     }
 }
 
-/// The height and width of a data set of one-channel images; for any other
-/// sample shape, `[1, values per sample]`, which a perceptron reads as it
-/// reads a flattened image (the convolutional models are stacked only for
-/// one-channel images).
-pub fn image_of(data: &Dataset) -> [usize; 2] {
+/// The channels, height and width of a data set of images; for any other
+/// sample shape, `[1, 1, values per sample]`, which a perceptron reads as it
+/// reads a flattened image.
+pub fn image_of(data: &Dataset) -> [usize; 3] {
     match data.sample_shape.as_slice() {
-        &[1, height, width] => [height, width],
-        shape => [1, shape.iter().product()],
+        &[channels, height, width] => [channels, height, width],
+        shape => [1, 1, shape.iter().product()],
     }
 }
 
@@ -323,7 +335,7 @@ pub fn check(
 /// device are not counted: one copy per worker, whatever K is.
 pub fn clients_for_memory(
     model: Option<Accelerated>,
-    image: [usize; 2],
+    image: [usize; 3],
     batch_size: usize,
     budget: u64,
     max_buffer_bytes: Option<u64>,
@@ -344,7 +356,7 @@ pub fn clients_for_memory(
 /// one client's fits (a batch size too large for the device).
 pub fn clients_per_buffer(
     model: Option<Accelerated>,
-    image: [usize; 2],
+    image: [usize; 3],
     batch_size: usize,
     max_buffer_bytes: Option<u64>,
 ) -> usize {
@@ -367,7 +379,7 @@ fn fit_in_buffer(net: &StackedNet, batch_size: usize, max_buffer_bytes: Option<u
 }
 
 /// The stacked net on the CPU, for counting its tensors.
-fn stacked_net(model: Option<Accelerated>, image: [usize; 2]) -> Option<StackedNet> {
+fn stacked_net(model: Option<Accelerated>, image: [usize; 3]) -> Option<StackedNet> {
     let Accelerated { net, classes } = model?;
     Some(StackedNet::new(&net, classes, image, &crate::device::cpu()))
 }
@@ -380,15 +392,10 @@ struct Stacked {
 /// Each job's tree in the stacked layout; `Err((job, error))` names the first
 /// job whose tree does not fit the model.
 fn stack(net: &StackedNet, jobs: &[Job<'_>]) -> Result<Stacked, (usize, LoadError)> {
-    let mut values: Vec<Vec<f32>> = net
-        .layers
+    let params = net.params();
+    let mut values: Vec<Vec<f32>> = params
         .iter()
-        .flat_map(|l| {
-            [
-                Vec::with_capacity(jobs.len() * l.fan_in * l.fan_out),
-                Vec::with_capacity(jobs.len() * l.fan_out),
-            ]
-        })
+        .map(|p| Vec::with_capacity(jobs.len() * p.rows * p.cols))
         .collect();
     for (index, job) in jobs.iter().enumerate() {
         let leaves: std::collections::HashMap<String, &Array> = job
@@ -397,27 +404,23 @@ fn stack(net: &StackedNet, jobs: &[Job<'_>]) -> Result<Stacked, (usize, LoadErro
             .into_iter()
             .map(|(path, array)| (path.to_string(), array))
             .collect();
-        if let Some(extra) = leaves.keys().find(|path| {
-            !net.layers.iter().any(|l| {
-                **path == format!("{}.weight", l.name) || **path == format!("{}.bias", l.name)
-            })
-        }) {
+        if let Some(extra) = leaves
+            .keys()
+            .find(|path| !params.iter().any(|p| p.name == **path))
+        {
             return Err((index, LoadError::Unexpected(extra.clone())));
         }
-        for (layer, pair) in net.layers.iter().zip(values.chunks_mut(2)) {
-            let weight = leaf(
-                &leaves,
-                &format!("{}.weight", layer.name),
-                &layer.weight_shape,
-            )
-            .map_err(|e| (index, e))?;
-            let bias = leaf(&leaves, &format!("{}.bias", layer.name), &[layer.fan_out])
-                .map_err(|e| (index, e))?;
-            // PyTorch's [out, fan_in] transposed to [fan_in, out].
-            for i in 0..layer.fan_in {
-                pair[0].extend((0..layer.fan_out).map(|o| weight[o * layer.fan_in + i]));
+        for (param, stacked) in params.iter().zip(values.iter_mut()) {
+            let tree = leaf(&leaves, &param.name, &param.torch_shape).map_err(|e| (index, e))?;
+            match param.transposed {
+                // The tree's [cols, rows] transposed to [rows, cols].
+                true => {
+                    for row in 0..param.rows {
+                        stacked.extend((0..param.cols).map(|col| tree[col * param.rows + row]));
+                    }
+                }
+                false => stacked.extend_from_slice(tree),
             }
-            pair[1].extend_from_slice(bias);
         }
     }
     Ok(Stacked { values })
@@ -454,6 +457,9 @@ struct StepInputs {
     weights: Vec<f32>,
     /// `[K]`: samples each client has this step (0: inactive).
     counts: Vec<f32>,
+    /// `[K·B, values]` augmented samples, zeros where a client has none,
+    /// in place of `rows` of the device's copy.
+    pixels: Option<Vec<f32>>,
 }
 
 impl StepInputs {
@@ -463,6 +469,7 @@ impl StepInputs {
             rows: vec![data.labels.len() as i64; k * batch],
             weights: vec![0.0; k * batch * classes],
             counts: vec![0.0; k],
+            pixels: None,
         };
         for (client, order) in orders.iter().enumerate() {
             let start = (step * batch).min(order.len());
@@ -479,6 +486,46 @@ impl StepInputs {
         }
         inputs
     }
+}
+
+/// A step's samples of every client, each client's batch cropped and
+/// flipped from its own stream as alone (one draw a batch it takes), zeros
+/// where a client has no sample.
+fn augmented(
+    orders: &[Vec<u32>],
+    step: usize,
+    batch: usize,
+    data: &Dataset,
+    augmentation: &Augmentation,
+    crops: &mut [ChaCha8Rng],
+) -> Vec<f32> {
+    let values = data.values_per_sample();
+    let mut pixels = vec![0.0; orders.len() * batch * values];
+    let clients = pixels
+        .chunks_exact_mut(batch * values)
+        .zip(orders)
+        .zip(crops);
+    for ((client, order), crops) in clients {
+        let start = (step * batch).min(order.len());
+        let samples = &order[start..((step + 1) * batch).min(order.len())];
+        if samples.is_empty() {
+            continue;
+        }
+        let rows = &mut client[..samples.len() * values];
+        for (row, &index) in rows.chunks_exact_mut(values).zip(samples) {
+            let at = index as usize * values;
+            row.copy_from_slice(&data.inputs[at..at + values]);
+        }
+        augment_batch(
+            augmentation.augment,
+            rows,
+            &data.sample_shape,
+            &augmentation.black,
+            crops.next_u64(),
+        )
+        .expect("the shape and padding values were checked before training");
+    }
+    pixels
 }
 
 /// The state of a batch during training, on the device.
@@ -514,11 +561,12 @@ impl VectorizedTrainer {
         let batch = self.settings.batch_size;
         let device = &self.device;
         let params: Vec<Tensor<3>> = net
-            .layers
+            .params()
             .iter()
-            .flat_map(|l| [[k, l.fan_in, l.fan_out], [k, 1, l.fan_out]])
             .zip(stacked.values)
-            .map(|(shape, values)| Tensor::<3>::from_data(TensorData::new(values, shape), device))
+            .map(|(p, values)| {
+                Tensor::<3>::from_data(TensorData::new(values, [k, p.rows, p.cols]), device)
+            })
             .collect();
         let mut run = Run {
             velocity: params.iter().map(|p| p.zeros_like()).collect(),
@@ -532,6 +580,29 @@ impl VectorizedTrainer {
             failed_norm: column(vec![0.0; k], device),
             loss: column(vec![0.0; k], device),
         };
+        let augmentation = self.settings.augmentation.as_ref();
+        if let Some(augmentation) = augmentation {
+            // Checks the shape and padding values once, as every batch's would.
+            let checked = augment_batch(
+                augmentation.augment,
+                &mut [],
+                &data.sample_shape,
+                &augmentation.black,
+                0,
+            );
+            if let Err(problem) = checked {
+                return jobs
+                    .iter()
+                    .map(|job| {
+                        Err(TrainError::Augmentation {
+                            client_id: job.task.client_id,
+                            round: job.task.round,
+                            problem: problem.clone(),
+                        })
+                    })
+                    .collect();
+            }
+        }
         let mut orders: Vec<Vec<u32>> = jobs.iter().map(|j| j.partition.to_vec()).collect();
         // (epoch, step within the epoch) of each global step, 1-based.
         let mut steps: Vec<(u32, usize)> = Vec::new();
@@ -543,6 +614,10 @@ impl VectorizedTrainer {
                 };
                 shuffle_for_epoch(order, &mut rng);
             }
+            let mut crops: Vec<ChaCha8Rng> = jobs
+                .iter()
+                .map(|job| augmentation_stream(self.settings.training_seed, job.task, epoch))
+                .collect();
             let longest = orders
                 .iter()
                 .map(|o| o.len().div_ceil(batch))
@@ -550,7 +625,11 @@ impl VectorizedTrainer {
                 .unwrap_or(0);
             for step in 0..longest {
                 steps.push((epoch, step + 1));
-                let inputs = StepInputs::new(&orders, step, batch, net.classes, data);
+                let mut inputs = StepInputs::new(&orders, step, batch, net.classes(), data);
+                if let Some(augmentation) = augmentation {
+                    let pixels = augmented(&orders, step, batch, data, augmentation, &mut crops);
+                    inputs.pixels = Some(pixels);
+                }
                 self.step(net, &mut run, inputs, steps.len());
             }
         }
@@ -562,16 +641,20 @@ impl VectorizedTrainer {
         let device = &self.device;
         let k = inputs.counts.len();
         let batch = self.settings.batch_size;
-        let rows = Tensor::<1, Int>::from_data(TensorData::new(inputs.rows, [k * batch]), device);
-        let images = self
-            .images
-            .as_ref()
-            .expect("uploaded")
-            .1
-            .clone()
-            .select(0, rows);
+        let images = match inputs.pixels {
+            Some(pixels) => {
+                let values = pixels.len() / (k * batch);
+                Tensor::<2>::from_data(TensorData::new(pixels, [k * batch, values]), device)
+            }
+            None => {
+                let rows = TensorData::new(inputs.rows, [k * batch]);
+                let rows = Tensor::<1, Int>::from_data(rows, device);
+                let uploaded = &self.images.as_ref().expect("uploaded").1;
+                uploaded.clone().select(0, rows)
+            }
+        };
         let weights = Tensor::<3>::from_data(
-            TensorData::new(inputs.weights, [k, batch, net.classes]),
+            TensorData::new(inputs.weights, [k, batch, net.classes()]),
             device,
         );
         let active = column(
@@ -713,24 +796,28 @@ impl VectorizedTrainer {
 
 /// Client `client`'s slice of the stacked `values`, in PyTorch's layout.
 fn unstack(net: &StackedNet, values: &[Vec<f32>], client: usize) -> ParamTree {
-    let mut leaves = Vec::with_capacity(values.len());
-    for (layer, pair) in net.layers.iter().zip(values.chunks(2)) {
-        let (fan_in, fan_out) = (layer.fan_in, layer.fan_out);
-        let weight = &pair[0][client * fan_in * fan_out..(client + 1) * fan_in * fan_out];
-        let mut torch = vec![0.0; fan_in * fan_out];
-        for i in 0..fan_in {
-            for o in 0..fan_out {
-                torch[o * fan_in + i] = weight[i * fan_out + o];
-            }
-        }
-        let bias = pair[1][client * fan_out..(client + 1) * fan_out].to_vec();
-        let array = |shape: Vec<usize>, v| Array::f32(shape, v).expect("sizes match the layer");
-        leaves.push((
-            format!("{}.weight", layer.name),
-            array(layer.weight_shape.clone(), torch),
-        ));
-        leaves.push((format!("{}.bias", layer.name), array(vec![fan_out], bias)));
-    }
+    let leaves = net
+        .params()
+        .into_iter()
+        .zip(values)
+        .map(|(param, stacked)| {
+            let (rows, cols) = (param.rows, param.cols);
+            let mine = &stacked[client * rows * cols..(client + 1) * rows * cols];
+            let tree = match param.transposed {
+                true => {
+                    let mut tree = vec![0.0; rows * cols];
+                    for row in 0..rows {
+                        for col in 0..cols {
+                            tree[col * rows + row] = mine[row * cols + col];
+                        }
+                    }
+                    tree
+                }
+                false => mine.to_vec(),
+            };
+            let array = Array::f32(param.torch_shape, tree).expect("sizes match the parameter");
+            (param.name, array)
+        });
     ParamTree::from_dotted(leaves)
 }
 

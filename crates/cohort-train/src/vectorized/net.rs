@@ -1,6 +1,7 @@
 //! The stackable models (the LeNets, McMahan et al.'s CNN, the multilayer
-//! perceptron) with a leading client dimension: K clients' weights stacked,
-//! one batched computation for all of them.
+//! perceptron; `resnet_20` in [`super::resnet`]) with a leading client
+//! dimension: K clients' weights stacked, one batched computation for all
+//! of them.
 //!
 //! Every layer is a matrix product per client: a convolution is an im2col
 //! gather (`select` with a fixed index per output position, padding read from
@@ -27,9 +28,297 @@
 //! `[out, fan_in]` and transposed, with `fan_in` in PyTorch's `(c, ky, kx)`
 //! order, so a client's slice converts to the tree's layout by a transpose.
 
+use super::resnet::ResNet;
 use crate::model::{LeNetVariant, Stackable};
 use burn::tensor::activation::{relu, tanh};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+
+/// A stacked network: what the vectorized trainer asks of one.
+pub(crate) enum StackedNet {
+    Sequential(Sequential),
+    ResNet(Box<ResNet>),
+}
+
+/// What a stacked network's forward pass keeps for its backward pass.
+pub(crate) enum Tape {
+    Sequential(Vec<Saved>),
+    ResNet(Box<super::resnet::Tape>),
+}
+
+impl StackedNet {
+    /// The stacked form of `model` for inputs of `image` (`[channels,
+    /// height, width]`; `[1, 1, values]` for rows that are not images).
+    pub(crate) fn new(
+        model: &Stackable,
+        classes: usize,
+        image: [usize; 3],
+        device: &Device,
+    ) -> Self {
+        match model {
+            Stackable::ResNet20 { groups } => {
+                Self::ResNet(Box::new(ResNet::new(*groups, classes, image, device)))
+            }
+            _ => Self::Sequential(Sequential::new(model, classes, image, device)),
+        }
+    }
+
+    /// Every stacked parameter, in the order the forward pass takes them
+    /// and the backward pass gives their gradients.
+    pub(crate) fn params(&self) -> Vec<Param> {
+        match self {
+            Self::Sequential(net) => net.params(),
+            Self::ResNet(net) => net.params(),
+        }
+    }
+
+    pub(crate) fn classes(&self) -> usize {
+        match self {
+            Self::Sequential(net) => net.classes,
+            Self::ResNet(net) => net.classes(),
+        }
+    }
+
+    /// Logits `[K, B, classes]` of `images` (`[K·B, values]`) under
+    /// `params`, with what [`StackedNet::backward`] needs.
+    pub(crate) fn forward_train(
+        &self,
+        params: &[Tensor<3>],
+        images: Tensor<2>,
+        k: usize,
+    ) -> (Tensor<3>, Tape) {
+        match self {
+            Self::Sequential(net) => {
+                let (logits, saved) = net.forward_train(params, images, k);
+                (logits, Tape::Sequential(saved))
+            }
+            Self::ResNet(net) => {
+                let (logits, tape) = net.forward_train(params, images, k);
+                (logits, Tape::ResNet(Box::new(tape)))
+            }
+        }
+    }
+
+    /// The gradient of every parameter, in order, given the logits'
+    /// gradient `[K, B, classes]` and the forward pass's tape.
+    pub(crate) fn backward(
+        &self,
+        params: &[Tensor<3>],
+        tape: Tape,
+        logits_grad: Tensor<3>,
+    ) -> Vec<Tensor<3>> {
+        match (self, tape) {
+            (Self::Sequential(net), Tape::Sequential(saved)) => {
+                net.backward(params, saved, logits_grad)
+            }
+            (Self::ResNet(net), Tape::ResNet(tape)) => net.backward(params, *tape, logits_grad),
+            _ => unreachable!("a net's tape is its own"),
+        }
+    }
+
+    /// The logits as a graph burn's autodiff can differentiate: the
+    /// reference the written-out backward passes are tested against, and
+    /// the path `COHORT_VECTORIZED_AUTODIFF=1` takes.
+    pub(crate) fn forward(&self, params: &[Tensor<3>], images: Tensor<2>, k: usize) -> Tensor<3> {
+        match self {
+            Self::Sequential(net) => net.forward(params, images, k),
+            Self::ResNet(net) => net.forward_train(params, images, k).0,
+        }
+    }
+
+    /// Elements of the activations of one sample, forward, summed over
+    /// layers (im2col patches included): what memory grows with per client.
+    pub(crate) fn activation_elements(&self) -> usize {
+        match self {
+            Self::Sequential(net) => net.activation_elements(),
+            Self::ResNet(net) => net.activation_elements(),
+        }
+    }
+
+    /// Elements of the largest single tensor a step holds for one client of
+    /// `batch` samples: a GPU buffer has a size limit of its own, below the
+    /// device's memory.
+    pub(crate) fn largest_tensor_elements(&self, batch: usize) -> usize {
+        match self {
+            Self::Sequential(net) => net.largest_tensor_elements(batch),
+            Self::ResNet(net) => net.largest_tensor_elements(batch),
+        }
+    }
+
+    pub(crate) fn parameter_count(&self) -> usize {
+        self.params().iter().map(|p| p.rows * p.cols).sum()
+    }
+}
+
+/// One stacked parameter, `[K, rows, cols]` on the device, and where it
+/// lives in the tree.
+pub(crate) struct Param {
+    /// Its path in the tree (`conv1.weight`, `layer1.0.bn2.bias`, …).
+    pub(crate) name: String,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    /// PyTorch's shape, the tree's.
+    pub(crate) torch_shape: Vec<usize>,
+    /// Stored as the transpose of the tree's `[cols, rows]` (a weight's
+    /// `[out, fan_in]`, flattened from PyTorch's `[out, in, …]`).
+    pub(crate) transposed: bool,
+}
+
+impl Param {
+    /// A weight stored `[fan_in, fan_out]`.
+    pub(crate) fn weight(layer: &str, fan_in: usize, fan_out: usize, torch: &[usize]) -> Self {
+        Self {
+            name: format!("{layer}.weight"),
+            rows: fan_in,
+            cols: fan_out,
+            torch_shape: torch.to_vec(),
+            transposed: true,
+        }
+    }
+
+    /// A bias or a normalization's scale or shift, stored `[1, len]`.
+    pub(crate) fn vector(name: String, len: usize) -> Self {
+        Self {
+            name,
+            rows: 1,
+            cols: len,
+            torch_shape: vec![len],
+            transposed: false,
+        }
+    }
+}
+
+/// How a convolution's input lays out a sample.
+#[derive(Clone, Copy)]
+pub(super) enum Layout {
+    /// `[h, w, c]`: the activations between stacked layers.
+    ChannelsLast,
+    /// `[c, h, w]`: the data set's images.
+    ChannelsFirst,
+}
+
+/// A convolution's im2col gather and its transpose: for each output
+/// position and `(c, ky, kx)` (PyTorch's order of a filter), the input
+/// element it reads, padding read from an appended zero column.
+pub(super) struct Gather {
+    /// Output positions.
+    pub(super) positions: [usize; 2],
+    /// `c · kernel²`, a patch's length.
+    pub(super) fan_in: usize,
+    /// Whether some patch entry reads padding.
+    padded: bool,
+    indices: Tensor<1, Int>,
+    /// The same map read the other way, for the backward pass: for each input
+    /// element, the `readers` patch entries (`position·fan_in + f`) that read
+    /// it, padded with the appended zero column (`positions·fan_in`).
+    readers_of: Tensor<1, Int>,
+    readers: usize,
+    /// Input elements `h·w·c`.
+    inputs: usize,
+}
+
+impl Gather {
+    pub(super) fn new(
+        input: Shape,
+        kernel: usize,
+        stride: usize,
+        pad: usize,
+        layout: Layout,
+        device: &Device,
+    ) -> Self {
+        let Shape { h, w, c } = input;
+        let (oh, ow) = (
+            (h + 2 * pad - kernel) / stride + 1,
+            (w + 2 * pad - kernel) / stride + 1,
+        );
+        let element = |iy: usize, ix: usize, channel: usize| -> i64 {
+            let index = match layout {
+                Layout::ChannelsLast => (iy * w + ix) * c + channel,
+                Layout::ChannelsFirst => (channel * h + iy) * w + ix,
+            };
+            index as i64
+        };
+        let zero_column = (h * w * c) as i64;
+        let mut indices = Vec::with_capacity(oh * ow * c * kernel * kernel);
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for channel in 0..c {
+                    for ky in 0..kernel {
+                        let iy = (oy * stride + ky).checked_sub(pad).filter(|&y| y < h);
+                        for kx in 0..kernel {
+                            let ix = (ox * stride + kx).checked_sub(pad).filter(|&x| x < w);
+                            indices.push(match (iy, ix) {
+                                (Some(iy), Some(ix)) => element(iy, ix, channel),
+                                _ => zero_column,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        let padded = indices.contains(&zero_column);
+        let entries = indices.len();
+        let (readers_of, readers) = invert(&indices, h * w * c, entries);
+        let int = |values: Vec<i64>| {
+            let length = values.len();
+            Tensor::<1, Int>::from_data(TensorData::new(values, [length]), device)
+        };
+        Self {
+            positions: [oh, ow],
+            fan_in: c * kernel * kernel,
+            padded,
+            indices: int(indices),
+            readers_of: int(readers_of),
+            readers,
+            inputs: h * w * c,
+        }
+    }
+
+    pub(super) fn positions(&self) -> usize {
+        self.positions[0] * self.positions[1]
+    }
+
+    /// The channels-last shape of an output of `channels`.
+    pub(super) fn output(&self, channels: usize) -> Shape {
+        Shape {
+            h: self.positions[0],
+            w: self.positions[1],
+            c: channels,
+        }
+    }
+
+    /// `[K, B·positions, fan_in]` im2col patches of `x` (`[N, inputs]`).
+    pub(super) fn patches(&self, x: Tensor<2>, k: usize) -> Tensor<3> {
+        let n = x.dims()[0];
+        let x = match self.padded {
+            true => {
+                let zero = Tensor::<2>::zeros([n, 1], &x.device());
+                Tensor::cat(vec![x, zero], 1)
+            }
+            false => x,
+        };
+        x.select(1, self.indices.clone())
+            .reshape([k, n / k * self.positions(), self.fan_in])
+    }
+
+    /// The transpose of [`Gather::patches`]: each input element's gradient is
+    /// the sum of its readers' patch gradients (`[N, positions·fan_in]`),
+    /// gathered, so no two threads write one element.
+    pub(super) fn col2im(&self, patches_grad: Tensor<2>, n: usize) -> Tensor<2> {
+        let zero = Tensor::<2>::zeros([n, 1], &patches_grad.device());
+        Tensor::cat(vec![patches_grad, zero], 1)
+            .select(1, self.readers_of.clone())
+            .reshape([n, self.inputs, self.readers])
+            .sum_dim(2)
+            .reshape([n, self.inputs])
+    }
+
+    /// Elements a sample has in the larger of the patches (`+ 1`: the zero
+    /// column appended before each gather) and the gather that sums them
+    /// back.
+    pub(super) fn largest_per_sample(&self) -> usize {
+        (self.positions() * self.fan_in + 1).max(self.inputs * self.readers)
+    }
+}
 
 /// One layer of the stacked network.
 pub(crate) struct Layer {
@@ -84,48 +373,35 @@ impl Activation {
 }
 
 struct Conv {
-    /// Output positions.
-    positions: [usize; 2],
+    gather: Gather,
     pool: bool,
-    padded: bool,
-    /// For each output position and `(c, ky, kx)`, the input element it reads
-    /// (`h·w·c` is the appended zero column).
-    indices: Tensor<1, Int>,
-    /// The same map read the other way, for the backward pass: for each input
-    /// element, the `readers` patch entries (`position·fan_in + f`) that read
-    /// it, padded with the appended zero column (`positions·fan_in`).
-    readers_of: Tensor<1, Int>,
-    readers: usize,
-    /// Input elements `h·w·c`.
-    inputs: usize,
 }
 
-/// Shape of the activations between layers, channels-last.
+/// Shape of a sample's activations between layers (channels-last) or of
+/// its image (channels-first).
 #[derive(Clone, Copy)]
-struct Shape {
-    h: usize,
-    w: usize,
-    c: usize,
+pub(super) struct Shape {
+    pub(super) h: usize,
+    pub(super) w: usize,
+    pub(super) c: usize,
 }
 
-pub(crate) struct StackedNet {
-    pub(crate) layers: Vec<Layer>,
-    pub(crate) classes: usize,
+/// A stacked network of layers in sequence: the LeNets, the CNNs and the
+/// perceptron.
+pub(crate) struct Sequential {
+    layers: Vec<Layer>,
+    classes: usize,
 }
 
-impl StackedNet {
-    /// The stacked form of `model` for one-channel inputs of `image`
-    /// (`[height, width]`; a perceptron reads `height · width` values).
-    pub(crate) fn new(
-        model: &Stackable,
-        classes: usize,
-        image: [usize; 2],
-        device: &Device,
-    ) -> Self {
+impl Sequential {
+    /// The stacked form of `model` for inputs of `image` (`[channels,
+    /// height, width]`; the convolutional models read one channel, a
+    /// perceptron reads all the values).
+    fn new(model: &Stackable, classes: usize, image: [usize; 3], device: &Device) -> Self {
         let mut shape = Shape {
-            h: image[0],
-            w: image[1],
-            c: 1,
+            h: image[1],
+            w: image[2],
+            c: image[0],
         };
         let mut conv = |name, out, pad, pool| conv_layer(name, &mut shape, out, pad, pool, device);
         let named = |widths: &[(&str, usize)]| -> Vec<(String, usize)> {
@@ -151,6 +427,7 @@ impl StackedNet {
                 named(&[("fc1", *dense), ("fc2", classes)]),
                 Activation::Relu,
             ),
+            Stackable::ResNet20 { .. } => unreachable!("StackedNet::new builds the ResNet"),
             Stackable::Multilayer { hidden, tanh } => (
                 Vec::new(),
                 hidden
@@ -167,9 +444,12 @@ impl StackedNet {
             ),
         };
         let flat = shape.h * shape.w * shape.c;
-        // PyTorch flattens channels-first; one channel needs no permutation.
-        let channels_last =
-            (shape.h * shape.w > 1 && shape.c > 1).then_some([shape.h, shape.w, shape.c]);
+        // PyTorch flattens channels-first: convolutions' channels-last
+        // outputs are permuted (one channel needs no permutation); images
+        // are channels-first already.
+        let convolved = !layers.is_empty();
+        let channels_last = (convolved && shape.h * shape.w > 1 && shape.c > 1)
+            .then_some([shape.h, shape.w, shape.c]);
         let mut inputs = flat;
         let last = widths.len() - 1;
         for (index, (name, outputs)) in widths.into_iter().enumerate() {
@@ -191,7 +471,7 @@ impl StackedNet {
     /// Logits `[K, B, classes]` of `images` (`[K·B, h·w]`) under `params`
     /// (weight and bias of each layer, in order), with what
     /// [`StackedNet::backward`] needs of each layer.
-    pub(crate) fn forward_train(
+    fn forward_train(
         &self,
         params: &[Tensor<3>],
         images: Tensor<2>,
@@ -205,11 +485,11 @@ impl StackedNet {
             let (weight, bias) = (pair[0].clone(), pair[1].clone());
             x = match &layer.kind {
                 Kind::Conv(conv) => {
-                    let patches = conv.patches(x, k, layer.fan_in);
+                    let patches = conv.gather.patches(x, k);
                     let z = patches.clone().matmul(weight) + bias;
                     let open = z.clone().greater_elem(0.0).float();
                     let y = relu(z);
-                    let [oh, ow] = conv.positions;
+                    let [oh, ow] = conv.gather.positions;
                     let (out, gate) = match conv.pool {
                         true => {
                             let (pooled, winners) = max_pool_with_winners(y, n, oh, ow);
@@ -243,14 +523,14 @@ impl StackedNet {
 
     /// The gradient of every parameter (weight and bias of each layer, in
     /// order) given the gradient of the logits `[K, B, classes]`, from what
-    /// [`StackedNet::forward_train`] saved. Written out instead of recorded by
+    /// [`Sequential::forward_train`] saved. Written out instead of recorded by
     /// autodiff so that no step needs a scatter: the transpose of the im2col
-    /// gather is another gather ([`Conv::readers_of`]), where autodiff would
+    /// gather is another gather ([`Gather::col2im`]), where autodiff would
     /// scatter-add with atomics (emulated by compare-and-swap loops on wgpu),
     /// and a convolution's weight gradient is split by sample where a sample
     /// has many positions, so that its long reduction runs as many small
     /// products ([`conv_weight_grad`]).
-    pub(crate) fn backward(
+    fn backward(
         &self,
         params: &[Tensor<3>],
         saved: Vec<Saved>,
@@ -266,7 +546,7 @@ impl StackedNet {
             let (fan_in, fan_out) = (layer.fan_in, layer.fan_out);
             let input_grad = match (&layer.kind, saved) {
                 (Kind::Conv(conv), Saved::Conv { patches, gate }) => {
-                    let [oh, ow] = conv.positions;
+                    let [oh, ow] = conv.gather.positions;
                     let positions = oh * ow;
                     let z_grad = match conv.pool {
                         true => unpool(upstream, gate, n, oh, ow, fan_out),
@@ -278,7 +558,7 @@ impl StackedNet {
                     (index > 0).then(|| {
                         let patches_grad =
                             z_grad.matmul(transposed).reshape([n, positions * fan_in]);
-                        conv.col2im(patches_grad, n)
+                        conv.gather.col2im(patches_grad, n)
                     })
                 }
                 (Kind::Linear { channels_last, .. }, Saved::Linear { input, gate }) => {
@@ -307,9 +587,9 @@ impl StackedNet {
 
     /// Logits `[K, B, classes]` of `images` (`[K·B, h·w]`) under `params`
     /// (weight and bias of each layer, in order), as a graph autodiff can
-    /// differentiate: the reference [`StackedNet::backward`] is tested against,
+    /// differentiate: the reference [`Sequential::backward`] is tested against,
     /// and the path `COHORT_VECTORIZED_AUTODIFF=1` takes.
-    pub(crate) fn forward(&self, params: &[Tensor<3>], images: Tensor<2>, k: usize) -> Tensor<3> {
+    fn forward(&self, params: &[Tensor<3>], images: Tensor<2>, k: usize) -> Tensor<3> {
         let n = images.dims()[0];
         let batch = n / k;
         let mut x = images;
@@ -317,8 +597,8 @@ impl StackedNet {
             let (weight, bias) = (pair[0].clone(), pair[1].clone());
             x = match &layer.kind {
                 Kind::Conv(conv) => {
-                    let [oh, ow] = conv.positions;
-                    let y = relu(conv.patches(x, k, layer.fan_in).matmul(weight) + bias);
+                    let [oh, ow] = conv.gather.positions;
+                    let y = relu(conv.gather.patches(x, k).matmul(weight) + bias);
                     match conv.pool {
                         true => max_pool_channels_last(y, n, oh, ow, layer.fan_out),
                         false => y.reshape([n, oh * ow * layer.fan_out]),
@@ -343,12 +623,12 @@ impl StackedNet {
 
     /// Elements of the activations of one sample, forward, summed over layers
     /// (im2col patches included): what memory grows with per client.
-    pub(crate) fn activation_elements(&self) -> usize {
+    fn activation_elements(&self) -> usize {
         self.layers
             .iter()
             .map(|layer| match &layer.kind {
                 Kind::Conv(conv) => {
-                    let positions = conv.positions[0] * conv.positions[1];
+                    let positions = conv.gather.positions();
                     // Patches, the product, ReLU and pooling temporaries.
                     positions * (layer.fan_in + 3 * layer.fan_out)
                 }
@@ -360,17 +640,14 @@ impl StackedNet {
     /// Elements of the largest single tensor a step holds for one client of
     /// `batch` samples: a convolution's patches (and their gradient, the same
     /// size), the gather that sums them back into the input's gradient
-    /// ([`Conv::col2im`]), or a stacked weight. A GPU buffer has a size limit
+    /// ([`Gather::col2im`]), or a stacked weight. A GPU buffer has a size limit
     /// of its own, below the device's memory.
-    pub(crate) fn largest_tensor_elements(&self, batch: usize) -> usize {
+    fn largest_tensor_elements(&self, batch: usize) -> usize {
         self.layers
             .iter()
             .map(|layer| match &layer.kind {
                 Kind::Conv(conv) => {
-                    let positions = conv.positions[0] * conv.positions[1];
-                    // `+ 1`: the zero column appended before each gather.
-                    let per_sample = (positions * layer.fan_in + 1).max(conv.inputs * conv.readers);
-                    (batch * per_sample).max(layer.fan_in * layer.fan_out)
+                    (batch * conv.gather.largest_per_sample()).max(layer.fan_in * layer.fan_out)
                 }
                 Kind::Linear { .. } => (batch * layer.fan_in).max(layer.fan_in * layer.fan_out),
             })
@@ -378,8 +655,22 @@ impl StackedNet {
             .unwrap_or(0)
     }
 
-    pub(crate) fn parameter_count(&self) -> usize {
-        self.layers.iter().map(|l| (l.fan_in + 1) * l.fan_out).sum()
+    /// Weight then bias of each layer, in order.
+    fn params(&self) -> Vec<Param> {
+        self.layers
+            .iter()
+            .flat_map(|layer| {
+                [
+                    Param::weight(
+                        &layer.name,
+                        layer.fan_in,
+                        layer.fan_out,
+                        &layer.weight_shape,
+                    ),
+                    Param::vector(format!("{}.bias", layer.name), layer.fan_out),
+                ]
+            })
+            .collect()
     }
 }
 
@@ -401,35 +692,6 @@ pub(crate) enum Saved {
     },
 }
 
-impl Conv {
-    /// `[K, B·positions, fan_in]` im2col patches of channels-last `x`.
-    fn patches(&self, x: Tensor<2>, k: usize, fan_in: usize) -> Tensor<3> {
-        let n = x.dims()[0];
-        let x = match self.padded {
-            true => {
-                let zero = Tensor::<2>::zeros([n, 1], &x.device());
-                Tensor::cat(vec![x, zero], 1)
-            }
-            false => x,
-        };
-        let [oh, ow] = self.positions;
-        x.select(1, self.indices.clone())
-            .reshape([k, n / k * oh * ow, fan_in])
-    }
-
-    /// The transpose of [`Conv::patches`]: each input element's gradient is
-    /// the sum of its readers' patch gradients (`[N, positions·fan_in]`),
-    /// gathered, so no two threads write one element.
-    fn col2im(&self, patches_grad: Tensor<2>, n: usize) -> Tensor<2> {
-        let zero = Tensor::<2>::zeros([n, 1], &patches_grad.device());
-        Tensor::cat(vec![patches_grad, zero], 1)
-            .select(1, self.readers_of.clone())
-            .reshape([n, self.inputs, self.readers])
-            .sum_dim(2)
-            .reshape([n, self.inputs])
-    }
-}
-
 /// Below this many output positions a convolution's weight gradient is one
 /// product per client: split by sample, conv3's single position would make
 /// `[K·B, fan_in, fan_out]` partial products (614 MB a step at K = 100) only
@@ -440,7 +702,7 @@ const SPLIT_BY_SAMPLE_FROM: usize = 16;
 /// sample has many positions the reduction over `B·positions` is long and
 /// the output small, so it is split by sample (`B` times more, shorter
 /// products, then a sum over the batch) to give the GPU parallel work.
-fn conv_weight_grad(
+pub(super) fn conv_weight_grad(
     patches: &Tensor<3>,
     z_grad: &Tensor<3>,
     batch: usize,
@@ -543,58 +805,23 @@ fn conv_layer(
     device: &Device,
 ) -> Layer {
     const KERNEL: usize = 5;
-    let Shape { h, w, c } = *shape;
-    let (oh, ow) = (h + 2 * pad + 1 - KERNEL, w + 2 * pad + 1 - KERNEL);
-    let zero_column = (h * w * c) as i64;
-    let mut indices = Vec::with_capacity(oh * ow * c * KERNEL * KERNEL);
-    for oy in 0..oh {
-        for ox in 0..ow {
-            for channel in 0..c {
-                for ky in 0..KERNEL {
-                    for kx in 0..KERNEL {
-                        let (iy, ix) =
-                            ((oy + ky) as i64 - pad as i64, (ox + kx) as i64 - pad as i64);
-                        let inside = (0..h as i64).contains(&iy) && (0..w as i64).contains(&ix);
-                        indices.push(match inside {
-                            true => (iy * w as i64 + ix) * c as i64 + channel as i64,
-                            false => zero_column,
-                        });
-                    }
-                }
-            }
-        }
-    }
-    let (readers_of, readers) = invert(&indices, h * w * c, oh * ow * c * KERNEL * KERNEL);
-    let length = indices.len();
-    let indices = Tensor::<1, Int>::from_data(TensorData::new(indices, [length]), device);
-    let length = readers_of.len();
-    let readers_of = Tensor::<1, Int>::from_data(TensorData::new(readers_of, [length]), device);
+    let c = shape.c;
+    let gather = Gather::new(*shape, KERNEL, 1, pad, Layout::ChannelsLast, device);
+    let [oh, ow] = gather.positions;
     *shape = match pool {
         true => Shape {
             h: oh / 2,
             w: ow / 2,
             c: out,
         },
-        false => Shape {
-            h: oh,
-            w: ow,
-            c: out,
-        },
+        false => gather.output(out),
     };
     Layer {
         name: name.to_owned(),
-        fan_in: c * KERNEL * KERNEL,
+        fan_in: gather.fan_in,
         fan_out: out,
         weight_shape: vec![out, c, KERNEL, KERNEL],
-        kind: Kind::Conv(Conv {
-            positions: [oh, ow],
-            pool,
-            padded: pad > 0,
-            indices,
-            readers_of,
-            readers,
-            inputs: h * w * c,
-        }),
+        kind: Kind::Conv(Conv { gather, pool }),
     }
 }
 
