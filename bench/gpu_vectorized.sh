@@ -15,8 +15,10 @@
 # the ratios. Usage: bench/gpu_vectorized.sh [ROUNDS]   (K=100 to fix K,
 # RUNS=2 to run cohort twice on the same machine, TORCH=0 to leave torch out;
 # COHORT_KERNEL_CACHE=DIR keeps kernels between the runs; MODEL=cnn,
-# cnn_femnist or multilayer trains that zoo model instead of LeNet-5, against
-# bench/torch_zoo_vmap.py's vmap of its PyTorch twin)
+# cnn_femnist, multilayer or resnet_20 (with GroupNorm) trains that zoo model
+# instead of LeNet-5, against bench/torch_zoo_vmap.py's vmap of its PyTorch
+# twin; SAMPLES=N gives each client N samples instead of 6,000, on both
+# sides)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$(mktemp -d)}"
@@ -37,9 +39,13 @@ done
 [ -n "$TORCH_SCRIPT" ] || { echo "torch_clients_gpu.py not found (set TORCH_SCRIPT)"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
-extra=(--set "trainer.rounds=$ROUNDS" --set "trainer.model_name=$MODEL")
+SAMPLES="${SAMPLES:-6000}"
+extra=(--set "trainer.rounds=$ROUNDS" --set "trainer.model_name=$MODEL"
+  --set "data.partition_size=$SAMPLES")
+[ "$MODEL" = resnet_20 ] && extra+=(--set "parameters.model.norm=group")
 [ -n "${K:-}" ] && extra+=(--set "trainer.vectorized_clients=$K")
-samples=$((100 * 6000 * ROUNDS))
+round_samples=$((100 * SAMPLES))
+samples=$((round_samples * ROUNDS))
 
 # One run of cohort; sets cohort_e2e, cohort_train and cohort_steady.
 run_cohort() {
@@ -60,7 +66,7 @@ run_cohort() {
   # Rounds after the first two (which compile and autotune every kernel the
   # run uses unless the tuning cache has them): the rate a long run settles
   # at, from results.csv's round_time.
-  cohort_steady=$(awk -F, 'NR > 3 { t += $4; n++ } END { if (n) printf "%.0f", n * 600000 / t; else print 0 }' "$run_dir/results.csv")
+  cohort_steady=$(awk -F, -v r="$round_samples" 'NR > 3 { t += $4; n++ } END { if (n) printf "%.0f", n * r / t; else print 0 }' "$run_dir/results.csv")
   echo "cohort run $1: steady rounds (3 on): $cohort_steady samples/s"
 }
 
@@ -77,7 +83,8 @@ for run in $(seq 1 "${RUNS:-1}"); do
 done
 [ "${TORCH:-1}" = 0 ] && exit 0
 
-python3 "$TORCH_SCRIPT" "${torch_args[@]}" --data .gpu/data/fashion-mnist --clients 100 | tee "$OUT/torch-$MODEL.jsonl"
+python3 "$TORCH_SCRIPT" "${torch_args[@]}" --data .gpu/data/fashion-mnist --clients 100 \
+  --samples "$SAMPLES" | tee "$OUT/torch-$MODEL.jsonl"
 for mode in vmap vmap-graph; do
   torch=$(python3 -c "import json,sys; print(next(json.loads(l)['samples_per_s'] for l in open(sys.argv[1]) if json.loads(l)['mode'] == sys.argv[2]))" "$OUT/torch-$MODEL.jsonl" "$mode")
   awk -v c="$cohort_train" -v e="$cohort_e2e" -v s="$cohort_steady" -v t="$torch" -v m="$mode" \

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """GPU reference for vectorized clients of a zoo model: K clients of `cnn`,
-`cnn_femnist` or `multilayer` trained by PyTorch, the method of
+`cnn_femnist`, `multilayer` or `resnet_20` (GroupNorm, 2 groups: the stacked
+form cohort has) trained by PyTorch, the method of
 torch_clients_gpu.py (which does it for LeNet-5) applied to cohort's PyTorch
 twins (examples/pytorch/models.py).
 
@@ -38,7 +39,9 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "pytorch"))
 from models import build  # noqa: E402
 
-MODELS = ["cnn", "cnn_femnist", "lenet5", "multilayer"]
+MODELS = ["cnn", "cnn_femnist", "lenet5", "multilayer", "resnet_20"]
+# The options cohort's run of gpu_vectorized.sh gives each model.
+OPTIONS = {"resnet_20": {"norm": "group"}}
 
 
 def read_idx(path):
@@ -145,7 +148,8 @@ def main():
     x, y = x.to(device), y.to(device)
 
     def make():
-        return build(args.model, num_classes=classes, sample_shape=[1, 28, 28]).to(device)
+        options = OPTIONS.get(args.model, {})
+        return build(args.model, num_classes=classes, sample_shape=[1, 28, 28], **options).to(device)
 
     for k_clients in [int(v) for v in args.clients.split(",")]:
         idx = client_batches(k_clients, args.samples, args.batch, device)

@@ -28,7 +28,7 @@ use cohort_core::optim::OptimizerSpec;
 use cohort_train::device::{self, DeviceRequest};
 use cohort_train::init::seeded_parameters;
 use cohort_train::local::LocalPlan;
-use cohort_train::model::ModelSpec;
+use cohort_train::model::{ModelOptions, ModelSpec};
 use cohort_train::registry::{Registry, RunModel};
 use cohort_train::trainer::{ClientTask, TrainSettings};
 
@@ -234,17 +234,35 @@ fn gpu_cpu_distance_on_real_data_by_steps() {
 /// the CPU the same comparison measures a few 1e-8).
 #[test]
 fn vectorized_clients_on_the_gpu_equal_each_client_alone() {
-    vectorized_equals_alone_on_the_gpu(&["lenet5", "lenet5_compact"]);
+    let models = ["lenet5", "lenet5_compact"].map(|name| (name, model(name)));
+    vectorized_equals_alone_on_the_gpu(&models, 1e-4);
 }
 
 /// The same for the zoo's stackable models (McMahan et al.'s CNN and the
 /// perceptron), in a test of their own so that each fits one device call.
 #[test]
 fn vectorized_zoo_clients_on_the_gpu_equal_each_client_alone() {
-    vectorized_equals_alone_on_the_gpu(&["cnn", "multilayer"]);
+    let models = ["cnn", "multilayer"].map(|name| (name, model(name)));
+    vectorized_equals_alone_on_the_gpu(&models, 1e-4);
 }
 
-fn vectorized_equals_alone_on_the_gpu(models: &[&str]) {
+/// The same for `resnet_20` with GroupNorm, to the bound of its CPU test
+/// (a ReLU input within rounding of zero opens in one sum and not the other:
+/// `vectorized_resnet_20_equals_each_client_alone` in cohort-train).
+#[test]
+fn vectorized_resnet_20_clients_on_the_gpu_equal_each_client_alone() {
+    let options: toml::Table = "norm = \"group\"".parse().unwrap();
+    let mut resnet = model("resnet_20");
+    resnet.spec = resnet
+        .spec
+        .with_options(ModelOptions::new(options.into_iter().collect()));
+    vectorized_equals_alone_on_the_gpu(&[("resnet_20", resnet)], 2e-3);
+}
+
+/// Each of three clients of each model trained vectorized on the GPU
+/// against the same client trained alone there: within `tolerance` in the
+/// largest difference and in relative L2.
+fn vectorized_equals_alone_on_the_gpu(models: &[(&str, RunModel)], tolerance: f64) {
     use cohort_train::vectorized::{Job, VectorizedTrainer};
     let gpu = device::select(DeviceRequest::Gpu)
         .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
@@ -265,8 +283,7 @@ fn vectorized_equals_alone_on_the_gpu(models: &[&str]) {
         .iter()
         .map(|&rate| LocalPlan::plain(rate))
         .collect();
-    for &name in models {
-        let model = model(name);
+    for (name, model) in models {
         let template = model.template().unwrap();
         let global = seeded_parameters(&template, 11);
         let jobs: Vec<Job<'_>> = partitions
@@ -303,9 +320,13 @@ fn vectorized_equals_alone_on_the_gpu(models: &[&str]) {
                 distance.max_abs,
                 distance.relative_l2
             );
-            assert!(distance.max_abs <= 1e-4, "{name}: {}", distance.max_abs);
             assert!(
-                distance.relative_l2 <= 1e-4,
+                distance.max_abs <= tolerance,
+                "{name}: {}",
+                distance.max_abs
+            );
+            assert!(
+                distance.relative_l2 <= tolerance,
                 "{name}: {}",
                 distance.relative_l2
             );
