@@ -11,8 +11,8 @@
 //! inner loop: 64 output positions × 6 output channels in 24 AVX-512
 //! registers, summed over input channels and offsets. The input gradient is
 //! the same kernel over the output gradient with the offsets reversed; the
-//! weight gradient is one product a kernel offset ([`super::gemm`]) over
-//! the shifted matrix, which gemm packs itself.
+//! weight gradient reads the output gradient and the shifted input in place
+//! with a micro-kernel of its own ([`super::direct_weight`]).
 //!
 //! Results equal [`super::im2col`]'s up to the order of the sums (a test
 //! holds them to each other on ragged shapes); one thread, an order fixed by
@@ -21,15 +21,15 @@
 
 use std::cell::RefCell;
 
-use super::gemm::{MatRef, Strides, matmul};
+use super::direct_weight::WeightProducts;
 use super::im2col::{Geometry, Grads, add_bias, bias_backward, copy_short, zero_short};
 
 /// Output positions of one micro-kernel tile: four vectors of 16.
 const TILE_POSITIONS: usize = 64;
 /// Output channels of one micro-kernel tile.
 const TILE_CHANNELS: usize = 6;
-/// Positions a group of images aims at: the weight gradient's products run
-/// over a group's positions, and their count sets the buffers' size.
+/// Positions a group of images aims at: the weight gradient sums over a
+/// group's positions at a time, and their count sets the buffers' size.
 const POSITIONS_PER_GROUP: usize = 4096;
 /// Inputs a pass sums over a block of positions before the next chunk
 /// ([`Pass::run`]).
@@ -509,7 +509,7 @@ pub(crate) fn backward(
     assert_eq!(d_out.len(), expected, "output gradient length");
     let Grads {
         input: mut d_input,
-        weight: d_weight,
+        weight: mut d_weight,
         bias: d_bias,
     } = grads;
     if let Some(d_bias) = d_bias {
@@ -523,18 +523,18 @@ pub(crate) fn backward(
     let reversed = pack((g.c_in, g.c_out, taps), |i, o, s| {
         weight[(o * g.c_in + i) * taps + (taps - 1 - s)]
     });
-    // The weight gradient summed as `[taps, C_in, C_out]` (outputs
-    // contiguous, see `im2col::backward`), reordered once at the end.
-    let mut d_weight_t = d_weight.is_some().then(|| vec![0.0f32; g.weight_len()]);
+    if let Some(d_weight) = d_weight.as_deref_mut() {
+        d_weight.fill(0.0);
+    }
     let most = images_per_group(g);
     with_buffers(
         #[inline(always)]
         |[laid, d_laid, grad]| {
-            for (group, first) in (0..g.batch).step_by(most).enumerate() {
+            for first in (0..g.batch).step_by(most) {
                 let layout = Layout::new(g, most.min(g.batch - first));
                 let images = &d_out[first * g.output_len()..][..layout.images * g.output_len()];
                 let grad = GroupGradient::lay_out(g, &layout, images, grad);
-                if let Some(d_weight_t) = d_weight_t.as_deref_mut() {
+                if let Some(d_weight) = d_weight.as_deref_mut() {
                     let images = &input[first * g.input_len()..][..layout.images * g.input_len()];
                     let dims = (g.c_in, g.height, g.width);
                     let laid = sized(laid, g.c_in * layout.channel);
@@ -546,7 +546,7 @@ pub(crate) fn backward(
                         Layout::input_at,
                         laid,
                     );
-                    grad.weight_gradient(g, &layout, laid, group > 0, d_weight_t);
+                    grad.weight_gradient(g, &layout, laid, kernel, d_weight);
                 }
                 if let Some(d_input) = d_input.as_deref_mut() {
                     let d_images =
@@ -564,17 +564,6 @@ pub(crate) fn backward(
             }
         },
     );
-    if let (Some(d_weight), Some(transposed)) = (d_weight, d_weight_t) {
-        // `[taps, C_in, C_out]` → `[C_out, C_in, taps]`.
-        for s in 0..taps {
-            for i in 0..g.c_in {
-                for o in 0..g.c_out {
-                    d_weight[(o * g.c_in + i) * taps + s] =
-                        transposed[(s * g.c_in + i) * g.c_out + o];
-                }
-            }
-        }
-    }
 }
 
 /// A group's output gradient laid out as its output is computed (zero at
@@ -603,40 +592,34 @@ impl<'a> GroupGradient<'a> {
         }
     }
 
-    /// Adds the group's weight gradient to `d_weight_t` (`[taps, C_in,
-    /// C_out]`; overwritten unless `accumulate`): one product a kernel
-    /// offset, the output gradient's rows against the laid-out input
-    /// shifted by the offset, over the group's positions.
+    /// Adds the group's weight gradient to `d_weight` (`[C_out, C_in,
+    /// taps]`): the output gradient's rows against the laid-out input
+    /// shifted by each kernel offset, over the group's positions
+    /// ([`WeightProducts`]).
+    #[inline(always)]
     fn weight_gradient(
         &self,
         g: &Geometry,
         layout: &Layout,
         laid: &[f32],
-        accumulate: bool,
-        d_weight_t: &mut [f32],
+        kernel: Kernel,
+        d_weight: &mut [f32],
     ) {
-        let kw = g.kernel[1];
-        let d_out_rows = MatRef {
-            data: &self.values[self.farthest..],
-            strides: Strides::row_major(self.channel),
+        let [kh, kw] = g.kernel;
+        let offsets: Vec<usize> = (0..kh * kw)
+            .map(|s| layout.offset(s / kw, s % kw))
+            .collect();
+        let products = WeightProducts {
+            d_out: &self.values[self.farthest..],
+            d_out_channel: self.channel,
+            outputs: g.c_out,
+            input: laid,
+            input_channel: layout.channel,
+            inputs: g.c_in,
+            offsets: &offsets,
+            positions: layout.positions,
         };
-        let per_tap = g.c_in * g.c_out;
-        for (s, dst) in d_weight_t.chunks_exact_mut(per_tap).enumerate() {
-            let shifted_input = MatRef {
-                data: &laid[layout.offset(s / kw, s % kw)..],
-                strides: Strides::row_major(layout.channel).t(),
-            };
-            let shape = (g.c_out, g.c_in, layout.positions);
-            let dst_strides = Strides::row_major(g.c_out).t();
-            matmul(
-                shape,
-                dst,
-                dst_strides,
-                accumulate,
-                d_out_rows,
-                shifted_input,
-            );
-        }
+        products.add_to(kernel, d_weight);
     }
 
     /// The pass that computes the group's input gradient over its laid-out

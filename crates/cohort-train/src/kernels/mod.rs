@@ -31,6 +31,7 @@ mod batch_norm;
 mod conv;
 mod conv2d;
 mod direct;
+mod direct_weight;
 mod flex;
 mod gemm;
 mod group_norm;
