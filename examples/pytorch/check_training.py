@@ -14,7 +14,16 @@ run is the reference: each case reports how far cohort's model and PyTorch's
 float32 model are from it, as the L2 norm of the difference over every
 floating-point tensor (BatchNorm's running statistics included; its
 num_batches_tracked, which cohort writes as 0, is not compared) divided by
-the L2 norm of the float64 run's own change from the initial model. Prints a
+the L2 norm of the float64 run's own change from the initial model.
+
+A ReLU whose input lies within rounding of zero opens in one float32 sum and
+stays shut in another, and a single such gate moves a model by up to 1e-3 of
+its change where the summation order alone moves it by 1e-6: which framework
+meets one is chance. So each case also reports PyTorch's own float32 spread:
+the farthest from the float64 run of PyTorch's float32 model and of
+PERTURBED more float32 runs whose input values are moved by one unit in the
+last place, at random (other roundings of the same sums, as another
+framework's order gives); token inputs are not moved. Prints a
 line per case, then the report as one line of JSON; exits 1 when a file does
 not load or a case has no change to measure against.
 """
@@ -45,6 +54,18 @@ def targets_of(case, inputs, labels):
     if not case["next_token_rows"]:
         return labels
     return torch.cat([inputs[:, 1:].long(), labels[:, None]], dim=1).reshape(-1)
+
+
+PERTURBED = 8
+
+
+def perturbed(data, seed):
+    """`data` with every input value moved one unit in its last place, up
+    or down at random."""
+    inputs = data["inputs"].astype(np.float32)
+    rng = np.random.default_rng(seed)
+    towards = np.where(rng.random(inputs.shape) < 0.5, -np.inf, np.inf).astype(np.float32)
+    return {**data, "inputs": np.nextafter(inputs, towards)}
 
 
 def train(case, initial, data, dtype):
@@ -85,6 +106,12 @@ def check(directory, label):
               for k, v in read_safetensors(os.path.join(directory, label + ".trained.safetensors")).items()}
     reference, counters = train(case, initial, data, torch.float64)
     single, _ = train(case, initial, data, torch.float32)
+    start = {k: initial[k].astype(np.float64) for k in reference}
+    spread = distance(single, reference, start)
+    if not case["tokens"]:
+        for seed in range(1, PERTURBED + 1):
+            moved, _ = train(case, initial, perturbed(data, seed), torch.float32)
+            spread = max(spread, distance(moved, reference, start))
     if set(cohort) != set(reference) | set(counters):
         raise SystemExit(f"{label}: cohort's tensors {sorted(cohort)} are not the twin's "
                          f"{sorted(set(reference) | set(counters))}")
@@ -94,7 +121,6 @@ def check(directory, label):
         # momentum, so it is not compared.
         if np.any(cohort.pop(name) != 0):
             raise SystemExit(f"{label}: cohort's {name} is not the 0 it writes")
-    start = {k: initial[k].astype(np.float64) for k in reference}
     worst = max(reference, key=lambda k: float(np.abs(cohort[k] - reference[k]).max()))
     return {
         "case": label,
@@ -105,6 +131,7 @@ def check(directory, label):
         "steps": -(-len(case["order"]) // case["batch_size"]),
         "cohort_from_float64": distance(cohort, reference, start),
         "pytorch_float32_from_float64": distance(single, reference, start),
+        "pytorch_float32_spread": spread,
     }
 
 
@@ -117,7 +144,8 @@ def main():
         report.append(entry)
         print(f"{label} {entry['options']}: {entry['steps']} steps; from the float64 run: "
               f"cohort {entry['cohort_from_float64']:.2e}, PyTorch float32 "
-              f"{entry['pytorch_float32_from_float64']:.2e}; cohort's largest difference "
+              f"{entry['pytorch_float32_from_float64']:.2e} (spread {entry['pytorch_float32_spread']:.2e}); "
+              f"cohort's largest difference "
               f"{entry['worst_tensor_max_abs']:.2e} in {entry['worst_tensor']}")
     print(f"torch {torch.__version__}")
     print(json.dumps(report))

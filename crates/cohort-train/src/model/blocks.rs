@@ -14,7 +14,7 @@ use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{BatchNorm, BatchNormConfig, GroupNorm, GroupNormConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Slice, Tensor};
 
 use super::{ModelError, ModelSpec, batch_norm, conv2d, group_norm};
 
@@ -176,7 +176,7 @@ impl BasicBlock {
         if self.stride == 1 && self.pad_channels == 0 {
             return x;
         }
-        let x = subsample(subsample(x, 2, self.stride), 3, self.stride);
+        let x = subsample(x, self.stride);
         if self.pad_channels == 0 {
             return x;
         }
@@ -186,16 +186,12 @@ impl BasicBlock {
     }
 }
 
-/// Every `stride`-th element of dimension `dim`, from the first: Python's
-/// `[::stride]`.
-fn subsample(x: Tensor<4>, dim: usize, stride: usize) -> Tensor<4> {
-    if stride == 1 {
-        return x;
-    }
-    let kept: Vec<i64> = (0..x.dims()[dim] as i64).step_by(stride).collect();
-    let count = kept.len();
-    let indices = Tensor::<1, Int>::from_data(TensorData::new(kept, [count]), &x.device());
-    x.select(dim, indices)
+/// Every `stride`-th row and column, from the first: Python's
+/// `x[:, :, ::stride, ::stride]`, as a strided view (its gradient written
+/// back into zeros), not a gather whose gradient is a scatter-add.
+fn subsample(x: Tensor<4>, stride: usize) -> Tensor<4> {
+    let every = Slice::new(0, None, stride as isize);
+    x.slice([Slice::full(), Slice::full(), every, every])
 }
 
 /// Global average pooling, `[batch, channels, h, w]` → `[batch, channels]`
