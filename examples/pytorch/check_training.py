@@ -56,7 +56,7 @@ def targets_of(case, inputs, labels):
     return torch.cat([inputs[:, 1:].long(), labels[:, None]], dim=1).reshape(-1)
 
 
-PERTURBED = 8
+PERTURBED = 48
 
 
 def perturbed(data, seed):
