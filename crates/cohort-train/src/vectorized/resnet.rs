@@ -100,16 +100,15 @@ impl ConvNorm {
     }
 
     /// Fills `grads` (weight, scale, shift) from the output's gradient
-    /// `y_grad` (`[K, B·positions, c]`); returns the input's gradient
-    /// (`[N, inputs]`) where `input` asks for it.
-    fn backward(
+    /// `y_grad` (`[K, B·positions, c]`); returns the product's gradient,
+    /// from which [`ConvNorm::input_gradient`] continues.
+    fn parameter_gradients(
         &self,
         params: &[Tensor<3>],
         saved: ConvSaved,
         y_grad: Tensor<3>,
         grads: &mut [Option<Tensor<3>>],
-        input: bool,
-    ) -> Option<Tensor<2>> {
+    ) -> Tensor<3> {
         let n = saved.inv_std.dims()[0];
         let k = y_grad.dims()[0];
         let (z_grad, scale_grad, shift_grad) = group_norm_backward(
@@ -123,12 +122,17 @@ impl ConvNorm {
         grads[0] = Some(conv_weight_grad(&saved.patches, &z_grad, n / k, positions));
         grads[1] = Some(scale_grad);
         grads[2] = Some(shift_grad);
-        input.then(|| {
-            let patches_grad = z_grad
-                .matmul(params[0].clone().swap_dims(1, 2))
-                .reshape([n, positions * self.gather.fan_in]);
-            self.gather.col2im(patches_grad, n)
-        })
+        z_grad
+    }
+
+    /// The input's gradient (`[N, inputs]`) from the product's `z_grad`.
+    fn input_gradient(&self, params: &[Tensor<3>], z_grad: Tensor<3>) -> Tensor<2> {
+        let [k, rows, _] = z_grad.dims();
+        let n = k * (rows / self.gather.positions());
+        let patches_grad = z_grad
+            .matmul(params[0].clone().swap_dims(1, 2))
+            .reshape([n, self.gather.positions() * self.gather.fan_in]);
+        self.gather.col2im(patches_grad, n)
     }
 }
 
@@ -209,22 +213,20 @@ impl Block {
         let n = upstream.dims()[0];
         let sum_grad = upstream.reshape([k, rows, channels]) * saved.open;
         let (first_grads, second_grads) = grads.split_at_mut(CONV_NORM);
-        let hidden_grad = self
-            .second
-            .backward(
-                &params[CONV_NORM..],
-                saved.second,
-                sum_grad.clone(),
-                second_grads,
-                true,
-            )
-            .expect("asked for");
+        let (first_params, second_params) = params.split_at(CONV_NORM);
+        let z_grad = self.second.parameter_gradients(
+            second_params,
+            saved.second,
+            sum_grad.clone(),
+            second_grads,
+        );
+        let hidden_grad = self.second.input_gradient(second_params, z_grad);
         let [_, first_rows, first_channels] = saved.first_open.dims();
         let y_grad = hidden_grad.reshape([k, first_rows, first_channels]) * saved.first_open;
-        let main = self
+        let z_grad = self
             .first
-            .backward(&params[..CONV_NORM], saved.first, y_grad, first_grads, true)
-            .expect("asked for");
+            .parameter_gradients(first_params, saved.first, y_grad, first_grads);
+        let main = self.first.input_gradient(first_params, z_grad);
         let shortcut = match &self.shortcut {
             None => sum_grad.reshape([n, rows / (n / k) * channels]),
             Some(subsample) => {
@@ -411,8 +413,9 @@ impl ResNet {
         let [_, rows, channels] = tape.stem_open.dims();
         let y_grad = upstream.reshape([k, rows, channels]) * tape.stem_open;
         let stem_grads = &mut grads[..CONV_NORM];
+        // The images' gradient is not needed.
         self.stem
-            .backward(&params[..CONV_NORM], tape.stem, y_grad, stem_grads, false);
+            .parameter_gradients(&params[..CONV_NORM], tape.stem, y_grad, stem_grads);
         grads
             .into_iter()
             .map(|g| g.expect("every parameter has its gradient"))
