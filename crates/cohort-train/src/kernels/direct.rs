@@ -127,6 +127,12 @@ impl Layout {
         ky * self.row + kx
     }
 
+    /// Every kernel offset's shift, `(ky, kx)` in PyTorch's order.
+    fn offsets(&self, g: &Geometry) -> Vec<usize> {
+        let [kh, kw] = g.kernel;
+        (0..kh * kw).map(|s| self.offset(s / kw, s % kw)).collect()
+    }
+
     fn input_at(&self, image: usize, y: usize) -> usize {
         self.pad[1] + (image * self.rows + self.pad[0] + y) * self.row
     }
@@ -202,6 +208,23 @@ fn lay_out(
         }
         channel[written..].fill(0.0);
     }
+}
+
+/// The group of `layout.images` images of `input` from image `first` on,
+/// laid out into `buffer`.
+#[inline(always)]
+fn lay_out_input<'b>(
+    g: &Geometry,
+    layout: &Layout,
+    input: &[f32],
+    first: usize,
+    buffer: &'b mut Vec<f32>,
+) -> &'b [f32] {
+    let laid = sized(buffer, g.c_in * layout.channel);
+    let images = &input[first * g.input_len()..][..layout.images * g.input_len()];
+    let dims = (g.c_in, g.height, g.width);
+    lay_out(images, dims, layout, layout.channel, Layout::input_at, laid);
+    laid
 }
 
 /// The inverse of [`lay_out`]: the planes read back out of `laid`.
@@ -449,19 +472,8 @@ pub(crate) fn forward(
         |[laid, product, _]| {
             for first in (0..g.batch).step_by(most) {
                 let layout = Layout::new(g, most.min(g.batch - first));
-                let offsets: Vec<usize> =
-                    (0..taps).map(|s| layout.offset(s / kw, s % kw)).collect();
-                let laid = sized(laid, g.c_in * layout.channel);
-                let images = &input[first * g.input_len()..][..layout.images * g.input_len()];
-                let dims = (g.c_in, g.height, g.width);
-                lay_out(
-                    images,
-                    dims,
-                    &layout,
-                    layout.channel,
-                    Layout::input_at,
-                    laid,
-                );
+                let offsets = layout.offsets(g);
+                let laid = lay_out_input(g, &layout, input, first, laid);
                 let blocks = g.c_out.div_ceil(TILE_CHANNELS);
                 let product = sized(product, blocks * TILE_CHANNELS * layout.positions);
                 let pass = Pass {
@@ -535,17 +547,7 @@ pub(crate) fn backward(
                 let images = &d_out[first * g.output_len()..][..layout.images * g.output_len()];
                 let grad = GroupGradient::lay_out(g, &layout, images, grad);
                 if let Some(d_weight) = d_weight.as_deref_mut() {
-                    let images = &input[first * g.input_len()..][..layout.images * g.input_len()];
-                    let dims = (g.c_in, g.height, g.width);
-                    let laid = sized(laid, g.c_in * layout.channel);
-                    lay_out(
-                        images,
-                        dims,
-                        &layout,
-                        layout.channel,
-                        Layout::input_at,
-                        laid,
-                    );
+                    let laid = lay_out_input(g, &layout, input, first, laid);
                     grad.weight_gradient(g, &layout, laid, kernel, d_weight);
                 }
                 if let Some(d_input) = d_input.as_deref_mut() {
@@ -605,10 +607,7 @@ impl<'a> GroupGradient<'a> {
         kernel: Kernel,
         d_weight: &mut [f32],
     ) {
-        let [kh, kw] = g.kernel;
-        let offsets: Vec<usize> = (0..kh * kw)
-            .map(|s| layout.offset(s / kw, s % kw))
-            .collect();
+        let offsets = layout.offsets(g);
         let products = WeightProducts {
             d_out: &self.values[self.farthest..],
             d_out_channel: self.channel,

@@ -248,13 +248,19 @@ impl VectorizedTrainer {
             .collect()
     }
 
-    /// Builds the stacked net for `data`'s image size and uploads its images,
-    /// each once for as long as the data stays the same.
+    /// Builds the stacked net for `data`'s image size and uploads its images
+    /// (not where batches are augmented: each step uploads its own), each
+    /// once for as long as the data stays the same.
     fn prepare_for(&mut self, data: &Dataset) {
         let image = image_of(data);
         if self.net.as_ref().is_none_or(|(_, built)| *built != image) {
             let net = StackedNet::new(&self.model, self.classes, image, &self.device);
             self.net = Some((net, image));
+        }
+        if self.settings.augmentation.is_some() {
+            // Each step uploads its augmented samples; no copy is read.
+            self.images = None;
+            return;
         }
         let key = DataKey::of(data);
         if self.images.as_ref().is_none_or(|(held, _)| *held != key) {
@@ -472,8 +478,7 @@ impl StepInputs {
             pixels: None,
         };
         for (client, order) in orders.iter().enumerate() {
-            let start = (step * batch).min(order.len());
-            let samples = &order[start..((step + 1) * batch).min(order.len())];
+            let samples = batch_of(order, step, batch);
             let share = 1.0 / samples.len().max(1) as f32;
             inputs.counts[client] = samples.len() as f32;
             for (row, &index) in samples.iter().enumerate() {
@@ -486,6 +491,13 @@ impl StepInputs {
         }
         inputs
     }
+}
+
+/// The samples a client's `order` gives to step `step` (0-based): empty once
+/// its epoch is over, the last batch partial.
+fn batch_of(order: &[u32], step: usize, batch: usize) -> &[u32] {
+    let start = (step * batch).min(order.len());
+    &order[start..((step + 1) * batch).min(order.len())]
 }
 
 /// A step's samples of every client, each client's batch cropped and
@@ -506,8 +518,7 @@ fn augmented(
         .zip(orders)
         .zip(crops);
     for ((client, order), crops) in clients {
-        let start = (step * batch).min(order.len());
-        let samples = &order[start..((step + 1) * batch).min(order.len())];
+        let samples = batch_of(order, step, batch);
         if samples.is_empty() {
             continue;
         }
@@ -556,6 +567,18 @@ impl VectorizedTrainer {
         data: &Dataset,
         started: Instant,
     ) -> Vec<Result<LocalUpdate, TrainError>> {
+        if let Some(problem) = self.augmentation_problem(data) {
+            return jobs
+                .iter()
+                .map(|job| {
+                    Err(TrainError::Augmentation {
+                        client_id: job.task.client_id,
+                        round: job.task.round,
+                        problem: problem.clone(),
+                    })
+                })
+                .collect();
+        }
         let (net, _) = self.net.as_ref().expect("built before running");
         let k = jobs.len();
         let batch = self.settings.batch_size;
@@ -581,28 +604,6 @@ impl VectorizedTrainer {
             loss: column(vec![0.0; k], device),
         };
         let augmentation = self.settings.augmentation.as_ref();
-        if let Some(augmentation) = augmentation {
-            // Checks the shape and padding values once, as every batch's would.
-            let checked = augment_batch(
-                augmentation.augment,
-                &mut [],
-                &data.sample_shape,
-                &augmentation.black,
-                0,
-            );
-            if let Err(problem) = checked {
-                return jobs
-                    .iter()
-                    .map(|job| {
-                        Err(TrainError::Augmentation {
-                            client_id: job.task.client_id,
-                            round: job.task.round,
-                            problem: problem.clone(),
-                        })
-                    })
-                    .collect();
-            }
-        }
         let mut orders: Vec<Vec<u32>> = jobs.iter().map(|j| j.partition.to_vec()).collect();
         // (epoch, step within the epoch) of each global step, 1-based.
         let mut steps: Vec<(u32, usize)> = Vec::new();
@@ -614,10 +615,13 @@ impl VectorizedTrainer {
                 };
                 shuffle_for_epoch(order, &mut rng);
             }
-            let mut crops: Vec<ChaCha8Rng> = jobs
-                .iter()
-                .map(|job| augmentation_stream(self.settings.training_seed, job.task, epoch))
-                .collect();
+            let mut crops: Vec<ChaCha8Rng> = match augmentation {
+                Some(_) => jobs
+                    .iter()
+                    .map(|job| augmentation_stream(self.settings.training_seed, job.task, epoch))
+                    .collect(),
+                None => Vec::new(),
+            };
             let longest = orders
                 .iter()
                 .map(|o| o.len().div_ceil(batch))
@@ -634,6 +638,20 @@ impl VectorizedTrainer {
             }
         }
         self.finish(net, jobs, run, &steps, started)
+    }
+
+    /// Why the settings' augmentation cannot crop `data`'s samples (the
+    /// shape and padding values every batch's would check), if it cannot.
+    fn augmentation_problem(&self, data: &Dataset) -> Option<String> {
+        let augmentation = self.settings.augmentation.as_ref()?;
+        augment_batch(
+            augmentation.augment,
+            &mut [],
+            &data.sample_shape,
+            &augmentation.black,
+            0,
+        )
+        .err()
     }
 
     /// One optimizer step of every client.
