@@ -18,6 +18,8 @@
 # CLIENTS, PER_ROUND and PARTITION_SIZE change the job (default 1000, 100,
 # 60; CLIENTS=100000 PER_ROUND=1000 is the 100,000-client job, whose
 # partitions repeat the training set: iid_cyclic). EPOCHS (default 1).
+# STRATA sets clients.strata (default 1: a uniform draw; a multiple of the
+# ranks gives every rank its equal share of each round).
 # LAUNCH=mpirun starts the ranks with `mpirun -n R cohort run` (a build
 # with --features cohort-cli/mpi; MPIRUN names the launcher) instead of
 # the ring plan.
@@ -36,6 +38,7 @@ cat > "$work/scale.toml" <<EOF
 [clients]
 total_clients = ${CLIENTS:-1000}
 per_round = ${PER_ROUND:-100}
+strata = ${STRATA:-1}
 [server]
 random_seed = 1
 payload_timeout = 600

@@ -162,6 +162,57 @@ fn three_ranks_in_a_ring_give_the_single_process_model_bit_for_bit() {
     }
 }
 
+/// `clients.strata` a multiple of the ranks: each rank trains the same number
+/// of clients every round (its blocks' shares), and the model is still the
+/// single process's, which draws the same strata.
+#[test]
+fn stratified_rounds_give_each_rank_its_share_and_the_single_process_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = job("fedavg", 3).replace("per_round = 4", "per_round = 3\nstrata = 3");
+    let config = write_config(dir.path(), &text);
+    let expected = single_process_model(&config, &dir.path().join("single"), &fixture_data());
+    let plan = dir.path().join("plan");
+    write_plan(&plan, "strata");
+    let base = dir.path().join("ranks");
+    let ranks: Vec<Child> = (0..3)
+        .map(|rank| start_rank(&config, &plan, &base, rank, &[]))
+        .collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "rank {rank}: {}", stderr(&output));
+    }
+    let run_dir = only_run_dir(&base);
+    let model = std::fs::read(run_dir.join("model.safetensors")).unwrap();
+    assert!(
+        model == expected,
+        "the 3-rank model differs from the single-process one"
+    );
+    // 6 clients over 3 ranks are blocks {1, 2}, {3, 4}, {5, 6}, the strata's
+    // own: each round draws one of each, trained by that block's rank.
+    let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
+    let rows: Vec<(u32, u32, u32)> = clients
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let field = |i: usize| line.split(',').nth(i).unwrap().parse::<u32>().unwrap();
+            (field(0), field(1), field(2) / 1000)
+        })
+        .collect();
+    for round in 1..=3 {
+        let mut blocks: Vec<(u32, u32)> = rows
+            .iter()
+            .filter(|row| row.0 == round)
+            .map(|&(_, client, rank)| ((client - 1) / 2, rank))
+            .collect();
+        blocks.sort_unstable();
+        assert_eq!(
+            blocks,
+            [(0, 0), (1, 1), (2, 2)],
+            "round {round}:\n{clients}"
+        );
+    }
+}
+
 /// A host file without a ring secret (an older cohort's) is refused before
 /// the rank listens, with what to do; the rank never runs unauthenticated.
 #[test]

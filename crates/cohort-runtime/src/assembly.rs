@@ -566,6 +566,7 @@ fn selection(config: &cohort_core::config::Config) -> Selection {
             power_of_choice: config.clients.power_of_choice,
             oort: config.clients.oort,
             per_round: config.clients.per_round,
+            strata: config.clients.strata,
         },
     }
 }

@@ -181,7 +181,11 @@ fn fits(checks: &ResumeChecks<'_>, restored: &checkpoint::Restored) -> Result<()
     }
     let mut replay = ClientSelector::new(selection.seed);
     for _ in 0..history.round {
-        replay.select(selection.total_clients, selection.draws);
+        replay.select_stratified(
+            selection.total_clients,
+            selection.draws,
+            selection.policy.strata,
+        );
     }
     if replay.state(selection.seed) != history.selector {
         return Err(format!(

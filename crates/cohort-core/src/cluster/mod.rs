@@ -59,6 +59,7 @@ pub use plan::{
 pub use ports::{DEFAULT_BASE_PORT, PORT_SPAN};
 pub use secret::{RING_SECRET_BYTES, RingSecret};
 pub use size::format_bytes;
+pub(crate) use split::split_proportional;
 pub use split::{ClientBlock, client_blocks, evaluation_slices};
 pub use topology::{
     Endpoint, Interface, InterfaceKind, Link, LinkKind, MAX_NODES, Node, Topology, TopologyError,

@@ -1180,6 +1180,59 @@ fn validate(loaded: &LoadedConfig, optimizer_known: bool) -> Vec<ConfigError> {
     found.into_inner()
 }
 
+/// `clients.strata`: at least one, each stratum sends at least one client,
+/// and only where a round is one draw of all clients with uniform chances.
+fn validate_strata(config: &Config, fail: Fail) {
+    let clients = &config.clients;
+    let strata = clients.strata;
+    if strata <= 1 {
+        if strata == 0 {
+            fail("clients.strata", "must be at least 1, got 0".to_owned());
+        }
+        return;
+    }
+    let drawn = clients.drawn_per_round();
+    if strata > drawn.min(clients.total_clients) {
+        fail(
+            "clients.strata",
+            format!(
+                "each stratum sends at least one client a round, so it can be at most the \
+                 clients drawn per round ({drawn}) and clients.total_clients ({}), got {strata}",
+                clients.total_clients
+            ),
+        );
+    }
+    let refusal = if clients.selection != crate::selection::SelectionKind::Random {
+        Some(format!(
+            "stratifies clients.selection = \"random\", and this run selects by \"{}\"",
+            clients.selection.name()
+        ))
+    } else if !config.server.synchronous {
+        Some(
+            "is for synchronous rounds: asynchronous ones draw a client at a time, which no \
+             strata can split"
+                .to_owned(),
+        )
+    } else if clients.availability.model != crate::devices::AvailabilityModel::Always {
+        Some(
+            "draws from all clients, and with clients.availability a round draws from those \
+             online"
+                .to_owned(),
+        )
+    } else if config.algorithm.name() == "dp_fedavg" {
+        Some(
+            "dp_fedavg's accountant assumes a uniform sample of clients.per_round, and a \
+             stratified one is not"
+                .to_owned(),
+        )
+    } else {
+        None
+    };
+    if let Some(message) = refusal {
+        fail("clients.strata", message);
+    }
+}
+
 /// `clients.selection` and its options: each policy's own ranges, options
 /// of a policy not chosen, and what a utility policy cannot know.
 fn validate_selection(config: &Config, fail: Fail) {
@@ -1227,6 +1280,7 @@ fn validate_selection(config: &Config, fail: Fail) {
     for (key, message) in clients.oort.problems() {
         fail(&format!("clients.oort.{key}"), message);
     }
+    validate_strata(config, fail);
     if kind == SelectionKind::Random {
         return;
     }

@@ -126,6 +126,12 @@ pub struct Clients {
     /// Default `random`.
     #[serde(skip_serializing_if = "is_default")]
     pub selection: crate::selection::SelectionKind,
+    /// Random rounds draw their clients in this many contiguous blocks of
+    /// ids, each block's share in proportion to its size (stratified
+    /// sampling; [`crate::selection::ClientSelector::select_stratified`]).
+    /// Default 1: one uniform draw of all.
+    #[serde(skip_serializing_if = "is_one_u32")]
+    pub strata: u32,
     /// `[clients.power_of_choice]`: its candidate set's size.
     #[serde(skip_serializing_if = "is_default")]
     pub power_of_choice: crate::selection::PowerOfChoiceOptions,
@@ -158,6 +164,7 @@ impl Default for Clients {
             availability: crate::devices::AvailabilityConfig::default(),
             over_selection: 1.0,
             selection: crate::selection::SelectionKind::Random,
+            strata: 1,
             power_of_choice: crate::selection::PowerOfChoiceOptions::default(),
             oort: crate::selection::OortOptions::default(),
         }

@@ -1832,3 +1832,53 @@ fn client_selection_loads_and_refuses_what_it_cannot_do() {
     let unknown = load_text(&with("selection = \"ort\"", "")).unwrap_err();
     assert!(unknown.to_string().contains("oort"), "{unknown}");
 }
+
+#[test]
+fn strata_load_count_in_the_hash_only_when_set_and_refuse_what_they_cannot_split() {
+    let with = |extra: &str, tail: &str| {
+        format!(
+            "{}\n{tail}\n",
+            MINIMAL.replace("per_round = 2", &format!("per_round = 2\n{extra}"))
+        )
+    };
+    let loaded = load_text(&with("strata = 2", "")).unwrap();
+    assert_eq!(loaded.config.clients.strata, 2);
+    assert!(loaded.result_fields().contains_key("clients.strata"));
+    assert!(
+        !load_text(MINIMAL)
+            .unwrap()
+            .result_fields()
+            .contains_key("clients.strata")
+    );
+    let written = to_toml(&loaded.config).unwrap();
+    assert_eq!(load_text(&written).unwrap().config.clients.strata, 2);
+    let asynchronous = "[server]\nsynchronous = false\nminimum_clients_aggregated = 2\n\
+                        staleness_bound = 3\n\n[clients.profile]\ncompute = 0.01\n";
+    let cases = [
+        (with("strata = 0", ""), "must be at least 1, got 0"),
+        (
+            with("strata = 3", ""),
+            "at most the clients drawn per round (2)",
+        ),
+        (
+            with("strata = 2\nselection = \"oort\"", ""),
+            "this run selects by \"oort\"",
+        ),
+        (
+            with("strata = 2", asynchronous),
+            "is for synchronous rounds",
+        ),
+        (
+            with(
+                "strata = 2",
+                "[algorithm]\ntype = \"dp_fedavg\"\nclip_norm = 1.0\nnoise_multiplier = 1.0\n",
+            ),
+            "a uniform sample",
+        ),
+    ];
+    for (text, message) in cases {
+        let error = error_of(&text);
+        assert_eq!(error.key.as_deref(), Some("clients.strata"), "{error}");
+        assert!(error.message.contains(message), "{error}");
+    }
+}

@@ -68,6 +68,40 @@ impl ClientSelector {
             .collect()
     }
 
+    /// `per_round` distinct 1-based ids drawn in `strata` contiguous blocks
+    /// of `1..=total_clients` (as equal as they go, as
+    /// [`crate::cluster::client_blocks`] splits clients over equal ranks),
+    /// each block's share of `per_round` in proportion to its size, drawn
+    /// uniformly within the block: stratified sampling. Every client's chance
+    /// of being drawn stays `per_round / total_clients` (exactly where the
+    /// blocks divide evenly), and each block sends the same number each
+    /// round, so ranks that hold whole blocks train equal shares. One stratum
+    /// is [`ClientSelector::select`], draw for draw.
+    ///
+    /// Callers validate `strata ≤ min(per_round, total_clients)`; more are
+    /// taken as that many, so every block still sends at least one.
+    pub fn select_stratified(
+        &mut self,
+        total_clients: u32,
+        per_round: u32,
+        strata: u32,
+    ) -> Vec<u32> {
+        let strata = strata.min(per_round).min(total_clients);
+        if strata <= 1 {
+            return self.select(total_clients, per_round);
+        }
+        let blocks = crate::cluster::client_blocks(total_clients, &vec![1; strata as usize]);
+        let sizes: Vec<u64> = blocks.iter().map(|block| u64::from(block.len())).collect();
+        let shares = crate::cluster::split_proportional(per_round, &sizes);
+        let mut drawn = Vec::with_capacity(per_round as usize);
+        for (block, share) in blocks.iter().zip(shares) {
+            let picks =
+                rand::seq::index::sample(&mut self.rng, block.len() as usize, share as usize);
+            drawn.extend(picks.into_iter().map(|index| block.first + index as u32));
+        }
+        drawn
+    }
+
     /// `count` distinct ids of `candidates` (at most all of them), in the
     /// order drawn: a round among the clients online, or one client to
     /// replace one that finished.
@@ -174,6 +208,10 @@ pub struct PolicyConfig {
     pub oort: OortOptions,
     /// `clients.per_round`.
     pub per_round: u32,
+    /// `clients.strata`: random rounds of all clients drawn in this many
+    /// blocks of ids ([`ClientSelector::select_stratified`]); 0 and 1 draw
+    /// from all at once.
+    pub strata: u32,
 }
 
 impl Policy {
@@ -240,18 +278,30 @@ impl Policy {
 pub struct Selector {
     draws: ClientSelector,
     policy: Policy,
+    strata: u32,
 }
 
 impl Selector {
     pub fn new(draws: ClientSelector, policy: Policy) -> Self {
-        Self { draws, policy }
+        Self {
+            draws,
+            policy,
+            strata: 1,
+        }
+    }
+
+    /// Random rounds of all clients drawn in `strata` blocks of ids
+    /// (`clients.strata`, [`ClientSelector::select_stratified`]).
+    pub fn stratified(mut self, strata: u32) -> Self {
+        self.strata = strata;
+        self
     }
 
     /// `count` distinct clients of all `total` for `round`.
     pub fn select_all(&mut self, round: u32, total: u32, count: u32) -> Vec<u32> {
         match &mut self.policy {
             // The plain draw, so a random run draws what it always drew.
-            Policy::Random => self.draws.select(total, count),
+            Policy::Random => self.draws.select_stratified(total, count, self.strata),
             _ => {
                 let all: Vec<u32> = (1..=total).collect();
                 self.select(round, &all, count as usize)
@@ -467,6 +517,115 @@ mod tests {
         let mut selector = Selector::new(ClientSelector::new(9), Policy::Random);
         for round in 1..=5 {
             assert_eq!(selector.select_all(round, 20, 4), plain.select(20, 4));
+        }
+    }
+
+    #[test]
+    fn stratified_draws_by_hand() {
+        // 10 clients in 2 strata (1–5, 6–10), 5 a round: 2.5 each, the tie to
+        // the first: 3 from the first block, then 2 from the second, each
+        // drawn as a plain draw of its block would be.
+        let mut stratified = ClientSelector::new(11);
+        let mut plain = ChaCha8Rng::seed_from_u64(11);
+        let picked = stratified.select_stratified(10, 5, 2);
+        let first: Vec<u32> = rand::seq::index::sample(&mut plain, 5, 3)
+            .into_iter()
+            .map(|i| i as u32 + 1)
+            .collect();
+        let second: Vec<u32> = rand::seq::index::sample(&mut plain, 5, 2)
+            .into_iter()
+            .map(|i| i as u32 + 6)
+            .collect();
+        assert_eq!(picked, [first, second].concat());
+        // One stratum is the plain draw, and the stream moves alike.
+        let (mut one, mut all) = (ClientSelector::new(2), ClientSelector::new(2));
+        for _ in 0..5 {
+            assert_eq!(one.select_stratified(30, 7, 1), all.select(30, 7));
+        }
+        assert_eq!(one.state(2), all.state(2));
+    }
+
+    #[test]
+    fn a_stratified_selector_draws_its_blocks_and_resumes() {
+        let mut plain = ClientSelector::new(4);
+        let mut selector = Selector::new(ClientSelector::new(4), Policy::Random).stratified(4);
+        for round in 1..=5 {
+            assert_eq!(
+                selector.select_all(round, 40, 8),
+                plain.select_stratified(40, 8, 4)
+            );
+        }
+        let mut restored = ClientSelector::from_state(selector.draws_state(4));
+        assert_eq!(
+            selector.select_all(6, 40, 8),
+            restored.select_stratified(40, 8, 4)
+        );
+    }
+
+    #[test]
+    fn every_client_is_drawn_equally_often_when_stratified() {
+        // 12 clients, 4 a round from 4 strata of 3: each client's chance is
+        // 1/3, as in a uniform draw of 4 of 12.
+        let mut selector = ClientSelector::new(5);
+        let rounds = 30_000;
+        let mut times = [0u32; 12];
+        for _ in 0..rounds {
+            for id in selector.select_stratified(12, 4, 4) {
+                times[id as usize - 1] += 1;
+            }
+        }
+        for (index, &n) in times.iter().enumerate() {
+            let share = f64::from(n) / f64::from(rounds);
+            // The standard deviation of the share is sqrt(2/9 / 30000) ≈ 0.0027.
+            assert!(
+                (share - 1.0 / 3.0).abs() < 0.012,
+                "client {}: {share}",
+                index + 1
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn stratified_draws_are_distinct_and_fill_each_block_s_share(
+            total in 1u32..300,
+            per_round_fraction in 0.0f64..1.0,
+            strata_fraction in 0.0f64..1.0,
+            seed in 0u64..1_000,
+        ) {
+            let per_round = 1 + (per_round_fraction * f64::from(total - 1)) as u32;
+            let strata = 1 + (strata_fraction * f64::from(per_round - 1)) as u32;
+            let picked = ClientSelector::new(seed).select_stratified(total, per_round, strata);
+            proptest::prop_assert_eq!(picked.len(), per_round as usize);
+            let mut sorted = picked.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            proptest::prop_assert_eq!(sorted.len(), picked.len());
+            let blocks = crate::cluster::client_blocks(total, &vec![1; strata as usize]);
+            let sizes: Vec<u64> = blocks.iter().map(|b| u64::from(b.len())).collect();
+            let shares = crate::cluster::split_proportional(per_round, &sizes);
+            for (block, share) in blocks.iter().zip(shares) {
+                let inside = picked.iter().filter(|&&id| block.contains(id)).count();
+                proptest::prop_assert_eq!(inside, share as usize);
+            }
+        }
+
+        #[test]
+        fn ranks_holding_whole_strata_train_equal_shares(
+            ranks in 1u32..9,
+            strata_per_rank in 1u32..4,
+            clients_per_stratum in 1u32..50,
+            drawn_per_stratum_fraction in 0.0f64..1.0,
+            seed in 0u64..1_000,
+        ) {
+            let strata = ranks * strata_per_rank;
+            let per_stratum = 1 + (drawn_per_stratum_fraction * f64::from(clients_per_stratum - 1)) as u32;
+            let (total, per_round) = (strata * clients_per_stratum, strata * per_stratum);
+            let picked = ClientSelector::new(seed).select_stratified(total, per_round, strata);
+            for block in crate::cluster::client_blocks(total, &vec![1; ranks as usize]) {
+                let trained = picked.iter().filter(|&&id| block.contains(id)).count();
+                proptest::prop_assert_eq!(trained as u32, per_round / ranks);
+            }
         }
     }
 

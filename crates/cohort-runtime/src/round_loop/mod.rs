@@ -947,7 +947,7 @@ fn selector(parts: &LoopParts<'_>, start: &StartPoint) -> anyhow::Result<Selecto
             "power-of-choice ranks its candidates by clients.power_of_choice.loss"
         );
     }
-    Ok(Selector::new(start.selector.clone(), policy))
+    Ok(Selector::new(start.selector.clone(), policy).stratified(config.strata))
 }
 
 /// What the server knows of each client before it trains: its partition's
