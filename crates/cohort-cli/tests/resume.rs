@@ -355,3 +355,56 @@ fn resume_refuses_new_rounds_under_a_cosine_schedule() {
         "{stderr}"
     );
 }
+
+/// A stratified run resumes where it stopped (its checkpoint's selector
+/// checked against a replay of its rounds with the run's strata), and the
+/// rounds after it draw what an uninterrupted run draws.
+#[test]
+fn a_stratified_run_resumes_as_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let stratified = JOB
+        .replace("per_round = 2", "per_round = 2\nstrata = 2")
+        .replace("epochs = 2", "epochs = 1");
+    let config = write_config(dir.path(), &stratified.replace("rounds = 8", "rounds = 2"));
+    let base = dir.path().join("runs");
+    let output = common::run_config(&config, &base, &[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let run = common::only_run_dir(&base);
+    let output = resume(&run, &["--rounds", "4"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let log = std::fs::read_to_string(run.join("run.log")).unwrap();
+    assert!(log.contains("resuming after round 2"), "{log}");
+    std::fs::create_dir(dir.path().join("straight")).unwrap();
+    let straight = write_config(
+        &dir.path().join("straight"),
+        &stratified.replace("rounds = 8", "rounds = 4"),
+    );
+    let reference = uninterrupted(&straight, &dir.path().join("straight-runs"));
+    assert_eq!(
+        clients_without_times(&run),
+        clients_without_times(&reference)
+    );
+    // Each round one client of 1–2 and one of 3–4.
+    for round in 1..=4 {
+        let mut halves: Vec<u32> = clients_without_times(&reference)
+            .iter()
+            .skip(1)
+            .filter(|row| row.starts_with(&format!("{round},")))
+            .map(|row| (row.split(',').nth(1).unwrap().parse::<u32>().unwrap() - 1) / 2)
+            .collect();
+        halves.sort_unstable();
+        assert_eq!(halves, [0, 1], "round {round}");
+    }
+    assert_eq!(
+        std::fs::read(run.join("model.safetensors")).unwrap(),
+        std::fs::read(reference.join("model.safetensors")).unwrap()
+    );
+}
