@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use cohort_core::cluster::{Backend, MemoryNeed, RankCount, Request, place};
@@ -162,6 +162,23 @@ fn three_ranks_in_a_ring_give_the_single_process_model_bit_for_bit() {
     }
 }
 
+/// Runs `config` on the 3-rank ring plan `instance` (its host files in
+/// `dir/plan`, its ranks' folders in `dir/ranks`), each rank to success,
+/// and returns rank 0's run folder.
+fn three_ranks(config: &Path, dir: &Path, instance: &str) -> PathBuf {
+    let plan = dir.join("plan");
+    write_plan(&plan, instance);
+    let base = dir.join("ranks");
+    let ranks: Vec<Child> = (0..3)
+        .map(|rank| start_rank(config, &plan, &base, rank, &[]))
+        .collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "rank {rank}: {}", stderr(&output));
+    }
+    only_run_dir(&base)
+}
+
 /// `clients.strata` a multiple of the ranks: each rank trains the same number
 /// of clients every round (its blocks' shares), and the model is still the
 /// single process's, which draws the same strata.
@@ -171,17 +188,7 @@ fn stratified_rounds_give_each_rank_its_share_and_the_single_process_model() {
     let text = job("fedavg", 3).replace("per_round = 4", "per_round = 3\nstrata = 3");
     let config = write_config(dir.path(), &text);
     let expected = single_process_model(&config, &dir.path().join("single"), &fixture_data());
-    let plan = dir.path().join("plan");
-    write_plan(&plan, "strata");
-    let base = dir.path().join("ranks");
-    let ranks: Vec<Child> = (0..3)
-        .map(|rank| start_rank(&config, &plan, &base, rank, &[]))
-        .collect();
-    for (rank, child) in ranks.into_iter().enumerate() {
-        let output = child.wait_with_output().unwrap();
-        assert!(output.status.success(), "rank {rank}: {}", stderr(&output));
-    }
-    let run_dir = only_run_dir(&base);
+    let run_dir = three_ranks(&config, dir.path(), "strata");
     let model = std::fs::read(run_dir.join("model.safetensors")).unwrap();
     assert!(
         model == expected,
@@ -246,17 +253,7 @@ fn partial_sums_match_the_single_process_to_rounding_and_refuse_the_median() {
     let config = write_config(dir.path(), &config_text);
     let single_base = dir.path().join("single");
     single_process_model(&config, &dir.path().join("single"), &fixture_data());
-    let plan = dir.path().join("plan");
-    write_plan(&plan, "t-partial");
-    let base = dir.path().join("ranks");
-    let ranks: Vec<Child> = (0..3)
-        .map(|rank| start_rank(&config, &plan, &base, rank, &[]))
-        .collect();
-    for (rank, child) in ranks.into_iter().enumerate() {
-        let output = child.wait_with_output().unwrap();
-        assert!(output.status.success(), "rank {rank}: {}", stderr(&output));
-    }
-    let run_dir = only_run_dir(&base);
+    let run_dir = three_ranks(&config, dir.path(), "t-partial");
     let model = run_dir.join("model.safetensors");
     let reference = only_run_dir(&single_base).join("model.safetensors");
     let compared = cohort(
@@ -283,8 +280,9 @@ fn partial_sums_match_the_single_process_to_rounding_and_refuse_the_median() {
     let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();
     assert_eq!(clients.lines().count(), 1 + 12, "{clients}");
 
+    let plan = dir.path().join("plan");
     let median = write_config(
-        &dir.path().join("plan"),
+        &plan,
         &format!("{}\n[cluster]\nreduce = \"partial\"\n", job("median", 1)),
     );
     let refused: Vec<Output> = (0..3)
