@@ -132,6 +132,9 @@ fn three_ranks_in_a_ring_give_the_single_process_model_bit_for_bit() {
         );
         let results = std::fs::read_to_string(run_dir.join("results.csv")).unwrap();
         assert_eq!(results.lines().count(), 4, "{results}");
+        // A uniform draw over 3 ranks: rank 0 says how strata would even it.
+        let log = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
+        assert!(log.contains("clients.strata = 3 (or a multiple)"), "{log}");
         // The ranks scored a slice of the test set each; their sum is the
         // single process's evaluation to the last digit.
         let single =
@@ -194,6 +197,8 @@ fn stratified_rounds_give_each_rank_its_share_and_the_single_process_model() {
         model == expected,
         "the 3-rank model differs from the single-process one"
     );
+    let log = std::fs::read_to_string(run_dir.join("run.log")).unwrap();
+    assert!(!log.contains("clients.strata"), "{log}");
     // 6 clients over 3 ranks are blocks {1, 2}, {3, 4}, {5, 6}, the strata's
     // own: each round draws one of each, trained by that block's rank.
     let clients = std::fs::read_to_string(run_dir.join("clients.csv")).unwrap();

@@ -504,6 +504,7 @@ fn rank_role(
         return Ok((local, None));
     };
     let (transport, peers) = join_ranks(loaded, distributed, local, partial.is_some())?;
+    suggest_strata(loaded.config(), distributed);
     Ok((
         transport,
         Some(RankRole {
@@ -513,6 +514,29 @@ fn rank_role(
             test_batches: None,
         }),
     ))
+}
+
+/// Said once, by rank 0, where strata could even out the ranks' rounds and
+/// the config has none that does: a uniform draw leaves a round waiting for
+/// the rank that drew the most of its clients.
+fn suggest_strata(config: &cohort_core::config::Config, distributed: &DistributedRun) {
+    let clients = &config.clients;
+    let ranks = distributed.world_size;
+    let strata_possible = clients.selection == cohort_core::selection::SelectionKind::Random
+        && config.server.synchronous
+        && clients.availability.model == cohort_core::devices::AvailabilityModel::Always
+        && config.algorithm.name() != "dp_fedavg"
+        && clients.drawn_per_round() >= ranks;
+    if distributed.leader() && ranks > 1 && strata_possible && !clients.strata.is_multiple_of(ranks)
+    {
+        tracing::info!(
+            ranks,
+            strata = clients.strata,
+            "each round waits for the rank that drew the most of its clients; \
+             clients.strata = {ranks} (or a multiple) gives ranks of equal workers equal \
+             shares (docs/SCALING.md, Speed-up with strata)"
+        );
+    }
 }
 
 /// The part of the test set this process scores, and, in a distributed run
