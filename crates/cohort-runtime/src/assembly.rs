@@ -522,11 +522,8 @@ fn rank_role(
 fn suggest_strata(config: &cohort_core::config::Config, distributed: &DistributedRun) {
     let clients = &config.clients;
     let ranks = distributed.world_size;
-    let strata_possible = clients.selection == cohort_core::selection::SelectionKind::Random
-        && config.server.synchronous
-        && clients.availability.model == cohort_core::devices::AvailabilityModel::Always
-        && config.algorithm.name() != "dp_fedavg"
-        && clients.drawn_per_round() >= ranks;
+    let strata_possible = cohort_core::config::strata_refusal(config).is_none()
+        && clients.drawn_per_round().min(clients.total_clients) >= ranks;
     if distributed.leader() && ranks > 1 && strata_possible && !clients.strata.is_multiple_of(ranks)
     {
         tracing::info!(

@@ -1202,7 +1202,17 @@ fn validate_strata(config: &Config, fail: Fail) {
             ),
         );
     }
-    let refusal = if clients.selection != crate::selection::SelectionKind::Random {
+    if let Some(message) = strata_refusal(config) {
+        fail("clients.strata", message);
+    }
+}
+
+/// Why this run cannot draw its rounds in strata, whatever their number:
+/// another selection, asynchronous rounds, an availability, or `dp_fedavg`;
+/// `None` where `clients.strata > 1` may be set.
+pub fn strata_refusal(config: &Config) -> Option<String> {
+    let clients = &config.clients;
+    if clients.selection != crate::selection::SelectionKind::Random {
         Some(format!(
             "stratifies clients.selection = \"random\", and this run selects by \"{}\"",
             clients.selection.name()
@@ -1227,9 +1237,6 @@ fn validate_strata(config: &Config, fail: Fail) {
         )
     } else {
         None
-    };
-    if let Some(message) = refusal {
-        fail("clients.strata", message);
     }
 }
 
