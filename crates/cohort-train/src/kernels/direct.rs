@@ -8,7 +8,7 @@
 //! Here the input is laid out once, padded, so that every kernel offset
 //! `(ky, kx)` reads the same matrix shifted by `ky·row + kx` floats
 //! ([`Layout`]), and a micro-kernel ([`Pass::tile_wide`]) runs the offsets inside its
-//! inner loop: 64 output positions × 6 output channels in 24 AVX-512
+//! inner loop: 48 output positions × 8 output channels in 24 AVX-512
 //! registers, summed over input channels and offsets. The input gradient is
 //! the same kernel over the output gradient with the offsets reversed; the
 //! weight gradient reads the output gradient and the shifted input in place
@@ -24,18 +24,22 @@ use std::cell::RefCell;
 use super::direct_weight::WeightProducts;
 use super::im2col::{Geometry, Grads, add_bias, bias_backward, copy_short, zero_short};
 
-/// Output positions of one micro-kernel tile: four vectors of 16.
-const TILE_POSITIONS: usize = 64;
-/// Output channels of one micro-kernel tile.
-const TILE_CHANNELS: usize = 6;
+/// Output positions of one micro-kernel tile: three vectors of 16.
+const TILE_POSITIONS: usize = 48;
+/// Output channels of one micro-kernel tile: eight, so that the 16, 32
+/// and 64 channels of ResNets' stages fill whole tiles. With six a tile
+/// (and 64 positions), 16 channels computed 18 and 32 computed 36, and
+/// cnn, cnn_femnist and resnet_20 trained 6–12 % slower on a Zen 4 core
+/// (docs/BENCHMARKS.md, "Eight output channels a tile").
+const TILE_CHANNELS: usize = 8;
 /// Positions a group of images aims at: the weight gradient sums over a
 /// group's positions at a time, and their count sets the buffers' size.
 const POSITIONS_PER_GROUP: usize = 4096;
 /// Inputs a pass sums over a block of positions before the next chunk
 /// ([`Pass::run`]).
 const CHUNK_INPUTS: usize = 64;
-/// Positions of one block of a pass ([`Pass::run`]).
-const BLOCK_POSITIONS: usize = 512;
+/// Positions of one block of a pass ([`Pass::run`]): whole tiles, about 512.
+const BLOCK_POSITIONS: usize = 10 * TILE_POSITIONS;
 /// Below this many input channels the column matrix is short and im2col's
 /// single product wins (a first layer's 1 or 3 channels).
 const MIN_INPUT_CHANNELS: usize = 8;
@@ -293,7 +297,7 @@ impl Pass<'_> {
     /// while every output block sums over it, and an output block's weights
     /// for the chunk (64 × 9 × 6 floats) stay in L1 across the block's
     /// tiles. One pass over all the inputs for one output block at a time
-    /// re-read the whole source from memory for each block of six outputs:
+    /// re-read the whole source from memory for each block of outputs:
     /// vgg_11 trained 35 % slower than through im2col. A tile carries its
     /// sums from chunk to chunk through `out`, exactly (a float32 stored
     /// and loaded back is the same float), so the blocking leaves every
@@ -340,7 +344,7 @@ impl Pass<'_> {
                                 // SAFETY: the CPU has AVX-512F and FMA (checked
                                 // above); the source holds every position read
                                 // (asserted above), `weights` the chunk's values
-                                // of an output block, and `rows` six rows of
+                                // of an output block, and `rows` a block's rows of
                                 // `positions` from `start` on.
                                 unsafe { self.tile_wide(tile, weights, rows) }
                             }
@@ -378,7 +382,7 @@ impl Pass<'_> {
     }
 
     /// [`Pass::tile_portable`] in 24 AVX-512 registers: per input and
-    /// offset, four loads of 16 positions, six broadcast weights, 24 fused
+    /// offset, three loads of 16 positions, eight broadcast weights, 24 fused
     /// multiply-adds.
     ///
     /// # Safety
@@ -392,7 +396,7 @@ impl Pass<'_> {
         assert!(row(TILE_CHANNELS - 1) + TILE_POSITIONS <= rows.len());
         assert!(weights.len() >= tile.inputs.len() * self.offsets.len() * TILE_CHANNELS);
         let carried = tile.inputs.start > 0;
-        // SAFETY: each row holds 64 floats from `row(n)` on (asserted).
+        // SAFETY: each row holds a tile's positions from `row(n)` on (asserted).
         let mut acc: [[__m512; VECTORS]; TILE_CHANNELS] = std::array::from_fn(|n| {
             std::array::from_fn(|v| match carried {
                 true => unsafe { _mm512_loadu_ps(rows.as_ptr().add(row(n) + 16 * v)) },

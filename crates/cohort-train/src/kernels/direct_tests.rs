@@ -94,7 +94,7 @@ fn cases() -> Vec<Geometry> {
         // 8 × 8 images, 81 laid-out positions each: 50 a group, so two
         // groups, the second of 11.
         geometry(61, (8, 7), [8, 8], [3, 3], [1, 1]),
-        // Output channels that fill no whole tile of six; a lone channel.
+        // Output channels that fill no whole tile of eight; a lone channel.
         geometry(2, (9, 13), [5, 7], [3, 3], [1, 1]),
         geometry(1, (8, 1), [6, 6], [3, 3], [1, 1]),
         // cnn's second layer: 5 × 5, padding 2.
