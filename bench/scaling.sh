@@ -22,7 +22,9 @@
 # ranks gives every rank its equal share of each round).
 # LAUNCH=mpirun starts the ranks with `mpirun -n R cohort run` (a build
 # with --features cohort-cli/mpi; MPIRUN names the launcher) instead of
-# the ring plan.
+# the ring plan. BIND (mpirun only, default none) is mpirun's --bind-to:
+# BIND=core pins each rank to a core of its own (--map-by core), so two
+# ranks never share one core's hardware threads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-4}"
@@ -77,7 +79,9 @@ for ranks in ${RANKS:-1 2 3}; do
     /usr/bin/time -f '%M' -o "$work/rss-1-0" "$cohort" run --config "$work/scale.toml" --base "$base" --cpu --quiet
   elif [ "${LAUNCH:-ring}" = mpirun ]; then
     # shellcheck disable=SC2016
-    "${MPIRUN:-mpirun}" -n "$ranks" --bind-to none -x COHORT_DATA_DIR -x W="$work" -x C="$cohort" -x B="$base" -x R="$ranks" \
+    bind=(--bind-to "${BIND:-none}")
+    [ "${BIND:-none}" = none ] || bind+=(--map-by core)
+    "${MPIRUN:-mpirun}" -n "$ranks" "${bind[@]}" -x COHORT_DATA_DIR -x W="$work" -x C="$cohort" -x B="$base" -x R="$ranks" \
       sh -c '/usr/bin/time -f %M -o "$W/rss-$R-$OMPI_COMM_WORLD_RANK" "$C" run --config "$W/scale.toml" --base "$B" --cpu --quiet'
   else
     plan="$work/plan-$ranks"
