@@ -111,3 +111,8 @@ for ranks in ${RANKS:-1 2 3}; do
   printf '%-6s %-12s %-8.1f %-28s %s\n' "$ranks" "$(median_round "$run_dir")" "$wall" "$rss" "$same"
 done
 nproc | sed 's/^/cores: /'
+# Whether two ranks may share a core's hardware threads (then BIND=core
+# matters): the topology, where lscpu can tell it.
+if command -v lscpu > /dev/null; then
+  lscpu | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)):' || true
+fi
