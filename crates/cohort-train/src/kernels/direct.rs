@@ -5,9 +5,10 @@
 //! matrix and, on the way back, folds a column gradient of that size into
 //! the input gradient; for resnet_20 those copies were as long as the
 //! products themselves (`cargo bench -p cohort-train --bench conv_shifts`).
-//! Here the input is laid out once, padded, so that every kernel offset
-//! `(ky, kx)` reads the same matrix shifted by `ky·row + kx` floats
-//! ([`Layout`]), and a micro-kernel ([`Pass::tile_wide`]) runs the offsets inside its
+//! Here the input is laid out once, with zero rows between images, so that
+//! every kernel offset `(ky, kx)` reads the same matrix shifted by `ky·row +
+//! kx` floats ([`Layout`]; reads past a row's edge masked to zero,
+//! [`BorderMasks`]), and a micro-kernel ([`Pass::tile_wide`]) runs the offsets inside its
 //! inner loop: 48 output positions × 8 output channels in 24 AVX-512
 //! registers, summed over input channels and offsets. The input gradient is
 //! the same kernel over the output gradient with the offsets reversed; the
@@ -47,25 +48,27 @@ const MIN_INPUT_CHANNELS: usize = 8;
 /// Whether this convolution runs here: stride 1, the same padding on both
 /// sides of an axis and no more than the kernel's side minus one, at least
 /// [`MIN_INPUT_CHANNELS`] input channels, a kernel larger than 1 × 1 (a
-/// pointwise convolution needs no column matrix anyway), images large
-/// enough that the positions computed and thrown away (the padding's
-/// columns and rows of [`Layout`]) are under a quarter, on a CPU with
-/// AVX-512F and FMA. On 4 × 4 and 2 × 2 maps (VGG's and ResNet-18's last
-/// layers) a third to a half of the work is thrown away, and vgg_11 trained
-/// 35 % slower than through im2col.
+/// pointwise convolution needs no column matrix anyway), images whose
+/// outputs are at least three quarters of the padded image (8 × 8 and
+/// larger for a 3 × 3 kernel of padding 1), on a CPU with AVX-512F and FMA.
+/// On 4 × 4 and 2 × 2 maps (VGG's and ResNet-18's last layers) this kernel
+/// is slower than im2col's product: vgg_11 trained 35 % slower when a third
+/// to a half of its positions were padding, and still 11 % slower (80 → 71
+/// samples/s) when [`Layout`]'s rows lost their padding columns and 4 × 4
+/// maps threw away only a fifth.
 pub(crate) fn applies(g: &Geometry) -> bool {
     let symmetric = g.pad[0].0 == g.pad[0].1 && g.pad[1].0 == g.pad[1].1;
     let fits = g.pad[0].0 < g.kernel[0] && g.pad[1].0 < g.kernel[1];
     let Some([out_h, out_w]) = g.output() else {
         return false;
     };
-    let laid_out = laid_out_per_image(g);
+    let padded = (g.height + g.pad[0].0) * (g.width + g.pad[1].0);
     g.stride == [1, 1]
         && symmetric
         && fits
         && g.kernel != [1, 1]
         && g.c_in >= MIN_INPUT_CHANNELS
-        && 4 * out_h * out_w >= 3 * laid_out
+        && 4 * out_h * out_w >= 3 * padded
         && wide()
 }
 
@@ -88,15 +91,22 @@ pub(crate) enum Kernel {
     Portable,
 }
 
-/// A group of `images` images laid out flat and padded: each row `row = W +
-/// pad_w` floats (the last `pad_w` zero: the right border of this row and
-/// the left border of the next), each image `rows = H + pad_h` rows (the
-/// last `pad_h` zero, shared with the next image's top border), `pad_h`
-/// zero rows before the first image and `pad_w` zeros before everything.
+/// A group of `images` images laid out flat: each row `row = max(W, out_w)`
+/// floats (zeros past `W`), each image `rows = H + pad_h` rows (the last
+/// `pad_h` zero, shared with the next image's top border), `pad_h` zero
+/// rows before the first image and `pad_w` zeros before everything.
 /// Input `(image, y, x)` lies at [`Layout::input_at`]; output `(image, oy,
 /// ox)` is computed at position `(image·rows + oy)·row + ox` from the input
 /// at that position plus [`Layout::offset`]`(ky, kx)`. Positions whose
 /// `ox ≥ out_w` or `oy ≥ out_h` are computed and thrown away.
+///
+/// Rows carry no padding columns: a read past a row's left or right edge
+/// lands in the neighbouring row, and [`BorderMasks`] zero those lanes
+/// instead. With a padding column per row (`row = W + pad_w`, the zeros
+/// shared by neighbouring rows) the positions thrown away were 27 % more
+/// than those kept at 8 × 8 (81 for 64), 13 % at 16 × 16 and 31 % for
+/// cnn's 5 × 5 kernels at 14 × 14; now 12.5 %, 6 % and 14 %, the padding
+/// rows alone.
 #[derive(Debug, Clone, Copy)]
 struct Layout {
     images: usize,
@@ -112,7 +122,7 @@ struct Layout {
 impl Layout {
     fn new(g: &Geometry, images: usize) -> Self {
         let pad = [g.pad[0].0, g.pad[1].0];
-        let row = g.width + pad[1];
+        let row = laid_out_row(g);
         let rows = g.height + pad[0];
         let positions = (images * rows * row).next_multiple_of(TILE_POSITIONS);
         let farthest = (g.kernel[0] - 1) * row + g.kernel[1] - 1;
@@ -146,11 +156,120 @@ impl Layout {
     }
 }
 
-/// Positions an image takes in a [`Layout`]: its rows and columns, each
-/// with the padding it shares with the next.
+/// Positions an image takes in a [`Layout`]: its rows, each with the
+/// padding it shares with the next, of [`laid_out_row`] columns.
 fn laid_out_per_image(g: &Geometry) -> usize {
-    (g.height + g.pad[0].0) * (g.width + g.pad[1].0)
+    (g.height + g.pad[0].0) * laid_out_row(g)
 }
+
+/// A laid-out row: the input's width, or the output's where padding makes
+/// it wider.
+fn laid_out_row(g: &Geometry) -> usize {
+    let out_w = g.output().map_or(0, |[_, out_w]| out_w);
+    g.width.max(out_w)
+}
+
+/// Which lanes of a pass's reads lie in the row they belong to: bit `l` of
+/// [`BorderMasks::of`]`(s)[v]` is set where position `16·v + l`, read at
+/// kernel offset number `s`, takes a value of its own row; a clear bit is a
+/// read past the row's edge (into the neighbouring row, [`Layout`] having no
+/// padding columns), which the kernels load as zero.
+pub(super) struct BorderMasks {
+    bits: Vec<u16>,
+    vectors: usize,
+}
+
+impl BorderMasks {
+    /// Masks for `positions` (a multiple of 16) whose column is `(q −
+    /// phase) mod row`, for offsets of kernel columns `columns[s]`, where
+    /// `reads(column, kx)` says whether a position of that column reads its
+    /// own row at kernel column `kx`.
+    fn new(
+        positions: usize,
+        (row, phase): (usize, usize),
+        columns: &[usize],
+        reads: impl Fn(usize, usize) -> bool,
+    ) -> Self {
+        let vectors = positions.div_ceil(LANES);
+        let kernel_columns = columns.iter().max().map_or(0, |kx| kx + 1);
+        // One table per kernel column, then copied per offset.
+        let per_column: Vec<Vec<u16>> = (0..kernel_columns)
+            .map(|kx| {
+                let mut column = (row - phase % row) % row;
+                (0..vectors)
+                    .map(|_| {
+                        let mut bits = 0u16;
+                        for lane in 0..LANES {
+                            if reads(column, kx) {
+                                bits |= 1 << lane;
+                            }
+                            column = if column + 1 == row { 0 } else { column + 1 };
+                        }
+                        bits
+                    })
+                    .collect()
+            })
+            .collect();
+        let bits = columns
+            .iter()
+            .flat_map(|&kx| per_column[kx].iter().copied())
+            .collect();
+        Self { bits, vectors }
+    }
+
+    /// The forward pass's and the weight gradient's masks: output column
+    /// `ox` reads input column `ox + kx − pad_w`, inside `0..W`.
+    fn forward(g: &Geometry, layout: &Layout) -> Self {
+        let kw = g.kernel[1];
+        let taps = g.kernel[0] * kw;
+        let columns: Vec<usize> = (0..taps).map(|s| s % kw).collect();
+        let (pad, width) = (layout.pad[1], g.width);
+        Self::new(layout.positions, (layout.row, 0), &columns, |ox, kx| {
+            ox + kx >= pad && ox + kx - pad < width
+        })
+    }
+
+    /// The input gradient's masks over `positions` of the laid-out input
+    /// (offsets last to first): input column `x` reads the output
+    /// gradient's column `x + pad_w − kx`, inside `0..out_w`.
+    fn input_gradient(g: &Geometry, layout: &Layout, positions: usize) -> Self {
+        let kw = g.kernel[1];
+        let taps = g.kernel[0] * kw;
+        let columns: Vec<usize> = (0..taps).map(|s| (taps - 1 - s) % kw).collect();
+        let out_w = g.output().map_or(0, |[_, out_w]| out_w);
+        let pad = layout.pad[1];
+        Self::new(positions, (layout.row, pad), &columns, |x, kx| {
+            x + pad >= kx && x + pad - kx < out_w
+        })
+    }
+
+    /// The masks of offset number `s`, one per 16 positions.
+    pub(super) fn of(&self, s: usize) -> &[u16] {
+        &self.bits[s * self.vectors..][..self.vectors]
+    }
+
+    /// The same masks tile by tile: for each tile of [`TILE_POSITIONS`],
+    /// for each offset, its vectors' masks, so a micro-kernel reads its
+    /// tile's in order, without an index to compute or check per offset.
+    fn by_tile(&self) -> Vec<[u16; TILE_VECTORS]> {
+        let taps = self.bits.len() / self.vectors.max(1);
+        let tiles = self.vectors / TILE_VECTORS;
+        let mut out = Vec::with_capacity(tiles * taps);
+        for tile in 0..tiles {
+            for s in 0..taps {
+                let masks = &self.of(s)[tile * TILE_VECTORS..][..TILE_VECTORS];
+                out.push(masks.try_into().expect("a tile's vectors"));
+            }
+        }
+        out
+    }
+}
+
+/// Vectors of 16 positions in a micro-kernel tile.
+const TILE_VECTORS: usize = TILE_POSITIONS / LANES;
+
+/// Positions a mask covers: one AVX-512 vector.
+const LANES: usize = 16;
 
 /// Images a group holds: about [`POSITIONS_PER_GROUP`] positions.
 fn images_per_group(g: &Geometry) -> usize {
@@ -283,6 +402,9 @@ struct Pass<'a> {
     source_channel: usize,
     inputs: usize,
     offsets: Vec<usize>,
+    /// [`BorderMasks::by_tile`]: each tile's masks, offset by offset (a
+    /// call's largest group's: a smaller group's are their first tiles).
+    masks: &'a [[u16; TILE_VECTORS]],
     packed: &'a [f32],
     positions: usize,
 }
@@ -308,6 +430,7 @@ impl Pass<'_> {
         let per_block = self.inputs * taps * TILE_CHANNELS;
         let farthest = self.offsets.iter().copied().max().unwrap_or(0);
         assert!(self.positions.is_multiple_of(TILE_POSITIONS));
+        assert!(self.masks.len() >= self.positions / TILE_POSITIONS * taps);
         assert!(
             self.inputs == 0
                 || (self.inputs - 1) * self.source_channel + self.positions + farthest
@@ -356,6 +479,12 @@ impl Pass<'_> {
         }
     }
 
+    /// A tile's border masks, offset by offset.
+    fn tile_masks(&self, tile: &Tile) -> &[[u16; TILE_VECTORS]] {
+        let taps = self.offsets.len();
+        &self.masks[tile.start / TILE_POSITIONS * taps..][..taps]
+    }
+
     fn tile_portable(&self, tile: Tile, weights: &[f32], rows: &mut [f32]) {
         let mut acc = [[0.0f32; TILE_POSITIONS]; TILE_CHANNELS];
         if tile.inputs.start > 0 {
@@ -364,13 +493,21 @@ impl Pass<'_> {
             }
         }
         let mut w = weights.chunks_exact(TILE_CHANNELS);
+        let tile_masks = self.tile_masks(&tile);
         for i in tile.inputs {
             let channel = &self.source[i * self.source_channel..];
-            for &offset in &self.offsets {
-                let values = &channel[tile.start + offset..][..TILE_POSITIONS];
+            for (&offset, masks) in self.offsets.iter().zip(tile_masks) {
+                let values: [f32; TILE_POSITIONS] = std::array::from_fn(|q| {
+                    let inside = masks[q / LANES] & (1 << (q % LANES)) != 0;
+                    if inside {
+                        channel[tile.start + offset + q]
+                    } else {
+                        0.0
+                    }
+                });
                 let block = w.next().expect("a block's weights");
                 for (sums, &weight) in acc.iter_mut().zip(block) {
-                    for (sum, &v) in sums.iter_mut().zip(values) {
+                    for (sum, &v) in sums.iter_mut().zip(&values) {
                         *sum = weight.mul_add(v, *sum);
                     }
                 }
@@ -403,6 +540,7 @@ impl Pass<'_> {
                 false => _mm512_setzero_ps(),
             })
         });
+        let tile_masks = self.tile_masks(&tile);
         let mut w = weights.as_ptr();
         for i in tile.inputs {
             // SAFETY: within the source (the caller's assertion).
@@ -411,12 +549,17 @@ impl Pass<'_> {
                     .as_ptr()
                     .add(i * self.source_channel + tile.start)
             };
-            for &offset in &self.offsets {
-                // SAFETY: `start + offset + 64` floats of the channel lie in
+            for (&offset, masks) in self.offsets.iter().zip(tile_masks) {
+                // SAFETY: a tile's positions from `start + offset` on lie in
                 // the source (the caller's assertion).
-                let values: [__m512; VECTORS] = std::array::from_fn(|v| unsafe {
-                    _mm512_loadu_ps(channel.add(offset + 16 * v))
-                });
+                // A loop, not `array::from_fn`: its closure lacks this
+                // function's target features, so the masked load in it
+                // was a call.
+                let mut values = [_mm512_setzero_ps(); VECTORS];
+                for (v, value) in values.iter_mut().enumerate() {
+                    *value =
+                        unsafe { _mm512_maskz_loadu_ps(masks[v], channel.add(offset + 16 * v)) };
+                }
                 for sums in acc.iter_mut() {
                     // SAFETY: the chunk's weights hold `TILE_CHANNELS` values
                     // for every input and offset (asserted).
@@ -471,6 +614,10 @@ pub(crate) fn forward(
         weight[(o * g.c_in + i) * taps + s]
     });
     let most = images_per_group(g);
+    // A position's masks depend on its column alone, so the largest
+    // group's serve every group; built per group they cost a tenth of
+    // resnet_20's first stage.
+    let masks = BorderMasks::forward(g, &Layout::new(g, most)).by_tile();
     with_buffers(
         #[inline(always)]
         |[laid, product, _]| {
@@ -485,6 +632,7 @@ pub(crate) fn forward(
                     source_channel: layout.channel,
                     inputs: g.c_in,
                     offsets,
+                    masks: &masks,
                     packed: &packed,
                     positions: layout.positions,
                 };
@@ -543,6 +691,12 @@ pub(crate) fn backward(
         d_weight.fill(0.0);
     }
     let most = images_per_group(g);
+    // As in `forward`: the largest group's masks serve every group.
+    let full = Layout::new(g, most);
+    let weight_masks = BorderMasks::forward(g, &full);
+    let input_masks =
+        BorderMasks::input_gradient(g, &full, full.channel.next_multiple_of(TILE_POSITIONS))
+            .by_tile();
     with_buffers(
         #[inline(always)]
         |[laid, d_laid, grad]| {
@@ -552,12 +706,12 @@ pub(crate) fn backward(
                 let grad = GroupGradient::lay_out(g, &layout, images, grad);
                 if let Some(d_weight) = d_weight.as_deref_mut() {
                     let laid = lay_out_input(g, &layout, input, first, laid);
-                    grad.weight_gradient(g, &layout, laid, kernel, d_weight);
+                    grad.weight_gradient(g, &layout, laid, &weight_masks, kernel, d_weight);
                 }
                 if let Some(d_input) = d_input.as_deref_mut() {
                     let d_images =
                         &mut d_input[first * g.input_len()..][..layout.images * g.input_len()];
-                    let pass = grad.input_gradient_pass(g, &layout, &reversed);
+                    let pass = grad.input_gradient_pass(g, &layout, &reversed, &input_masks);
                     let positions = pass.positions;
                     let d_laid = sized(
                         d_laid,
@@ -608,6 +762,7 @@ impl<'a> GroupGradient<'a> {
         g: &Geometry,
         layout: &Layout,
         laid: &[f32],
+        masks: &BorderMasks,
         kernel: Kernel,
         d_weight: &mut [f32],
     ) {
@@ -620,6 +775,7 @@ impl<'a> GroupGradient<'a> {
             input_channel: layout.channel,
             inputs: g.c_in,
             offsets: &offsets,
+            masks,
             positions: layout.positions,
         };
         products.add_to(kernel, d_weight);
@@ -636,19 +792,22 @@ impl<'a> GroupGradient<'a> {
         g: &Geometry,
         layout: &Layout,
         reversed: &'p [f32],
+        masks: &'p [[u16; TILE_VECTORS]],
     ) -> Pass<'p> {
         let [kh, kw] = g.kernel;
         let taps = kh * kw;
         let offsets = (0..taps)
             .map(|s| self.farthest - layout.offset((taps - 1 - s) / kw, (taps - 1 - s) % kw))
             .collect();
+        let positions = layout.channel.next_multiple_of(TILE_POSITIONS);
         Pass {
             source: self.values,
             source_channel: self.channel,
             inputs: g.c_out,
             offsets,
+            masks,
             packed: reversed,
-            positions: layout.channel.next_multiple_of(TILE_POSITIONS),
+            positions,
         }
     }
 }

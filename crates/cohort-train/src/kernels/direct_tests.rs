@@ -103,6 +103,9 @@ fn cases() -> Vec<Geometry> {
         geometry(3, (10, 5), [9, 11], [3, 3], [0, 0]),
         geometry(2, (8, 6), [10, 7], [3, 5], [1, 2]),
         geometry(2, (8, 4), [7, 9], [2, 2], [0, 0]),
+        // Padding wider than the kernel's half: the output rows (9) are
+        // longer than the input's (7), and the laid-out rows take theirs.
+        geometry(2, (8, 5), [6, 7], [3, 3], [2, 2]),
         // Two chunks of inputs (64 and 6), the second carried through the
         // output.
         geometry(2, (70, 8), [6, 6], [3, 3], [1, 1]),
@@ -159,7 +162,7 @@ fn applies_to_stride_one_with_padding_the_kernel_covers() {
     let too_much = geometry(1, (16, 16), [8, 8], [3, 3], [3, 1]);
     let pointwise = geometry(1, (16, 16), [8, 8], [1, 1], [0, 0]);
     let few_channels = geometry(1, (3, 16), [8, 8], [3, 3], [1, 1]);
-    // 16 of 25 laid-out positions kept.
+    // Outputs 16 of the padded image's 25 positions.
     let small_maps = geometry(1, (16, 16), [4, 4], [3, 3], [1, 1]);
     for g in [
         strided,

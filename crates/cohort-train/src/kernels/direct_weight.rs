@@ -1,7 +1,8 @@
 //! The weight gradient of the column-free convolution ([`super::direct`]),
 //! read in place: for every kernel offset `s`, input `i` and output `o`,
 //! `dW[o][i][s] += Σ_q d_out[o][q] · input[i][q + offset_s]` over a group's
-//! laid-out positions.
+//! laid-out positions, the input's lanes past a row's edge masked to zero
+//! ([`super::direct::BorderMasks`]).
 //!
 //! As one gemm product per offset, each product packed both of its operands
 //! first: per offset, a copy of the whole output gradient and of the whole
@@ -22,7 +23,7 @@
 
 use std::ops::Range;
 
-use super::direct::{Kernel, wide};
+use super::direct::{BorderMasks, Kernel, wide};
 
 /// Positions summed side by side: one AVX-512 vector.
 const LANES: usize = 16;
@@ -46,7 +47,17 @@ pub(super) struct WeightProducts<'a> {
     pub(super) input_channel: usize,
     pub(super) inputs: usize,
     pub(super) offsets: &'a [usize],
+    /// Which lanes of the shifted input lie in their own row, per offset.
+    pub(super) masks: &'a BorderMasks,
     pub(super) positions: usize,
+}
+
+/// One kernel offset: the input's shift, and which of its lanes lie in
+/// their own row ([`BorderMasks`]), one mask per 16 positions.
+#[derive(Clone, Copy)]
+struct Shift<'a> {
+    offset: usize,
+    masks: &'a [u16],
 }
 
 /// The outputs and inputs of a tile, and where its partial sums lie.
@@ -75,6 +86,7 @@ impl WeightProducts<'_> {
             "the input holds every position read"
         );
         assert!(d_weight.len() >= self.outputs * self.inputs * taps);
+        assert!((0..taps).all(|s| self.masks.of(s).len() * LANES >= self.positions));
         assert!(
             kernel == Kernel::Portable || wide(),
             "the wide kernel on a CPU without AVX-512F"
@@ -90,9 +102,13 @@ impl WeightProducts<'_> {
                 lanes.fill(0.0);
                 for start in (0..self.positions).step_by(CHUNK) {
                     let chunk = start..(start + CHUNK).min(self.positions);
-                    for (&offset, lanes) in self.offsets.iter().zip(lanes.chunks_exact_mut(per_tap))
-                    {
-                        self.tile(kernel, &tile, chunk.clone(), offset, lanes);
+                    let per_offset = self.offsets.iter().zip(lanes.chunks_exact_mut(per_tap));
+                    for (s, (&offset, lanes)) in per_offset.enumerate() {
+                        let at = Shift {
+                            offset,
+                            masks: self.masks.of(s),
+                        };
+                        self.tile(kernel, &tile, chunk.clone(), at, lanes);
                     }
                 }
                 for (s, lanes) in lanes.chunks_exact(per_tap).enumerate() {
@@ -115,7 +131,7 @@ impl WeightProducts<'_> {
         kernel: Kernel,
         tile: &Tile,
         chunk: Range<usize>,
-        offset: usize,
+        at: Shift<'_>,
         lanes: &mut [f32],
     ) {
         match kernel {
@@ -125,21 +141,23 @@ impl WeightProducts<'_> {
                 // SAFETY: the CPU has AVX-512F and FMA, and the rows hold
                 // every position read (both asserted by `add_to`); the
                 // kernel is the one for the tile's shape.
-                unsafe { wide(self, tile, chunk, offset, lanes) }
+                unsafe { wide(self, tile, chunk, at, lanes) }
             }
-            _ => self.tile_portable(tile, chunk, offset, lanes),
+            _ => self.tile_portable(tile, chunk, at, lanes),
         }
     }
 
-    fn tile_portable(&self, tile: &Tile, chunk: Range<usize>, offset: usize, lanes: &mut [f32]) {
+    fn tile_portable(&self, tile: &Tile, chunk: Range<usize>, at: Shift<'_>, lanes: &mut [f32]) {
         for (a, o) in tile.outputs.clone().enumerate() {
             let d_out = &self.d_out[o * self.d_out_channel..];
             for (b, i) in tile.inputs.clone().enumerate() {
-                let input = &self.input[i * self.input_channel + offset..];
+                let input = &self.input[i * self.input_channel + at.offset..];
                 let sums = &mut lanes[(a * TILE_INPUTS + b) * LANES..][..LANES];
                 for q in chunk.clone().step_by(LANES) {
+                    let mask = at.masks[q / LANES];
                     let (d, x) = (&d_out[q..q + LANES], &input[q..q + LANES]);
-                    for ((sum, &d), &x) in sums.iter_mut().zip(d).zip(x) {
+                    for (lane, ((sum, &d), &x)) in sums.iter_mut().zip(d).zip(x).enumerate() {
+                        let x = if mask & (1 << lane) != 0 { x } else { 0.0 };
                         *sum = d.mul_add(x, *sum);
                     }
                 }
@@ -161,7 +179,7 @@ unsafe fn tile_wide<const O: usize, const I: usize>(
     products: &WeightProducts<'_>,
     tile: &Tile,
     chunk: Range<usize>,
-    offset: usize,
+    at: Shift<'_>,
     lanes: &mut [f32],
 ) {
     use std::arch::x86_64::*;
@@ -183,10 +201,17 @@ unsafe fn tile_wide<const O: usize, const I: usize>(
         products
             .input
             .as_ptr()
-            .add((tile.inputs.start + b) * products.input_channel + offset)
+            .add((tile.inputs.start + b) * products.input_channel + at.offset)
     });
+    assert!(chunk.end <= at.masks.len() * LANES);
     for q in chunk.step_by(LANES) {
-        let x: [__m512; I] = std::array::from_fn(|b| unsafe { _mm512_loadu_ps(input[b].add(q)) });
+        let mask = at.masks[q / LANES];
+        // A loop, not `array::from_fn`: its closure lacks this function's
+        // target features, so the masked load in it was a call.
+        let mut x = [_mm512_setzero_ps(); I];
+        for (x, input) in x.iter_mut().zip(&input) {
+            *x = unsafe { _mm512_maskz_loadu_ps(mask, input.add(q)) };
+        }
         for (sums, row) in acc.iter_mut().zip(&d_out) {
             let d = unsafe { _mm512_loadu_ps(row.add(q)) };
             for (sum, &x) in sums.iter_mut().zip(&x) {
@@ -204,7 +229,7 @@ unsafe fn tile_wide<const O: usize, const I: usize>(
 /// The wide micro-kernel of a tile of `o` outputs and `i` inputs at
 /// `WIDE[o − 1][i − 1]`: full tiles, and the ragged ones at the edges.
 #[cfg(target_arch = "x86_64")]
-type WideTile = unsafe fn(&WeightProducts<'_>, &Tile, Range<usize>, usize, &mut [f32]);
+type WideTile = unsafe fn(&WeightProducts<'_>, &Tile, Range<usize>, Shift<'_>, &mut [f32]);
 
 #[cfg(target_arch = "x86_64")]
 macro_rules! wide_row {
