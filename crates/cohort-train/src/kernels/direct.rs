@@ -151,6 +151,12 @@ impl Layout {
         self.pad[1] + (image * self.rows + self.pad[0] + y) * self.row
     }
 
+    /// Positions the input gradient's pass computes: every laid-out input
+    /// position, in whole tiles.
+    fn input_gradient_positions(&self) -> usize {
+        self.channel.next_multiple_of(TILE_POSITIONS)
+    }
+
     fn output_at(&self, image: usize, oy: usize) -> usize {
         (image * self.rows + oy) * self.row
     }
@@ -229,15 +235,16 @@ impl BorderMasks {
         })
     }
 
-    /// The input gradient's masks over `positions` of the laid-out input
+    /// The input gradient's masks over its positions of the laid-out input
     /// (offsets last to first): input column `x` reads the output
     /// gradient's column `x + pad_w − kx`, inside `0..out_w`.
-    fn input_gradient(g: &Geometry, layout: &Layout, positions: usize) -> Self {
+    fn input_gradient(g: &Geometry, layout: &Layout) -> Self {
         let kw = g.kernel[1];
         let taps = g.kernel[0] * kw;
         let columns: Vec<usize> = (0..taps).map(|s| (taps - 1 - s) % kw).collect();
         let out_w = g.output().map_or(0, |[_, out_w]| out_w);
         let pad = layout.pad[1];
+        let positions = layout.input_gradient_positions();
         Self::new(positions, (layout.row, pad), &columns, |x, kx| {
             x + pad >= kx && x + pad - kx < out_w
         })
@@ -268,8 +275,9 @@ impl BorderMasks {
 /// Vectors of 16 positions in a micro-kernel tile.
 const TILE_VECTORS: usize = TILE_POSITIONS / LANES;
 
-/// Positions a mask covers: one AVX-512 vector.
-const LANES: usize = 16;
+/// Positions a mask covers, and the weight gradient sums side by side: one
+/// AVX-512 vector.
+pub(super) const LANES: usize = 16;
 
 /// Images a group holds: about [`POSITIONS_PER_GROUP`] positions.
 fn images_per_group(g: &Geometry) -> usize {
@@ -528,15 +536,14 @@ impl Pass<'_> {
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn tile_wide(&self, tile: Tile, weights: &[f32], rows: &mut [f32]) {
         use std::arch::x86_64::*;
-        const VECTORS: usize = TILE_POSITIONS / 16;
         let row = |n: usize| n * self.positions + tile.start;
         assert!(row(TILE_CHANNELS - 1) + TILE_POSITIONS <= rows.len());
         assert!(weights.len() >= tile.inputs.len() * self.offsets.len() * TILE_CHANNELS);
         let carried = tile.inputs.start > 0;
         // SAFETY: each row holds a tile's positions from `row(n)` on (asserted).
-        let mut acc: [[__m512; VECTORS]; TILE_CHANNELS] = std::array::from_fn(|n| {
+        let mut acc: [[__m512; TILE_VECTORS]; TILE_CHANNELS] = std::array::from_fn(|n| {
             std::array::from_fn(|v| match carried {
-                true => unsafe { _mm512_loadu_ps(rows.as_ptr().add(row(n) + 16 * v)) },
+                true => unsafe { _mm512_loadu_ps(rows.as_ptr().add(row(n) + LANES * v)) },
                 false => _mm512_setzero_ps(),
             })
         });
@@ -555,10 +562,10 @@ impl Pass<'_> {
                 // A loop, not `array::from_fn`: its closure lacks this
                 // function's target features, so the masked load in it
                 // was a call.
-                let mut values = [_mm512_setzero_ps(); VECTORS];
+                let mut values = [_mm512_setzero_ps(); TILE_VECTORS];
                 for (v, value) in values.iter_mut().enumerate() {
                     *value =
-                        unsafe { _mm512_maskz_loadu_ps(masks[v], channel.add(offset + 16 * v)) };
+                        unsafe { _mm512_maskz_loadu_ps(masks[v], channel.add(offset + LANES * v)) };
                 }
                 for sums in acc.iter_mut() {
                     // SAFETY: the chunk's weights hold `TILE_CHANNELS` values
@@ -577,7 +584,7 @@ impl Pass<'_> {
         for (n, sums) in acc.iter().enumerate() {
             for (v, sum) in sums.iter().enumerate() {
                 // SAFETY: as for the loads.
-                unsafe { _mm512_storeu_ps(rows.as_mut_ptr().add(row(n) + 16 * v), *sum) };
+                unsafe { _mm512_storeu_ps(rows.as_mut_ptr().add(row(n) + LANES * v), *sum) };
             }
         }
     }
@@ -691,12 +698,13 @@ pub(crate) fn backward(
         d_weight.fill(0.0);
     }
     let most = images_per_group(g);
-    // As in `forward`: the largest group's masks serve every group.
+    // As in `forward`: the largest group's masks serve every group; each
+    // only for the gradient asked for.
     let full = Layout::new(g, most);
-    let weight_masks = BorderMasks::forward(g, &full);
-    let input_masks =
-        BorderMasks::input_gradient(g, &full, full.channel.next_multiple_of(TILE_POSITIONS))
-            .by_tile();
+    let weight_masks = d_weight.is_some().then(|| BorderMasks::forward(g, &full));
+    let input_masks = d_input
+        .is_some()
+        .then(|| BorderMasks::input_gradient(g, &full).by_tile());
     with_buffers(
         #[inline(always)]
         |[laid, d_laid, grad]| {
@@ -704,14 +712,14 @@ pub(crate) fn backward(
                 let layout = Layout::new(g, most.min(g.batch - first));
                 let images = &d_out[first * g.output_len()..][..layout.images * g.output_len()];
                 let grad = GroupGradient::lay_out(g, &layout, images, grad);
-                if let Some(d_weight) = d_weight.as_deref_mut() {
+                if let (Some(d_weight), Some(masks)) = (d_weight.as_deref_mut(), &weight_masks) {
                     let laid = lay_out_input(g, &layout, input, first, laid);
-                    grad.weight_gradient(g, &layout, laid, &weight_masks, kernel, d_weight);
+                    grad.weight_gradient(g, &layout, laid, masks, kernel, d_weight);
                 }
-                if let Some(d_input) = d_input.as_deref_mut() {
+                if let (Some(d_input), Some(masks)) = (d_input.as_deref_mut(), &input_masks) {
                     let d_images =
                         &mut d_input[first * g.input_len()..][..layout.images * g.input_len()];
-                    let pass = grad.input_gradient_pass(g, &layout, &reversed, &input_masks);
+                    let pass = grad.input_gradient_pass(g, &layout, &reversed, masks);
                     let positions = pass.positions;
                     let d_laid = sized(
                         d_laid,
@@ -799,7 +807,7 @@ impl<'a> GroupGradient<'a> {
         let offsets = (0..taps)
             .map(|s| self.farthest - layout.offset((taps - 1 - s) / kw, (taps - 1 - s) % kw))
             .collect();
-        let positions = layout.channel.next_multiple_of(TILE_POSITIONS);
+        let positions = layout.input_gradient_positions();
         Pass {
             source: self.values,
             source_channel: self.channel,

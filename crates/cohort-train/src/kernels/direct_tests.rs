@@ -91,8 +91,8 @@ fn cases() -> Vec<Geometry> {
         // resnet_20's stages, shortened batches.
         geometry(2, (16, 16), [32, 32], [3, 3], [1, 1]),
         geometry(3, (32, 32), [16, 16], [3, 3], [1, 1]),
-        // 8 × 8 images, 81 laid-out positions each: 50 a group, so two
-        // groups, the second of 11.
+        // 8 × 8 images, 72 laid-out positions each: 56 a group, so two
+        // groups, the second of 5 (with the first's masks).
         geometry(61, (8, 7), [8, 8], [3, 3], [1, 1]),
         // Output channels that fill no whole tile of eight; a lone channel.
         geometry(2, (9, 13), [5, 7], [3, 3], [1, 1]),

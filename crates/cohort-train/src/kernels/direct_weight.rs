@@ -23,10 +23,7 @@
 
 use std::ops::Range;
 
-use super::direct::{BorderMasks, Kernel, wide};
-
-/// Positions summed side by side: one AVX-512 vector.
-const LANES: usize = 16;
+use super::direct::{BorderMasks, Kernel, LANES, wide};
 /// Outputs of a micro-kernel tile.
 const TILE_OUTPUTS: usize = 4;
 /// Inputs of a micro-kernel tile.
