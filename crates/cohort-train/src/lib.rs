@@ -10,6 +10,10 @@
 pub mod device;
 pub mod init;
 mod kernels;
+/// The convolution's paths one pass at a time, for
+/// `benches/conv_passes.rs` (not a stable interface).
+#[doc(hidden)]
+pub use kernels::conv_bench;
 pub mod local;
 pub mod memory;
 pub mod model;

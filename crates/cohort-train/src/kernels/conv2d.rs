@@ -1,13 +1,15 @@
-//! The general convolution ([`super::im2col`]) as a burn operation, with its
-//! own backward pass: a backend extension implemented for burn's CPU backend
-//! (flex) and for autodiff over it, so a model's parameters stay burn
-//! `Param`s and every optimizer, gradient term and clipping sees ordinary
-//! gradients.
+//! The general convolution as a burn operation, with its own backward
+//! pass: a backend extension implemented for burn's CPU backend (flex) and
+//! for autodiff over it, so a model's parameters stay burn `Param`s and
+//! every optimizer, gradient term and clipping sees ordinary gradients.
 //!
 //! burn flex computes a convolution's weight gradient as a convolution whose
 //! kernel is the size of the feature map and its input gradient as a
 //! transposed convolution (burn-backend's defaults), each much slower on one
-//! thread than the two matrix products over the im2col matrix used here.
+//! thread than the matrix products used here. Each pass goes the way that
+//! is fastest for its shapes ([`Route`]): the column-free kernel
+//! ([`super::direct`]), one product per kernel offset over shifted copies
+//! ([`super::shifted`]), or im2col and one product ([`super::im2col`]).
 //!
 //! [`conv2d`] is the entry point for models: it takes burn's [`Conv2d`] as it
 //! is and falls back to burn's own path wherever this one does not apply (a
@@ -25,9 +27,9 @@ use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
 use burn::tensor::{DType, Tensor};
 
-use super::direct;
 use super::flex::{host, tensor};
 use super::im2col::{self, Geometry, Grads};
+use super::{direct, shifted};
 
 /// The convolution on burn's CPU backend, with or without autodiff. Two
 /// operations, since the extension macro of burn 0.22 does not pass an
@@ -200,15 +202,79 @@ fn flex_forward(
     let bias = bias.as_ref().map(values);
     let mut out = vec![0.0f32; g.batch * g.output_len()];
     let (x, weight, bias) = (host(&x), host(&weight), bias.as_ref().map(host));
-    let column_free = direct::applies(&g);
+    let route = Route::input(&g);
     super::simd::dispatch(
         #[inline(always)]
-        || match column_free {
-            true => direct::forward(&g, x, weight, bias, &mut out, direct::Kernel::Wide),
-            false => im2col::forward(&g, x, weight, bias, &mut out),
-        },
+        || route.forward(&g, x, weight, bias, &mut out),
     );
     tensor(out, vec![g.batch, g.c_out, out_h, out_w])
+}
+
+/// Which kernel computes a pass of a convolution: each is fastest on some
+/// shapes (docs/BENCHMARKS.md, "Each pass where it is fastest").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// [`direct`]: few channel pairs on maps of 8 × 8 and more.
+    ColumnFree,
+    /// [`shifted`]: many channels, or maps too small for the column-free
+    /// kernel.
+    Shifted,
+    /// [`im2col`]: everything else (strides, a first layer's few channels,
+    /// pointwise kernels).
+    Columns,
+}
+
+impl Route {
+    /// The route of the forward pass, and of the input gradient with it.
+    fn input(g: &Geometry) -> Self {
+        if direct::applies(g) {
+            Self::ColumnFree
+        } else if shifted::applies(g) {
+            Self::Shifted
+        } else {
+            Self::Columns
+        }
+    }
+
+    /// The route of the weight gradient.
+    fn weight_gradient(g: &Geometry) -> Self {
+        if direct::applies(g) {
+            Self::ColumnFree
+        } else if shifted::applies_to_weight_gradient(g) {
+            Self::Shifted
+        } else {
+            Self::Columns
+        }
+    }
+
+    #[inline(always)]
+    fn forward(
+        self,
+        g: &Geometry,
+        x: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+    ) {
+        match self {
+            Self::ColumnFree => direct::forward(g, x, weight, bias, out, direct::Kernel::Wide),
+            Self::Shifted => shifted::forward(g, x, weight, bias, out),
+            Self::Columns => im2col::forward(g, x, weight, bias, out),
+        }
+    }
+
+    /// The gradients asked for in `grads`; nothing when none is.
+    #[inline(always)]
+    fn backward(self, g: &Geometry, x: &[f32], weight: &[f32], d_out: &[f32], grads: Grads<'_>) {
+        if !grads.any() {
+            return;
+        }
+        match self {
+            Self::ColumnFree => direct::backward(g, x, weight, d_out, grads, direct::Kernel::Wide),
+            Self::Shifted => shifted::backward(g, x, weight, d_out, grads),
+            Self::Columns => im2col::backward(g, x, weight, d_out, grads),
+        }
+    }
 }
 
 /// What the backward pass needs besides the saved tensors.
@@ -253,12 +319,17 @@ fn backward_into(
         bias: d_bias.as_deref_mut(),
     };
     let (x, weight, grad) = (host(&x), host(&weight), host(&grad));
-    let column_free = direct::applies(&g);
+    let (input_route, weight_route) = (Route::input(&g), Route::weight_gradient(&g));
     super::simd::dispatch(
         #[inline(always)]
-        || match column_free {
-            true => direct::backward(&g, x, weight, grad, to_compute, direct::Kernel::Wide),
-            false => im2col::backward(&g, x, weight, grad, to_compute),
+        || {
+            if input_route == weight_route {
+                input_route.backward(&g, x, weight, grad, to_compute);
+            } else {
+                let [input_part, weight_part] = to_compute.split();
+                input_route.backward(&g, x, weight, grad, input_part);
+                weight_route.backward(&g, x, weight, grad, weight_part);
+            }
         },
     );
     let shapes = [

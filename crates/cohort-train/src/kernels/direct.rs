@@ -42,20 +42,30 @@ const CHUNK_INPUTS: usize = 64;
 /// Positions of one block of a pass ([`Pass::run`]): whole tiles, about 512.
 const BLOCK_POSITIONS: usize = 10 * TILE_POSITIONS;
 /// Below this many input channels the column matrix is short and im2col's
-/// single product wins (a first layer's 1 or 3 channels).
+/// single product computes the forward pass and the input gradient faster
+/// (a first layer's 1 or 3 channels).
 const MIN_INPUT_CHANNELS: usize = 8;
+/// From this many pairs of input and output channels on, im2col's product
+/// (gemm's micro-kernel, blocked for the caches over `C_in·kh·kw`) is
+/// faster than this kernel in every pass: 256→256 at 8 × 8 ran at 74
+/// GFLOP/s here and 96 through im2col, 128→256 at 89 and 99, 64→128 at 16
+/// × 16 at 95 and 96; at 64→64 and below this kernel wins (8 × 8: 88
+/// against 72; 32 × 32: 99 against 90). Measured on a Zen 4 core
+/// (docs/BENCHMARKS.md, "Each pass where it is fastest").
+const MAX_CHANNEL_PAIRS: usize = 64 * 128;
 
-/// Whether this convolution runs here: stride 1, the same padding on both
-/// sides of an axis and no more than the kernel's side minus one, at least
-/// [`MIN_INPUT_CHANNELS`] input channels, a kernel larger than 1 × 1 (a
-/// pointwise convolution needs no column matrix anyway), images whose
-/// outputs are at least three quarters of the padded image (8 × 8 and
-/// larger for a 3 × 3 kernel of padding 1), on a CPU with AVX-512F and FMA.
-/// On 4 × 4 and 2 × 2 maps (VGG's and ResNet-18's last layers) this kernel
-/// is slower than im2col's product: vgg_11 trained 35 % slower when a third
-/// to a half of its positions were padding, and still 11 % slower (80 → 71
-/// samples/s) when [`Layout`]'s rows lost their padding columns and 4 × 4
-/// maps threw away only a fifth.
+/// Whether this convolution's forward pass and input gradient run here:
+/// stride 1, the same padding on both sides of an axis and no more than
+/// the kernel's side minus one, at least [`MIN_INPUT_CHANNELS`] input
+/// channels, fewer than [`MAX_CHANNEL_PAIRS`] pairs of channels, a kernel
+/// larger than 1 × 1 (a pointwise convolution needs no column matrix
+/// anyway), images whose outputs are at least three quarters of the
+/// padded image (8 × 8 and larger for a 3 × 3 kernel of padding 1), on a
+/// CPU with AVX-512F and FMA. On 4 × 4 and 2 × 2 maps (VGG's and
+/// ResNet-18's last layers) this kernel is slower than im2col's product:
+/// vgg_11 trained 35 % slower when a third to a half of its positions were
+/// padding, and still 11 % slower (80 → 71 samples/s) when [`Layout`]'s
+/// rows lost their padding columns and 4 × 4 maps threw away only a fifth.
 pub(crate) fn applies(g: &Geometry) -> bool {
     let symmetric = g.pad[0].0 == g.pad[0].1 && g.pad[1].0 == g.pad[1].1;
     let fits = g.pad[0].0 < g.kernel[0] && g.pad[1].0 < g.kernel[1];
@@ -68,6 +78,7 @@ pub(crate) fn applies(g: &Geometry) -> bool {
         && fits
         && g.kernel != [1, 1]
         && g.c_in >= MIN_INPUT_CHANNELS
+        && g.c_in.saturating_mul(g.c_out) < MAX_CHANNEL_PAIRS
         && 4 * out_h * out_w >= 3 * padded
         && wide()
 }

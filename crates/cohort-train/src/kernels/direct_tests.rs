@@ -164,6 +164,7 @@ fn applies_to_stride_one_with_padding_the_kernel_covers() {
     let few_channels = geometry(1, (3, 16), [8, 8], [3, 3], [1, 1]);
     // Outputs 16 of the padded image's 25 positions.
     let small_maps = geometry(1, (16, 16), [4, 4], [3, 3], [1, 1]);
+    let many_channels = geometry(1, (64, 128), [16, 16], [3, 3], [1, 1]);
     for g in [
         strided,
         uneven,
@@ -171,7 +172,34 @@ fn applies_to_stride_one_with_padding_the_kernel_covers() {
         pointwise,
         few_channels,
         small_maps,
+        many_channels,
     ] {
         assert!(!applies(&g), "{g:?}");
     }
+}
+
+/// A backward pass parts into the input's gradient with the bias's and the
+/// weight's, and a part with nothing to compute says so.
+#[test]
+fn gradients_split_into_the_inputs_and_the_weights() {
+    let (mut d_input, mut d_weight, mut d_bias) = ([0.0f32; 1], [0.0f32; 2], [0.0f32; 3]);
+    let lens = |g: &Grads<'_>| {
+        [&g.input, &g.weight, &g.bias].map(|part| part.as_ref().map(|values| values.len()))
+    };
+    let [input_part, weight_part] = Grads {
+        input: Some(&mut d_input),
+        weight: Some(&mut d_weight),
+        bias: Some(&mut d_bias),
+    }
+    .split();
+    assert_eq!(lens(&input_part), [Some(1), None, Some(3)]);
+    assert_eq!(lens(&weight_part), [None, Some(2), None]);
+    let [input_part, weight_part] = Grads {
+        input: None,
+        weight: Some(&mut d_weight),
+        bias: None,
+    }
+    .split();
+    assert!(!input_part.any());
+    assert!(weight_part.any());
 }

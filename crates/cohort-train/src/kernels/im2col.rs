@@ -47,7 +47,7 @@ impl Geometry {
         ])
     }
 
-    fn positions(&self) -> usize {
+    pub(super) fn positions(&self) -> usize {
         let [h, w] = self.output().expect("a valid geometry");
         h * w
     }
@@ -98,7 +98,13 @@ fn with_columns<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 
 /// The output positions `o` of one axis whose input `o·stride + k − pad`
 /// falls inside `0..size`: a range `lo..hi` of `0..out`.
-fn valid(out: usize, size: usize, k: usize, pad: usize, stride: usize) -> (usize, usize) {
+pub(super) fn valid(
+    out: usize,
+    size: usize,
+    k: usize,
+    pad: usize,
+    stride: usize,
+) -> (usize, usize) {
     let lo = pad.saturating_sub(k).div_ceil(stride);
     let hi = (size + pad).saturating_sub(k).div_ceil(stride).min(out);
     (lo.min(hi), hi)
@@ -333,6 +339,30 @@ pub(crate) struct Grads<'a> {
     pub bias: Option<&'a mut [f32]>,
 }
 
+impl<'a> Grads<'a> {
+    /// These gradients in two parts, for passes computed by different
+    /// kernels: the input's with the bias's, and the weight's.
+    pub(crate) fn split(self) -> [Grads<'a>; 2] {
+        [
+            Grads {
+                input: self.input,
+                weight: None,
+                bias: self.bias,
+            },
+            Grads {
+                input: None,
+                weight: self.weight,
+                bias: None,
+            },
+        ]
+    }
+
+    /// Whether there is any gradient to compute.
+    pub(crate) fn any(&self) -> bool {
+        self.input.is_some() || self.weight.is_some() || self.bias.is_some()
+    }
+}
+
 /// The gradients of [`forward`] given the output's gradient `d_out`.
 #[inline(always)]
 pub(crate) fn backward(
@@ -351,6 +381,9 @@ pub(crate) fn backward(
     } = grads;
     if let Some(d_bias) = d_bias {
         bias_backward(g, d_out, d_bias);
+    }
+    if d_input.is_none() && d_weight.is_none() {
+        return;
     }
     let w_t = MatRef {
         data: weight,

@@ -41,7 +41,10 @@ mod linear;
 mod lstm;
 mod math;
 mod max_pool;
+mod shifted;
 mod simd;
+
+pub mod conv_bench;
 
 pub use activation::tanh;
 pub use batch_norm::batch_norm;
@@ -271,5 +274,7 @@ impl ModuleVisitor for Register<'_> {
 mod conv2d_tests;
 #[cfg(test)]
 mod direct_tests;
+#[cfg(test)]
+mod shifted_tests;
 #[cfg(test)]
 mod tests;

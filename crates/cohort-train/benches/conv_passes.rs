@@ -1,0 +1,79 @@
+//! Each pass of a convolution (forward, input gradient, weight gradient)
+//! through each of cohort's three CPU paths (the column-free kernel, the
+//! shifted copies, im2col), on the 3 × 3 layers of the zoo's CIFAR models
+//! at batch 32: the measurements that chose which path computes which pass
+//! (`kernels::conv2d`'s routes). The paths alternate, so a host's drift
+//! touches all alike; each figure is the best of the repetitions after a
+//! warm-up, in milliseconds, with GFLOP/s of the whole layer (forward and
+//! both gradients) after each path's sum.
+//!
+//! `cargo bench -p cohort-train --bench conv_passes -- [--reps N]
+//! [--layers c_in,c_out,side;…]`; one thread.
+
+use cohort_train::conv_bench::{Case, PATHS};
+
+/// vgg_11's 3 × 3 layers (with their map sides), then resnet_20's.
+const LAYERS: &[[usize; 3]] = &[
+    [3, 64, 32],
+    [64, 128, 16],
+    [128, 256, 8],
+    [256, 256, 8],
+    [256, 512, 4],
+    [512, 512, 4],
+    [512, 512, 2],
+    [16, 16, 32],
+    [32, 32, 16],
+    [64, 64, 8],
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    let reps: usize = value("--reps").map_or(7, |r| r.parse().expect("--reps takes a count"));
+    let layers: Vec<[usize; 3]> = match value("--layers") {
+        None => LAYERS.to_vec(),
+        Some(list) => list
+            .split(';')
+            .map(|layer| {
+                let v: Vec<usize> = layer
+                    .split(',')
+                    .map(|x| x.parse().expect("c_in,c_out,side"))
+                    .collect();
+                [v[0], v[1], v[2]]
+            })
+            .collect(),
+    };
+    println!(
+        "# batch 32, 3 × 3 kernels, padding 1; ms: forward / input gradient / weight gradient = sum (GFLOP/s); best of {reps}"
+    );
+    for [c_in, c_out, side] in layers {
+        let mut case = Case::new(32, c_in, c_out, side, 3);
+        let paths: Vec<usize> = (0..PATHS.len()).filter(|&p| case.runs_on(p)).collect();
+        let mut best = vec![[f64::MAX; 3]; PATHS.len()];
+        for rep in 0..=reps {
+            for &path in &paths {
+                let times = case.time(path);
+                if rep > 0 {
+                    for (b, t) in best[path].iter_mut().zip(times) {
+                        *b = b.min(t);
+                    }
+                }
+            }
+        }
+        let mut line = format!("{c_in:>4} → {c_out:<4} {side:>2}×{side:<2}");
+        for &path in &paths {
+            let [f, i, w] = best[path].map(|s| s * 1e3);
+            let gflops = 3.0 * case.flop() / ((f + i + w) * 1e6);
+            line += &format!(
+                "  {}: {f:.2} / {i:.2} / {w:.2} = {:.2} ({gflops:.0})",
+                PATHS[path],
+                f + i + w
+            );
+        }
+        println!("{line}");
+    }
+}
