@@ -1,6 +1,6 @@
 //! The convolution's three paths, one pass at a time, for
 //! `benches/conv_passes.rs`: the kernels are private to the crate, and
-//! which path computes which pass ([`super::conv2d`]'s routes) was chosen
+//! which path computes which pass (`kernels::conv2d`'s routes) was chosen
 //! from these timings.
 
 use std::time::Instant;
@@ -8,8 +8,8 @@ use std::time::Instant;
 use super::im2col::{self, Geometry, Grads};
 use super::{direct, shifted};
 
-/// The paths, by name: the column-free kernel ([`super::direct`], on CPUs
-/// with AVX-512 only), the shifted copies ([`super::shifted`], 32 input
+/// The paths, by name: the column-free kernel (`kernels::direct`, on CPUs
+/// with AVX-512 only), the shifted copies (`kernels::shifted`, 32 input
 /// channels or more) and im2col.
 pub const PATHS: [&str; 3] = ["column-free", "shifted", "im2col"];
 
@@ -57,7 +57,7 @@ impl Case {
         2.0 * (g.batch * g.c_in * g.c_out * g.kernel[0] * g.kernel[1] * g.positions()) as f64
     }
 
-    /// Whether `path` (an index into [`PATHS`]) can run this case here.
+    /// Whether `path` (an index into `PATHS`) can run this case here.
     pub fn runs_on(&self, path: usize) -> bool {
         match path {
             0 => direct::wide(),
