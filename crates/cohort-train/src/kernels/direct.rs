@@ -297,7 +297,9 @@ fn images_per_group(g: &Geometry) -> usize {
 
 thread_local! {
     /// The laid-out input, the output (or its gradient) and the laid-out
-    /// output gradient of one group, reused from call to call.
+    /// output gradient of one group, reused from call to call (and by
+    /// [`super::shifted`] for its layout, copies and product: a pass runs
+    /// one path at a time).
     static BUFFERS: RefCell<[Vec<f32>; 3]> = const { RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
 }
 
@@ -305,7 +307,7 @@ thread_local! {
 /// they are taken out of the cell rather than used inside `with`, and why
 /// this is inlined: `f`'s copies run in the caller's AVX2 function).
 #[inline(always)]
-fn with_buffers<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
+pub(super) fn with_buffers<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
     let mut buffers = BUFFERS.with(RefCell::take);
     let result = f(&mut buffers);
     BUFFERS.with(|cell| cell.replace(buffers));
@@ -314,7 +316,7 @@ fn with_buffers<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
 
 /// `buffer` holding `len` values, unspecified: for what is then written
 /// whole (a pass's output, [`lay_out`]'s channels).
-fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+pub(super) fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buffer.len() < len {
         buffer.resize(len, 0.0);
     }

@@ -29,9 +29,9 @@ fn geometry(
 }
 
 /// Output, input gradient, weight gradient and bias gradient.
-type Results = [Vec<f32>; 4];
+pub(super) type Results = [Vec<f32>; 4];
 
-fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+pub(super) fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
@@ -67,7 +67,7 @@ fn run(g: &Geometry, seed: u64, kernel: Option<Kernel>) -> Results {
 
 /// Each value within `1e-5` of the largest magnitude of im2col's tensor:
 /// the same sums of at most a few thousand products in another order.
-fn assert_close(ours: &Results, theirs: &Results, g: &Geometry) {
+pub(super) fn assert_close(ours: &Results, theirs: &Results, g: &Geometry) {
     let names = [
         "output",
         "input gradient",

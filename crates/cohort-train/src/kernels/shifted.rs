@@ -23,8 +23,7 @@
 //! the shapes, the same bits on every run. The bias gradient is im2col's.
 //! Where it applies: [`applies`].
 
-use std::cell::RefCell;
-
+use super::direct::{sized, with_buffers};
 use super::gemm::{MatRef, Strides, matmul, transpose_into};
 use super::im2col::{Geometry, Grads, add_bias, bias_backward, valid};
 
@@ -57,30 +56,6 @@ const MAX_WEIGHT_GRADIENT_POSITIONS: usize = 16;
 /// maps of at most [`MAX_WEIGHT_GRADIENT_POSITIONS`] output positions.
 pub(crate) fn applies_to_weight_gradient(g: &Geometry) -> bool {
     applies(g) && g.positions() <= MAX_WEIGHT_GRADIENT_POSITIONS
-}
-
-thread_local! {
-    /// The laid-out input, its shifted copies and the laid-out output (or
-    /// output gradient) of a group, reused from call to call.
-    static BUFFERS: RefCell<[Vec<f32>; 3]> = const { RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
-}
-
-/// `f` with the thread's buffers (inlined, so that the copies run in the
-/// caller's AVX2 function; see `im2col::with_columns`).
-#[inline(always)]
-fn with_buffers<R>(f: impl FnOnce(&mut [Vec<f32>; 3]) -> R) -> R {
-    let mut buffers = BUFFERS.with(RefCell::take);
-    let result = f(&mut buffers);
-    BUFFERS.with(|cell| cell.replace(buffers));
-    result
-}
-
-/// `buffer` resized to `len` values (their contents unspecified).
-fn sized(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if buffer.len() < len {
-        buffer.resize(len, 0.0);
-    }
-    &mut buffer[..len]
 }
 
 /// One group of images in the position-major layout, and where each kernel

@@ -4,14 +4,12 @@
 //! no copy is the layout itself), offsets that read no input row at all,
 //! and batches of several groups.
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::direct_tests::{Results, assert_close, random};
 use super::im2col::{self, Geometry, Grads};
 use super::shifted::{applies, applies_to_weight_gradient, backward, forward};
-
-/// Output, input gradient, weight gradient and bias gradient.
-type Results = [Vec<f32>; 4];
 
 fn geometry(
     batch: usize,
@@ -35,12 +33,10 @@ fn geometry(
 /// `g` on seeded inputs, through this path (`shifted`) or im2col.
 fn run(g: &Geometry, seed: u64, shifted: bool) -> Results {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut random =
-        |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
-    let input = random(g.batch * g.input_len());
-    let weight = random(g.weight_len());
-    let bias = random(g.c_out);
-    let d_out = random(g.batch * g.output_len());
+    let input = random(g.batch * g.input_len(), &mut rng);
+    let weight = random(g.weight_len(), &mut rng);
+    let bias = random(g.c_out, &mut rng);
+    let d_out = random(g.batch * g.output_len(), &mut rng);
     let mut out = vec![f32::NAN; d_out.len()];
     let mut d_input = vec![f32::NAN; input.len()];
     let mut d_weight = vec![f32::NAN; weight.len()];
@@ -82,30 +78,13 @@ fn cases() -> Vec<Geometry> {
     ]
 }
 
-/// Each value within `1e-5` of the largest magnitude of im2col's tensor:
-/// the same sums in another order.
+/// Each value within `1e-5` of the largest magnitude of im2col's tensor
+/// (`direct_tests`' tolerance): the same sums in another order.
 #[test]
 fn the_shifted_copies_give_im2cols_results() {
-    let names = [
-        "output",
-        "input gradient",
-        "weight gradient",
-        "bias gradient",
-    ];
     for (i, g) in cases().iter().enumerate() {
         assert!(applies(g), "{g:?}");
-        let ours = run(g, i as u64, true);
-        let theirs = run(g, i as u64, false);
-        for ((a, b), name) in ours.iter().zip(&theirs).zip(names) {
-            assert_eq!(a.len(), b.len(), "{name} of {g:?}");
-            let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            for (j, (x, y)) in a.iter().zip(b).enumerate() {
-                assert!(
-                    (x - y).abs() <= 1e-5 * scale.max(1.0),
-                    "{name} of {g:?} at {j}: {x} against im2col's {y}"
-                );
-            }
-        }
+        assert_close(&run(g, i as u64, true), &run(g, i as u64, false), g);
     }
 }
 
