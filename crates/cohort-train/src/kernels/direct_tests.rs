@@ -8,6 +8,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::direct::{Kernel, applies, backward, forward, wide};
 use super::im2col::{self, Geometry, Grads};
+use super::shifted;
 
 fn geometry(
     batch: usize,
@@ -31,13 +32,25 @@ fn geometry(
 /// Output, input gradient, weight gradient and bias gradient.
 pub(super) type Results = [Vec<f32>; 4];
 
-pub(super) fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// Which path computes a case.
+pub(super) enum Path {
+    ColumnFree(Kernel),
+    Shifted,
+    Columns,
 }
 
 /// `g` on seeded inputs, through the direct convolution (`Some(kernel)`) or
 /// im2col (`None`).
 fn run(g: &Geometry, seed: u64, kernel: Option<Kernel>) -> Results {
+    run_on(g, seed, kernel.map_or(Path::Columns, Path::ColumnFree))
+}
+
+/// `g` on seeded inputs through `path`.
+pub(super) fn run_on(g: &Geometry, seed: u64, path: Path) -> Results {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let input = random(g.batch * g.input_len(), &mut rng);
     let weight = random(g.weight_len(), &mut rng);
@@ -52,12 +65,16 @@ fn run(g: &Geometry, seed: u64, kernel: Option<Kernel>) -> Results {
         weight: Some(&mut d_weight),
         bias: Some(&mut d_bias),
     };
-    match kernel {
-        Some(kernel) => {
+    match path {
+        Path::ColumnFree(kernel) => {
             forward(g, &input, &weight, Some(&bias), &mut out, kernel);
             backward(g, &input, &weight, &d_out, grads, kernel);
         }
-        None => {
+        Path::Shifted => {
+            shifted::forward(g, &input, &weight, Some(&bias), &mut out);
+            shifted::backward(g, &input, &weight, &d_out, grads);
+        }
+        Path::Columns => {
             im2col::forward(g, &input, &weight, Some(&bias), &mut out);
             im2col::backward(g, &input, &weight, &d_out, grads);
         }

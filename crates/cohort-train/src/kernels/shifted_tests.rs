@@ -4,12 +4,9 @@
 //! no copy is the layout itself), offsets that read no input row at all,
 //! and batches of several groups.
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
-use super::direct_tests::{Results, assert_close, random};
-use super::im2col::{self, Geometry, Grads};
-use super::shifted::{applies, applies_to_weight_gradient, backward, forward};
+use super::direct_tests::{Path, Results, assert_close, run_on};
+use super::im2col::Geometry;
+use super::shifted::{applies, applies_to_weight_gradient};
 
 fn geometry(
     batch: usize,
@@ -32,28 +29,15 @@ fn geometry(
 
 /// `g` on seeded inputs, through this path (`shifted`) or im2col.
 fn run(g: &Geometry, seed: u64, shifted: bool) -> Results {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let input = random(g.batch * g.input_len(), &mut rng);
-    let weight = random(g.weight_len(), &mut rng);
-    let bias = random(g.c_out, &mut rng);
-    let d_out = random(g.batch * g.output_len(), &mut rng);
-    let mut out = vec![f32::NAN; d_out.len()];
-    let mut d_input = vec![f32::NAN; input.len()];
-    let mut d_weight = vec![f32::NAN; weight.len()];
-    let mut d_bias = vec![f32::NAN; g.c_out];
-    let grads = Grads {
-        input: Some(&mut d_input),
-        weight: Some(&mut d_weight),
-        bias: Some(&mut d_bias),
-    };
-    if shifted {
-        forward(g, &input, &weight, Some(&bias), &mut out);
-        backward(g, &input, &weight, &d_out, grads);
-    } else {
-        im2col::forward(g, &input, &weight, Some(&bias), &mut out);
-        im2col::backward(g, &input, &weight, &d_out, grads);
-    }
-    [out, d_input, d_weight, d_bias]
+    run_on(
+        g,
+        seed,
+        if shifted {
+            Path::Shifted
+        } else {
+            Path::Columns
+        },
+    )
 }
 
 fn cases() -> Vec<Geometry> {
