@@ -44,12 +44,13 @@ pub(crate) fn applies(g: &Geometry) -> bool {
     g.stride == [1, 1] && g.kernel != [1, 1] && g.c_in >= MIN_INPUT_CHANNELS && g.output().is_some()
 }
 
-/// The most output positions of a map whose weight gradient runs here. On
-/// 4 × 4 and 2 × 2
-/// maps im2col's product sums a third to more than half zeros and this
-/// path's is faster (512 → 512 at 2 × 2, batch 32: 7.5 ms against 10.4);
-/// from 8 × 8 on the two are even or im2col's is faster (64 → 128 at 16 ×
-/// 16: 19.3 ms against 14.3).
+/// The most output positions of a map whose weight gradient runs here.
+/// On 4 × 4 and 2 × 2 maps im2col's product sums a third to more than half
+/// zeros and this path's is as fast or faster (`cargo bench -p
+/// cohort-train --bench conv_passes`, batch 32: 512 → 512 at 2 × 2 12.9 ms
+/// against 13.8, 256 → 512 at 4 × 4 12.2 against 14.4, 512 → 512 at 4 × 4
+/// 28.0 against 27.1); from 8 × 8 on im2col's is as fast or faster (64 →
+/// 128 at 16 × 16: 18.9 against 14.1).
 const MAX_WEIGHT_GRADIENT_POSITIONS: usize = 16;
 
 /// Whether this convolution's weight gradient runs here: [`applies`], on
@@ -65,7 +66,8 @@ struct Group {
     height: usize,
     out_h: usize,
     out_w: usize,
-    /// Whether the copy shifted by `left` is the layout itself.
+    /// The copy (`left`) that is the layout itself, where the output is as
+    /// wide as the input.
     unmoved: Option<usize>,
 }
 
