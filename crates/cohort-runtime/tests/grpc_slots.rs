@@ -206,7 +206,10 @@ fn a_connection_carries_one_client_process() {
         GrpcTransport::start(settings(Admission::default(), Duration::from_secs(10))).unwrap();
     let server = transport.local_addr();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
+    // The admitted process's stream is kept open until the count below is
+    // read: dropped at the end of the block, its disconnect raced the
+    // assertion (it read 0 once in CI).
+    let _admitted = runtime.block_on(async {
         let mut first = FederationClient::connect(format!("http://{server}"))
             .await
             .unwrap();
@@ -231,6 +234,7 @@ fn a_connection_carries_one_client_process() {
         let status = refused.expect_err("a second process on the connection");
         assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}");
         assert!(status.message().contains("its own connection"), "{status}");
+        (_keep, inbound)
     });
     transport.wait_for_clients(1).unwrap();
     assert_eq!(transport.connected(), 1);
