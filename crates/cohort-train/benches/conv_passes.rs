@@ -26,6 +26,12 @@ const LAYERS: &[[usize; 3]] = &[
     [64, 64, 8],
 ];
 
+/// Ends the bench on a malformed argument, saying which.
+fn refuse(what: &str) -> ! {
+    eprintln!("conv_passes: {what}");
+    std::process::exit(2)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let value = |flag: &str| {
@@ -33,17 +39,21 @@ fn main() {
             .position(|a| a == flag)
             .and_then(|i| args.get(i + 1))
     };
-    let reps: usize = value("--reps").map_or(7, |r| r.parse().expect("--reps takes a count"));
+    let reps: usize = match value("--reps").map(|r| r.parse()) {
+        None => 7,
+        Some(Ok(reps)) => reps,
+        Some(Err(_)) => refuse("--reps takes a count"),
+    };
     let layers: Vec<[usize; 3]> = match value("--layers") {
         None => LAYERS.to_vec(),
         Some(list) => list
             .split(';')
             .map(|layer| {
-                let v: Vec<usize> = layer
-                    .split(',')
-                    .map(|x| x.parse().expect("c_in,c_out,side"))
-                    .collect();
-                [v[0], v[1], v[2]]
+                let numbers: Result<Vec<usize>, _> = layer.split(',').map(str::parse).collect();
+                match numbers.as_deref() {
+                    Ok(&[c_in, c_out, side]) => [c_in, c_out, side],
+                    _ => refuse(&format!("--layers: `{layer}` is not c_in,c_out,side")),
+                }
             })
             .collect(),
     };

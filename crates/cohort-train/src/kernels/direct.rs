@@ -23,7 +23,7 @@
 use std::cell::RefCell;
 
 use super::direct_weight::WeightProducts;
-use super::im2col::{Geometry, Grads, add_bias, bias_backward, copy_short, zero_short};
+use super::im2col::{Geometry, Grads, add_bias, check, copy_short, zero_short};
 
 /// Output positions of one micro-kernel tile: three vectors of 16.
 const TILE_POSITIONS: usize = 48;
@@ -687,21 +687,10 @@ pub(crate) fn backward(
     kernel: Kernel,
 ) {
     let taps = g.kernel[0] * g.kernel[1];
-    assert_eq!(input.len(), g.batch * g.input_len(), "input length");
-    assert_eq!(weight.len(), g.weight_len(), "weight length");
-    let expected = g.batch * g.output_len();
-    assert_eq!(d_out.len(), expected, "output gradient length");
-    let Grads {
-        input: mut d_input,
-        weight: mut d_weight,
-        bias: d_bias,
-    } = grads;
-    if let Some(d_bias) = d_bias {
-        bias_backward(g, d_out, d_bias);
-    }
-    if d_input.is_none() && d_weight.is_none() {
+    check(g, input.len(), weight.len(), d_out.len());
+    let Some((mut d_input, mut d_weight)) = grads.bias_then_rest(g, d_out) else {
         return;
-    }
+    };
     // The input gradient reads the output gradient at `q − offset`: shifted
     // by the largest offset, every read is at `q + (largest − offset)`.
     let reversed = pack((g.c_in, g.c_out, taps), |i, o, s| {

@@ -339,6 +339,9 @@ pub(crate) struct Grads<'a> {
     pub bias: Option<&'a mut [f32]>,
 }
 
+/// One gradient to compute, into its buffer, or none.
+pub(super) type Gradient<'a> = Option<&'a mut [f32]>;
+
 impl<'a> Grads<'a> {
     /// These gradients in two parts, for passes computed by different
     /// kernels: the input's with the bias's, and the weight's.
@@ -355,6 +358,21 @@ impl<'a> Grads<'a> {
                 bias: None,
             },
         ]
+    }
+
+    /// Computes the bias gradient where it is asked for and hands back the
+    /// input's and the weight's, `None` when neither is asked for: every
+    /// kernel's backward pass starts so.
+    #[inline(always)]
+    pub(super) fn bias_then_rest(
+        self,
+        g: &Geometry,
+        d_out: &[f32],
+    ) -> Option<(Gradient<'a>, Gradient<'a>)> {
+        if let Some(d_bias) = self.bias {
+            bias_backward(g, d_out, d_bias);
+        }
+        (self.input.is_some() || self.weight.is_some()).then_some((self.input, self.weight))
     }
 
     /// Whether there is any gradient to compute.
@@ -374,17 +392,9 @@ pub(crate) fn backward(
 ) {
     let (k, p, m) = (g.patch(), g.positions(), g.c_out);
     check(g, input.len(), weight.len(), d_out.len());
-    let Grads {
-        input: mut d_input,
-        weight: d_weight,
-        bias: d_bias,
-    } = grads;
-    if let Some(d_bias) = d_bias {
-        bias_backward(g, d_out, d_bias);
-    }
-    if d_input.is_none() && d_weight.is_none() {
+    let Some((mut d_input, d_weight)) = grads.bias_then_rest(g, d_out) else {
         return;
-    }
+    };
     let w_t = MatRef {
         data: weight,
         strides: Strides::row_major(k).t(),
@@ -492,7 +502,7 @@ pub(super) fn bias_backward(g: &Geometry, d_out: &[f32], d_bias: &mut [f32]) {
 
 /// # Panics
 /// When a buffer's length is not the geometry's (the callers size them).
-fn check(g: &Geometry, input: usize, weight: usize, out: usize) {
+pub(super) fn check(g: &Geometry, input: usize, weight: usize, out: usize) {
     assert!(g.output().is_some(), "invalid convolution geometry {g:?}");
     assert_eq!(input, g.batch * g.input_len(), "input length");
     assert_eq!(weight, g.weight_len(), "weight length");

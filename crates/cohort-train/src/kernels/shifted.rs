@@ -25,7 +25,7 @@
 
 use super::direct::{sized, with_buffers};
 use super::gemm::{MatRef, Strides, matmul, transpose_into};
-use super::im2col::{Geometry, Grads, add_bias, bias_backward, valid};
+use super::im2col::{Geometry, Grads, add_bias, check, valid};
 
 /// Columns (positions × images) of one group's products: enough for
 /// gemm's micro-kernel to run at speed over `K = C_in` and few enough that
@@ -198,9 +198,7 @@ pub(crate) fn forward(
         applies(g),
         "not a stride-1 convolution of enough channels: {g:?}"
     );
-    assert_eq!(input.len(), g.batch * g.input_len(), "input length");
-    assert_eq!(weight.len(), g.weight_len(), "weight length");
-    assert_eq!(out.len(), g.batch * g.output_len(), "output length");
+    check(g, input.len(), weight.len(), out.len());
     let taps = g.kernel[0] * g.kernel[1];
     let most = images_per_group(g);
     with_buffers(
@@ -277,24 +275,10 @@ pub(crate) fn backward(
         applies(g),
         "not a stride-1 convolution of enough channels: {g:?}"
     );
-    assert_eq!(input.len(), g.batch * g.input_len(), "input length");
-    assert_eq!(weight.len(), g.weight_len(), "weight length");
-    assert_eq!(
-        d_out.len(),
-        g.batch * g.output_len(),
-        "output gradient length"
-    );
-    let Grads {
-        input: mut d_input,
-        weight: d_weight,
-        bias: d_bias,
-    } = grads;
-    if let Some(d_bias) = d_bias {
-        bias_backward(g, d_out, d_bias);
-    }
-    if d_input.is_none() && d_weight.is_none() {
+    check(g, input.len(), weight.len(), d_out.len());
+    let Some((mut d_input, d_weight)) = grads.bias_then_rest(g, d_out) else {
         return;
-    }
+    };
     // Summed as `[kh, kw, C_in, C_out]` (the products write their output
     // channels contiguous, as im2col's weight gradient does, for the same
     // reason: gemm packs both factors along the columns), laid out as the
