@@ -1,6 +1,6 @@
 //! Each pass of a convolution (forward, input gradient, weight gradient)
-//! through each of cohort's three CPU paths (the column-free kernel, the
-//! shifted copies, im2col), on the 3 × 3 layers of the zoo's CIFAR models
+//! through each of cohort's CPU paths (the column-free kernel, the
+//! shifted copies, Winograd's F(2 × 2, 3 × 3), im2col), on the 3 × 3 layers of the zoo's CIFAR models
 //! at batch 32: the measurements that chose which path computes which pass
 //! (`kernels::conv2d`'s routes). The paths alternate, so a host's drift
 //! touches all alike; each figure is the best of the repetitions after a
@@ -8,7 +8,7 @@
 //! both gradients) after each path's sum.
 //!
 //! `cargo bench -p cohort-train --bench conv_passes -- [--reps N]
-//! [--layers c_in,c_out,side;…]`; one thread.
+//! [--layers c_in,c_out,side;…] [--paths winograd,im2col,…]`; one thread.
 
 use cohort_train::conv_bench::{Case, PATHS};
 
@@ -57,12 +57,26 @@ fn main() {
             })
             .collect(),
     };
+    let chosen: Vec<usize> = match value("--paths") {
+        None => (0..PATHS.len()).collect(),
+        Some(list) => list
+            .split(',')
+            .map(|name| match PATHS.iter().position(|p| p == &name) {
+                Some(path) => path,
+                None => refuse(&format!("--paths: `{name}` is none of {PATHS:?}")),
+            })
+            .collect(),
+    };
     println!(
         "# batch 32, 3 × 3 kernels, padding 1; ms: forward / input gradient / weight gradient = sum (GFLOP/s); best of {reps}"
     );
     for [c_in, c_out, side] in layers {
         let mut case = Case::new(32, c_in, c_out, side, 3);
-        let paths: Vec<usize> = (0..PATHS.len()).filter(|&p| case.runs_on(p)).collect();
+        let paths: Vec<usize> = chosen
+            .iter()
+            .copied()
+            .filter(|&p| case.runs_on(p))
+            .collect();
         let mut best = vec![[f64::MAX; 3]; PATHS.len()];
         for rep in 0..=reps {
             for &path in &paths {

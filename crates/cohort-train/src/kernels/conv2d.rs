@@ -7,9 +7,10 @@
 //! kernel is the size of the feature map and its input gradient as a
 //! transposed convolution (burn-backend's defaults), each much slower on one
 //! thread than the matrix products used here. Each pass goes the way that
-//! is fastest for its shapes ([`Route`]): the column-free kernel
-//! ([`super::direct`]), one product per kernel offset over shifted copies
-//! ([`super::shifted`]), or im2col and one product ([`super::im2col`]).
+//! is fastest for its shapes ([`Route`]): Winograd's F(2 × 2, 3 × 3)
+//! ([`super::winograd`]), the column-free kernel ([`super::direct`]), one
+//! product per kernel offset over shifted copies ([`super::shifted`]), or
+//! im2col and one product ([`super::im2col`]).
 //!
 //! [`conv2d`] is the entry point for models: it takes burn's [`Conv2d`] as it
 //! is and falls back to burn's own path wherever this one does not apply (a
@@ -29,7 +30,7 @@ use burn::tensor::{DType, Tensor};
 
 use super::flex::{host, tensor};
 use super::im2col::{self, Geometry, Grads};
-use super::{direct, shifted};
+use super::{direct, shifted, winograd};
 
 /// The convolution on burn's CPU backend, with or without autodiff. Two
 /// operations, since the extension macro of burn 0.22 does not pass an
@@ -214,6 +215,9 @@ fn flex_forward(
 /// shapes (docs/BENCHMARKS.md, "Each pass where it is fastest").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
+    /// [`winograd`]: 3 × 3 kernels of stride 1 and padding 1, from 512
+    /// pairs of channels.
+    Winograd,
     /// [`direct`]: few channel pairs on maps of 8 × 8 and more.
     ColumnFree,
     /// [`shifted`]: many channels, or maps too small for the column-free
@@ -227,7 +231,9 @@ enum Route {
 impl Route {
     /// The route of the forward pass, and of the input gradient with it.
     fn input(g: &Geometry) -> Self {
-        if direct::applies(g) {
+        if winograd::fastest(g) {
+            Self::Winograd
+        } else if direct::applies(g) {
             Self::ColumnFree
         } else if shifted::applies(g) {
             Self::Shifted
@@ -238,7 +244,9 @@ impl Route {
 
     /// The route of the weight gradient.
     fn weight_gradient(g: &Geometry) -> Self {
-        if direct::applies(g) {
+        if winograd::fastest_for_weight_gradient(g) {
+            Self::Winograd
+        } else if direct::applies(g) {
             Self::ColumnFree
         } else if shifted::applies_to_weight_gradient(g) {
             Self::Shifted
@@ -257,6 +265,7 @@ impl Route {
         out: &mut [f32],
     ) {
         match self {
+            Self::Winograd => winograd::forward(g, x, weight, bias, out),
             Self::ColumnFree => direct::forward(g, x, weight, bias, out, direct::Kernel::Wide),
             Self::Shifted => shifted::forward(g, x, weight, bias, out),
             Self::Columns => im2col::forward(g, x, weight, bias, out),
@@ -270,6 +279,7 @@ impl Route {
             return;
         }
         match self {
+            Self::Winograd => winograd::backward(g, x, weight, d_out, grads),
             Self::ColumnFree => direct::backward(g, x, weight, d_out, grads, direct::Kernel::Wide),
             Self::Shifted => shifted::backward(g, x, weight, d_out, grads),
             Self::Columns => im2col::backward(g, x, weight, d_out, grads),

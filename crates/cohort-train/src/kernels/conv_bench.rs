@@ -6,12 +6,13 @@
 use std::time::Instant;
 
 use super::im2col::{self, Geometry, Grads};
-use super::{direct, shifted};
+use super::{direct, shifted, winograd};
 
 /// The paths, by name: the column-free kernel (`kernels::direct`, on CPUs
 /// with AVX-512 only), the shifted copies (`kernels::shifted`, 32 input
-/// channels or more) and im2col.
-pub const PATHS: [&str; 3] = ["column-free", "shifted", "im2col"];
+/// channels or more), Winograd's F(2 × 2, 3 × 3) (`kernels::winograd`, 3 ×
+/// 3 kernels of padding 1, 8 input channels or more) and im2col.
+pub const PATHS: [&str; 4] = ["column-free", "shifted", "winograd", "im2col"];
 
 /// A 3 × 3-or-other square convolution of stride 1 and "same" padding,
 /// with inputs and gradients to run it on.
@@ -62,6 +63,7 @@ impl Case {
         match path {
             0 => direct::wide(),
             1 => shifted::applies(&self.g),
+            2 => winograd::applies(&self.g),
             _ => true,
         }
     }
@@ -89,6 +91,7 @@ impl Case {
             || match path {
                 0 => direct::forward(g, input, weight, None, out, direct::Kernel::Wide),
                 1 => shifted::forward(g, input, weight, None, out),
+                2 => winograd::forward(g, input, weight, None, out),
                 _ => im2col::forward(g, input, weight, None, out),
             },
         );
@@ -100,6 +103,7 @@ impl Case {
                 || match path {
                     0 => direct::backward(g, input, weight, out, grads, direct::Kernel::Wide),
                     1 => shifted::backward(g, input, weight, out, grads),
+                    2 => winograd::backward(g, input, weight, out, grads),
                     _ => im2col::backward(g, input, weight, out, grads),
                 },
             );

@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::direct::{Kernel, applies, backward, forward, wide};
 use super::im2col::{self, Geometry, Grads};
-use super::shifted;
+use super::{shifted, winograd};
 
 fn geometry(
     batch: usize,
@@ -40,6 +40,7 @@ fn random(len: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
 pub(super) enum Path {
     ColumnFree(Kernel),
     Shifted,
+    Winograd,
     Columns,
 }
 
@@ -73,6 +74,10 @@ pub(super) fn run_on(g: &Geometry, seed: u64, path: Path) -> Results {
         Path::Shifted => {
             shifted::forward(g, &input, &weight, Some(&bias), &mut out);
             shifted::backward(g, &input, &weight, &d_out, grads);
+        }
+        Path::Winograd => {
+            winograd::forward(g, &input, &weight, Some(&bias), &mut out);
+            winograd::backward(g, &input, &weight, &d_out, grads);
         }
         Path::Columns => {
             im2col::forward(g, &input, &weight, Some(&bias), &mut out);

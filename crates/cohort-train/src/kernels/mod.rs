@@ -43,6 +43,7 @@ mod math;
 mod max_pool;
 mod shifted;
 mod simd;
+mod winograd;
 
 pub mod conv_bench;
 
@@ -278,3 +279,5 @@ mod direct_tests;
 mod shifted_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod winograd_tests;
