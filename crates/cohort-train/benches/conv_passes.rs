@@ -8,7 +8,8 @@
 //! both gradients) after each path's sum.
 //!
 //! `cargo bench -p cohort-train --bench conv_passes -- [--reps N]
-//! [--layers c_in,c_out,side;…] [--paths winograd,im2col,…]`; one thread.
+//! [--layers c_in,c_out,side;…] [--paths winograd,im2col,…] [--kernel 5]`;
+//! one thread.
 
 use cohort_train::conv_bench::{Case, PATHS};
 
@@ -57,6 +58,11 @@ fn main() {
             })
             .collect(),
     };
+    let kernel: usize = match value("--kernel").map(|k| k.parse()) {
+        None => 3,
+        Some(Ok(k)) if k % 2 == 1 => k,
+        Some(_) => refuse("--kernel takes an odd side"),
+    };
     let chosen: Vec<usize> = match value("--paths") {
         None => (0..PATHS.len()).collect(),
         Some(list) => list
@@ -68,10 +74,11 @@ fn main() {
             .collect(),
     };
     println!(
-        "# batch 32, 3 × 3 kernels, padding 1; ms: forward / input gradient / weight gradient = sum (GFLOP/s); best of {reps}"
+        "# batch 32, {kernel} × {kernel} kernels, padding {}; ms: forward / input gradient / weight gradient = sum (GFLOP/s); best of {reps}",
+        kernel / 2
     );
     for [c_in, c_out, side] in layers {
-        let mut case = Case::new(32, c_in, c_out, side, 3);
+        let mut case = Case::new(32, c_in, c_out, side, kernel);
         let paths: Vec<usize> = chosen
             .iter()
             .copied()

@@ -127,11 +127,14 @@ fn for_each_line(g: &Geometry, mut run: impl FnMut(usize, usize, Option<usize>, 
             for kx in 0..kw {
                 let row = (ci * kh + ky) * kw + kx;
                 let cols = valid(out_w, g.width, kx, left, sw);
-                // Input column of output column `lo`; an empty range reads
-                // nothing, so its (clamped) value is never used.
+                // Input column of output column `lo`. A line whose columns
+                // all read padding has no source: its offset could lie past
+                // the image (a 5 × 5 kernel on a 1 × 1 map: `lo + 4 − 2`
+                // past the last channel's one value), and slicing there
+                // panicked.
                 let first = (cols.0 * sw + kx).saturating_sub(left);
                 for oy in 0..out_h {
-                    let source = (oy >= rows.0 && oy < rows.1).then(|| {
+                    let source = (oy >= rows.0 && oy < rows.1 && cols.0 < cols.1).then(|| {
                         let iy = oy * sh + ky - top;
                         (ci * g.height + iy) * g.width + first
                     });
