@@ -246,10 +246,10 @@ impl Route {
     fn weight_gradient(g: &Geometry) -> Self {
         if winograd::fastest_for_weight_gradient(g) {
             Self::Winograd
-        } else if direct::applies(g) {
-            Self::ColumnFree
         } else if shifted::applies_to_weight_gradient(g) {
             Self::Shifted
+        } else if direct::applies(g) {
+            Self::ColumnFree
         } else {
             Self::Columns
         }

@@ -102,6 +102,9 @@ fn applies_to_stride_one_convolutions_of_enough_channels() {
         ..small
     };
     assert!(applies(&larger) && !applies_to_weight_gradient(&larger));
+    // cnn's second layer: a 5 × 5 kernel's weight gradient on any map.
+    let five = geometry(1, (32, 64), [14, 14], [5, 5], [(2, 2), (2, 2)]);
+    assert!(applies(&five) && applies_to_weight_gradient(&five));
     let strided = Geometry {
         stride: [2, 2],
         ..small
