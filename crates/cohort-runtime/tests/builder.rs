@@ -519,10 +519,18 @@ fn cifar_batches_are_augmented_from_the_seeded_stream() {
     );
 
     // A lower rate than cnn's: a ResNet carries rounding forward further.
+    // The client alone convolves through cohort's CPU kernels (Winograd
+    // from 512 channel pairs), the stacked clients through burn's grouped
+    // convolution, so the two round differently; at 0.02 that difference
+    // grew to 1.3e-3 with these kernels and 3.0e-5 with a variant tried
+    // (F(4 × 4, 3 × 3) in the forward pass): a ReLU input within rounding
+    // of zero opening in one run and not the other, too near the 1.5e-2
+    // the augmentation makes. At 0.005 it was 9.9e-5 and 1.4e-5, against
+    // 2.9e-3 without crops and flips.
     let resnet = |augment: &str| {
         job(augment)
             .replace("\"cnn\"", "\"resnet_20\"")
-            .replace("learning_rate = 0.05", "learning_rate = 0.02")
+            .replace("learning_rate = 0.05", "learning_rate = 0.005")
             + "[parameters.model]\nnorm = \"group\"\n"
     };
     let stacked =
@@ -545,11 +553,11 @@ fn cifar_batches_are_augmented_from_the_seeded_stream() {
     };
     let (worst, apart) = (distance(&together), distance(&unaugmented));
     eprintln!("max |vectorized − alone| = {worst:e}; without augmentation {apart:e}");
-    // Measured 1.7e-5 apart, and 1.6e-2 from the model trained without
-    // crops and flips: the bound sits between, well clear of both.
-    const BOUND: f32 = 1e-3;
+    // The bound sits between the two (above), three times the larger
+    // rounding difference and a fifth of the augmentation's.
+    const BOUND: f32 = 3e-4;
     assert!(worst <= BOUND, "{worst}");
-    assert!(apart > 10.0 * BOUND, "{apart}");
+    assert!(apart > 5.0 * BOUND, "{apart}");
 }
 
 /// An observer that asks the run to stop once `after` rounds are recorded.

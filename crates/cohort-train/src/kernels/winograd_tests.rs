@@ -44,6 +44,9 @@ fn cases() -> Vec<Geometry> {
         geometry(3, (8, 1), [1, 1]),
         geometry(2, (8, 6), [3, 1]),
         geometry(2, (10, 8), [1, 6]),
+        // Larger odd and uneven sides: last tiles partly outside the map.
+        geometry(2, (9, 12), [9, 11]),
+        geometry(2, (16, 8), [10, 8]),
         // More channels out than in, and the reverse.
         geometry(2, (8, 70), [6, 6]),
         geometry(2, (70, 8), [6, 6]),
