@@ -65,15 +65,16 @@ const GROUP_FLOATS: usize = 256 * 1024;
 const MIN_INPUT_CHANNELS: usize = 8;
 /// Below this many pairs of channels the transforms cost more than the
 /// multiply-adds they save: 16 → 16 at 32 × 32 (resnet_20's first stage)
-/// ran its three passes in 6.3 ms here against the column-free kernel's
-/// 5.4; 16 → 32 and 32 → 16 at 16 × 16 in 2.0 against 2.7 (`cargo bench -p
-/// cohort-train --bench conv_passes`, a Zen 4 core).
+/// ran its three passes in 5.75 ms here against the column-free kernel's
+/// 5.24; 16 → 32 and 32 → 16 at 16 × 16 in 2.0 against 2.7 (`cargo bench -p
+/// cohort-train --bench conv_passes`, a Zen 4 core; docs/BENCHMARKS.md,
+/// "Winograd's minimal filtering").
 const MIN_CHANNEL_PAIRS: usize = 512;
 /// Maps of fewer output positions compute their forward pass and input
 /// gradient faster through [`super::shifted`]: a 2 × 2 map's one tile
 /// reads a 4 × 4 patch of which 12 values are padding, so the transform
-/// saves nothing (512 → 512: 9.9 and 7.1 ms against 4.4 and 4.1). Its
-/// weight gradient is still faster here (6.5 against 12.8).
+/// saves nothing (512 → 512: 9.3 and 7.1 ms against 4.2 and 3.9). Its
+/// weight gradient is still faster here (5.9 against 12.6).
 const MIN_POSITIONS: usize = 16;
 
 /// Whether this convolution can run here: stride 1, a 3 × 3 kernel with
@@ -103,7 +104,7 @@ pub(crate) fn fastest(g: &Geometry) -> bool {
 /// channels at 14 × 14 its float32 result was 3.8e-3 from float64's where
 /// a direct sum's was 2.2e-5, of values up to 104 (`python3
 /// bench/winograd_rounding.py --images 32 --channels 32 --side 14`), so a
-/// 5 × 5 weight gradient stays with the direct kernels; the forward pass
+/// 5 × 5 weight gradient stays with the direct sums' paths; the forward pass
 /// and the input gradient, which sum over one tile's inputs, stay within
 /// the equivalence tests' bounds.
 pub(crate) fn fastest_for_weight_gradient(g: &Geometry) -> bool {
