@@ -42,8 +42,8 @@ fn main() {
     };
     let reps: usize = match value("--reps").map(|r| r.parse()) {
         None => 7,
-        Some(Ok(reps)) => reps,
-        Some(Err(_)) => refuse("--reps takes a count"),
+        Some(Ok(reps)) if reps > 0 => reps,
+        Some(_) => refuse("--reps takes a count of at least 1"),
     };
     let layers: Vec<[usize; 3]> = match value("--layers") {
         None => LAYERS.to_vec(),
@@ -52,8 +52,12 @@ fn main() {
             .map(|layer| {
                 let numbers: Result<Vec<usize>, _> = layer.split(',').map(str::parse).collect();
                 match numbers.as_deref() {
-                    Ok(&[c_in, c_out, side]) => [c_in, c_out, side],
-                    _ => refuse(&format!("--layers: `{layer}` is not c_in,c_out,side")),
+                    Ok(&[c_in, c_out, side]) if c_in > 0 && c_out > 0 && side > 0 => {
+                        [c_in, c_out, side]
+                    }
+                    _ => refuse(&format!(
+                        "--layers: `{layer}` is not c_in,c_out,side, each at least 1"
+                    )),
                 }
             })
             .collect(),

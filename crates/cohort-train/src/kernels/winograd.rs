@@ -146,7 +146,7 @@ impl Tiles {
 
     /// Images a group of `elements`-element patches holds:
     /// [`GROUP_FLOATS`] for its widest side, at least one.
-    pub(super) fn images_per_group(&self, elements: usize, channels: usize, batch: usize) -> usize {
+    fn images_per_group(&self, elements: usize, channels: usize, batch: usize) -> usize {
         let per_image = elements * channels.max(1) * self.count().max(1);
         (GROUP_FLOATS / per_image).clamp(1, batch.max(1))
     }
