@@ -144,6 +144,19 @@ impl Tiles {
         self.height * self.width
     }
 
+    /// Position `(y, x)`'s values in the position-major group `laid`
+    /// (`zeros.len()` a position), or `zeros` outside the map: a patch's
+    /// reader, its rows and columns wrapped below zero landing outside.
+    #[inline(always)]
+    fn position<'a>(&self, laid: &'a [f32], zeros: &'a [f32], (y, x): (usize, usize)) -> &'a [f32] {
+        let p = zeros.len();
+        if y < self.height && x < self.width {
+            &laid[(y * self.width + x) * p..][..p]
+        } else {
+            zeros
+        }
+    }
+
     /// Images a group of `elements`-element patches holds:
     /// [`GROUP_FLOATS`] for its widest side, at least one.
     fn images_per_group(&self, elements: usize, channels: usize, batch: usize) -> usize {

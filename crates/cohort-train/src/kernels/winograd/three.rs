@@ -153,16 +153,11 @@ fn input_transform(laid: &[f32], p: usize, tiles: &Tiles, v: &mut [f32]) {
     let zeros = vec![0.0f32; p];
     let mut rows = vec![0.0f32; 16 * p];
     let stride = tiles.count() * p;
-    let (h, w) = (tiles.height, tiles.width);
     for ty in 0..tiles.rows {
         for tx in 0..tiles.cols {
             let at = |r: usize, s: usize| {
                 let (y, x) = ((2 * ty + r).wrapping_sub(1), (2 * tx + s).wrapping_sub(1));
-                if y < h && x < w {
-                    &laid[(y * w + x) * p..][..p]
-                } else {
-                    &zeros[..]
-                }
+                tiles.position(laid, &zeros, (y, x))
             };
             // Bᵀ d: the patch's rows combined, column by column (row i of
             // column s at (4·i + s)·p).
@@ -237,17 +232,9 @@ fn output_gradient_transform(laid: &[f32], p: usize, tiles: &Tiles, dm: &mut [f3
     let zeros = vec![0.0f32; p];
     let mut rows = vec![0.0f32; 4 * 2 * p];
     let stride = tiles.count() * p;
-    let (h, w) = (tiles.height, tiles.width);
     for ty in 0..tiles.rows {
         for tx in 0..tiles.cols {
-            let at = |i: usize, j: usize| {
-                let (y, x) = (2 * ty + i, 2 * tx + j);
-                if y < h && x < w {
-                    &laid[(y * w + x) * p..][..p]
-                } else {
-                    &zeros[..]
-                }
-            };
+            let at = |i: usize, j: usize| tiles.position(laid, &zeros, (2 * ty + i, 2 * tx + j));
             // A dY: rows (y0, y0 + y1, y0 − y1, −y1), two columns each.
             for j in 0..2 {
                 let (y0, y1) = (at(0, j), at(1, j));
