@@ -38,7 +38,7 @@ Usage:
   cohort partitions --config RUN/config.toml --json parts.json
   python3 bench/pytorch_fedavg.py --run RUN --partitions parts.json \
       --data DATA_DIR [--initial-model FILE] [--device cpu|cuda] [--threads N] \
-      [--seed N] [--out result.json]
+      [--tf32] [--cudnn-benchmark] [--seed N] [--out result.json]
 Needs torch and numpy (pip install torch numpy), not the safetensors
 package; the models are examples/pytorch/models.py.
 """
@@ -294,9 +294,27 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tf32",
+        action="store_true",
+        help="on CUDA, let convolutions and products round their inputs to TF32 "
+        "(PyTorch's default for cuDNN convolutions); without it every product is float32, "
+        "as cohort's",
+    )
+    parser.add_argument(
+        "--cudnn-benchmark",
+        action="store_true",
+        help="on CUDA, let cuDNN choose each convolution's algorithm by timing "
+        "(torch.backends.cudnn.benchmark): the same arithmetic, another summation order",
+    )
     parser.add_argument("--out", help="write the comparison here as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # Float32 on both sides unless asked: cuDNN's convolutions take TF32
+    # inputs by default on Ampere and later, a 10-bit mantissa.
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.manual_seed(args.seed)
     if args.write_initial:
         if not args.config:
@@ -368,6 +386,9 @@ def main():
         "model": name,
         "initial_model": initial,
         "sample_order": "cohort" if orders else "own",
+        "device": args.device,
+        "tf32": args.tf32,
+        "cudnn_benchmark": args.cudnn_benchmark,
         "rounds": len(ours),
         "pytorch_final": ours[-1],
         "cohort_final": theirs[-1],

@@ -7,7 +7,7 @@
 #
 #   COHORT=path/to/cohort [SEED=N] [SAME_INIT=1] [SAME_ORDER=1] [THREADS=N] bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
 #   COHORT=path/to/cohort [SAME_INIT=1] bash bench/zoo_resnet_20.sh cohort   # cohort's side alone
-#   bash bench/zoo_resnet_20.sh pytorch [cpu|cuda] RUN_DIR PARTS_JSON
+#   [TAG=name] [PYTORCH_ARGS="--cudnn-benchmark"] bash bench/zoo_resnet_20.sh pytorch [cpu|cuda] RUN_DIR PARTS_JSON
 #   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh memory [CLIENTS...]
 #
 # accuracy: bench/zoo_accuracy.toml with resnet_20 and group norm, 30 rounds
@@ -89,12 +89,16 @@ run_cohort() {
   fi
 }
 
-# PyTorch on a finished cohort run folder $1 with its partitions $2.
+# PyTorch on a finished cohort run folder $1 with its partitions $2; its
+# result in $OUT/resnet_20$TAG.json and its log in $OUT/pytorch$TAG.log, with
+# PYTORCH_ARGS passed on (--cudnn-benchmark, --tf32: bench/pytorch_fedavg.py).
+TAG="${TAG:-}"
 run_pytorch() {
+  # shellcheck disable=SC2086
   python3 bench/pytorch_fedavg.py --run "$1" --partitions "$2" \
     --data "$COHORT_DATA_DIR" --device "$device" --threads "$THREADS" --seed "${SEED:-0}" \
-    --out "$OUT/resnet_20.json" 2> "$OUT/pytorch.log"
-  cat "$OUT/resnet_20.json"
+    ${PYTORCH_ARGS:-} --out "$OUT/resnet_20$TAG.json" 2> "$OUT/pytorch$TAG.log"
+  cat "$OUT/resnet_20$TAG.json"
 }
 
 device="${2:-cpu}"
