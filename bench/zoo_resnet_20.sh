@@ -5,7 +5,7 @@
 # to 10,000 clients ("Memory of a resnet_20 federation"; iid partitions: a
 # Dirichlet(0.5) draw cannot give each of 10,000 clients a sample).
 #
-#   COHORT=path/to/cohort [SEED=N] [SAME_INIT=1] [SAME_ORDER=1] [THREADS=N] bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
+#   COHORT=path/to/cohort [SEED=N] [SAME_INIT=1] [SAME_ORDER=1] [THREADS=N] [MODEL=cnn] bash bench/zoo_resnet_20.sh accuracy [cpu|cuda]
 #   COHORT=path/to/cohort [SAME_INIT=1] bash bench/zoo_resnet_20.sh cohort   # cohort's side alone
 #   [TAG=name] [PYTORCH_ARGS="--cudnn-benchmark"] bash bench/zoo_resnet_20.sh pytorch [cpu|cuda] RUN_DIR PARTS_JSON
 #   COHORT=path/to/cohort bash bench/zoo_resnet_20.sh memory [CLIENTS...]
@@ -26,7 +26,14 @@ OUT="$(cd "$OUT" && pwd)"
 mode="${1:-accuracy}"
 # cohort's side on the CPU unless COHORT_DEVICE=--gpu.
 COHORT_DEVICE="${COHORT_DEVICE:---cpu}"
-resnet=(--set trainer.model_name=resnet_20 --set parameters.model.norm=group)
+# MODEL (accuracy, cohort): another model of bench/zoo_accuracy.toml's job
+# (multilayer, cnn) in place of resnet_20 with group norm; the results are
+# named after it.
+MODEL="${MODEL:-resnet_20}"
+resnet=(--set trainer.model_name="$MODEL")
+case "$MODEL" in
+resnet_*) resnet+=(--set parameters.model.norm=group) ;;
+esac
 # SEED (accuracy, cohort): another partition, selection, initial model and
 # training stream on cohort's side, and torch.manual_seed(SEED) on PyTorch's.
 SEED="${SEED:-}"
@@ -78,7 +85,7 @@ run_cohort() {
   "$COHORT" run --config bench/zoo_accuracy.toml "$COHORT_DEVICE" --quiet --base "$OUT/runs" \
     "${resnet[@]}" ${initial[@]+"${initial[@]}"} --set trainer.max_concurrency="$THREADS"
   end=$(date +%s.%N)
-  echo "== cohort resnet_20: $(awk "BEGIN { printf \"%.1f\", $end - $start }") s end to end"
+  echo "== cohort $MODEL: $(awk "BEGIN { printf \"%.1f\", $end - $start }") s end to end"
   run=$(ls -d "$OUT"/runs/*/ | head -1)
   tail -3 "$run/results.csv"
   "$COHORT" partitions --config "$run/config.toml" --json "$OUT/parts.json" \
@@ -90,15 +97,15 @@ run_cohort() {
 }
 
 # PyTorch on a finished cohort run folder $1 with its partitions $2; its
-# result in $OUT/resnet_20$TAG.json and its log in $OUT/pytorch$TAG.log, with
+# result in $OUT/$MODEL$TAG.json and its log in $OUT/pytorch$TAG.log, with
 # PYTORCH_ARGS passed on (--cudnn-benchmark, --tf32: bench/pytorch_fedavg.py).
 TAG="${TAG:-}"
 run_pytorch() {
   # shellcheck disable=SC2086
   python3 bench/pytorch_fedavg.py --run "$1" --partitions "$2" \
     --data "$COHORT_DATA_DIR" --device "$device" --threads "$THREADS" --seed "${SEED:-0}" \
-    ${PYTORCH_ARGS:-} --out "$OUT/resnet_20$TAG.json" 2> "$OUT/pytorch$TAG.log"
-  cat "$OUT/resnet_20$TAG.json"
+    ${PYTORCH_ARGS:-} --out "$OUT/$MODEL$TAG.json" 2> "$OUT/pytorch$TAG.log"
+  cat "$OUT/$MODEL$TAG.json"
 }
 
 device="${2:-cpu}"

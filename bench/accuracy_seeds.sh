@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# cohort against plain PyTorch FedAvg from the same initial model on the same
+# batches, seed by seed (docs/BENCHMARKS.md, "Every seed within a point"):
+# for each seed, bench/zoo_resnet_20.sh's cohort side (SAME_INIT=1
+# SAME_ORDER=1: one initial model, cohort's sample orders handed to PyTorch),
+# then PyTorch on the same run, in float32. With cuda, a second PyTorch run
+# lets cuDNN choose its convolutions' algorithms by timing
+# (--cudnn-benchmark): PyTorch against itself, the same arithmetic summed in
+# another order.
+#
+#   COHORT=path/to/cohort [MODEL=resnet_20|cnn|multilayer] [SEEDS="1 2 3"] \
+#     [THREADS=5] [OUT=dir] bash bench/accuracy_seeds.sh [cuda|cpu]
+#
+# The seeds run at once, each cohort run with THREADS workers of one thread
+# (bench/zoo_resnet_20.sh's THREADS); each PyTorch run with one thread on
+# cuda, THREADS on cpu. Needs COHORT_DATA_DIR with Fashion-MNIST, torch and
+# numpy. Prints, per seed, the last round's accuracy of each run, the
+# differences in points, and the means over the last 10 and 5 rounds and
+# the whole run; the runs' JSON are in $OUT/seedN/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+device="${1:-cuda}"
+export MODEL="${MODEL:-resnet_20}"
+SEEDS="${SEEDS:-1 2 3}"
+THREADS="${THREADS:-5}"
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+torch_threads=1
+[ "$device" = cuda ] || torch_threads="$THREADS"
+
+for seed in $SEEDS; do
+  (
+    dir="$OUT/seed$seed"
+    SEED=$seed SAME_INIT=1 SAME_ORDER=1 THREADS="$THREADS" OUT="$dir" \
+      bash bench/zoo_resnet_20.sh cohort > "$dir.cohort.log" 2>&1
+    run=$(ls -d "$dir"/runs/*/ | head -1)
+    SEED=$seed THREADS=$torch_threads OUT="$dir" \
+      bash bench/zoo_resnet_20.sh pytorch "$device" "$run" "$dir/parts.json" > /dev/null &
+    if [ "$device" = cuda ]; then
+      SEED=$seed THREADS=$torch_threads OUT="$dir" TAG=_bench PYTORCH_ARGS=--cudnn-benchmark \
+        bash bench/zoo_resnet_20.sh pytorch "$device" "$run" "$dir/parts.json" > /dev/null &
+    fi
+    wait
+  ) &
+done
+wait
+
+for seed in $SEEDS; do
+  grep -E "end to end" "$OUT/seed$seed.cohort.log" || true
+  python3 - "$OUT/seed$seed" "$MODEL" "$seed" <<'PY'
+import json, os, sys
+folder, model, seed = sys.argv[1:]
+runs = {"PyTorch": os.path.join(folder, f"{model}.json"),
+        "PyTorch, cuDNN by timing": os.path.join(folder, f"{model}_bench.json")}
+results = {name: json.load(open(path)) for name, path in runs.items() if os.path.exists(path)}
+first = results["PyTorch"]
+cohort = first["cohort_accuracy"]
+mean = lambda values, n: sum(values[-n:]) / n
+line = f"seed {seed}: cohort {cohort[-1]:.4f}"
+for name, result in results.items():
+    theirs = result["pytorch_accuracy"]
+    line += (f"; {name} {theirs[-1]:.4f} (cohort − it: last {100 * (cohort[-1] - theirs[-1]):+.2f},"
+             f" last 10 {100 * (mean(cohort, 10) - mean(theirs, 10)):+.2f},"
+             f" last 5 {100 * (mean(cohort, 5) - mean(theirs, 5)):+.2f},"
+             f" all {100 * (mean(cohort, len(cohort)) - mean(theirs, len(theirs))):+.2f};"
+             f" {result['pytorch_seconds']:.0f} s)")
+print(line)
+PY
+done
