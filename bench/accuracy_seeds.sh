@@ -16,7 +16,8 @@
 # cuda, THREADS on cpu. Needs COHORT_DATA_DIR with Fashion-MNIST, torch and
 # numpy. Prints, per seed, the last round's accuracy of each run, the
 # differences in points, and the means over the last 10 and 5 rounds and
-# the whole run; the runs' JSON are in $OUT/seedN/.
+# the whole run; the runs' JSON are in $OUT/seedN/, and a chart of the three
+# by round in $OUT/MODEL_seedN.png (`cohort plot`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 device="${1:-cuda}"
@@ -29,7 +30,9 @@ OUT="$(cd "$OUT" && pwd)"
 torch_threads=1
 [ "$device" = cuda ] || torch_threads="$THREADS"
 
+# SUMMARY_ONLY=1: summarize (and chart) the seeds already in $OUT.
 for seed in $SEEDS; do
+  [ -z "${SUMMARY_ONLY:-}" ] || break
   (
     dir="$OUT/seed$seed"
     SEED=$seed SAME_INIT=1 SAME_ORDER=1 THREADS="$THREADS" OUT="$dir" \
@@ -47,7 +50,7 @@ done
 wait
 
 for seed in $SEEDS; do
-  grep -E "end to end" "$OUT/seed$seed.cohort.log" || true
+  grep -E "end to end" "$OUT/seed$seed.cohort.log" 2> /dev/null || true
   python3 - "$OUT/seed$seed" "$MODEL" "$seed" <<'PY'
 import json, os, sys
 folder, model, seed = sys.argv[1:]
@@ -66,5 +69,22 @@ for name, result in results.items():
              f" all {100 * (mean(cohort, len(cohort)) - mean(theirs, len(theirs))):+.2f};"
              f" {result['pytorch_seconds']:.0f} s)")
 print(line)
+# Each side's accuracy by round as a run folder `cohort plot` reads (only the
+# round and accuracy columns filled), for the chart below.
+header = ("round,accuracy,elapsed_time,round_time,training_time,evaluation_time,"
+          "bytes_to_clients,bytes_to_server,train_loss,simulated_time,extra_bytes_to_clients,"
+          "federated_accuracy,epsilon,test_loss,simulated_start")
+sides = {"cohort": cohort}
+for name, result in zip(("pytorch", "pytorch_cudnn_timed"), results.values()):
+    sides[name] = result["pytorch_accuracy"]
+for name, accuracies in sides.items():
+    os.makedirs(os.path.join(folder, "chart", name), exist_ok=True)
+    with open(os.path.join(folder, "chart", name, "results.csv"), "w") as f:
+        f.write(header + "\n")
+        for number, accuracy in enumerate(accuracies, 1):
+            f.write(f"{number},{accuracy:.4f},0,0,0,0,0,0,0,0,0,,,0,\n")
 PY
+  "$COHORT" plot --against round -o "$OUT/${MODEL}_seed$seed.png" \
+    "$OUT/seed$seed"/chart/* > /dev/null
 done
+echo "charts: $OUT/${MODEL}_seed*.png"
