@@ -30,15 +30,15 @@ COHORT_DEVICE="${COHORT_DEVICE:---cpu}"
 # (multilayer, cnn) in place of resnet_20 with group norm; the results are
 # named after it.
 MODEL="${MODEL:-resnet_20}"
-resnet=(--set trainer.model_name="$MODEL")
+job=(--set trainer.model_name="$MODEL")
 case "$MODEL" in
-resnet_*) resnet+=(--set parameters.model.norm=group) ;;
+resnet_*) job+=(--set parameters.model.norm=group) ;;
 esac
 # SEED (accuracy, cohort): another partition, selection, initial model and
 # training stream on cohort's side, and torch.manual_seed(SEED) on PyTorch's.
 SEED="${SEED:-}"
 if [ -n "$SEED" ]; then
-  resnet+=(--set data.random_seed="$SEED" --set server.random_seed="$SEED"
+  job+=(--set data.random_seed="$SEED" --set server.random_seed="$SEED"
     --set trainer.model_seed="$SEED" --set trainer.training_seed="$SEED")
 fi
 # SAME_INIT=1 (accuracy, cohort): one initial model for both sides. PyTorch's
@@ -73,7 +73,7 @@ PY
 # The shared initial model of SAME_INIT=1, drawn for the job's model and
 # options as `cohort check` prints them.
 write_initial() {
-  "$COHORT" check --config bench/zoo_accuracy.toml "${resnet[@]}" > "$OUT/job.toml"
+  "$COHORT" check --config bench/zoo_accuracy.toml "${job[@]}" > "$OUT/job.toml"
   python3 bench/pytorch_fedavg.py --write-initial "$OUT/initial.safetensors" \
     --config "$OUT/job.toml" --seed "${SEED:-0}"
   initial=(--set trainer.initial_model="$OUT/initial.safetensors")
@@ -83,7 +83,7 @@ run_cohort() {
   [ -z "$SAME_INIT" ] || write_initial
   start=$(date +%s.%N)
   "$COHORT" run --config bench/zoo_accuracy.toml "$COHORT_DEVICE" --quiet --base "$OUT/runs" \
-    "${resnet[@]}" ${initial[@]+"${initial[@]}"} --set trainer.max_concurrency="$THREADS"
+    "${job[@]}" ${initial[@]+"${initial[@]}"} --set trainer.max_concurrency="$THREADS"
   end=$(date +%s.%N)
   echo "== cohort $MODEL: $(awk "BEGIN { printf \"%.1f\", $end - $start }") s end to end"
   run=$(ls -d "$OUT"/runs/*/ | head -1)
@@ -128,7 +128,7 @@ memory)
   for clients in "$@"; do
     start=$(date +%s.%N)
     rss=$(peak_rss "$COHORT" run --config bench/zoo_accuracy.toml --cpu --quiet \
-      --base "$OUT/memory-$clients" "${resnet[@]}" --rounds 1 --set data.sampler=iid \
+      --base "$OUT/memory-$clients" "${job[@]}" --rounds 1 --set data.sampler=iid \
       --set clients.total_clients="$clients" --set trainer.max_concurrency=10)
     end=$(date +%s.%N)
     echo "$clients $rss $(awk "BEGIN { printf \"%.1f\", $end - $start }")"

@@ -8,7 +8,7 @@
 //! both gradients) after each path's sum.
 //!
 //! `cargo bench -p cohort-train --bench conv_passes -- [--reps N]
-//! [--layers c_in,c_out,side;…] [--paths winograd,im2col,…] [--kernel 5]`;
+//! [--layers c_in,c_out,side;…] [--paths winograd,im2col,…] [--kernel 5] [--stride 2]`;
 //! one thread.
 
 use cohort_train::conv_bench::{Case, PATHS};
@@ -67,6 +67,11 @@ fn main() {
         Some(Ok(k)) if k % 2 == 1 => k,
         Some(_) => refuse("--kernel takes an odd side"),
     };
+    let stride: usize = match value("--stride").map(|s| s.parse()) {
+        None => 1,
+        Some(Ok(s)) if s > 0 => s,
+        Some(_) => refuse("--stride takes a step of at least 1"),
+    };
     let chosen: Vec<usize> = match value("--paths") {
         None => (0..PATHS.len()).collect(),
         Some(list) => list
@@ -78,11 +83,11 @@ fn main() {
             .collect(),
     };
     println!(
-        "# batch 32, {kernel} × {kernel} kernels, padding {}; ms: forward / input gradient / weight gradient = sum (GFLOP/s); best of {reps}",
+        "# batch 32, {kernel} × {kernel} kernels, padding {}, stride {stride}; ms: forward / input gradient / weight gradient = sum (GFLOP/s); best of {reps}",
         kernel / 2
     );
     for [c_in, c_out, side] in layers {
-        let mut case = Case::new(32, c_in, c_out, side, kernel);
+        let mut case = Case::new(32, (c_in, c_out), side, kernel, stride);
         let paths: Vec<usize> = chosen
             .iter()
             .copied()

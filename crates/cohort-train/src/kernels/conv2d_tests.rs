@@ -168,6 +168,10 @@ fn output_and_gradients_match_burns_on_a_spread_of_shapes() {
         square(1, 6, 16, 14, 5),
         square(3, 4, 8, 11, 5).stride(2).pad(1),
         square(2, 2, 3, 3, 3).pad(2).stride(2),
+        // Stride 2 with lines of 18 and 16 outputs: the vector moves of
+        // im2col's stride-2 lines, with and without a tail.
+        square(2, 3, 5, 36, 3).pad(1).stride(2),
+        square(2, 4, 8, 32, 1).stride(2),
         // 196 positions: groups of 3 images, the last of 2.
         square(5, 3, 8, 14, 3).pad(1),
         square(5, 4, 6, 14, 1),

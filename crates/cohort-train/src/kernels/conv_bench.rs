@@ -28,8 +28,14 @@ pub struct Case {
 impl Case {
     /// `batch` images of `c_in` channels of `side × side`, to `c_out`
     /// channels through a `kernel × kernel` kernel (an odd side: padding
-    /// `kernel / 2`).
-    pub fn new(batch: usize, c_in: usize, c_out: usize, side: usize, kernel: usize) -> Self {
+    /// `kernel / 2`) of stride `stride`.
+    pub fn new(
+        batch: usize,
+        (c_in, c_out): (usize, usize),
+        side: usize,
+        kernel: usize,
+        stride: usize,
+    ) -> Self {
         let pad = kernel / 2;
         let g = Geometry {
             batch,
@@ -38,7 +44,7 @@ impl Case {
             width: side,
             c_out,
             kernel: [kernel, kernel],
-            stride: [1, 1],
+            stride: [stride, stride],
             pad: [(pad, pad), (pad, pad)],
         };
         let values = |len: usize, m: usize| (0..len).map(|i| (i % m) as f32 * 0.01).collect();
@@ -61,7 +67,7 @@ impl Case {
     /// Whether `path` (an index into `PATHS`) can run this case here.
     pub fn runs_on(&self, path: usize) -> bool {
         match path {
-            0 => direct::wide(),
+            0 => direct::wide() && self.g.stride == [1, 1],
             1 => shifted::applies(&self.g),
             2 => winograd::applies(&self.g),
             _ => true,
