@@ -250,9 +250,10 @@ fn col2im(g: &Geometry, d_col: &[f32], ld: usize, d_image: &mut [f32]) {
 /// `dst[i] = src[2i]`: a column-matrix line of a stride-2 convolution
 /// (`src` from the line's first input value on; it may run past the line's
 /// last). Sixteen values at a time in AVX2 registers where the CPU has it:
-/// the scalar loop took 70 % of the shuffling in a stride-2 layer's three
-/// passes, two fifths of their time (16 → 32 at 32 × 32, `cargo bench -p
-/// cohort-train --bench conv_passes -- --stride 2`).
+/// the scalar loops (with [`add_every_other`]'s) were most of the time a
+/// stride-2 layer spent outside its products; 16 → 32 at 32 × 32 ran its
+/// three passes in 4.43 ms with them, 3.83–3.91 with these (`cargo bench
+/// -p cohort-train --bench conv_passes -- --stride 2`).
 #[inline(always)]
 fn gather_every_other(dst: &mut [f32], src: &[f32]) {
     assert!(
