@@ -204,11 +204,43 @@ fn flex_forward(
     let mut out = vec![0.0f32; g.batch * g.output_len()];
     let (x, weight, bias) = (host(&x), host(&weight), bias.as_ref().map(host));
     let route = Route::input(&g);
-    super::simd::dispatch(
-        #[inline(always)]
-        || route.forward(&g, x, weight, bias, &mut out),
-    );
+    timed("forward", &g, (route, None), || {
+        super::simd::dispatch(
+            #[inline(always)]
+            || route.forward(&g, x, weight, bias, &mut out),
+        );
+    });
     tensor(out, vec![g.batch, g.c_out, out_h, out_w])
+}
+
+/// `pass()`, and with this module's `trace` events on (`RUST_LOG=
+/// cohort_train::kernels::conv2d=trace cohort run …`), one event with its
+/// shapes, routes (the input's; the weight gradient's on the backward pass)
+/// and milliseconds:
+/// a route's cost inside a model, which `conv_passes` can misjudge (its
+/// planar Winograd layout's backward pass took 3.0 ms there and 3.6 in
+/// resnet_20; docs/BENCHMARKS.md, "What is left of resnet_20's step").
+#[inline(always)]
+fn timed(pass: &'static str, g: &Geometry, routes: (Route, Option<Route>), run: impl FnOnce()) {
+    if !tracing::enabled!(tracing::Level::TRACE) {
+        return run();
+    }
+    let started = std::time::Instant::now();
+    run();
+    tracing::trace!(
+        pass,
+        batch = g.batch,
+        c_in = g.c_in,
+        c_out = g.c_out,
+        height = g.height,
+        width = g.width,
+        kernel = ?g.kernel,
+        stride = ?g.stride,
+        input_route = ?routes.0,
+        weight_route = ?routes.1,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "convolution"
+    );
 }
 
 /// Which kernel computes a pass of a convolution: each is fastest on some
@@ -330,18 +362,20 @@ fn backward_into(
     };
     let (x, weight, grad) = (host(&x), host(&weight), host(&grad));
     let (input_route, weight_route) = (Route::input(&g), Route::weight_gradient(&g));
-    super::simd::dispatch(
-        #[inline(always)]
-        || {
-            if input_route == weight_route {
-                input_route.backward(&g, x, weight, grad, to_compute);
-            } else {
-                let [input_part, weight_part] = to_compute.split();
-                input_route.backward(&g, x, weight, grad, input_part);
-                weight_route.backward(&g, x, weight, grad, weight_part);
-            }
-        },
-    );
+    timed("backward", &g, (input_route, Some(weight_route)), || {
+        super::simd::dispatch(
+            #[inline(always)]
+            || {
+                if input_route == weight_route {
+                    input_route.backward(&g, x, weight, grad, to_compute);
+                } else {
+                    let [input_part, weight_part] = to_compute.split();
+                    input_route.backward(&g, x, weight, grad, input_part);
+                    weight_route.backward(&g, x, weight, grad, weight_part);
+                }
+            },
+        );
+    });
     let shapes = [
         vec![g.batch, g.c_in, g.height, g.width],
         vec![g.c_out, g.c_in, g.kernel[0], g.kernel[1]],
