@@ -5,7 +5,8 @@
 //! (`kernels::conv2d`'s routes). The paths alternate, so a host's drift
 //! touches all alike; each figure is the best of the repetitions after a
 //! warm-up, in milliseconds, with GFLOP/s of the whole layer (forward and
-//! both gradients) after each path's sum.
+//! both gradients) after each path's sum, and in brackets both gradients
+//! computed in one call, as a model's backward pass asks for them.
 //!
 //! `cargo bench -p cohort-train --bench conv_passes -- [--reps N]
 //! [--layers c_in,c_out,side;…] [--paths winograd,im2col,…] [--kernel 5] [--stride 2]`;
@@ -83,7 +84,7 @@ fn main() {
             .collect(),
     };
     println!(
-        "# batch 32, {kernel} × {kernel} kernels, padding {}, stride {stride}; ms: forward / input gradient / weight gradient = sum (GFLOP/s); best of {reps}",
+        "# batch 32, {kernel} × {kernel} kernels, padding {}, stride {stride}; ms: forward / input gradient / weight gradient = sum (GFLOP/s) [both gradients in one call]; best of {reps}",
         kernel / 2
     );
     for [c_in, c_out, side] in layers {
@@ -93,7 +94,7 @@ fn main() {
             .copied()
             .filter(|&p| case.runs_on(p))
             .collect();
-        let mut best = vec![[f64::MAX; 3]; PATHS.len()];
+        let mut best = vec![[f64::MAX; 4]; PATHS.len()];
         for rep in 0..=reps {
             for &path in &paths {
                 let times = case.time(path);
@@ -106,10 +107,10 @@ fn main() {
         }
         let mut line = format!("{c_in:>4} → {c_out:<4} {side:>2}×{side:<2}");
         for &path in &paths {
-            let [f, i, w] = best[path].map(|s| s * 1e3);
+            let [f, i, w, both] = best[path].map(|s| s * 1e3);
             let gflops = 3.0 * case.flop() / ((f + i + w) * 1e6);
             line += &format!(
-                "  {}: {f:.2} / {i:.2} / {w:.2} = {:.2} ({gflops:.0})",
+                "  {}: {f:.2} / {i:.2} / {w:.2} = {:.2} ({gflops:.0}) [{both:.2}]",
                 PATHS[path],
                 f + i + w
             );

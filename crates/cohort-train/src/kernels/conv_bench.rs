@@ -74,9 +74,10 @@ impl Case {
         }
     }
 
-    /// Seconds of the forward pass, the input gradient alone and the weight
-    /// gradient alone through `path`, once each.
-    pub fn time(&mut self, path: usize) -> [f64; 3] {
+    /// Seconds of the forward pass, the input gradient alone, the weight
+    /// gradient alone, and both gradients in one call (as a model's backward
+    /// pass asks for them) through `path`, once each.
+    pub fn time(&mut self, path: usize) -> [f64; 4] {
         assert!(
             self.runs_on(path),
             "{} cannot run {:?}",
@@ -125,6 +126,11 @@ impl Case {
             weight: Some(d_weight),
             bias: None,
         });
-        [forward, input_gradient, weight_gradient]
+        let both = gradient(Grads {
+            input: Some(d_input),
+            weight: Some(d_weight),
+            bias: None,
+        });
+        [forward, input_gradient, weight_gradient, both]
     }
 }
