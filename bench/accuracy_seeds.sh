@@ -31,23 +31,42 @@ torch_threads=1
 [ "$device" = cuda ] || torch_threads="$THREADS"
 
 # SUMMARY_ONLY=1: summarize (and chart) the seeds already in $OUT.
+# A seed that fails is named with its logs, and the script exits 1 after
+# the others end.
+pids=()
 for seed in $SEEDS; do
   [ -z "${SUMMARY_ONLY:-}" ] || break
   (
     dir="$OUT/seed$seed"
-    SEED=$seed SAME_INIT=1 SAME_ORDER=1 THREADS="$THREADS" OUT="$dir" \
-      bash bench/zoo_resnet_20.sh cohort > "$dir.cohort.log" 2>&1
+    if ! SEED=$seed SAME_INIT=1 SAME_ORDER=1 THREADS="$THREADS" OUT="$dir" \
+      bash bench/zoo_resnet_20.sh cohort > "$dir.cohort.log" 2>&1; then
+      echo "error: seed $seed: cohort's side failed; see $dir.cohort.log" >&2
+      exit 1
+    fi
     run=$(ls -d "$dir"/runs/*/ | head -1)
     SEED=$seed THREADS=$torch_threads OUT="$dir" \
       bash bench/zoo_resnet_20.sh pytorch "$device" "$run" "$dir/parts.json" > /dev/null &
+    torch=$!
+    timed=""
     if [ "$device" = cuda ]; then
       SEED=$seed THREADS=$torch_threads OUT="$dir" TAG=_bench PYTORCH_ARGS=--cudnn-benchmark \
         bash bench/zoo_resnet_20.sh pytorch "$device" "$run" "$dir/parts.json" > /dev/null &
+      timed=$!
     fi
-    wait
+    status=0
+    wait "$torch" || { echo "error: seed $seed: PyTorch failed; see $dir/pytorch.log" >&2; status=1; }
+    if [ -n "$timed" ]; then
+      wait "$timed" || { echo "error: seed $seed: PyTorch by timing failed; see $dir/pytorch_bench.log" >&2; status=1; }
+    fi
+    exit "$status"
   ) &
+  pids+=($!)
 done
-wait
+failed=0
+for pid in ${pids[@]+"${pids[@]}"}; do
+  wait "$pid" || failed=1
+done
+[ "$failed" = 0 ] || exit 1
 
 for seed in $SEEDS; do
   grep -E "end to end" "$OUT/seed$seed.cohort.log" 2> /dev/null || true
@@ -56,10 +75,11 @@ import json, os, sys
 folder, model, seed = sys.argv[1:]
 runs = {"PyTorch": os.path.join(folder, f"{model}.json"),
         "PyTorch, cuDNN by timing": os.path.join(folder, f"{model}_bench.json")}
+if not os.path.exists(runs["PyTorch"]):
+    sys.exit(f"error: seed {seed}: no {runs['PyTorch']} (PyTorch's result for this seed)")
 results = {name: json.load(open(path)) for name, path in runs.items() if os.path.exists(path)}
-first = results["PyTorch"]
-cohort = first["cohort_accuracy"]
-mean = lambda values, n: sum(values[-n:]) / n
+cohort = results["PyTorch"]["cohort_accuracy"]
+mean = lambda values, n: sum(values[-n:]) / min(n, len(values))
 line = f"seed {seed}: cohort {cohort[-1]:.4f}"
 for name, result in results.items():
     theirs = result["pytorch_accuracy"]

@@ -213,7 +213,7 @@ fn flex_forward(
     tensor(out, vec![g.batch, g.c_out, out_h, out_w])
 }
 
-/// `pass()`, and with this module's `trace` events on (`RUST_LOG=
+/// `run()`, and with this module's `trace` events on (`RUST_LOG=
 /// cohort_train::kernels::conv2d=trace cohort run …`), one event with its
 /// shapes, routes (the input's; the weight gradient's on the backward pass)
 /// and milliseconds:
