@@ -18,6 +18,33 @@ pub(super) fn host(tensor: &FlexTensor) -> &[f32] {
         .expect("a contiguous float32 tensor")
 }
 
+/// A contiguous float32 tensor of `tensor`'s shape and values whose
+/// storage nothing else holds, so [`values_mut`] can overwrite it: the
+/// tensor itself where that is so already (a gradient on its way back,
+/// usually), else a copy.
+///
+/// # Panics
+/// When the tensor is not float32 (as [`host`]).
+pub(super) fn owned(tensor: FlexTensor) -> FlexTensor {
+    let whole = tensor.layout().contiguous_offsets() == Some((0, tensor.storage::<f32>().len()));
+    if whole && tensor.is_unique() {
+        return tensor;
+    }
+    let dims = tensor.layout().shape().to_vec();
+    let tensor = tensor.to_contiguous();
+    self::tensor(host(&tensor).to_vec(), dims)
+}
+
+/// The values of a tensor from [`owned`], to overwrite.
+///
+/// # Panics
+/// When the tensor did not come from [`owned`] (shared, or not float32).
+pub(super) fn values_mut(tensor: &mut FlexTensor) -> &mut [f32] {
+    tensor
+        .try_storage_mut::<f32>()
+        .expect("a float32 tensor nothing else holds")
+}
+
 /// A tensor of `shape` holding `values`.
 pub(super) fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))

@@ -48,10 +48,10 @@ mod winograd;
 pub mod conv_bench;
 
 pub use activation::tanh;
-pub use batch_norm::batch_norm;
+pub use batch_norm::{batch_norm, batch_norm_relu};
 pub use conv2d::conv2d;
 pub(crate) use gemm::transposed;
-pub use group_norm::group_norm;
+pub use group_norm::{group_norm, group_norm_relu};
 pub use linear::linear;
 pub use lstm::lstm;
 pub use max_pool::max_pool2d;

@@ -16,7 +16,9 @@ use burn::nn::{BatchNorm, BatchNormConfig, GroupNorm, GroupNormConfig, PaddingCo
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Slice, Tensor};
 
-use super::{ModelError, ModelSpec, batch_norm, conv2d, group_norm};
+use super::{
+    ModelError, ModelSpec, batch_norm, batch_norm_relu, conv2d, group_norm, group_norm_relu,
+};
 
 /// Which normalization a model's layers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +79,14 @@ impl Norm {
         match self {
             Self::Batch(norm) => batch_norm(norm, x),
             Self::Group(norm) => group_norm(norm, x),
+        }
+    }
+
+    /// `relu(self.forward(x))`, as one pass each way on the CPU.
+    pub fn forward_relu(&self, x: Tensor<4>) -> Tensor<4> {
+        match self {
+            Self::Batch(norm) => batch_norm_relu(norm, x),
+            Self::Group(norm) => group_norm_relu(norm, x),
         }
     }
 }
@@ -161,7 +171,7 @@ impl BasicBlock {
     }
 
     pub fn forward(&self, x: Tensor<4>) -> Tensor<4> {
-        let out = relu(self.bn1.forward(conv2d(&self.conv1, x.clone())));
+        let out = self.bn1.forward_relu(conv2d(&self.conv1, x.clone()));
         let out = self.bn2.forward(conv2d(&self.conv2, out));
         relu(out + self.shortcut(x))
     }

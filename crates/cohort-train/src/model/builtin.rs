@@ -9,7 +9,7 @@ use burn::tensor::{Device, Tensor};
 
 use super::{
     Accelerated, FederatedModel, Inputs, LeNetVariant, ModelError, ModelSpec, Randomness,
-    Stackable, batch_norm, conv2d, max_pool2d,
+    Stackable, batch_norm_relu, conv2d, max_pool2d,
 };
 
 /// The sample shape all three take: MNIST's.
@@ -173,9 +173,9 @@ impl CnnBn {
 
 impl FederatedModel for CnnBn {
     fn forward(&self, inputs: Inputs, randomness: &mut Randomness<'_>) -> Tensor<2> {
-        let x = relu(batch_norm(&self.bn1, conv2d(&self.conv1, inputs.images())));
+        let x = batch_norm_relu(&self.bn1, conv2d(&self.conv1, inputs.images()));
         let x = max_pool2d(&self.pool, x);
-        let x = relu(batch_norm(&self.bn2, conv2d(&self.conv2, x)));
+        let x = batch_norm_relu(&self.bn2, conv2d(&self.conv2, x));
         let x = max_pool2d(&self.pool, x).flatten::<2>(1, 3);
         let x = relu(self.fc3.forward(x));
         let x = randomness.dropout(x, self.dropout);

@@ -34,7 +34,10 @@ use burn::tensor::{Int, Tensor, TensorData};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-pub use crate::kernels::{batch_norm, conv2d, group_norm, linear, lstm, max_pool2d, tanh};
+pub use crate::kernels::{
+    batch_norm, batch_norm_relu, conv2d, group_norm, group_norm_relu, linear, lstm, max_pool2d,
+    tanh,
+};
 pub use blocks::{Norm, NormKind};
 pub use builtin::{CnnBn, LeNet5, LeNet5Compact};
 pub use cnn::Cnn;

@@ -20,7 +20,6 @@
 use burn::module::Module;
 use burn::nn::conv::Conv2d;
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
 use super::blocks::{BasicBlock, Norm, NormKind, Shortcut, conv3x3, global_average};
@@ -76,7 +75,7 @@ impl ResNet20 {
 
 impl FederatedModel for ResNet20 {
     fn forward(&self, inputs: Inputs, _randomness: &mut Randomness<'_>) -> Tensor<2> {
-        let x = relu(self.bn1.forward(conv2d(&self.conv1, inputs.images())));
+        let x = self.bn1.forward_relu(conv2d(&self.conv1, inputs.images()));
         let x = [&self.layer1, &self.layer2, &self.layer3]
             .into_iter()
             .flatten()

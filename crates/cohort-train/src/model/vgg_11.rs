@@ -19,7 +19,6 @@ use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
-use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
 use super::blocks::{Norm, NormKind, global_average};
@@ -108,7 +107,7 @@ impl FederatedModel for Vgg11 {
             .layers
             .iter()
             .fold(inputs.images(), |x, layer| match layer {
-                VggLayer::Conv(module) => relu(module.bn.forward(conv2d(&module.conv, x))),
+                VggLayer::Conv(module) => module.bn.forward_relu(conv2d(&module.conv, x)),
                 VggLayer::Pool(pool) => max_pool2d(pool, x),
             });
         linear(&self.fc, global_average(x))
