@@ -185,11 +185,18 @@ impl PathStack {
     }
 }
 
-/// A burn parameter of `shape` as the tree holds it.
-fn to_external(shape: Vec<usize>, values: Vec<f32>, linear_weight: bool) -> Array {
+/// A burn parameter of `shape` holding `data` as the tree holds it,
+/// without copying `data` again: a linear weight transposed straight from
+/// it, any other parameter its values themselves (every client's update is
+/// read so, once a round).
+fn to_external(shape: Vec<usize>, data: TensorData, linear_weight: bool) -> Array {
+    const FLOAT32: &str = "float parameters of a float32 model convert to f32";
     let (shape, values) = match (linear_weight, shape.as_slice()) {
-        (true, &[input, output]) => (vec![output, input], transposed(&values, input, output)),
-        _ => (shape, values),
+        (true, &[input, output]) => {
+            let values = data.as_slice::<f32>().expect(FLOAT32);
+            (vec![output, input], transposed(values, input, output))
+        }
+        _ => (shape, data.try_into_vec::<f32>().expect(FLOAT32)),
     };
     Array::f32(shape, values).expect("burn tensors hold shape-product elements")
 }
@@ -319,11 +326,7 @@ impl ModuleVisitor for Extractor {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let tensor = param.val();
         let shape = tensor.dims().to_vec();
-        let data = tensor.into_data();
-        let values = data
-            .try_to_vec::<f32>()
-            .expect("float parameters of a float32 model convert to f32");
-        let array = to_external(shape, values, self.path.in_burn_order());
+        let array = to_external(shape, tensor.into_data(), self.path.in_burn_order());
         match self.path.lstm_slot() {
             Some(slot) => self.lstm.entry(slot.name).or_default()[slot.gate] = Some(array),
             None => self.leaves.push((self.path.current(), array)),
