@@ -72,8 +72,11 @@ impl Cnn {
 
 impl FederatedModel for Cnn {
     fn forward(&self, inputs: Inputs, _randomness: &mut Randomness<'_>) -> Tensor<2> {
-        let x = max_pool2d(&self.pool, relu(conv2d(&self.conv1, inputs.images())));
-        let x = max_pool2d(&self.pool, relu(conv2d(&self.conv2, x))).flatten::<2>(1, 3);
+        // ReLU after the pooling: both take maxima, so they commute (the
+        // same values and gradients as the twin's ReLU-then-pool, windows
+        // without padding), and the ReLU passes over a quarter of the values.
+        let x = relu(max_pool2d(&self.pool, conv2d(&self.conv1, inputs.images())));
+        let x = relu(max_pool2d(&self.pool, conv2d(&self.conv2, x))).flatten::<2>(1, 3);
         linear(&self.fc2, relu(linear(&self.fc1, x)))
     }
 
