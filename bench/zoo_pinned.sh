@@ -8,11 +8,34 @@
 #
 #   ZOO_OLD=<zoo bench> ZOO_NEW=<zoo bench> CONV_PASSES=<conv_passes bench> \
 #     OUT=<dir> bash bench/zoo_pinned.sh
+#
+# With PAIRS_ONLY=1, only ZOO_NEW against PyTorch, fewer processes sharing
+# the host: three of each at once on every other core, ROUNDS times
+# (default 2), one line of samples/s per process:
+#
+#   PAIRS_ONLY=1 ZOO_NEW=<zoo bench> OUT=<dir> bash bench/zoo_pinned.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${ZOO_OLD:?a zoo bench binary}" "${ZOO_NEW:?a zoo bench binary}" "${CONV_PASSES:?a conv_passes binary}" "${OUT:?a folder for the results}"
+: "${ZOO_NEW:?a zoo bench binary}" "${OUT:?a folder for the results}"
 mkdir -p "$OUT"
 lscpu | grep -E "Model name|Thread|Core|MHz" || true
+if [ "${PAIRS_ONLY:-0}" = 1 ]; then
+  for round in $(seq "${ROUNDS:-2}"); do
+    pids=()
+    for i in 1 2 3; do
+      taskset -c $((2 * i)) "$ZOO_NEW" --threads 1 --samples 256 --reps 3 \
+        > "$OUT/new_${round}_$i.txt" 2>&1 & pids+=($!)
+      taskset -c $((2 * i + 8)) python3 bench/torch_zoo.py --device cpu --threads 1 --samples 256 \
+        --reps 3 > "$OUT/torch_${round}_$i.txt" 2>&1 & pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+  done
+  for f in "$OUT"/*.txt; do
+    echo "== $(basename "$f") $(grep -v '^#' "$f" | awk '{print $1, $NF}' | tr '\n' ' ')"
+  done
+  exit 0
+fi
+: "${ZOO_OLD:?a zoo bench binary}" "${CONV_PASSES:?a conv_passes binary}"
 pids=()
 for i in 1 2 3; do
   taskset -c "$i" "$ZOO_OLD" --threads 1 --samples 256 --reps 3 > "$OUT/zoo_old_$i.txt" 2>&1 & pids+=($!)
