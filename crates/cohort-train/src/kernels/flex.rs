@@ -97,3 +97,53 @@ pub(super) mod testing {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! [`owned`] is what lets a norm's backward pass overwrite its output
+    //! gradient: where the gradient is shared (a residual block's, handed
+    //! to the shortcut too), writing into it would change another layer's
+    //! gradient without a word.
+
+    use super::*;
+
+    fn values(tensor: &FlexTensor) -> Vec<f32> {
+        host(&tensor.to_contiguous()).to_vec()
+    }
+
+    #[test]
+    fn a_tensor_nothing_else_holds_is_overwritten_in_place() {
+        let lone = tensor(vec![1.0, 2.0, 3.0, 4.0], vec![2, 2]);
+        let before = host(&lone).as_ptr();
+        let mut owned = owned(lone);
+        assert_eq!(values_mut(&mut owned).as_ptr(), before, "no copy");
+        values_mut(&mut owned)[0] = 9.0;
+        assert_eq!(values(&owned), [9.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn a_shared_tensor_is_copied_and_left_as_it_was() {
+        let shared = tensor(vec![1.0, 2.0, 3.0, 4.0], vec![2, 2]);
+        let mut owned = owned(shared.clone());
+        values_mut(&mut owned).fill(0.0);
+        assert_eq!(values(&shared), [1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(owned.layout().shape().to_vec(), [2, 2]);
+    }
+
+    #[test]
+    fn a_view_is_copied_in_its_own_order() {
+        let base = tensor((0..6).map(|v| v as f32).collect(), vec![2, 3]);
+        let transposed = base.transpose(0, 1);
+        let narrowed = base.narrow(1, 1, 2);
+        drop(base);
+        for (view, expected) in [
+            (transposed, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]),
+            (narrowed, vec![1.0, 2.0, 4.0, 5.0]),
+        ] {
+            let shape = view.layout().shape().to_vec();
+            let mut owned = owned(view);
+            assert_eq!(values_mut(&mut owned), expected.as_slice());
+            assert_eq!(owned.layout().shape().to_vec(), shape);
+        }
+    }
+}
