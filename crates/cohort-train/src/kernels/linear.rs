@@ -20,7 +20,7 @@ use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
 use super::flex::{host, register_gradients, tensor};
-use super::gemm::{MatRef, Strides, matmul, transpose_into};
+use super::gemm::{MatRef, Strides, matmul, product, transpose_into};
 
 /// `rows` rows of `input` values through an `[input, output]` weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,40 +68,23 @@ pub(crate) fn backward(
     let dy = MatRef::row_major(d_out, d.output);
     let input = wants[0].then(|| {
         // `dxᵀ` `[in, B]`: the batch contiguous, then transposed.
-        let mut d_x_t = vec![0.0f32; d.input * d.rows];
         let w_t = MatRef {
             data: w,
             strides: Strides::row_major(d.output).t(),
         };
         let batch_major = Strides::row_major(d.rows).t();
-        matmul(
-            (d.rows, d.input, d.output),
-            &mut d_x_t,
-            batch_major,
-            false,
-            dy,
-            w_t,
-        );
+        let d_x_t = product((d.rows, d.input, d.output), batch_major, dy, w_t);
         let mut d_x = vec![0.0f32; d.rows * d.input];
         transpose_into(&d_x_t, d.input, d.rows, &mut d_x);
         d_x
     });
     let weight = wants[1].then(|| {
-        let mut d_w = vec![0.0f32; d.input * d.output];
         let x_t = MatRef {
             data: x,
             strides: Strides::row_major(d.input).t(),
         };
         let shape = (d.input, d.output, d.rows);
-        matmul(
-            shape,
-            &mut d_w,
-            Strides::row_major(d.output),
-            false,
-            x_t,
-            dy,
-        );
-        d_w
+        product(shape, Strides::row_major(d.output), x_t, dy)
     });
     let bias = wants[2].then(|| {
         let mut d_b = vec![0.0f32; d.output];
