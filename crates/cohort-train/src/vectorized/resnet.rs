@@ -24,7 +24,7 @@
 use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
-use super::net::{Gather, Layout, Param, Shape, conv_weight_grad};
+use super::net::{Gather, Layout, Param, Shape, conv_weight_grad, sum_rows};
 
 /// Channels of the three stages, as `model::resnet_20`.
 const WIDTHS: [usize; 3] = [16, 32, 64];
@@ -477,8 +477,8 @@ fn group_norm_backward(
     let [k, rows, channels] = y_grad.dims();
     let n = inv_std.dims()[0];
     let grouped = [n, rows * k / n, groups, channels / groups];
-    let scale_grad = (y_grad.clone() * normalized.clone()).sum_dim(1);
-    let shift_grad = y_grad.clone().sum_dim(1);
+    let scale_grad = sum_rows(y_grad.clone() * normalized.clone());
+    let shift_grad = sum_rows(y_grad.clone());
     let scaled = (y_grad * scale.clone()).reshape(grouped);
     let normalized = normalized.reshape(grouped);
     let mean = scaled.clone().mean_dim(3).mean_dim(1);
