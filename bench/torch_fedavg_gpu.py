@@ -33,10 +33,8 @@ import time
 STARTED = time.perf_counter()
 
 import argparse  # noqa: E402
-import gzip  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import struct  # noqa: E402
 import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -46,16 +44,9 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "pytorch"))
 from models import build  # noqa: E402
+from torch_zoo_vmap import read_idx  # noqa: E402  (this folder: the same IDX reader)
 
 OPTIONS = {"resnet_20": {"norm": "group"}}
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    ndim = struct.unpack(">I", raw[:4])[0] & 0xFF
-    dims = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
 def load(data, prefix, device):
