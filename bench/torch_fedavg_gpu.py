@@ -14,9 +14,10 @@ inside a captured CUDA graph, one replay a step, and prints one JSON line a
 round and one for the run (seconds since the script started, before `import
 torch`; the shell around it adds the interpreter's own start).
 
-The work is cohort's: K clients of `--samples` samples (iid_cyclic: client k
-takes samples k·S, k·S + 1, ... of the training set, wrapping around), each
-shuffled again every round, batch 32, SGD lr 0.01 momentum 0.9 with a fresh
+The work is cohort's: K clients of `--samples` samples (iid_cyclic as
+cohort builds it: a seeded shuffle of the training set repeated end to end,
+client c taking every K-th position from c; torch's shuffle, not cohort's
+ChaCha8 one), each client's samples in a new order every round, batch 32, SGD lr 0.01 momentum 0.9 with a fresh
 velocity every round, one local epoch, `--rounds` rounds. Only full batches
 are trained (187 steps of 32 for 6,000 samples; cohort's 188th step trains
 the last 16): a CUDA graph replays one shape.
@@ -120,11 +121,19 @@ def accuracy(model, images, labels, batch=1000):
     return correct.item() / len(labels)
 
 
-def round_batches(k_clients, samples, train_len, batch, generator, device):
-    """[steps, K, batch] sample indices: each client's iid_cyclic partition in
-    a new order, full batches only."""
-    base = (torch.arange(k_clients, device=device) * samples).unsqueeze(1)
-    partition = (base + torch.arange(samples, device=device)) % train_len
+def iid_cyclic(k_clients, samples, train_len, generator, device):
+    """[K, samples] sample indices: cohort's iid_cyclic (core's partition.rs),
+    client c at position j holding shuffled[(c + j·K) mod N]."""
+    shuffled = torch.randperm(train_len, generator=generator, device=device)
+    clients = torch.arange(k_clients, device=device).unsqueeze(1)
+    positions = torch.arange(samples, device=device) * k_clients
+    return shuffled[(clients + positions) % train_len]
+
+
+def round_batches(partition, batch, generator, device):
+    """[steps, K, batch] sample indices: each client's partition in a new
+    order, full batches only."""
+    k_clients, samples = partition.shape
     order = torch.rand(k_clients, samples, generator=generator, device=device).argsort(1)
     steps = samples // batch
     shuffled = partition.gather(1, order)[:, : steps * batch]
@@ -155,6 +164,7 @@ def main():
 
     federation = Federation(make, args.clients, lr=0.01, momentum=0.9)
     generator = torch.Generator(device=device).manual_seed(1)
+    partition = iid_cyclic(args.clients, args.samples, len(y), generator, device)
     static_x = x[: args.clients * args.batch].view(args.clients, args.batch, *x.shape[1:]).clone()
     static_y = y[: args.clients * args.batch].view(args.clients, args.batch).clone()
     if not args.cpu:
@@ -166,7 +176,7 @@ def main():
     for round_number in range(1, args.rounds + 1):
         round_started = time.perf_counter()
         federation.send_global()
-        batches = round_batches(args.clients, args.samples, len(y), args.batch, generator, device)
+        batches = round_batches(partition, args.batch, generator, device)
         for step_batch in batches:
             static_x.copy_(x[step_batch])
             static_y.copy_(y[step_batch])

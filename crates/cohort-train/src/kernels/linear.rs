@@ -20,7 +20,7 @@ use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
 
 use super::flex::{host, register_gradients, tensor};
-use super::gemm::{MatRef, Strides, matmul, product, transpose_into};
+use super::gemm::{MatRef, Strides, matmul, product, transposed};
 
 /// `rows` rows of `input` values through an `[input, output]` weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,9 +74,7 @@ pub(crate) fn backward(
         };
         let batch_major = Strides::row_major(d.rows).t();
         let d_x_t = product((d.rows, d.input, d.output), batch_major, dy, w_t);
-        let mut d_x = vec![0.0f32; d.rows * d.input];
-        transpose_into(&d_x_t, d.input, d.rows, &mut d_x);
-        d_x
+        transposed(&d_x_t, d.input, d.rows)
     });
     let weight = wants[1].then(|| {
         let x_t = MatRef {
