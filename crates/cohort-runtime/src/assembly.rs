@@ -86,9 +86,12 @@ pub(crate) fn build_and_run(
     let config = loaded.config();
     let evaluator = match (parts.evaluator, &model) {
         (Some(evaluator), _) => evaluator,
-        (None, Some(model)) => model
-            .evaluator(&selected.device, config.trainer.eval_batch_size)
-            .with_context(|| format!("model `{}`", model.name()))?,
+        (None, Some(model)) => {
+            let plain = model
+                .evaluator(&selected.device, config.trainer.eval_batch_size)
+                .with_context(|| format!("model `{}`", model.name()))?;
+            crate::transports::evaluator_for(loaded, model, options, &selected, plain)?
+        }
         (None, None) => bail!("a run of external clients needs the caller's evaluator"),
     };
     tracing::info!(strategy = strategy.name(), "strategy");

@@ -10,6 +10,8 @@ use cohort_core::config::{LoadedConfig, VectorizedClients};
 use cohort_core::data::Dataset;
 use cohort_train::device::Selected;
 use cohort_train::registry::RunModel;
+use cohort_train::trainer::ModelEvaluator;
+use cohort_train::vectorized::StackedEvaluator;
 
 use crate::admission::Admission;
 use crate::children::ChildClients;
@@ -27,18 +29,12 @@ fn pool_runners(
     model: &RunModel,
     selected: &Selected,
     workers: u32,
-    train: &Dataset,
 ) -> anyhow::Result<(Vec<Runner>, usize)> {
-    let trainer = &loaded.config().trainer;
-    let chunk = match trainer.vectorized_clients {
-        VectorizedClients::Off => {
-            let runners = (0..workers)
-                .map(|_| ClientRunner::new(loaded, model, selected).map(Runner::One))
-                .collect::<anyhow::Result<_>>()?;
-            return Ok((runners, 1));
-        }
-        VectorizedClients::Clients(k) => checked_batch(loaded, model, selected, train, k as usize)?,
-        VectorizedClients::Auto => auto_batch(loaded, model, selected, workers, train)?,
+    let Some(chunk) = clients_per_batch(loaded, model, selected, workers)? else {
+        let runners = (0..workers)
+            .map(|_| ClientRunner::new(loaded, model, selected).map(Runner::One))
+            .collect::<anyhow::Result<_>>()?;
+        return Ok((runners, 1));
     };
     tracing::info!(
         clients_per_batch = chunk,
@@ -52,6 +48,76 @@ fn pool_runners(
     Ok((runners, chunk))
 }
 
+/// The most clients a worker trains as one batch (`None` where clients train
+/// one at a time).
+fn clients_per_batch(
+    loaded: &LoadedConfig,
+    model: &RunModel,
+    selected: &Selected,
+    workers: u32,
+) -> anyhow::Result<Option<usize>> {
+    let image = cohort_train::vectorized::image_of_shape(&model.spec.sample_shape);
+    Ok(match loaded.config().trainer.vectorized_clients {
+        VectorizedClients::Off => None,
+        VectorizedClients::Clients(k) => {
+            Some(checked_batch(loaded, model, selected, image, k as usize)?)
+        }
+        VectorizedClients::Auto => Some(auto_batch(loaded, model, selected, workers, image)?),
+    })
+}
+
+/// The worker threads of this process: a rank's from its plan, else
+/// `trainer.max_concurrency`.
+fn workers(loaded: &LoadedConfig, options: &RunOptions) -> u32 {
+    options
+        .distributed
+        .as_ref()
+        .and_then(|d| d.workers)
+        .unwrap_or(loaded.config().trainer.max_concurrency)
+}
+
+/// The evaluator of the global model: where vectorized clients train in
+/// this process on a GPU, the clients' stacked net scoring the test set in
+/// batches of `trainer.batch_size`, as many a pass as a worker's batch holds
+/// clients in a full round, so that evaluation runs the kernels and shapes
+/// training compiled ([`StackedEvaluator`]); elsewhere `plain`, the model's
+/// own at `trainer.eval_batch_size`.
+pub(crate) fn evaluator_for(
+    loaded: &LoadedConfig,
+    model: &RunModel,
+    options: &RunOptions,
+    selected: &Selected,
+    plain: Box<dyn ModelEvaluator>,
+) -> anyhow::Result<Box<dyn ModelEvaluator>> {
+    let config = loaded.config();
+    let accelerated = model.accelerated()?;
+    let (false, true, Some(accelerated)) = (
+        selected.is_cpu(),
+        config.clients.comm_simulation,
+        accelerated,
+    ) else {
+        return Ok(plain);
+    };
+    let workers = workers(loaded, options);
+    let Some(chunk) = clients_per_batch(loaded, model, selected, workers)? else {
+        return Ok(plain);
+    };
+    let per_worker = config.clients.per_round.div_ceil(workers.max(1)).max(1) as usize;
+    let clients = chunk.min(per_worker);
+    tracing::info!(
+        batch = config.trainer.batch_size,
+        clients,
+        "evaluation with the vectorized clients' net"
+    );
+    Ok(Box::new(StackedEvaluator::new(
+        plain,
+        accelerated,
+        &selected.device,
+        config.trainer.batch_size,
+        clients,
+    )))
+}
+
 /// K as the config gives it, or an error where one tensor of the largest
 /// batch a worker can get (K, or a round's clients where those are fewer)
 /// would not fit the largest buffer the device allocates.
@@ -59,11 +125,16 @@ fn checked_batch(
     loaded: &LoadedConfig,
     model: &RunModel,
     selected: &Selected,
-    train: &Dataset,
+    image: [usize; 3],
     k: usize,
 ) -> anyhow::Result<usize> {
     let largest = k.min(loaded.config().clients.per_round as usize);
-    let fit = clients_per_buffer(loaded, model, selected, train)?;
+    let fit = cohort_train::vectorized::clients_per_buffer(
+        model.accelerated()?,
+        image,
+        loaded.config().trainer.batch_size,
+        selected.max_buffer_bytes,
+    );
     anyhow::ensure!(
         largest <= fit,
         "trainer.vectorized_clients = {k}: a batch of {largest} clients needs a tensor larger \
@@ -81,11 +152,11 @@ fn auto_batch(
     model: &RunModel,
     selected: &Selected,
     workers: u32,
-    train: &Dataset,
+    image: [usize; 3],
 ) -> anyhow::Result<usize> {
     let trainer = &loaded.config().trainer;
     let budget = cohort_train::vectorized::memory_budget(selected.memory_bytes, workers);
-    tracing::info!(
+    tracing::debug!(
         device_memory = selected.memory_bytes,
         max_buffer = selected.max_buffer_bytes,
         budget,
@@ -93,7 +164,7 @@ fn auto_batch(
     );
     let k = cohort_train::vectorized::clients_for_memory(
         model.accelerated()?,
-        cohort_train::vectorized::image_of(train),
+        image,
         trainer.batch_size,
         budget,
         selected.max_buffer_bytes,
@@ -107,20 +178,6 @@ fn auto_batch(
         selected.max_buffer_bytes.unwrap_or(0),
     );
     Ok(k)
-}
-
-fn clients_per_buffer(
-    loaded: &LoadedConfig,
-    model: &RunModel,
-    selected: &Selected,
-    train: &Dataset,
-) -> anyhow::Result<usize> {
-    Ok(cohort_train::vectorized::clients_per_buffer(
-        model.accelerated()?,
-        cohort_train::vectorized::image_of(train),
-        loaded.config().trainer.batch_size,
-        selected.max_buffer_bytes,
-    ))
 }
 
 /// Before the worker threads start: where the model has a tensor of tens of
@@ -174,13 +231,9 @@ pub(crate) fn start_transport(
     let trainer = &config.trainer;
     if config.clients.comm_simulation {
         // A rank of a plan runs the workers the plan gave it.
-        let workers = options
-            .distributed
-            .as_ref()
-            .and_then(|d| d.workers)
-            .unwrap_or(trainer.max_concurrency);
+        let workers = workers(loaded, options);
         share_one_arena_for_large_tensors(model)?;
-        let (mut runners, chunk) = pool_runners(loaded, model, selected, workers, &train)?;
+        let (mut runners, chunk) = pool_runners(loaded, model, selected, workers)?;
         if takes_updates_as_trees(loaded, options) {
             runners.iter_mut().for_each(Runner::hand_over_updates);
         }
@@ -469,6 +522,7 @@ mod tests {
         let model = cohort_train::registry::Registry::builtin()
             .run_model(&loaded, images.sample_shape.clone())
             .unwrap();
+        let image = [1, 28, 28];
         // One LeNet-5 client at batch 32: 3,763,200 bytes in its largest tensor.
         let gpu = |max_buffer_bytes| Selected {
             device: cohort_train::device::cpu(),
@@ -477,34 +531,30 @@ mod tests {
             max_buffer_bytes,
         };
         let ten = gpu(Some(10 * 3_763_200));
-        assert_eq!(
-            checked_batch(&loaded, &model, &ten, &images, 10).unwrap(),
-            10
-        );
-        let error = checked_batch(&loaded, &model, &ten, &images, 11)
+        assert_eq!(checked_batch(&loaded, &model, &ten, image, 10).unwrap(), 10);
+        let error = checked_batch(&loaded, &model, &ten, image, 11)
             .unwrap_err()
             .to_string();
         assert!(error.contains("trainer.vectorized_clients = 11"), "{error}");
         assert!(error.contains("at most 10"), "{error}");
         assert_eq!(
-            checked_batch(&loaded, &model, &gpu(None), &images, 100_000).unwrap(),
+            checked_batch(&loaded, &model, &gpu(None), image, 100_000).unwrap(),
             100_000
         );
         // A K beyond the round's 100 clients trains batches of 100 at most.
         let hundred = gpu(Some(100 * 3_763_200));
         assert_eq!(
-            checked_batch(&loaded, &model, &hundred, &images, 1_000).unwrap(),
+            checked_batch(&loaded, &model, &hundred, image, 1_000).unwrap(),
             1_000
         );
-        let error = checked_batch(&loaded, &model, &ten, &images, 1_000)
+        let error = checked_batch(&loaded, &model, &ten, image, 1_000)
             .unwrap_err()
             .to_string();
         assert!(error.contains("a batch of 100 clients"), "{error}");
         // "auto" stays within both the memory and the buffer, and says so
         // where not even one client fits.
-        assert_eq!(auto_batch(&loaded, &model, &ten, 1, &images).unwrap(), 10);
-        let error =
-            auto_batch(&loaded, &model, &gpu(Some(3_763_200 - 256)), 1, &images).unwrap_err();
+        assert_eq!(auto_batch(&loaded, &model, &ten, 1, image).unwrap(), 10);
+        let error = auto_batch(&loaded, &model, &gpu(Some(3_763_200 - 256)), 1, image).unwrap_err();
         assert!(
             error.to_string().contains("lower the batch size"),
             "{error}"

@@ -43,6 +43,13 @@ pub struct Selected {
     pub max_buffer_bytes: Option<u64>,
 }
 
+impl Selected {
+    /// Whether this is burn's CPU backend rather than a GPU.
+    pub fn is_cpu(&self) -> bool {
+        self.device == cpu()
+    }
+}
+
 /// burn's pure-Rust CPU backend.
 pub fn cpu() -> Device {
     Device::flex()

@@ -38,8 +38,11 @@
 //! [`VectorizedTrainer::supports`] says which plans, and callers train the
 //! others alone.
 
+mod evaluate;
 mod net;
 mod resnet;
+
+pub use evaluate::StackedEvaluator;
 
 use std::time::Instant;
 
@@ -207,7 +210,7 @@ impl VectorizedTrainer {
             }
         }
         let (net, _) = self.net.as_ref().expect("built above");
-        let stacked = match stack(net, &batch.iter().map(|&s| jobs[s]).collect::<Vec<_>>()) {
+        let stacked = match stack(net, batch.iter().map(|&s| jobs[s].global)) {
             Ok(stacked) => stacked,
             Err((index, source)) => {
                 // One bad tree fails its client; the others retry without it.
@@ -264,14 +267,19 @@ impl VectorizedTrainer {
         }
         let key = DataKey::of(data);
         if self.images.as_ref().is_none_or(|(held, _)| *held != key) {
-            let (samples, pixels) = (data.labels.len(), data.values_per_sample());
-            let mut rows = Vec::with_capacity((samples + 1) * pixels);
-            rows.extend_from_slice(&data.inputs[..samples * pixels]);
-            rows.resize((samples + 1) * pixels, 0.0);
-            let rows = TensorData::new(rows, [samples + 1, pixels]);
-            self.images = Some((key, Tensor::<2>::from_data(rows, &self.device)));
+            self.images = Some((key, upload_images(data, &self.device)));
         }
     }
+}
+
+/// `data`'s samples on `device` as `[samples + 1, values]`, the last row
+/// zeros: what a padded row of a step reads.
+fn upload_images(data: &Dataset, device: &Device) -> Tensor<2> {
+    let (samples, pixels) = (data.labels.len(), data.values_per_sample());
+    let mut rows = Vec::with_capacity((samples + 1) * pixels);
+    rows.extend_from_slice(&data.inputs[..samples * pixels]);
+    rows.resize((samples + 1) * pixels, 0.0);
+    Tensor::<2>::from_data(TensorData::new(rows, [samples + 1, pixels]), device)
 }
 
 /// What tells one dataset from another for the device's copy of its images:
@@ -307,7 +315,12 @@ impl DataKey {
 /// sample shape, `[1, 1, values per sample]`, which a perceptron reads as it
 /// reads a flattened image.
 pub fn image_of(data: &Dataset) -> [usize; 3] {
-    match data.sample_shape.as_slice() {
+    image_of_shape(&data.sample_shape)
+}
+
+/// [`image_of`] for samples of `shape`.
+pub fn image_of_shape(shape: &[usize]) -> [usize; 3] {
+    match shape {
         &[channels, height, width] => [channels, height, width],
         shape => [1, 1, shape.iter().product()],
     }
@@ -395,17 +408,20 @@ struct Stacked {
     values: Vec<Vec<f32>>,
 }
 
-/// Each job's tree in the stacked layout; `Err((job, error))` names the first
-/// job whose tree does not fit the model.
-fn stack(net: &StackedNet, jobs: &[Job<'_>]) -> Result<Stacked, (usize, LoadError)> {
+/// Each tree in the stacked layout; `Err((index, error))` names the first
+/// tree that does not fit the model.
+fn stack<'a>(
+    net: &StackedNet,
+    trees: impl ExactSizeIterator<Item = &'a ParamTree>,
+) -> Result<Stacked, (usize, LoadError)> {
     let params = net.params();
+    let count = trees.len();
     let mut values: Vec<Vec<f32>> = params
         .iter()
-        .map(|p| Vec::with_capacity(jobs.len() * p.rows * p.cols))
+        .map(|p| Vec::with_capacity(count * p.rows * p.cols))
         .collect();
-    for (index, job) in jobs.iter().enumerate() {
-        let leaves: std::collections::HashMap<String, &Array> = job
-            .global
+    for (index, tree) in trees.enumerate() {
+        let leaves: std::collections::HashMap<String, &Array> = tree
             .leaves()
             .into_iter()
             .map(|(path, array)| (path.to_string(), array))

@@ -11,6 +11,7 @@
 use super::*;
 use crate::model::{LeNetVariant, ModelSpec};
 use crate::registry::{ModelEntry, Registry};
+use crate::trainer::ModelEvaluator;
 use rand::Rng;
 
 const MNIST: [usize; 3] = [1, 28, 28];
@@ -317,7 +318,7 @@ fn stacked_resnet_20_gives_the_model_s_logits() {
         partition: &[0],
         plan: &plan,
     };
-    let stacked = stack(&net, &[job]).unwrap();
+    let stacked = stack(&net, [job.global].into_iter()).unwrap();
     let params: Vec<Tensor<3>> = net
         .params()
         .iter()
@@ -725,4 +726,73 @@ fn a_new_dataset_replaces_the_images_on_the_device() {
     let fresh = trainer().train(&jobs, &second).remove(0).unwrap();
     assert_eq!(max_difference(&on_second.tree, &fresh.tree), 0.0);
     assert!(max_difference(&on_second.tree, &on_first.tree) > 0.0);
+}
+
+/// The stacked evaluator scores each batch as the model's own evaluator
+/// does: 50 samples in batches of 7, 3 batches a pass, so the last pass
+/// holds one full batch, one of a single sample and a padded slot.
+#[test]
+fn stacked_evaluation_scores_each_batch_as_the_model_does() {
+    let device = crate::device::cpu();
+    let cases = [
+        (spec(), "lenet5"),
+        (spec(), "cnn"),
+        (spec(), "multilayer"),
+        (group_norm_spec(&[3, 11, 10]), "resnet_20"),
+    ];
+    for (spec, model) in cases {
+        let entry = entry(model);
+        let tree = crate::init::seeded_parameters(&entry.template(&spec).unwrap(), 3);
+        let data = samples_of(&spec.sample_shape, 50);
+        let plain = || {
+            entry
+                .evaluator(&spec, &classification(), &device, 7)
+                .unwrap()
+        };
+        let expected = plain().batch_scores(&tree, &data).unwrap();
+        let accelerated = entry.accelerated(&spec).unwrap().unwrap();
+        let mut stacked = StackedEvaluator::new(plain(), accelerated, &device, 7, 3);
+        assert_eq!(stacked.evaluation_batch(), Some(7));
+        let got = stacked.batch_scores(&tree, &data).unwrap();
+        assert_eq!(got.len(), 8, "{model}");
+        for (batch, (got, expected)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(got.rows, expected.rows, "{model}, batch {batch}");
+            assert_eq!(got.correct, expected.correct, "{model}, batch {batch}");
+            let scale = expected.loss_sum.abs().max(1.0);
+            assert!(
+                (got.loss_sum - expected.loss_sum).abs() < 1e-5 * scale,
+                "{model}, batch {batch}: loss {} against {}",
+                got.loss_sum,
+                expected.loss_sum
+            );
+        }
+        let whole = stacked.evaluate(&tree, &data).unwrap();
+        assert_eq!(whole.rows, 50);
+        assert!(
+            whole.accuracy > 0.0,
+            "{model}: some random guesses are right"
+        );
+    }
+}
+
+#[test]
+fn stacked_evaluation_refuses_a_label_beyond_the_classes() {
+    let device = crate::device::cpu();
+    let entry = entry("lenet5");
+    let tree = global_model("lenet5");
+    let mut data = dataset(20, None);
+    data.labels[13] = 10;
+    let plain = entry
+        .evaluator(&spec(), &classification(), &device, 8)
+        .unwrap();
+    let mut stacked = StackedEvaluator::new(plain, accel("lenet5").unwrap(), &device, 8, 2);
+    let error = stacked.evaluate(&tree, &data).unwrap_err();
+    assert_eq!(
+        error,
+        crate::trainer::EvalError::LabelOutOfRange {
+            index: 13,
+            label: 10,
+            classes: 10
+        }
+    );
 }

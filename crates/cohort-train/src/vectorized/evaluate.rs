@@ -1,0 +1,193 @@
+//! The global model scored by the vectorized clients' own net: the test set
+//! cut into batches of the training's batch size, K of them a pass, so that
+//! evaluation runs the kernels training compiled, at the shapes training
+//! runs them (`[K·B, values]`), the last pass padded.
+//!
+//! Why: on a GPU without the autotuner, the model's own forward pass at
+//! `trainer.eval_batch_size` runs burn's convolution at shapes of its own,
+//! compiled on first use. On a fresh H100 that was 4.9 s of a 15.7 s first
+//! round, and 0.7 to 1.1 s of every later one, for 10,000 Fashion-MNIST
+//! images and LeNet-5 (`bench/gpu_cold.sh`).
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use cohort_core::data::Dataset;
+use cohort_core::tree::ParamTree;
+
+use super::net::StackedNet;
+use super::{DataKey, image_of, stack, upload_images};
+use crate::model::{Accelerated, Stackable};
+use crate::task::{Evaluation, Score};
+use crate::trainer::{EvalError, ModelEvaluator, Predictions, sum_in_order};
+
+/// Scores batches of `batch` samples, `clients` of them a pass, with the
+/// stacked net; the model's own evaluator gives its initial parameters and
+/// per-sample predictions.
+pub struct StackedEvaluator {
+    plain: Box<dyn ModelEvaluator>,
+    model: Stackable,
+    classes: usize,
+    device: Device,
+    batch: usize,
+    clients: usize,
+    /// Built for the data's image size on first use.
+    net: Option<(StackedNet, [usize; 3])>,
+    /// The test images on the device, uploaded once per dataset.
+    images: Option<(DataKey, Tensor<2>)>,
+}
+
+impl StackedEvaluator {
+    /// An evaluator of the stackable `accelerated` model in batches of
+    /// `batch` samples, `clients` batches a pass, on `device`; `plain` is
+    /// the model's own evaluator.
+    pub fn new(
+        plain: Box<dyn ModelEvaluator>,
+        accelerated: Accelerated,
+        device: &Device,
+        batch: usize,
+        clients: usize,
+    ) -> Self {
+        Self {
+            plain,
+            model: accelerated.net,
+            classes: accelerated.classes,
+            device: device.clone(),
+            batch: batch.max(1),
+            clients: clients.max(1),
+            net: None,
+            images: None,
+        }
+    }
+
+    fn prepare_for(&mut self, data: &Dataset) {
+        let image = image_of(data);
+        if self.net.as_ref().is_none_or(|(_, built)| *built != image) {
+            let net = StackedNet::new(&self.model, self.classes, image, &self.device);
+            self.net = Some((net, image));
+        }
+        let key = DataKey::of(data);
+        if self.images.as_ref().is_none_or(|(held, _)| *held != key) {
+            self.images = Some((key, upload_images(data, &self.device)));
+        }
+    }
+
+    /// `tree`'s parameters on the device, the same for each of the pass's
+    /// `clients` slots.
+    fn params(&self, net: &StackedNet, tree: &ParamTree) -> Result<Vec<Tensor<3>>, EvalError> {
+        let stacked =
+            stack(net, std::iter::once(tree)).map_err(|(_, error)| EvalError::Load(error))?;
+        Ok(net
+            .params()
+            .iter()
+            .zip(stacked.values)
+            .map(|(p, values)| {
+                let one = TensorData::new(values, [1, p.rows, p.cols]);
+                Tensor::<3>::from_data(one, &self.device).repeat_dim(0, self.clients)
+            })
+            .collect())
+    }
+
+    /// The scores of the batches `first..first + clients` (those that exist)
+    /// of `data`, in one pass of the stacked net.
+    fn pass(
+        &self,
+        net: &StackedNet,
+        params: &[Tensor<3>],
+        data: &Dataset,
+        first: usize,
+    ) -> Vec<Score> {
+        let (k, batch, classes) = (self.clients, self.batch, net.classes());
+        let samples = data.labels.len();
+        // Padded rows read the zero row past the last sample, weigh nothing
+        // and have no label a prediction can equal.
+        let mut rows = vec![samples as i64; k * batch];
+        let mut targets = vec![-1.0f32; k * batch];
+        let mut weights = vec![0.0f32; k * batch * classes];
+        let mut counts = vec![0u64; k];
+        for (slot, count) in counts.iter_mut().enumerate() {
+            let start = ((first + slot) * batch).min(samples);
+            let end = (start + batch).min(samples);
+            *count = (end - start) as u64;
+            for (row, index) in (start..end).enumerate() {
+                let at = slot * batch + row;
+                let label = data.labels[index] as usize;
+                rows[at] = index as i64;
+                targets[at] = label as f32;
+                weights[at * classes + label] = 1.0;
+            }
+        }
+        let device = &self.device;
+        let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [k * batch]), device);
+        let uploaded = &self.images.as_ref().expect("uploaded before a pass").1;
+        let images = uploaded.clone().select(0, rows);
+        let (logits, _) = net.forward_train(params, images, k);
+        let weights = Tensor::<3>::from_data(TensorData::new(weights, [k, batch, classes]), device);
+        let targets = Tensor::<3>::from_data(TensorData::new(targets, [k, batch, 1]), device);
+        let losses = (log_softmax(logits.clone(), 2) * weights)
+            .sum_dim(2)
+            .sum_dim(1)
+            .neg();
+        // A batch has at most `batch` correct rows: exact in f32.
+        let correct = logits.argmax(2).float().equal(targets).float().sum_dim(1);
+        let host = |t: Tensor<3>| -> Vec<f32> {
+            t.into_data()
+                .try_to_vec::<f32>()
+                .expect("float32 scores convert to f32")
+        };
+        let (losses, correct) = (host(losses), host(correct));
+        counts
+            .iter()
+            .zip(losses.iter().zip(&correct))
+            .take_while(|&(&count, _)| count > 0)
+            .map(|(&rows, (&loss, &correct))| Score {
+                loss_sum: f64::from(loss),
+                correct: correct as u64,
+                rows,
+            })
+            .collect()
+    }
+}
+
+impl ModelEvaluator for StackedEvaluator {
+    fn parameters(&self) -> ParamTree {
+        self.plain.parameters()
+    }
+
+    fn evaluate(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Evaluation, EvalError> {
+        Ok(sum_in_order(self.batch_scores(tree, data)?).finish())
+    }
+
+    fn evaluation_batch(&self) -> Option<usize> {
+        Some(self.batch)
+    }
+
+    fn batch_scores(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Vec<Score>, EvalError> {
+        if let Some(index) = data.labels.iter().position(|&l| l as usize >= self.classes) {
+            return Err(EvalError::LabelOutOfRange {
+                index,
+                label: data.labels[index],
+                classes: self.classes,
+            });
+        }
+        if data.labels.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.prepare_for(data);
+        let (net, _) = self.net.as_ref().expect("built above");
+        let params = self.params(net, tree)?;
+        let batches = data.labels.len().div_ceil(self.batch);
+        Ok((0..batches)
+            .step_by(self.clients)
+            .flat_map(|first| self.pass(net, &params, data, first))
+            .collect())
+    }
+
+    fn predictions(
+        &mut self,
+        tree: &ParamTree,
+        data: &Dataset,
+        indices: &[u32],
+    ) -> Result<Predictions, EvalError> {
+        self.plain.predictions(tree, data, indices)
+    }
+}
