@@ -698,10 +698,28 @@ pub(crate) enum Saved {
 /// to sum them.
 const SPLIT_BY_SAMPLE_FROM: usize = 16;
 
+/// Outputs of a weight gradient (`fan_in × fan_out`) up to which a GPU
+/// computes it as one scaled copy of the patches per output channel, summed
+/// over rows, rather than as products split by sample.
+///
+/// Why: burn's matrix product without the autotuner (cubek's `SimpleUnit`)
+/// gives each product tiles larger than such an output, and most of their
+/// threads idle. LeNet-5's first layer (25 × 6 outputs, 3,200 products of
+/// `[25 × 784] · [784 × 6]` a step for 100 clients at batch 32) took 6.76 ms
+/// of a 14.58 ms step that way on an H100; six scaled copies and their
+/// two-stage sums take 2.15 ms, each pass as fast as memory moves the
+/// patches (about 2 TB/s). The second layer (150 × 16 outputs) is faster
+/// as products (1.93 ms against 4.45 ms as 16 passes), so the bound lies
+/// between the two (`bench/gpu_kernel_profile.sh`). The CPU's products run
+/// at full speed at any shape, so it always multiplies.
+const SCALED_COPIES_UP_TO: usize = 256;
+
 /// `patchesᵀ · z_grad` per client (`[K, fan_in, fan_out]`). Where each
 /// sample has many positions the reduction over `B·positions` is long and
 /// the output small, so it is split by sample (`B` times more, shorter
-/// products, then a sum over the batch) to give the GPU parallel work.
+/// products, then a sum over the batch) to give the GPU parallel work, or,
+/// on a GPU for a small output, summed column by column
+/// ([`SCALED_COPIES_UP_TO`]).
 pub(super) fn conv_weight_grad(
     patches: &Tensor<3>,
     z_grad: &Tensor<3>,
@@ -713,6 +731,9 @@ pub(super) fn conv_weight_grad(
     if positions < SPLIT_BY_SAMPLE_FROM {
         return patches.clone().swap_dims(1, 2).matmul(z_grad.clone());
     }
+    if fan_in * fan_out <= SCALED_COPIES_UP_TO && patches.device() != crate::device::cpu() {
+        return weight_grad_by_columns(patches, z_grad);
+    }
     let n = k * batch;
     patches
         .clone()
@@ -722,6 +743,20 @@ pub(super) fn conv_weight_grad(
         .reshape([k, batch, fan_in * fan_out])
         .sum_dim(1)
         .reshape([k, fan_in, fan_out])
+}
+
+/// `patchesᵀ · z_grad` per client as `fan_out` sums over rows: for each
+/// output channel, the patches scaled by that channel's gradient row by row.
+pub(super) fn weight_grad_by_columns(patches: &Tensor<3>, z_grad: &Tensor<3>) -> Tensor<3> {
+    let [k, rows, _] = patches.dims();
+    let fan_out = z_grad.dims()[2];
+    let columns: Vec<Tensor<3>> = (0..fan_out)
+        .map(|o| {
+            let gradient = z_grad.clone().slice([0..k, 0..rows, o..o + 1]);
+            sum_rows(patches.clone() * gradient)
+        })
+        .collect();
+    Tensor::cat(columns, 1).swap_dims(1, 2)
 }
 
 /// Rows from which [`sum_rows`] sums in two stages.
@@ -941,6 +976,37 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The GPU's column-by-column weight gradient is the per-client product
+    /// `patchesᵀ · z_grad` (LeNet-5's first layer: 25 inputs, 6 outputs).
+    #[test]
+    fn weight_gradient_by_columns_is_the_product() {
+        let device = crate::device::cpu();
+        let (k, rows, fan_in, fan_out) = (3, 2 * 784, 25, 6);
+        let values = |count: usize, seed: usize| -> Vec<f32> {
+            (0..count)
+                .map(|i| (((i + seed) * 7_919) % 1_000) as f32 / 500.0 - 1.0)
+                .collect()
+        };
+        let patches = Tensor::<3>::from_data(
+            TensorData::new(values(k * rows * fan_in, 1), [k, rows, fan_in]),
+            &device,
+        );
+        let z_grad = Tensor::<3>::from_data(
+            TensorData::new(values(k * rows * fan_out, 2), [k, rows, fan_out]),
+            &device,
+        );
+        let product = patches.clone().swap_dims(1, 2).matmul(z_grad.clone());
+        let by_columns = weight_grad_by_columns(&patches, &z_grad);
+        assert_eq!(by_columns.dims(), [k, fan_in, fan_out]);
+        let (a, b) = (
+            product.into_data().try_to_vec::<f32>().unwrap(),
+            by_columns.into_data().try_to_vec::<f32>().unwrap(),
+        );
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert!((a - b).abs() <= 1e-6 * rows as f32, "{i}: {a} against {b}");
         }
     }
 }
