@@ -82,6 +82,10 @@ fn workers(loaded: &LoadedConfig, options: &RunOptions) -> u32 {
 /// clients in a full round, so that evaluation runs the kernels and shapes
 /// training compiled ([`StackedEvaluator`]); elsewhere `plain`, the model's
 /// own at `trainer.eval_batch_size`.
+///
+/// Not on the ranks of a distributed run: they cut the test set on
+/// evaluation batches, and a rank on a GPU and another on a CPU would cut
+/// it at different sizes.
 pub(crate) fn evaluator_for(
     loaded: &LoadedConfig,
     model: &RunModel,
@@ -91,11 +95,8 @@ pub(crate) fn evaluator_for(
 ) -> anyhow::Result<Box<dyn ModelEvaluator>> {
     let config = loaded.config();
     let accelerated = model.accelerated()?;
-    let (false, true, Some(accelerated)) = (
-        selected.is_cpu(),
-        config.clients.comm_simulation,
-        accelerated,
-    ) else {
+    let single_process = options.distributed.is_none() && config.clients.comm_simulation;
+    let (false, true, Some(accelerated)) = (selected.is_cpu(), single_process, accelerated) else {
         return Ok(plain);
     };
     let workers = workers(loaded, options);

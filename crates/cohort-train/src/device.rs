@@ -334,6 +334,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_cpu_says_it_is_the_cpu() {
+        assert!(select(DeviceRequest::Cpu).unwrap().is_cpu());
+    }
+
+    #[test]
     fn a_kernel_cache_directory_that_cannot_be_made_is_left_off() {
         let dir = std::env::temp_dir().join(format!("cohort-kernel-cache-{}", std::process::id()));
         let cache = KernelCache::Directory(dir.join("kernels"));
