@@ -15,7 +15,7 @@ use cohort_core::data::Dataset;
 use cohort_core::tree::ParamTree;
 
 use super::net::StackedNet;
-use super::{DataKey, image_of, stack, upload_images};
+use super::{OnDevice, stack};
 use crate::model::{Accelerated, Stackable};
 use crate::task::{Evaluation, Score};
 use crate::trainer::{EvalError, ModelEvaluator, Predictions, sum_in_order};
@@ -30,10 +30,8 @@ pub struct StackedEvaluator {
     device: Device,
     batch: usize,
     clients: usize,
-    /// Built for the data's image size on first use.
-    net: Option<(StackedNet, [usize; 3])>,
-    /// The test images on the device, uploaded once per dataset.
-    images: Option<(DataKey, Tensor<2>)>,
+    /// The stacked net and the test images on the device.
+    held: OnDevice,
 }
 
 impl StackedEvaluator {
@@ -54,20 +52,7 @@ impl StackedEvaluator {
             device: device.clone(),
             batch: batch.max(1),
             clients: clients.max(1),
-            net: None,
-            images: None,
-        }
-    }
-
-    fn prepare_for(&mut self, data: &Dataset) {
-        let image = image_of(data);
-        if self.net.as_ref().is_none_or(|(_, built)| *built != image) {
-            let net = StackedNet::new(&self.model, self.classes, image, &self.device);
-            self.net = Some((net, image));
-        }
-        let key = DataKey::of(data);
-        if self.images.as_ref().is_none_or(|(held, _)| *held != key) {
-            self.images = Some((key, upload_images(data, &self.device)));
+            held: OnDevice::default(),
         }
     }
 
@@ -118,8 +103,7 @@ impl StackedEvaluator {
         }
         let device = &self.device;
         let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [k * batch]), device);
-        let uploaded = &self.images.as_ref().expect("uploaded before a pass").1;
-        let images = uploaded.clone().select(0, rows);
+        let images = self.held.images().clone().select(0, rows);
         let (logits, _) = net.forward_train(params, images, k);
         let weights = Tensor::<3>::from_data(TensorData::new(weights, [k, batch, classes]), device);
         let targets = Tensor::<3>::from_data(TensorData::new(targets, [k, batch, 1]), device);
@@ -172,8 +156,10 @@ impl ModelEvaluator for StackedEvaluator {
         if data.labels.is_empty() {
             return Ok(Vec::new());
         }
-        self.prepare_for(data);
-        let (net, _) = self.net.as_ref().expect("built above");
+        self.held
+            .build_net(&self.model, self.classes, data, &self.device);
+        self.held.upload(data, &self.device);
+        let net = self.held.net();
         let params = self.params(net, tree)?;
         let batches = data.labels.len().div_ceil(self.batch);
         Ok((0..batches)

@@ -108,12 +108,9 @@ pub struct VectorizedTrainer {
     model: Stackable,
     classes: usize,
     sgd: Sgd,
-    /// Built for the data's image size on first use.
-    net: Option<(StackedNet, [usize; 3])>,
-    /// The training images on the device (`[samples + 1, h·w]`, the last row
-    /// zeros), uploaded once per dataset: a step sends the device only the
-    /// rows it reads, not the images.
-    images: Option<(DataKey, Tensor<2>)>,
+    /// The stacked net and the training images on the device: a step sends
+    /// the device only the rows it reads, not the images.
+    held: OnDevice,
     /// Differentiate with burn's autodiff instead of the written-out
     /// backward pass (`COHORT_VECTORIZED_AUTODIFF=1`, for comparisons).
     recorded_backward: bool,
@@ -167,8 +164,7 @@ impl VectorizedTrainer {
                 dampening: dampening as f32,
                 nesterov,
             },
-            net: None,
-            images: None,
+            held: OnDevice::default(),
             recorded_backward: crate::switches::get().vectorized_autodiff,
         })
     }
@@ -209,7 +205,7 @@ impl VectorizedTrainer {
                 batch.push(slot);
             }
         }
-        let (net, _) = self.net.as_ref().expect("built above");
+        let net = self.held.net();
         let stacked = match stack(net, batch.iter().map(|&s| jobs[s].global)) {
             Ok(stacked) => stacked,
             Err((index, source)) => {
@@ -255,25 +251,52 @@ impl VectorizedTrainer {
     /// (not where batches are augmented: each step uploads its own), each
     /// once for as long as the data stays the same.
     fn prepare_for(&mut self, data: &Dataset) {
-        let image = image_of(data);
-        if self.net.as_ref().is_none_or(|(_, built)| *built != image) {
-            let net = StackedNet::new(&self.model, self.classes, image, &self.device);
-            self.net = Some((net, image));
-        }
+        self.held
+            .build_net(&self.model, self.classes, data, &self.device);
         if self.settings.augmentation.is_some() {
             // Each step uploads its augmented samples; no copy is read.
-            self.images = None;
+            self.held.images = None;
             return;
         }
+        self.held.upload(data, &self.device);
+    }
+}
+
+/// A stacked net built for a data set's image size, and the data set's
+/// samples on the device (`[samples + 1, values]`, the last row zeros: what
+/// a padded row reads), each made again only when the data set changes.
+#[derive(Default)]
+struct OnDevice {
+    net: Option<(StackedNet, [usize; 3])>,
+    images: Option<(DataKey, Tensor<2>)>,
+}
+
+impl OnDevice {
+    fn build_net(&mut self, model: &Stackable, classes: usize, data: &Dataset, device: &Device) {
+        let image = image_of(data);
+        if self.net.as_ref().is_none_or(|(_, built)| *built != image) {
+            self.net = Some((StackedNet::new(model, classes, image, device), image));
+        }
+    }
+
+    fn upload(&mut self, data: &Dataset, device: &Device) {
         let key = DataKey::of(data);
         if self.images.as_ref().is_none_or(|(held, _)| *held != key) {
-            self.images = Some((key, upload_images(data, &self.device)));
+            self.images = Some((key, upload_images(data, device)));
         }
+    }
+
+    fn net(&self) -> &StackedNet {
+        &self.net.as_ref().expect("built before use").0
+    }
+
+    fn images(&self) -> &Tensor<2> {
+        &self.images.as_ref().expect("uploaded before use").1
     }
 }
 
 /// `data`'s samples on `device` as `[samples + 1, values]`, the last row
-/// zeros: what a padded row of a step reads.
+/// zeros.
 fn upload_images(data: &Dataset, device: &Device) -> Tensor<2> {
     let (samples, pixels) = (data.labels.len(), data.values_per_sample());
     let mut rows = Vec::with_capacity((samples + 1) * pixels);
@@ -595,7 +618,7 @@ impl VectorizedTrainer {
                 })
                 .collect();
         }
-        let (net, _) = self.net.as_ref().expect("built before running");
+        let net = self.held.net();
         let k = jobs.len();
         let batch = self.settings.batch_size;
         let device = &self.device;
@@ -683,8 +706,7 @@ impl VectorizedTrainer {
             None => {
                 let rows = TensorData::new(inputs.rows, [k * batch]);
                 let rows = Tensor::<1, Int>::from_data(rows, device);
-                let uploaded = &self.images.as_ref().expect("uploaded").1;
-                uploaded.clone().select(0, rows)
+                self.held.images().clone().select(0, rows)
             }
         };
         let weights = Tensor::<3>::from_data(
