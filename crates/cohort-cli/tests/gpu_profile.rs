@@ -262,14 +262,14 @@ fn vectorized_resnet_20_clients_on_the_gpu_equal_each_client_alone() {
 /// The vectorized clients' evaluator on the GPU scores each batch as the
 /// model's own evaluator does there: the same rows and correct counts, the
 /// loss within 1e-5 of its scale; 117 samples in batches of 32, 3 a pass
-/// (the second pass padded), for LeNet-5 (whose first layer's weight
-/// gradient the GPU sums by columns) and the zoo's stackable models.
+/// (the second pass padded), for LeNet-5 and the zoo's stackable models.
 #[test]
 fn stacked_evaluation_on_the_gpu_scores_as_the_model_does() {
     use cohort_train::trainer::ModelEvaluator;
     use cohort_train::vectorized::StackedEvaluator;
     let gpu = device::select(DeviceRequest::Gpu)
         .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
+    assert!(!gpu.is_cpu(), "{} says it is the CPU", gpu.name);
     let data = synthetic(117);
     for name in ["lenet5", "cnn", "multilayer"] {
         let model = model(name);

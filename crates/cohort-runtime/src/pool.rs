@@ -247,7 +247,7 @@ impl WorkerPool {
 /// H100 in 8.1 s against 6.9 s for one batch of 100) and, where K covered
 /// the round, a single job for one worker while the others idled (2 CPU
 /// workers: 45.5 s for 3 rounds against 19.4 s with two jobs of 50).
-fn job_sizes(tasks: usize, chunk: usize, workers: usize) -> impl Iterator<Item = usize> {
+pub(crate) fn job_sizes(tasks: usize, chunk: usize, workers: usize) -> impl Iterator<Item = usize> {
     let by_chunk = tasks.div_ceil(chunk.max(1));
     let jobs = by_chunk.next_multiple_of(workers.max(1)).min(tasks);
     let (size, larger) = match jobs {

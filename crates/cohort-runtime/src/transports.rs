@@ -39,6 +39,8 @@ fn pool_runners(
     tracing::info!(
         clients_per_batch = chunk,
         workers,
+        device_memory = selected.memory_bytes,
+        max_buffer = selected.max_buffer_bytes,
         "vectorized clients: each worker trains up to {chunk} clients as one batch"
     );
     let runners = (0..workers)
@@ -78,10 +80,10 @@ fn workers(loaded: &LoadedConfig, options: &RunOptions) -> u32 {
 
 /// The evaluator of the global model: where vectorized clients train in
 /// this process on a GPU, the clients' stacked net scoring the test set in
-/// batches of `trainer.batch_size`, as many a pass as a worker's batch holds
-/// clients in a full round, so that evaluation runs the kernels and shapes
-/// training compiled ([`StackedEvaluator`]); elsewhere `plain`, the model's
-/// own at `trainer.eval_batch_size`.
+/// batches of `trainer.batch_size`, as many a pass as the largest job of a
+/// full round holds clients (`pool::job_sizes`), so that evaluation runs the
+/// kernels and shapes training compiled ([`StackedEvaluator`]); elsewhere
+/// `plain`, the model's own at `trainer.eval_batch_size`.
 ///
 /// Not on the ranks of a distributed run: they cut the test set on
 /// evaluation batches, and a rank on a GPU and another on a CPU would cut
@@ -103,8 +105,10 @@ pub(crate) fn evaluator_for(
     let Some(chunk) = clients_per_batch(loaded, model, selected, workers)? else {
         return Ok(plain);
     };
-    let per_worker = config.clients.per_round.div_ceil(workers.max(1)).max(1) as usize;
-    let clients = chunk.min(per_worker);
+    let tasks = config.clients.drawn_per_round() as usize;
+    let clients = crate::pool::job_sizes(tasks, chunk, workers as usize)
+        .next()
+        .unwrap_or(1);
     tracing::info!(
         batch = config.trainer.batch_size,
         clients,

@@ -46,8 +46,13 @@ pub struct Selected {
 impl Selected {
     /// Whether this is burn's CPU backend rather than a GPU.
     pub fn is_cpu(&self) -> bool {
-        self.device == cpu()
+        is_cpu(&self.device)
     }
+}
+
+/// Whether `device` is burn's CPU backend rather than a GPU.
+pub fn is_cpu(device: &Device) -> bool {
+    *device == cpu()
 }
 
 /// burn's pure-Rust CPU backend.

@@ -5,9 +5,10 @@
 //!
 //! Why: on a GPU without the autotuner, the model's own forward pass at
 //! `trainer.eval_batch_size` runs burn's convolution at shapes of its own,
-//! compiled on first use. On a fresh H100 that was 4.9 s of a 15.7 s first
-//! round, and 0.7 to 1.1 s of every later one, for 10,000 Fashion-MNIST
-//! images and LeNet-5 (`bench/gpu_cold.sh`).
+//! compiled on first use. On a fresh H100 that was 3.36 s of a 12.44 s
+//! first round, and 0.5 to 1.3 s of every later one, for 10,000
+//! Fashion-MNIST images and LeNet-5 (`bench/gpu_cold.sh`, the build of
+//! 6f40be0).
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -72,15 +73,16 @@ impl StackedEvaluator {
             .collect())
     }
 
-    /// The scores of the batches `first..first + clients` (those that exist)
-    /// of `data`, in one pass of the stacked net.
+    /// The loss sums and correct rows (`[clients, 1, 1]` each, on the
+    /// device) of the batches `first..first + clients` of `data`, in one
+    /// pass of the stacked net; slots past the last batch score nothing.
     fn pass(
         &self,
         net: &StackedNet,
         params: &[Tensor<3>],
         data: &Dataset,
         first: usize,
-    ) -> Vec<Score> {
+    ) -> (Tensor<3>, Tensor<3>) {
         let (k, batch, classes) = (self.clients, self.batch, net.classes());
         let samples = data.labels.len();
         // Padded rows read the zero row past the last sample, weigh nothing
@@ -88,11 +90,9 @@ impl StackedEvaluator {
         let mut rows = vec![samples as i64; k * batch];
         let mut targets = vec![-1.0f32; k * batch];
         let mut weights = vec![0.0f32; k * batch * classes];
-        let mut counts = vec![0u64; k];
-        for (slot, count) in counts.iter_mut().enumerate() {
+        for slot in 0..k {
             let start = ((first + slot) * batch).min(samples);
             let end = (start + batch).min(samples);
-            *count = (end - start) as u64;
             for (row, index) in (start..end).enumerate() {
                 let at = slot * batch + row;
                 let label = data.labels[index] as usize;
@@ -113,23 +113,17 @@ impl StackedEvaluator {
             .neg();
         // A batch has at most `batch` correct rows: exact in f32.
         let correct = logits.argmax(2).float().equal(targets).float().sum_dim(1);
-        let host = |t: Tensor<3>| -> Vec<f32> {
-            t.into_data()
-                .try_to_vec::<f32>()
-                .expect("float32 scores convert to f32")
-        };
-        let (losses, correct) = (host(losses), host(correct));
-        counts
-            .iter()
-            .zip(losses.iter().zip(&correct))
-            .take_while(|&(&count, _)| count > 0)
-            .map(|(&rows, (&loss, &correct))| Score {
-                loss_sum: f64::from(loss),
-                correct: correct as u64,
-                rows,
-            })
-            .collect()
+        (losses, correct)
     }
+}
+
+/// `tensors` joined along their first dimension and read back to the host
+/// at once: one wait for the device for a whole test set, not one a pass.
+fn joined_on_host(tensors: Vec<Tensor<3>>) -> Vec<f32> {
+    Tensor::cat(tensors, 0)
+        .into_data()
+        .try_to_vec::<f32>()
+        .expect("float32 scores convert to f32")
 }
 
 impl ModelEvaluator for StackedEvaluator {
@@ -146,6 +140,10 @@ impl ModelEvaluator for StackedEvaluator {
     }
 
     fn batch_scores(&mut self, tree: &ParamTree, data: &Dataset) -> Result<Vec<Score>, EvalError> {
+        // The tree first, as the model's own evaluator loads it first.
+        self.held
+            .build_net(&self.model, self.classes, data, &self.device);
+        let params = self.params(self.held.net(), tree)?;
         if let Some(index) = data.labels.iter().position(|&l| l as usize >= self.classes) {
             return Err(EvalError::LabelOutOfRange {
                 index,
@@ -153,18 +151,23 @@ impl ModelEvaluator for StackedEvaluator {
                 classes: self.classes,
             });
         }
-        if data.labels.is_empty() {
+        let samples = data.labels.len();
+        if samples == 0 {
             return Ok(Vec::new());
         }
-        self.held
-            .build_net(&self.model, self.classes, data, &self.device);
         self.held.upload(data, &self.device);
-        let net = self.held.net();
-        let params = self.params(net, tree)?;
-        let batches = data.labels.len().div_ceil(self.batch);
-        Ok((0..batches)
+        let batches = samples.div_ceil(self.batch);
+        let (losses, correct): (Vec<_>, Vec<_>) = (0..batches)
             .step_by(self.clients)
-            .flat_map(|first| self.pass(net, &params, data, first))
+            .map(|first| self.pass(self.held.net(), &params, data, first))
+            .unzip();
+        let (losses, correct) = (joined_on_host(losses), joined_on_host(correct));
+        Ok((0..batches)
+            .map(|index| Score {
+                loss_sum: f64::from(losses[index]),
+                correct: correct[index] as u64,
+                rows: (samples - index * self.batch).min(self.batch) as u64,
+            })
             .collect())
     }
 

@@ -444,7 +444,9 @@ fn stack<'a>(
         .map(|p| Vec::with_capacity(count * p.rows * p.cols))
         .collect();
     for (index, tree) in trees.enumerate() {
-        let leaves: std::collections::HashMap<String, &Array> = tree
+        // Ordered, so that a tree with several extra leaves is refused
+        // naming the same one every time.
+        let leaves: std::collections::BTreeMap<String, &Array> = tree
             .leaves()
             .into_iter()
             .map(|(path, array)| (path.to_string(), array))
@@ -472,7 +474,7 @@ fn stack<'a>(
 }
 
 fn leaf<'a>(
-    leaves: &std::collections::HashMap<String, &'a Array>,
+    leaves: &std::collections::BTreeMap<String, &'a Array>,
     path: &str,
     shape: &[usize],
 ) -> Result<&'a [f32], LoadError> {

@@ -711,7 +711,10 @@ const SPLIT_BY_SAMPLE_FROM: usize = 16;
 /// patches (about 2 TB/s). The second layer (150 × 16 outputs) is faster
 /// as products (1.93 ms against 4.45 ms as 16 passes), so the bound lies
 /// between the two (`bench/gpu_kernel_profile.sh`). The CPU's products run
-/// at full speed at any shape, so it always multiplies.
+/// at full speed at any shape, so it always multiplies. Each column holds a
+/// temporary the size of the patches (251 MB at 100 clients), which
+/// [`super::clients_for_memory`] does not count: `"auto"` leaves half the
+/// device's memory to such things and to the autotuner.
 const SCALED_COPIES_UP_TO: usize = 256;
 
 /// `patchesᵀ · z_grad` per client (`[K, fan_in, fan_out]`). Where each
@@ -731,7 +734,7 @@ pub(super) fn conv_weight_grad(
     if positions < SPLIT_BY_SAMPLE_FROM {
         return patches.clone().swap_dims(1, 2).matmul(z_grad.clone());
     }
-    if fan_in * fan_out <= SCALED_COPIES_UP_TO && patches.device() != crate::device::cpu() {
+    if fan_in * fan_out <= SCALED_COPIES_UP_TO && !crate::device::is_cpu(&patches.device()) {
         return weight_grad_by_columns(patches, z_grad);
     }
     let n = k * batch;

@@ -796,3 +796,21 @@ fn stacked_evaluation_refuses_a_label_beyond_the_classes() {
         }
     );
 }
+
+/// A tree of another model is refused as the model's own evaluator refuses
+/// it, before the labels are looked at.
+#[test]
+fn stacked_evaluation_refuses_a_tree_of_another_model() {
+    let device = crate::device::cpu();
+    let mut data = dataset(20, None);
+    data.labels[3] = 10;
+    let plain = entry("lenet5")
+        .evaluator(&spec(), &classification(), &device, 8)
+        .unwrap();
+    let mut stacked = StackedEvaluator::new(plain, accel("lenet5").unwrap(), &device, 8, 2);
+    let error = stacked.evaluate(&global_model("cnn"), &data).unwrap_err();
+    assert!(
+        matches!(error, crate::trainer::EvalError::Load(_)),
+        "{error}"
+    );
+}
