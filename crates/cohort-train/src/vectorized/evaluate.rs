@@ -16,7 +16,7 @@ use cohort_core::data::Dataset;
 use cohort_core::tree::ParamTree;
 
 use super::net::StackedNet;
-use super::{OnDevice, stack};
+use super::{OnDevice, client_losses, stack};
 use crate::model::{Accelerated, Stackable};
 use crate::task::{Evaluation, Score};
 use crate::trainer::{EvalError, ModelEvaluator, Predictions, sum_in_order};
@@ -107,10 +107,9 @@ impl StackedEvaluator {
         let (logits, _) = net.forward_train(params, images, k);
         let weights = Tensor::<3>::from_data(TensorData::new(weights, [k, batch, classes]), device);
         let targets = Tensor::<3>::from_data(TensorData::new(targets, [k, batch, 1]), device);
-        let losses = (log_softmax(logits.clone(), 2) * weights)
-            .sum_dim(2)
-            .sum_dim(1)
-            .neg();
+        // Weights of 1 (not training's 1/n): each batch's loss summed, as
+        // a `Score` holds it.
+        let losses = client_losses(log_softmax(logits.clone(), 2), weights);
         // A batch has at most `batch` correct rows: exact in f32.
         let correct = logits.argmax(2).float().equal(targets).float().sum_dim(1);
         (losses, correct)
