@@ -498,7 +498,14 @@ where
     if !cli.command.talks_to_peers() {
         quiet_on_closed_pipe();
     }
-    cohort_train::switches::set(train_switches());
+    let switches = match train_switches() {
+        Ok(switches) => switches,
+        Err(error) => {
+            eprintln!("error: {}", error_chain(&error));
+            return 1;
+        }
+    };
+    cohort_train::switches::set(switches);
     match execute(cli, &Arc::new(registry)) {
         Ok(()) => 0,
         Err(error) => {
@@ -569,16 +576,20 @@ fn quiet_on_closed_pipe() {
 
 /// The training layer's switches, from this process's environment: the
 /// library reads none itself.
-fn train_switches() -> cohort_train::switches::TrainSwitches {
+fn train_switches() -> anyhow::Result<cohort_train::switches::TrainSwitches> {
     let is = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v == value);
-    cohort_train::switches::TrainSwitches {
+    let gpu_products = std::env::var("COHORT_GPU_PRODUCTS").unwrap_or_default();
+    let gpu_products = cohort_train::vectorized::ProductChoice::parse(&gpu_products)
+        .map_err(|refusal| anyhow::anyhow!("COHORT_GPU_PRODUCTS: {refusal}"))?;
+    Ok(cohort_train::switches::TrainSwitches {
         native_kernels: !is("COHORT_NATIVE_KERNELS", "0"),
         vectorized_autodiff: is("COHORT_VECTORIZED_AUTODIFF", "1"),
         kernel_cache: cohort_train::device::KernelCache::from_env(
             std::env::var_os(cohort_train::device::KERNEL_CACHE_VAR).as_deref(),
             user_cache_folder().map(|folder| folder.join("cohort").join("kernels")),
         ),
-    }
+        gpu_products,
+    })
 }
 
 /// `$XDG_CACHE_HOME`, else `~/.cache`; `None` where neither is known.

@@ -244,6 +244,30 @@ fn bad_config_fails_with_file_and_key() {
 }
 
 #[test]
+fn an_unknown_gpu_product_routine_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SMALL_JOB);
+    for (value, named) in [("fastest", "`fastest`"), ("conv=gemm", "`conv`")] {
+        let output = common::cohort_command(&["check", "--config", config.to_str().unwrap()])
+            .env("COHORT_GPU_PRODUCTS", value)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{value} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("COHORT_GPU_PRODUCTS"), "{stderr}");
+        assert!(stderr.contains(named), "{stderr}");
+    }
+    let output = common::cohort_command(&["check", "--config", config.to_str().unwrap()])
+        .env(
+            "COHORT_GPU_PRODUCTS",
+            "conv_forward=simple_unit_small,linear_forward=burn",
+        )
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+}
+
+#[test]
 fn missing_data_without_download_says_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), SMALL_JOB);

@@ -1,12 +1,13 @@
 //! Process-wide switches of the training layer, for comparisons and GPU
 //! caches. The library reads no environment variable: the program that
 //! embeds it sets these once, before the first device starts (the `cohort`
-//! command reads them from `COHORT_NATIVE_KERNELS`, `COHORT_VECTORIZED_AUTODIFF`
-//! and `COHORT_KERNEL_CACHE`).
+//! command reads them from `COHORT_NATIVE_KERNELS`, `COHORT_VECTORIZED_AUTODIFF`,
+//! `COHORT_KERNEL_CACHE` and `COHORT_GPU_PRODUCTS`).
 
 use std::sync::OnceLock;
 
 use crate::device::KernelCache;
+use crate::vectorized::ProductChoice;
 
 /// How this process trains where more than one path computes the same thing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +20,8 @@ pub struct TrainSwitches {
     pub vectorized_autodiff: bool,
     /// Where GPU runs keep tuning results and compiled kernels.
     pub kernel_cache: KernelCache,
+    /// How the vectorized clients' GPU products choose their kernels.
+    pub gpu_products: ProductChoice,
 }
 
 impl Default for TrainSwitches {
@@ -27,6 +30,7 @@ impl Default for TrainSwitches {
             native_kernels: true,
             vectorized_autodiff: false,
             kernel_cache: KernelCache::Off,
+            gpu_products: ProductChoice::SHIPPED,
         }
     }
 }

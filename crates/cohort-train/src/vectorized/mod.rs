@@ -40,9 +40,11 @@
 
 mod evaluate;
 mod net;
+mod product;
 mod resnet;
 
 pub use evaluate::StackedEvaluator;
+pub use product::{ProductChoice, Role, Routine, with_routine};
 
 use std::time::Instant;
 

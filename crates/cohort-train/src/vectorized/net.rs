@@ -28,6 +28,7 @@
 //! `[out, fan_in]` and transposed, with `fan_in` in PyTorch's `(c, ky, kx)`
 //! order, so a client's slice converts to the tree's layout by a transpose.
 
+use super::product::{Role, product};
 use super::resnet::ResNet;
 use crate::model::{LeNetVariant, Stackable};
 use burn::tensor::activation::{relu, tanh};
@@ -486,7 +487,7 @@ impl Sequential {
             x = match &layer.kind {
                 Kind::Conv(conv) => {
                     let patches = conv.gather.patches(x, k);
-                    let z = patches.clone().matmul(weight) + bias;
+                    let z = product(patches.clone(), weight, Role::ConvForward) + bias;
                     let open = z.clone().greater_elem(0.0).float();
                     let y = relu(z);
                     let [oh, ow] = conv.gather.positions;
@@ -505,7 +506,7 @@ impl Sequential {
                     channels_last,
                 } => {
                     let input = channels_first(x, *channels_last).reshape([k, batch, layer.fan_in]);
-                    let z = input.clone().matmul(weight) + bias;
+                    let z = product(input.clone(), weight, Role::LinearForward) + bias;
                     let (y, gate) = match activation {
                         Some(activation) => {
                             let (y, derivative) = activation.apply_with_derivative(z);
@@ -556,8 +557,8 @@ impl Sequential {
                     grads.push(sum_rows(z_grad.clone()));
                     grads.push(weight_grad);
                     (index > 0).then(|| {
-                        let patches_grad =
-                            z_grad.matmul(transposed).reshape([n, positions * fan_in]);
+                        let patches_grad = product(z_grad, transposed, Role::ConvInputGradient)
+                            .reshape([n, positions * fan_in]);
                         conv.gather.col2im(patches_grad, n)
                     })
                 }
@@ -568,9 +569,14 @@ impl Sequential {
                         None => z_grad,
                     };
                     grads.push(sum_rows(z_grad.clone()));
-                    grads.push(input.swap_dims(1, 2).matmul(z_grad.clone()));
+                    grads.push(product(
+                        input.swap_dims(1, 2),
+                        z_grad.clone(),
+                        Role::LinearWeightGradient,
+                    ));
                     (index > 0).then(|| {
-                        let input_grad = z_grad.matmul(transposed).reshape([n, fan_in]);
+                        let input_grad = product(z_grad, transposed, Role::LinearInputGradient)
+                            .reshape([n, fan_in]);
                         channels_last_again(input_grad, *channels_last)
                     })
                 }
@@ -732,20 +738,28 @@ pub(super) fn conv_weight_grad(
     let [k, _, fan_in] = patches.dims();
     let fan_out = z_grad.dims()[2];
     if positions < SPLIT_BY_SAMPLE_FROM {
-        return patches.clone().swap_dims(1, 2).matmul(z_grad.clone());
+        return product(
+            patches.clone().swap_dims(1, 2),
+            z_grad.clone(),
+            Role::ConvWeightGradient,
+        );
     }
     if fan_in * fan_out <= SCALED_COPIES_UP_TO && !crate::device::is_cpu(&patches.device()) {
         return weight_grad_by_columns(patches, z_grad);
     }
     let n = k * batch;
-    patches
+    let by_sample = patches
         .clone()
         .reshape([n, positions, fan_in])
-        .swap_dims(1, 2)
-        .matmul(z_grad.clone().reshape([n, positions, fan_out]))
-        .reshape([k, batch, fan_in * fan_out])
-        .sum_dim(1)
-        .reshape([k, fan_in, fan_out])
+        .swap_dims(1, 2);
+    product(
+        by_sample,
+        z_grad.clone().reshape([n, positions, fan_out]),
+        Role::ConvWeightGradient,
+    )
+    .reshape([k, batch, fan_in * fan_out])
+    .sum_dim(1)
+    .reshape([k, fan_in, fan_out])
 }
 
 /// `patchesᵀ · z_grad` per client as `fan_out` sums over rows: for each

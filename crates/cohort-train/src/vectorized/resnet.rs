@@ -25,6 +25,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::{Device, Tensor};
 
 use super::net::{Gather, Layout, Param, Shape, conv_weight_grad, sum_rows};
+use super::product::{Role, product};
 
 /// Channels of the three stages, as `model::resnet_20`.
 const WIDTHS: [usize; 3] = [16, 32, 64];
@@ -129,9 +130,12 @@ impl ConvNorm {
     fn input_gradient(&self, params: &[Tensor<3>], z_grad: Tensor<3>) -> Tensor<2> {
         let [k, rows, _] = z_grad.dims();
         let n = k * (rows / self.gather.positions());
-        let patches_grad = z_grad
-            .matmul(params[0].clone().swap_dims(1, 2))
-            .reshape([n, self.gather.positions() * self.gather.fan_in]);
+        let patches_grad = product(
+            z_grad,
+            params[0].clone().swap_dims(1, 2),
+            Role::ConvInputGradient,
+        )
+        .reshape([n, self.gather.positions() * self.gather.fan_in]);
         self.gather.col2im(patches_grad, n)
     }
 }
@@ -395,10 +399,18 @@ impl ResNet {
         let n = k * batch;
         let mut grads: Vec<Option<Tensor<3>>> = vec![None; params.len()];
         let at = self.linear_at();
-        grads[at] = Some(tape.features.swap_dims(1, 2).matmul(logits_grad.clone()));
+        grads[at] = Some(product(
+            tape.features.swap_dims(1, 2),
+            logits_grad.clone(),
+            Role::LinearWeightGradient,
+        ));
         grads[at + 1] = Some(logits_grad.clone().sum_dim(1));
         let (positions, width) = (self.pooled_positions(), Self::width());
-        let features_grad = logits_grad.matmul(params[at].clone().swap_dims(1, 2));
+        let features_grad = product(
+            logits_grad,
+            params[at].clone().swap_dims(1, 2),
+            Role::LinearInputGradient,
+        );
         let mut upstream = features_grad
             .reshape([n, 1, width])
             .div_scalar(positions as f32)
