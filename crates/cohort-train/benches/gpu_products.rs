@@ -3,15 +3,17 @@
 //! `matmul`: the measurements `vectorized/product.rs`'s table of routines
 //! is read from.
 //!
-//! `cargo bench -p cohort-train --features vulkan-untuned --bench
-//! gpu_products -- [--clients K] [--batch B] [--reps R]`. Each line: the
+//! `cargo bench --profile dist -p cohort-train --features vulkan-untuned
+//! --bench gpu_products -- [--clients K] [--batch B] [--reps R]`. Each line: the
 //! product, its role (the key of the table), the routine, the first launch's
 //! ms (compilation included: what a first round pays), the mean ms of R
 //! launches after three (every output kept until the device has finished
 //! them all: burn's fusion skips an operation whose output is dropped
 //! unread), and how far the routine's result is from burn's, relative to
 //! its largest value. A routine that refuses a shape falls back to burn's
-//! kernel, and reads as burn's time.
+//! kernel, and reads as burn's time (a warning says so). burn's product
+//! runs first and is `simple_unit_large`'s kernel, so that routine's first
+//! launch finds it compiled.
 
 use std::time::Instant;
 
@@ -34,17 +36,19 @@ fn args() -> Args {
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
         let mut value = |name: &str| -> usize {
+            let given = given.next();
             given
-                .next()
+                .as_deref()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{name} takes a positive number"))
+                .filter(|v: &usize| *v > 0)
+                .unwrap_or_else(|| panic!("{name} takes a positive number, not {given:?}"))
         };
         match flag.as_str() {
             "--clients" => args.clients = value("--clients"),
             "--batch" => args.batch = value("--batch"),
             "--reps" => args.reps = value("--reps"),
             "--bench" => {}
-            other => panic!("unknown argument {other}"),
+            other => panic!("unknown argument {other}: expected --clients, --batch or --reps"),
         }
     }
     args

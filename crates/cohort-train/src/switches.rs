@@ -30,7 +30,7 @@ impl Default for TrainSwitches {
             native_kernels: true,
             vectorized_autodiff: false,
             kernel_cache: KernelCache::Off,
-            gpu_products: ProductChoice::SHIPPED,
+            gpu_products: ProductChoice::Shipped,
         }
     }
 }

@@ -1,4 +1,5 @@
-//! The stacked nets' matrix products, each with a kernel chosen by its shape.
+//! The stacked nets' matrix products, each with a kernel chosen by what it
+//! computes.
 //!
 //! Without burn's autotuner every f32 product on the GPU runs cubek's
 //! `SimpleUnit` routine at its largest tile, whatever its shape: the
@@ -7,14 +8,17 @@
 //! clients) or short (the linear layers, 32 rows), where another of
 //! cubek's routines does the same product in less time. The autotuner finds
 //! that routine by compiling and timing every candidate, which is what
-//! makes a tuned build's first round last minutes. Here the routine is
-//! chosen from the product's shape by a table measured once
-//! (`benches/gpu_products.rs`, docs/BENCHMARKS.md), the way a vendor's BLAS
-//! picks its kernels by heuristics: no timing, so a first round compiles
-//! one kernel per product and every process computes the same bits.
+//! makes a tuned build's first round last minutes. Here the routine comes
+//! from a table keyed by the product's [`Role`] (whose products share a
+//! layout and a like shape across the stackable models), to be filled from
+//! measurements (`benches/gpu_products.rs`, docs/BENCHMARKS.md), the way a
+//! vendor's BLAS picks its kernels by heuristics: no timing, so a first
+//! round compiles one kernel per product and every process computes the
+//! same bits.
 //!
-//! [`product`] is what the nets call; on the CPU, or where the table names
-//! no routine, it is burn's own `matmul`.
+//! [`product`] is what the written-out steps call; on the CPU, for tensors
+//! autodiff records, or where the table names no routine, it is burn's own
+//! `matmul`.
 
 use burn::tensor::Tensor;
 
@@ -68,6 +72,7 @@ impl Routine {
             .find(|routine| routine.name() == name)
     }
 
+    #[cfg_attr(not(feature = "wgpu-base"), allow(dead_code))]
     fn code(self) -> u8 {
         Routine::ALL
             .iter()
@@ -102,6 +107,7 @@ pub enum Role {
 }
 
 impl Role {
+    /// Every role, in the order the table holds them.
     pub const ALL: [Role; 6] = [
         Role::ConvForward,
         Role::ConvInputGradient,
@@ -111,6 +117,7 @@ impl Role {
         Role::LinearWeightGradient,
     ];
 
+    /// The name `COHORT_GPU_PRODUCTS`'s pairs use.
     pub fn name(self) -> &'static str {
         match self {
             Role::ConvForward => "conv_forward",
@@ -130,46 +137,51 @@ impl Role {
     }
 }
 
-/// The routine of each [`Role`]'s products (`None`: burn's own `matmul`):
-/// how the stacked nets' GPU products choose their kernels, a process-wide
+/// How the stacked nets' GPU products choose their kernels, a process-wide
 /// switch ([`crate::switches::TrainSwitches::gpu_products`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProductChoice {
-    routines: [Option<Routine>; 6],
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProductChoice {
+    /// The table cohort ships ([`SHIPPED_TABLE`]); a build with burn's
+    /// autotuner keeps burn's `matmul` instead, which times the candidates
+    /// itself.
+    #[default]
+    Shipped,
+    /// The routine of each role's products, in [`Role::ALL`]'s order (`None`:
+    /// burn's own `matmul`), as given.
+    Table([Option<Routine>; Role::ALL.len()]),
 }
 
-impl Default for ProductChoice {
-    fn default() -> Self {
-        Self::SHIPPED
-    }
-}
+/// The shipped table: burn's `matmul` for every role until a per-role
+/// measurement backs another routine (docs/BENCHMARKS.md, "A product's
+/// kernel chosen without timing").
+pub const SHIPPED_TABLE: [Option<Routine>; Role::ALL.len()] = [None; Role::ALL.len()];
 
 impl ProductChoice {
-    /// The table measured on an H100 (docs/BENCHMARKS.md).
-    pub const SHIPPED: ProductChoice = ProductChoice {
-        routines: [None; 6],
-    };
-
     /// burn's `matmul` for every product (to compare against).
-    pub const BURN: ProductChoice = ProductChoice {
-        routines: [None; 6],
-    };
+    pub const BURN: ProductChoice = ProductChoice::Table([None; Role::ALL.len()]);
 
-    /// The routine for `role`'s products, `None` for burn's. A build with
-    /// burn's autotuner keeps burn's for the shipped table: it times the
-    /// candidates itself.
+    /// The routine for `role`'s products, `None` for burn's.
     pub fn routine(&self, role: Role) -> Option<Routine> {
-        if cfg!(feature = "wgpu") && *self == Self::SHIPPED {
-            return None;
+        match self {
+            ProductChoice::Shipped => Self::base()[role.index()],
+            ProductChoice::Table(routines) => routines[role.index()],
         }
-        self.routines[role.index()]
+    }
+
+    /// What the shipped choice means in this build, and what `role=routine`
+    /// pairs are laid over.
+    fn base() -> [Option<Routine>; Role::ALL.len()] {
+        match cfg!(feature = "wgpu") {
+            true => [None; Role::ALL.len()],
+            false => SHIPPED_TABLE,
+        }
     }
 
     /// The choice `COHORT_GPU_PRODUCTS`'s `value` names: `shape` or nothing
     /// (the shipped table), `burn`, a routine's [`Routine::name`] (every
     /// product through it), or `role=routine` pairs separated by commas,
     /// each a [`Role::name`] and a routine's name or `burn`, over the
-    /// shipped table.
+    /// shipped choice.
     pub fn parse(value: &str) -> Result<ProductChoice, String> {
         let routine_named = |name: &str| -> Result<Option<Routine>, String> {
             if name == "burn" {
@@ -184,19 +196,20 @@ impl ProductChoice {
             })
         };
         match value.trim() {
-            "" | "shape" => return Ok(Self::SHIPPED),
+            "" | "shape" => return Ok(Self::Shipped),
             "burn" => return Ok(Self::BURN),
             name if !name.contains('=') => {
-                return routine_named(name).map(|routine| ProductChoice {
-                    routines: [routine; 6],
-                });
+                return routine_named(name)
+                    .map(|routine| ProductChoice::Table([routine; Role::ALL.len()]));
             }
             _ => {}
         }
-        let mut choice = Self::SHIPPED;
+        let mut routines = Self::base();
         for pair in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((role, routine)) = pair.split_once('=') else {
-                return Err(format!("`{pair}` is not role=routine"));
+                return Err(format!(
+                    "`{pair}` is not role=routine (a list of pairs cannot hold a lone routine)"
+                ));
             };
             let role = Role::ALL
                 .into_iter()
@@ -209,26 +222,39 @@ impl ProductChoice {
                         names.join(", ")
                     )
                 })?;
-            choice.routines[role.index()] = routine_named(routine.trim())?;
+            routines[role.index()] = routine_named(routine.trim())?;
         }
-        Ok(choice)
+        Ok(ProductChoice::Table(routines))
     }
 }
 
 /// `lhs · rhs` per client (`[K, m, k] · [K, k, n]`), a product of `role`,
 /// through the routine this process's [`ProductChoice`] gives that role on
-/// a GPU, else burn's `matmul`. Not for tensors autodiff records: the
-/// routines have no backward pass of their own.
+/// a GPU, else burn's `matmul`.
 pub fn product(lhs: Tensor<3>, rhs: Tensor<3>, role: Role) -> Tensor<3> {
     match crate::switches::get().gpu_products.routine(role) {
-        Some(routine) if !crate::device::is_cpu(&lhs.device()) => with_routine(lhs, rhs, routine),
-        _ => lhs.matmul(rhs),
+        Some(routine) => with_routine(lhs, rhs, routine),
+        None => lhs.matmul(rhs),
     }
 }
 
-/// `lhs · rhs` through `routine` (on a GPU of the wgpu backend; elsewhere,
-/// and where the routine refuses the shape, burn's `matmul`).
+/// `lhs · rhs` through `routine` on a GPU of the wgpu backend; burn's
+/// `matmul` elsewhere (the CPU's products run at full speed at any shape),
+/// for tensors autodiff records (the routines have no
+/// backward pass of their own), for operands whose batch or inner
+/// dimensions disagree (burn's checks and broadcasting say what is wrong),
+/// and where the routine refuses the shape.
 pub fn with_routine(lhs: Tensor<3>, rhs: Tensor<3>, routine: Routine) -> Tensor<3> {
+    let [batches, _, inner] = lhs.dims();
+    let [rhs_batches, rhs_inner, _] = rhs.dims();
+    if crate::device::is_cpu(&lhs.device())
+        || lhs.is_tracked()
+        || rhs.is_tracked()
+        || batches != rhs_batches
+        || inner != rhs_inner
+    {
+        return lhs.matmul(rhs);
+    }
     #[cfg(feature = "wgpu-base")]
     {
         use burn::backend::Dispatch;
@@ -241,7 +267,7 @@ pub fn with_routine(lhs: Tensor<3>, rhs: Tensor<3>, routine: Routine) -> Tensor<
     }
     #[cfg(not(feature = "wgpu-base"))]
     {
-        let _ = routine.code();
+        let _ = routine;
         lhs.matmul(rhs)
     }
 }
@@ -309,6 +335,11 @@ mod gpu {
             let Some(routine) = Routine::from_code(routine) else {
                 return CubeBackend::float_matmul(lhs, rhs);
             };
+            // Quantized operands need their scales bound beside the data,
+            // which burn's own product does.
+            if lhs.qparams.is_some() || rhs.qparams.is_some() {
+                return CubeBackend::float_matmul(lhs, rhs);
+            }
             let dtype = lhs.dtype;
             let storage = burn::backend::cubecl::dtype_to_storage_type(dtype);
             let out = burn_cubecl::kernel::matmul::init_matmul_output(&lhs, &rhs, dtype);
@@ -319,7 +350,7 @@ mod gpu {
             });
             let launched = cubek::matmul::launch::launch_ref(
                 &strategy(routine).into(),
-                &out.client.clone(),
+                &out.client,
                 InputBinding::new(lhs.clone().binding(), storage),
                 InputBinding::new(rhs.clone().binding(), storage),
                 out.clone().binding(),
@@ -329,12 +360,18 @@ mod gpu {
                 Ok(()) => out,
                 Err(refusal) => {
                     // A routine may refuse a shape or a layout it has no
-                    // tiling for; the product is still due.
-                    tracing::debug!(
-                        routine = routine.name(),
-                        ?refusal,
-                        "GPU product routine refused; burn's default runs it"
-                    );
+                    // tiling for; the product is still due. Said once: a
+                    // measurement of the routine would otherwise read as
+                    // burn's without a word.
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| {
+                        tracing::warn!(
+                            routine = routine.name(),
+                            ?refusal,
+                            "a GPU product's routine refused its shape; burn's kernel runs it \
+                             (said once a process)"
+                        );
+                    });
                     CubeBackend::float_matmul(lhs, rhs)
                 }
             }
@@ -355,26 +392,49 @@ mod tests {
     }
 
     #[test]
+    fn a_product_through_a_routine_is_the_product_on_the_cpu() {
+        let device = crate::device::cpu();
+        let values = |count: usize| -> Vec<f32> {
+            (0..count)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0)
+                .collect()
+        };
+        let tensor = |shape: [usize; 3]| {
+            let count = shape.iter().product();
+            Tensor::<3>::from_data(burn::tensor::TensorData::new(values(count), shape), &device)
+        };
+        // Broadcast batches (the left operand's one against three) take
+        // burn's product, which broadcasts, wherever they run.
+        for (lhs, rhs) in [
+            (tensor([3, 4, 5]), tensor([3, 5, 2])),
+            (tensor([1, 4, 5]), tensor([3, 5, 2])),
+        ] {
+            let expected = lhs.clone().matmul(rhs.clone()).into_data();
+            for routine in Routine::ALL {
+                with_routine(lhs.clone(), rhs.clone(), routine)
+                    .into_data()
+                    .assert_eq(&expected, true);
+            }
+        }
+    }
+
+    #[test]
     fn the_choice_is_read_from_its_names() {
-        assert_eq!(ProductChoice::parse("shape"), Ok(ProductChoice::SHIPPED));
-        assert_eq!(ProductChoice::parse(""), Ok(ProductChoice::SHIPPED));
+        assert_eq!(ProductChoice::parse("shape"), Ok(ProductChoice::Shipped));
+        assert_eq!(ProductChoice::parse(""), Ok(ProductChoice::Shipped));
         assert_eq!(ProductChoice::parse("burn"), Ok(ProductChoice::BURN));
         let every = ProductChoice::parse("gemm").unwrap();
         assert!(
             Role::ALL
                 .iter()
-                .all(|r| every.routines[r.index()] == Some(Routine::Gemm))
+                .all(|r| every.routine(*r) == Some(Routine::Gemm))
         );
         let pairs = ProductChoice::parse("conv_forward=naive, linear_forward=burn").unwrap();
+        assert_eq!(pairs.routine(Role::ConvForward), Some(Routine::Naive));
+        assert_eq!(pairs.routine(Role::LinearForward), None);
         assert_eq!(
-            pairs.routines[Role::ConvForward.index()],
-            Some(Routine::Naive)
-        );
-        assert_eq!(pairs.routines[Role::LinearForward.index()], None);
-        let shipped = |role: Role| ProductChoice::SHIPPED.routines[role.index()];
-        assert_eq!(
-            pairs.routines[Role::ConvWeightGradient.index()],
-            shipped(Role::ConvWeightGradient)
+            pairs.routine(Role::ConvWeightGradient),
+            ProductChoice::Shipped.routine(Role::ConvWeightGradient)
         );
         for (value, named) in [
             ("fastest", "`fastest`"),
