@@ -141,7 +141,7 @@ impl Role {
 /// switch ([`crate::switches::TrainSwitches::gpu_products`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ProductChoice {
-    /// The table cohort ships ([`SHIPPED_TABLE`]); a build with burn's
+    /// The table cohort ships (`SHIPPED_TABLE`); a build with burn's
     /// autotuner keeps burn's `matmul` instead, which times the candidates
     /// itself.
     #[default]
