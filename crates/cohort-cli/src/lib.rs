@@ -578,7 +578,13 @@ fn quiet_on_closed_pipe() {
 /// library reads none itself.
 fn train_switches() -> anyhow::Result<cohort_train::switches::TrainSwitches> {
     let is = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v == value);
-    let gpu_products = std::env::var("COHORT_GPU_PRODUCTS").unwrap_or_default();
+    let gpu_products = match std::env::var("COHORT_GPU_PRODUCTS") {
+        Ok(value) => value,
+        Err(std::env::VarError::NotPresent) => String::new(),
+        Err(std::env::VarError::NotUnicode(value)) => {
+            anyhow::bail!("COHORT_GPU_PRODUCTS: {value:?} is not UTF-8")
+        }
+    };
     let gpu_products = cohort_train::vectorized::ProductChoice::parse(&gpu_products)
         .map_err(|refusal| anyhow::anyhow!("COHORT_GPU_PRODUCTS: {refusal}"))?;
     Ok(cohort_train::switches::TrainSwitches {

@@ -257,6 +257,26 @@ fn an_unknown_gpu_product_routine_is_refused_by_name() {
         assert!(stderr.contains("COHORT_GPU_PRODUCTS"), "{stderr}");
         assert!(stderr.contains(named), "{stderr}");
     }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let output = common::cohort_command(&["check", "--config", config.to_str().unwrap()])
+            .env(
+                "COHORT_GPU_PRODUCTS",
+                std::ffi::OsStr::from_bytes(b"simple_unit_\xffsmall"),
+            )
+            .output()
+            .unwrap();
+        assert!(
+            !output.status.success(),
+            "a value not in UTF-8 was accepted"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("COHORT_GPU_PRODUCTS") && stderr.contains("UTF-8"),
+            "{stderr}"
+        );
+    }
     let output = common::cohort_command(&["check", "--config", config.to_str().unwrap()])
         .env(
             "COHORT_GPU_PRODUCTS",

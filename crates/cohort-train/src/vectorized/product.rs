@@ -95,8 +95,9 @@ pub enum Role {
     ConvForward,
     /// The output's gradient times the weight's transpose.
     ConvInputGradient,
-    /// The patches' transpose times the output's gradient, one sample a
-    /// product (`[fan_in, positions] · [positions, out]`).
+    /// The patches' transpose times the output's gradient: one sample a
+    /// product (`[fan_in, positions] · [positions, out]`) where a sample has
+    /// many positions, else one client a product (`conv_weight_grad`).
     ConvWeightGradient,
     /// Rows times the weight: `[B, in] · [in, out]`.
     LinearForward,
