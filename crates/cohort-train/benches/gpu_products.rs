@@ -3,8 +3,10 @@
 //! `matmul`: the measurements `vectorized/product.rs`'s table of routines
 //! is read from.
 //!
-//! `cargo bench --profile dist -p cohort-train --features vulkan-untuned
-//! --bench gpu_products -- [--clients K] [--batch B] [--reps R]`. Each line: the
+//! `cargo bench --profile dist -p cohort-train -p cohort-cli --features
+//! cohort-cli/vulkan-untuned --bench gpu_products -- [--clients K] [--batch B]
+//! [--reps R]` (naming cohort-cli too builds burn with the features of the
+//! `cohort` binary's build, so that build's artifacts serve). Each line: the
 //! product, its role (the key of the table), the routine, the first launch's
 //! ms (compilation included: what a first round pays), the mean ms of R
 //! launches after three (every output kept until the device has finished
