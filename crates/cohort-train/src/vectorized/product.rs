@@ -152,9 +152,11 @@ pub enum ProductChoice {
     Table([Option<Routine>; Role::ALL.len()]),
 }
 
-/// The shipped table: burn's `matmul` for every role until a per-role
-/// measurement backs another routine (docs/BENCHMARKS.md, "A product's
-/// kernel chosen without timing").
+/// The shipped table: burn's `matmul` for every role. Whole runs on an
+/// H100 found no role whose other routine shortens a ten-round first run:
+/// each small-tile kernel's compilation costs the first round more than ten
+/// rounds gain back (docs/BENCHMARKS.md, "A product's kernel chosen without
+/// timing").
 pub const SHIPPED_TABLE: [Option<Routine>; Role::ALL.len()] = [None; Role::ALL.len()];
 
 impl ProductChoice {
