@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Reads the CSV of `benches/gpu_products.rs` and prints, for each role of
-`vectorized/product.rs`, the routine that makes a whole job shortest: the
-first launch (what a cold run compiles) plus the steady time of every launch
-a job makes, summed over the role's products,
+`vectorized/product.rs`, the routine that would make a whole job shortest
+if the step's products ran as the bench's do: the first launch (what a cold
+run compiles) plus the steady time of every launch a job makes, summed over
+the role's products,
 
     cost(role, routine) = sum over products (first_ms + launches * ms)
 

@@ -1,7 +1,9 @@
 //! Every matrix product of a vectorized LeNet-5 step (K clients of batch B)
 //! through each of cubek's routines for f32 on the GPU, against burn's own
-//! `matmul`: the measurements `vectorized/product.rs`'s table of routines
-//! is read from.
+//! `matmul`, in isolation: which routines compile slowly and which run fast
+//! on the step's shapes. On an H100 these did not predict the step itself,
+//! so `vectorized/product.rs`'s table was chosen from whole runs
+//! (docs/BENCHMARKS.md, "A product's kernel chosen without timing").
 //!
 //! `cargo bench --profile dist -p cohort-train -p cohort-cli --features
 //! cohort-cli/vulkan-untuned --bench gpu_products -- [--clients K] [--batch B]
