@@ -52,8 +52,13 @@ def main():
         rows = csv.DictReader(line for line in lines if not line.startswith("#"))
         for row in rows:
             role, routine = row["role"], row["routine"]
-            first, ms = float(row["first_ms"]), float(row["ms"])
-            if float(row["distance_from_burn"]) > args.tolerance:
+            try:
+                first, ms = float(row["first_ms"]), float(row["ms"])
+                distance = float(row["distance_from_burn"])
+            except (TypeError, ValueError):
+                # A bench stopped at its time limit ends in a cut line.
+                sys.exit(f"{args.csv}: not a whole row of the gpu_products bench: {row}")
+            if distance > args.tolerance:
                 refused.add((role, routine))
             if routine == "burn":
                 burn_first[row["product"]] = first

@@ -10,11 +10,12 @@
 //! that routine by compiling and timing every candidate, which is what
 //! makes a tuned build's first round last minutes. Here the routine comes
 //! from a table keyed by the product's [`Role`] (whose products share a
-//! layout and a like shape across the stackable models), to be filled from
-//! measurements (`benches/gpu_products.rs`, docs/BENCHMARKS.md), the way a
-//! vendor's BLAS picks its kernels by heuristics: no timing, so a first
-//! round compiles one kernel per product and every process computes the
-//! same bits.
+//! layout and a like shape across the stackable models), the way a vendor's
+//! BLAS picks its kernels by heuristics: no timing, so a first round
+//! compiles one kernel per product and every process computes the same
+//! bits. The shipped table names burn's kernel for every role: whole runs
+//! found no other routine that pays for its compilation within ten rounds
+//! (docs/BENCHMARKS.md); `COHORT_GPU_PRODUCTS` names others for long runs.
 //!
 //! [`product`] is what the written-out steps call; on the CPU, for tensors
 //! autodiff records, or where the table names no routine, it is burn's own
