@@ -587,6 +587,14 @@ fn train_switches() -> anyhow::Result<cohort_train::switches::TrainSwitches> {
     };
     let gpu_products = cohort_train::vectorized::ProductChoice::parse(&gpu_products)
         .map_err(|refusal| anyhow::anyhow!("COHORT_GPU_PRODUCTS: {refusal}"))?;
+    let thin_gpu_products = match std::env::var("COHORT_GPU_THIN_PRODUCTS").as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("" | "0") => false,
+        Ok("1") => true,
+        Ok(other) => anyhow::bail!("COHORT_GPU_THIN_PRODUCTS: `{other}` is not 0 or 1"),
+        Err(std::env::VarError::NotUnicode(value)) => {
+            anyhow::bail!("COHORT_GPU_THIN_PRODUCTS: {value:?} is not 0 or 1")
+        }
+    };
     Ok(cohort_train::switches::TrainSwitches {
         native_kernels: !is("COHORT_NATIVE_KERNELS", "0"),
         vectorized_autodiff: is("COHORT_VECTORIZED_AUTODIFF", "1"),
@@ -595,6 +603,7 @@ fn train_switches() -> anyhow::Result<cohort_train::switches::TrainSwitches> {
             user_cache_folder().map(|folder| folder.join("cohort").join("kernels")),
         ),
         gpu_products,
+        thin_gpu_products,
     })
 }
 

@@ -288,6 +288,31 @@ fn an_unknown_gpu_product_routine_is_refused_by_name() {
 }
 
 #[test]
+fn the_thin_gpu_products_switch_takes_0_or_1_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), SMALL_JOB);
+    let check = |value: &str| {
+        common::cohort_command(&["check", "--config", config.to_str().unwrap()])
+            .env("COHORT_GPU_THIN_PRODUCTS", value)
+            .output()
+            .unwrap()
+    };
+    for value in ["yes", "2", "true"] {
+        let output = check(value);
+        assert!(!output.status.success(), "{value} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("COHORT_GPU_THIN_PRODUCTS") && stderr.contains(&format!("`{value}`")),
+            "{stderr}"
+        );
+    }
+    for value in ["0", "1", ""] {
+        let output = check(value);
+        assert!(output.status.success(), "{value}: {output:?}");
+    }
+}
+
+#[test]
 fn missing_data_without_download_says_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), SMALL_JOB);

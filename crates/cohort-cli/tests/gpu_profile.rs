@@ -301,6 +301,103 @@ fn stacked_evaluation_on_the_gpu_scores_as_the_model_does() {
     }
 }
 
+/// A convolution's weight gradient summed in chunks of rows on the GPU
+/// (`vectorized::transposed_product`) against the exact sums of the same
+/// float32 values, and the same bits when run again: LeNet-5's two layers
+/// at batch 32 and shapes that leave a chunk and a workgroup part-filled
+/// and need more than one workgroup per chunk.
+#[test]
+fn chunked_weight_gradients_on_the_gpu_are_the_sums() {
+    use burn::tensor::{Tensor, TensorData};
+    use cohort_train::vectorized::transposed_product;
+    let gpu = device::select(DeviceRequest::Gpu)
+        .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
+    assert!(!gpu.is_cpu(), "{} says it is the CPU", gpu.name);
+    for (k, rows, m, n) in [
+        (3, 25_088, 25, 6),
+        (2, 3_200, 150, 16),
+        (2, 1_000, 7, 45),
+        (1, 300, 64, 70),
+    ] {
+        let (a, b) = (test_values(k * rows * m, 1), test_values(k * rows * n, 2));
+        let lhs = Tensor::<3>::from_data(TensorData::new(a.clone(), [k, rows, m]), &gpu.device);
+        let rhs = Tensor::<3>::from_data(TensorData::new(b.clone(), [k, rows, n]), &gpu.device);
+        let run = || {
+            let product = transposed_product(lhs.clone(), rhs.clone());
+            assert_eq!(product.dims(), [k, m, n]);
+            product.into_data().try_to_vec::<f32>().unwrap()
+        };
+        let (got, again) = (run(), run());
+        assert!(got == again, "{k}×{rows}×{m}×{n}: two runs differ");
+        for client in 0..k {
+            for i in 0..m {
+                for j in 0..n {
+                    let exact: f64 = (0..rows)
+                        .map(|r| {
+                            let at = client * rows + r;
+                            f64::from(a[at * m + i]) * f64::from(b[at * n + j])
+                        })
+                        .sum();
+                    let value = f64::from(got[(client * m + i) * n + j]);
+                    assert!(
+                        (value - exact).abs() <= 1e-6 * rows as f64,
+                        "{k}×{rows}×{m}×{n}, client {client}, ({i}, {j}): {value} against {exact}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A first convolution's forward product one thread an output element on
+/// the GPU (`vectorized::narrow_product`) against the exact sums of the same
+/// float32 values, and the same bits when run again: LeNet-5's and cnn's
+/// first layers and a shape that leaves a workgroup part-filled.
+#[test]
+fn narrow_forward_products_on_the_gpu_are_the_sums() {
+    use burn::tensor::{Tensor, TensorData};
+    use cohort_train::vectorized::narrow_product;
+    let gpu = device::select(DeviceRequest::Gpu)
+        .unwrap_or_else(|error| panic!("the GPU profile needs a working GPU: {error}"));
+    assert!(!gpu.is_cpu(), "{} says it is the CPU", gpu.name);
+    for (k, rows, m, n) in [(3, 25_088, 25, 6), (2, 6_272, 25, 32), (2, 999, 7, 5)] {
+        let (a, b) = (test_values(k * rows * m, 3), test_values(k * m * n, 4));
+        let lhs = Tensor::<3>::from_data(TensorData::new(a.clone(), [k, rows, m]), &gpu.device);
+        let rhs = Tensor::<3>::from_data(TensorData::new(b.clone(), [k, m, n]), &gpu.device);
+        let run = || {
+            let product = narrow_product(lhs.clone(), rhs.clone());
+            assert_eq!(product.dims(), [k, rows, n]);
+            product.into_data().try_to_vec::<f32>().unwrap()
+        };
+        let (got, again) = (run(), run());
+        assert!(got == again, "{k}×{rows}×{m}×{n}: two runs differ");
+        for client in 0..k {
+            for row in 0..rows {
+                for j in 0..n {
+                    let exact: f64 = (0..m)
+                        .map(|i| {
+                            f64::from(a[(client * rows + row) * m + i])
+                                * f64::from(b[(client * m + i) * n + j])
+                        })
+                        .sum();
+                    let value = f64::from(got[(client * rows + row) * n + j]);
+                    assert!(
+                        (value - exact).abs() <= 1e-6 * m as f64,
+                        "{k}×{rows}×{m}×{n}, client {client}, ({row}, {j}): {value} against {exact}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Values in [-1, 1) for the kernel tests, a different sequence per `seed`.
+fn test_values(count: usize, seed: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| (((i + seed) * 7_919) % 1_000) as f32 / 500.0 - 1.0)
+        .collect()
+}
+
 /// Each of three clients of each model trained vectorized on the GPU
 /// against the same client trained alone there: within `tolerance` in the
 /// largest difference and in relative L2.
@@ -431,6 +528,16 @@ struct GpuRun {
 
 /// `config` run on the GPU under `base`, with `COHORT_KERNEL_CACHE=cache`.
 fn gpu_run(config: &std::path::Path, base: &std::path::Path, cache: &std::path::Path) -> GpuRun {
+    gpu_run_with(config, base, cache, &[])
+}
+
+/// [`gpu_run`] with further variables in the process's environment.
+fn gpu_run_with(
+    config: &std::path::Path,
+    base: &std::path::Path,
+    cache: &std::path::Path,
+    env: &[(&str, &str)],
+) -> GpuRun {
     let output = std::process::Command::new(cohort_binary())
         .args(["run", "--gpu", "--quiet", "--config"])
         .arg(config)
@@ -438,6 +545,7 @@ fn gpu_run(config: &std::path::Path, base: &std::path::Path, cache: &std::path::
         .arg(base)
         .env("COHORT_DATA_DIR", data_dir())
         .env("COHORT_KERNEL_CACHE", cache)
+        .envs(env.iter().copied())
         .output()
         .expect("the cohort binary runs");
     assert!(
@@ -535,4 +643,27 @@ fn kernel_caches_give_every_configuration_what_a_fresh_cache_gives() {
     }
     let subdirectories = std::fs::read_dir(roots.join("shared")).unwrap().count();
     assert_eq!(subdirectories, 2, "one cache directory per configuration");
+}
+
+/// LeNet-5's vectorized clients with cohort's thin GPU products switched on
+/// (`COHORT_GPU_THIN_PRODUCTS=1`) train as with burn's products and the
+/// column-by-column sums: accuracy and test loss after two rounds within
+/// [`assert_near`]'s bounds, and, in the untuned build (where no kernel is
+/// chosen by timing), the same model file from a second process.
+#[test]
+fn thin_gpu_products_train_as_the_shipped_path_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("job.toml");
+    std::fs::write(&config, vectorized_job(4, 40, 16, 4)).unwrap();
+    let (base, caches) = (dir.path().join("runs"), dir.path().join("caches"));
+    let on = [("COHORT_GPU_THIN_PRODUCTS", "1")];
+    let shipped = gpu_run(&config, &base.join("shipped"), &caches.join("shipped"));
+    let thin = gpu_run_with(&config, &base.join("thin"), &caches.join("thin"), &on);
+    let again = gpu_run_with(&config, &base.join("again"), &caches.join("again"), &on);
+    assert_near(&thin, &shipped, "thin products against the shipped path");
+    if UNTUNED {
+        assert!(thin.model == again.model, "thin products, two processes");
+    } else {
+        assert_near(&again, &thin, "thin products, two processes");
+    }
 }

@@ -22,6 +22,13 @@ pub struct TrainSwitches {
     pub kernel_cache: KernelCache,
     /// How the vectorized clients' GPU products choose their kernels.
     pub gpu_products: ProductChoice,
+    /// cohort's own GPU kernels for the stacked convolutions' thin products
+    /// (`vectorized::transposed_product` for weight gradients of few
+    /// outputs, `vectorized::narrow_product` for a first layer's forward
+    /// product) in place of burn's products and the column-by-column sums.
+    /// Off by default until whole runs on a GPU have measured them
+    /// (docs/BENCHMARKS.md); the GPU profile checks their results either way.
+    pub thin_gpu_products: bool,
 }
 
 impl Default for TrainSwitches {
@@ -31,6 +38,7 @@ impl Default for TrainSwitches {
             vectorized_autodiff: false,
             kernel_cache: KernelCache::Off,
             gpu_products: ProductChoice::Shipped,
+            thin_gpu_products: false,
         }
     }
 }

@@ -42,9 +42,11 @@ mod evaluate;
 mod net;
 mod product;
 mod resnet;
+mod thin_products;
 
 pub use evaluate::StackedEvaluator;
 pub use product::{ProductChoice, Role, Routine, with_routine};
+pub use thin_products::{narrow_product, transposed_product};
 
 use std::time::Instant;
 
