@@ -27,13 +27,26 @@
 //!
 //! Every thread adds its terms in order and the chunks are summed in order:
 //! the same bits on every run, as the rest of the untuned build.
+//!
+//! The stacked nets call them where `COHORT_GPU_THIN_PRODUCTS=1`
+//! ([`crate::switches::TrainSwitches::thin_gpu_products`]): off by default
+//! until whole runs on a GPU have measured them (docs/BENCHMARKS.md, "Thin
+//! products in cohort's own kernels"). Shapes whose launch grid would pass a
+//! GPU's limits take burn's product instead.
 
 use burn::tensor::Tensor;
 
 /// Rows one thread sums: long enough that the second pass is short (98
 /// partial sums for LeNet-5's first layer), short enough that a client's
 /// reduction becomes thousands of threads.
-pub(super) const CHUNK_ROWS: usize = 256;
+const CHUNK_ROWS: usize = 256;
+
+/// Workgroups along one dimension of a launch grid at most: Vulkan
+/// guarantees 65,535.
+const MAX_GRID: usize = 65_535;
+
+/// Elements the kernels index at most: their indices are 32-bit.
+const MAX_ELEMENTS: usize = u32::MAX as usize;
 
 /// Threads of a workgroup at most; a workgroup holds the outputs of one
 /// chunk of one client, as many as fit.
@@ -51,7 +64,7 @@ pub fn transposed_product(lhs: Tensor<3>, rhs: Tensor<3>) -> Tensor<3> {
         || rhs.is_tracked()
         || batches != rhs_batches
         || rows != rhs_rows
-        || rows == 0
+        || !chunked_fits(batches, rows, m, n)
     {
         return lhs.swap_dims(1, 2).matmul(rhs);
     }
@@ -67,7 +80,6 @@ pub fn transposed_product(lhs: Tensor<3>, rhs: Tensor<3>) -> Tensor<3> {
     }
     #[cfg(not(feature = "wgpu-base"))]
     {
-        let _ = (m, n);
         lhs.swap_dims(1, 2).matmul(rhs)
     }
 }
@@ -78,13 +90,13 @@ pub fn transposed_product(lhs: Tensor<3>, rhs: Tensor<3>) -> Tensor<3> {
 /// only: each thread reads a row of `m` values and a column of `rhs`.
 pub fn narrow_product(lhs: Tensor<3>, rhs: Tensor<3>) -> Tensor<3> {
     let [batches, rows, m] = lhs.dims();
-    let [rhs_batches, rhs_m, _] = rhs.dims();
+    let [rhs_batches, rhs_m, n] = rhs.dims();
     if crate::device::is_cpu(&lhs.device())
         || lhs.is_tracked()
         || rhs.is_tracked()
         || batches != rhs_batches
         || m != rhs_m
-        || rows == 0
+        || !narrow_fits(batches, rows, m, n)
     {
         return lhs.matmul(rhs);
     }
@@ -103,15 +115,38 @@ pub fn narrow_product(lhs: Tensor<3>, rhs: Tensor<3>) -> Tensor<3> {
     }
 }
 
+/// Whether [`transposed_product`]'s kernel can launch on these shapes: some
+/// work, a grid within [`MAX_GRID`] and operands within [`MAX_ELEMENTS`].
+fn chunked_fits(batches: usize, rows: usize, m: usize, n: usize) -> bool {
+    let outputs = m.saturating_mul(n);
+    let largest = batches.saturating_mul(rows).saturating_mul(m.max(n));
+    rows > 0
+        && outputs > 0
+        && batches <= MAX_GRID
+        && chunks(rows) <= MAX_GRID
+        && outputs.div_ceil(group_size(outputs)) <= MAX_GRID
+        && largest <= MAX_ELEMENTS
+        && batches.saturating_mul(chunks(rows)).saturating_mul(outputs) <= MAX_ELEMENTS
+}
+
+/// Whether [`narrow_product`]'s kernel can launch on these shapes.
+fn narrow_fits(batches: usize, rows: usize, m: usize, n: usize) -> bool {
+    let elements = rows.saturating_mul(n);
+    rows > 0
+        && elements > 0
+        && batches <= MAX_GRID
+        && elements.div_ceil(MAX_GROUP) <= MAX_GRID
+        && batches.saturating_mul(rows).saturating_mul(m.max(n)) <= MAX_ELEMENTS
+        && batches.saturating_mul(m).saturating_mul(n) <= MAX_ELEMENTS
+}
+
 /// Chunks a reduction over `rows` is split into.
-#[cfg_attr(not(feature = "wgpu-base"), allow(dead_code))]
 fn chunks(rows: usize) -> usize {
     rows.div_ceil(CHUNK_ROWS)
 }
 
 /// The workgroup size for `outputs` outputs: whole warps of 32 threads, at
 /// most [`MAX_GROUP`].
-#[cfg_attr(not(feature = "wgpu-base"), allow(dead_code))]
 fn group_size(outputs: usize) -> usize {
     outputs
         .div_ceil(32)
@@ -305,6 +340,24 @@ mod tests {
         assert_eq!(chunks(25_088), 98);
         assert_eq!(chunks(3_200), 13);
         assert_eq!(chunks(256), 1);
+    }
+
+    #[test]
+    fn shapes_past_the_launch_limits_are_left_to_burn() {
+        // LeNet-5's two layers at 100 clients of batch 32, and cnn's first.
+        assert!(chunked_fits(100, 25_088, 25, 6));
+        assert!(chunked_fits(100, 3_200, 150, 16));
+        assert!(narrow_fits(100, 25_088, 25, 6));
+        assert!(narrow_fits(100, 6_272, 25, 32));
+        assert!(!chunked_fits(100, 0, 25, 6), "no rows");
+        assert!(!chunked_fits(100, 25_088, 0, 6), "no outputs");
+        assert!(!chunked_fits(70_000, 256, 25, 6), "clients past the grid");
+        assert!(
+            !chunked_fits(1_000, 5_000_000, 25, 6),
+            "past 32-bit indices"
+        );
+        assert!(!narrow_fits(1, 1_000_000, 25, 32), "rows past the grid");
+        assert!(!narrow_fits(1, 0, 25, 6), "no rows");
     }
 
     #[test]
