@@ -408,7 +408,10 @@ fn the_run_says_what_it_runs_before_round_1_and_where_it_is() {
 fn gpu_request_on_a_cpu_build_is_a_clear_error() {
     if cfg!(any(
         feature = "wgpu",
+        feature = "vulkan",
         feature = "vulkan-untuned",
+        feature = "wgpu-untuned",
+        feature = "metal",
         feature = "cuda"
     )) {
         return;

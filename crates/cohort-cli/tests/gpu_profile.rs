@@ -18,6 +18,7 @@
     feature = "wgpu",
     feature = "vulkan",
     feature = "vulkan-untuned",
+    feature = "wgpu-untuned",
     feature = "metal",
     feature = "cuda"
 ))]
@@ -588,10 +589,10 @@ fn assert_near(left: &GpuRun, right: &GpuRun, what: &str) {
     );
 }
 
-/// Whether this build runs without burn's autotuner (`vulkan-untuned` and
-/// no feature that turns the autotuner on).
+/// Whether this build runs without burn's autotuner (`vulkan-untuned` or
+/// `wgpu-untuned`, and no feature that turns the autotuner on).
 const UNTUNED: bool = cfg!(all(
-    feature = "vulkan-untuned",
+    any(feature = "vulkan-untuned", feature = "wgpu-untuned"),
     not(any(feature = "wgpu", feature = "vulkan", feature = "metal"))
 ));
 

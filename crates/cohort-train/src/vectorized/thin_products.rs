@@ -59,9 +59,7 @@ const MAX_GROUP: usize = 256;
 pub fn transposed_product(lhs: Tensor<3>, rhs: Tensor<3>) -> Tensor<3> {
     let [batches, rows, m] = lhs.dims();
     let [rhs_batches, rhs_rows, n] = rhs.dims();
-    if crate::device::is_cpu(&lhs.device())
-        || lhs.is_tracked()
-        || rhs.is_tracked()
+    if !kernel_may_run(&lhs, &rhs)
         || batches != rhs_batches
         || rows != rhs_rows
         || !chunked_fits(batches, rows, m, n)
@@ -91,9 +89,7 @@ pub fn transposed_product(lhs: Tensor<3>, rhs: Tensor<3>) -> Tensor<3> {
 pub fn narrow_product(lhs: Tensor<3>, rhs: Tensor<3>) -> Tensor<3> {
     let [batches, rows, m] = lhs.dims();
     let [rhs_batches, rhs_m, n] = rhs.dims();
-    if crate::device::is_cpu(&lhs.device())
-        || lhs.is_tracked()
-        || rhs.is_tracked()
+    if !kernel_may_run(&lhs, &rhs)
         || batches != rhs_batches
         || m != rhs_m
         || !narrow_fits(batches, rows, m, n)
@@ -113,6 +109,13 @@ pub fn narrow_product(lhs: Tensor<3>, rhs: Tensor<3>) -> Tensor<3> {
     {
         lhs.matmul(rhs)
     }
+}
+
+/// Whether the operands are where the kernels run: on a GPU (the wgpu
+/// backend's; burn's product elsewhere), and not recorded by autodiff, since
+/// the kernels have no backward pass of their own.
+fn kernel_may_run(lhs: &Tensor<3>, rhs: &Tensor<3>) -> bool {
+    !crate::device::is_cpu(&lhs.device()) && !lhs.is_tracked() && !rhs.is_tracked()
 }
 
 /// Whether [`transposed_product`]'s kernel can launch on these shapes: some
