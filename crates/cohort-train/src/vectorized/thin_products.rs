@@ -258,28 +258,39 @@ mod gpu {
         u32::try_from(value).expect("a workgroup count fits the GPU's 32-bit grid")
     }
 
-    fn check_f32(lhs: &CubeTensor, rhs: &CubeTensor) {
+    /// Both kernels' operands as they read them (float32, contiguous) with
+    /// their shapes `[K, rows, m]` and the last dimension of `rhs`, and an
+    /// empty float32 output of `out_shape` on their device.
+    fn operands(
+        lhs: CubeTensor,
+        rhs: CubeTensor,
+        out_shape: impl FnOnce([usize; 3], usize) -> Shape,
+    ) -> (CubeTensor, CubeTensor, CubeTensor, [usize; 3], usize) {
         assert!(
             lhs.dtype == DType::F32 && rhs.dtype == DType::F32,
             "the thin products are written for float32 operands"
         );
+        let dims = lhs.meta.shape().dims();
+        let n = rhs.meta.shape().dims::<3>()[2];
+        let (lhs, rhs) = (into_contiguous(lhs), into_contiguous(rhs));
+        let out = empty_device_dtype(
+            lhs.client.clone(),
+            lhs.device.clone(),
+            out_shape(dims, n),
+            DType::F32,
+        );
+        (lhs, rhs, out, dims, n)
     }
 
     impl ChunkedProduct for CubeBackend {
         fn chunk_sums(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
-            let [batches, rows, m] = lhs.meta.shape().dims();
-            let n = rhs.meta.shape().dims::<3>()[2];
-            check_f32(&lhs, &rhs);
-            let (lhs, rhs) = (into_contiguous(lhs), into_contiguous(rhs));
+            let (lhs, rhs, partials, [batches, rows, m], n) =
+                operands(lhs, rhs, |[batches, rows, m], n| {
+                    Shape::new([batches, chunks(rows), m * n])
+                });
             let chunk_count = chunks(rows);
             let outputs = m * n;
             let group = group_size(outputs);
-            let partials = empty_device_dtype(
-                lhs.client.clone(),
-                lhs.device.clone(),
-                Shape::new([batches, chunk_count, outputs]),
-                DType::F32,
-            );
             chunk_sums_kernel::launch(
                 &partials.client,
                 CubeCount::Static(
@@ -302,17 +313,11 @@ mod gpu {
         }
 
         fn narrow_matmul(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
-            let [batches, rows, m] = lhs.meta.shape().dims();
-            let n = rhs.meta.shape().dims::<3>()[2];
-            check_f32(&lhs, &rhs);
-            let (lhs, rhs) = (into_contiguous(lhs), into_contiguous(rhs));
+            let (lhs, rhs, out, [batches, rows, m], n) =
+                operands(lhs, rhs, |[batches, rows, _], n| {
+                    Shape::new([batches, rows, n])
+                });
             let group = MAX_GROUP;
-            let out = empty_device_dtype(
-                lhs.client.clone(),
-                lhs.device.clone(),
-                Shape::new([batches, rows, n]),
-                DType::F32,
-            );
             narrow_kernel::launch(
                 &out.client,
                 CubeCount::Static(grid((rows * n).div_ceil(group)), 1, grid(batches)),
